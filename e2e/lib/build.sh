@@ -14,6 +14,7 @@ go_build() {
       nice -n 19 go build -ldflags "$ldflags" -o "$tmp/" "$@" ) || { rm -rf "$tmp"; die "go build failed"; }
   # go names a binary after its package path minus any /vN suffix.
   [[ -x $tmp/server ]] && mv "$tmp/server" "$tmp/etcd"
+  chmod 755 "$tmp"
   mkdir -p "$(dirname "$out")"
   rm -rf "$out"
   mv "$tmp" "$out"
@@ -55,7 +56,7 @@ build_pause() {
   tmp=$(mktemp -d "$CACHE/.pause.XXXXXX")
   gcc -Os -static -o "$tmp/pause" "$E2E_DIR/pause/pause.c" || die "gcc failed (is libc6-dev installed?)"
   strip "$tmp/pause"
-  "$E2E_DIR/build-image" --name "$PAUSE_IMAGE" --entrypoint /pause --out "$tmp/pause.tar" "$tmp/pause"
+  "$E2E_DIR/build-image" --name "$PAUSE_IMAGE" --path /pause --entrypoint /pause --out "$tmp/pause.tar" "$tmp/pause"
   rm -rf "$PAUSE_DIR"
   mv "$tmp" "$PAUSE_DIR"
 }

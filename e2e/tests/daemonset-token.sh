@@ -53,6 +53,6 @@ for ((i = 0; i < 60; i++)); do
   sleep 1
 done
 echo "$out" | head -c 2000; echo
-[[ $out == *"\"username\":\"system:serviceaccount:$TEST_NS:prober\""* ]] || fail "token not authenticated as the serviceaccount"
-[[ $out == *"\"word\":\"$word\""* ]] || fail "configmap not read with the token"
+grep -qE "\"username\": *\"system:serviceaccount:$TEST_NS:prober\"" <<<"$out" || fail "token not authenticated as the serviceaccount"
+grep -qE "\"word\": *\"$word\"" <<<"$out" || fail "configmap not read with the token"
 [[ $out == *anonymous-refused* ]] || fail "anonymous read was not refused"

@@ -19,7 +19,7 @@ spec:
   - name: client
     image: $BUSYBOX_IMAGE
     imagePullPolicy: Never
-    command: [wget, -q, -T, '5', -O-, --no-check-certificate, 'https://$ip:$port/version']
+    command: [wget, -q, -O-, --no-check-certificate, 'https://$ip:$port/version']
 YAML
 kubectl -n "$TEST_NS" wait pod/client --for=jsonpath='{.status.phase}'=Succeeded --timeout=60s ||
   { dump "$TEST_NS"; kubectl -n "$TEST_NS" logs client || true; fail "client pod did not succeed"; }
