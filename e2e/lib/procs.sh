@@ -19,7 +19,7 @@ cgroup_dirs() {
   local d
   for d in /sys/fs/cgroup/*/; do
     [[ -L ${d%/} ]] && continue # cpu,cpuacct style alias links
-    grep -q " ${d%/} cgroup " /proc/mounts || continue
+    grep -qE " ${d%/} cgroup2? " /proc/mounts || continue # v1, and hybrid mode's v2
     echo "${d}$CGROUP_NAME"
   done
 }
