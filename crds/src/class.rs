@@ -1,0 +1,162 @@
+//! Node classes: the values of a target's class label keys, normalised, with a readable, stable
+//! id. Nodes with equal class facts can share one compiled artifact.
+
+use std::collections::BTreeMap;
+
+use sha2::{Digest, Sha256};
+
+use crate::labels::{
+    ARCH, CPU_LEVEL, CUDA_DRIVER_MAJOR, GPU_COMPUTE_MAJOR, GPU_COMPUTE_MINOR, GPU_PRODUCT,
+};
+
+/// Class facts: label key → normalised value, for the keys a node has.
+pub type ClassFacts = BTreeMap<String, String>;
+
+/// The class facts of a node with `labels`, for `keys`. GPU product names lose the `-MIG-…` and
+/// `-SHARED` suffixes GPU Feature Discovery adds, so MIG or time-sliced H100s stay H100s.
+pub fn class_facts<'a>(
+    keys: impl IntoIterator<Item = &'a str>,
+    labels: &BTreeMap<String, String>,
+) -> ClassFacts {
+    keys.into_iter()
+        .filter_map(|key| {
+            let value = labels.get(key)?;
+            let value = if key == GPU_PRODUCT {
+                normalise_product(value)
+            } else {
+                value.clone()
+            };
+            Some((key.to_string(), value))
+        })
+        .collect()
+}
+
+/// `NVIDIA-H100-80GB-HBM3-MIG-1g.10gb` → `NVIDIA-H100-80GB-HBM3`; `…-SHARED` likewise.
+pub fn normalise_product(product: &str) -> String {
+    let cut = product.find("-MIG-").unwrap_or(product.len());
+    let product = &product[..cut];
+    product
+        .strip_suffix("-SHARED")
+        .unwrap_or(product)
+        .to_string()
+}
+
+/// A readable, stable class id: what the hardware is, then 8 hex of the facts' hash, e.g.
+/// `nvidia-h100-80gb-hbm3-sm90-cuda12-amd64-3f2a9c1e` or `amd64-x86-64-v3-7b0e12aa`. Valid as a
+/// label value (≤ 63 chars, lowercase alphanumerics and `-`).
+pub fn class_id(facts: &ClassFacts) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    if let Some(p) = facts.get(GPU_PRODUCT) {
+        parts.push(p.clone());
+    }
+    if let (Some(major), Some(minor)) = (facts.get(GPU_COMPUTE_MAJOR), facts.get(GPU_COMPUTE_MINOR))
+    {
+        parts.push(format!("sm{major}{minor}"));
+    }
+    if let Some(d) = facts.get(CUDA_DRIVER_MAJOR) {
+        parts.push(format!("cuda{d}"));
+    }
+    for key in [ARCH, CPU_LEVEL] {
+        if let Some(v) = facts.get(key) {
+            parts.push(v.clone());
+        }
+    }
+    let mut readable: String = parts
+        .join("-")
+        .to_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    while readable.contains("--") {
+        readable = readable.replace("--", "-");
+    }
+    let readable = readable.trim_matches('-');
+    let readable = if readable.is_empty() { "any" } else { readable };
+    let encoded = serde_json::to_vec(facts).unwrap_or_default();
+    let hash = hex::encode(&Sha256::digest(&encoded)[..4]);
+    let keep = 63 - 1 - hash.len();
+    let readable = readable
+        .get(..keep.min(readable.len()))
+        .unwrap_or(readable)
+        .trim_end_matches('-');
+    format!("{readable}-{hash}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect()
+    }
+
+    #[test]
+    fn mig_and_shared_suffixes_do_not_split_a_gpu_model() {
+        let keys = crate::labels::DEFAULT_CLASS_KEYS;
+        let base = [
+            (GPU_PRODUCT, "NVIDIA-H100-80GB-HBM3"),
+            (GPU_COMPUTE_MAJOR, "9"),
+            (GPU_COMPUTE_MINOR, "0"),
+            (ARCH, "amd64"),
+        ];
+        let plain = class_facts(keys, &labels(&base));
+        for product in [
+            "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb",
+            "NVIDIA-H100-80GB-HBM3-SHARED",
+        ] {
+            let mut l = labels(&base);
+            l.insert(GPU_PRODUCT.into(), product.into());
+            assert_eq!(class_facts(keys, &l), plain, "{product}");
+        }
+        let l4 = class_facts(
+            keys,
+            &labels(&[
+                (GPU_PRODUCT, "NVIDIA-L4"),
+                (GPU_COMPUTE_MAJOR, "8"),
+                (GPU_COMPUTE_MINOR, "9"),
+                (ARCH, "amd64"),
+            ]),
+        );
+        assert_ne!(class_id(&plain), class_id(&l4));
+    }
+
+    #[test]
+    fn id_is_readable_stable_and_a_valid_label_value() {
+        let facts = class_facts(
+            crate::labels::DEFAULT_CLASS_KEYS,
+            &labels(&[
+                (GPU_PRODUCT, "NVIDIA-H100-80GB-HBM3"),
+                (GPU_COMPUTE_MAJOR, "9"),
+                (GPU_COMPUTE_MINOR, "0"),
+                (CUDA_DRIVER_MAJOR, "12"),
+                (ARCH, "amd64"),
+                ("unrelated", "x"),
+            ]),
+        );
+        let id = class_id(&facts);
+        assert!(
+            id.starts_with("nvidia-h100-80gb-hbm3-sm90-cuda12-amd64-"),
+            "{id}"
+        );
+        assert_eq!(id, class_id(&facts.clone()));
+        let cpu = class_id(&class_facts(
+            crate::labels::DEFAULT_CLASS_KEYS,
+            &labels(&[(ARCH, "amd64"), (CPU_LEVEL, "x86-64-v3")]),
+        ));
+        assert!(cpu.starts_with("amd64-x86-64-v3-"), "{cpu}");
+        let long = class_id(&labels(&[(GPU_PRODUCT, &"X".repeat(200))]));
+        for id in [id, cpu, long] {
+            assert!(
+                id.len() <= 63
+                    && id
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+                "{id}"
+            );
+            assert!(!id.starts_with('-') && !id.ends_with('-'), "{id}");
+        }
+    }
+}

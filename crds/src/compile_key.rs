@@ -1,0 +1,182 @@
+//! The content-addressed compile key: the sha256 of a canonical encoding of everything that can
+//! change the bytes of a compiled artifact. Same inputs, same key, on any machine, forever.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// Everything that determines an artifact. Maps are ordered, so the encoding is canonical no
+/// matter in what order a YAML file listed them.
+#[derive(Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct CompileKeyInput {
+    /// sha256 of the model source.
+    pub model_digest: String,
+    /// Asset name → sha256.
+    pub asset_digests: BTreeMap<String, String>,
+    /// sha256 of the fixture file used for compile-time parity.
+    pub fixture_digest: String,
+    /// Backend name.
+    pub backend: String,
+    /// Backend version.
+    pub backend_version: String,
+    /// Digest of the compiler image, for foreign backends.
+    pub compiler_image: Option<String>,
+    /// Precision.
+    pub precision: String,
+    /// Profile name → symbol → value.
+    pub profiles: BTreeMap<String, BTreeMap<String, i64>>,
+    /// Class label key → value.
+    pub class: BTreeMap<String, String>,
+    /// Backend flags.
+    pub flags: BTreeMap<String, String>,
+}
+
+/// Version of the encoding; bump it when [`CompileKeyInput`] changes meaning.
+const KEY_SCHEME: &str = "kiln.dev/compile-key/v1";
+
+/// The compile key: lowercase hex sha256.
+pub fn compile_key(input: &CompileKeyInput) -> String {
+    // serde_json writes struct fields in declaration order and BTreeMaps sorted: canonical.
+    let encoded = serde_json::to_vec(input).unwrap_or_default();
+    let mut hasher = Sha256::new();
+    hasher.update(KEY_SCHEME.as_bytes());
+    hasher.update([0u8]);
+    hasher.update(&encoded);
+    hex::encode(hasher.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> CompileKeyInput {
+        CompileKeyInput {
+            model_digest: "a".repeat(64),
+            asset_digests: BTreeMap::from([
+                ("tok".into(), "b".repeat(64)),
+                ("pre".into(), "c".repeat(64)),
+            ]),
+            fixture_digest: "d".repeat(64),
+            backend: "tract".into(),
+            backend_version: "0.23.9".into(),
+            compiler_image: None,
+            precision: "fp32".into(),
+            profiles: BTreeMap::from([("p1".into(), BTreeMap::from([("batch".into(), 1)]))]),
+            class: BTreeMap::from([
+                ("kubernetes.io/arch".into(), "amd64".into()),
+                ("kiln.dev/cpu-level".into(), "x86-64-v3".into()),
+            ]),
+            flags: BTreeMap::from([("opt".into(), "1".into())]),
+        }
+    }
+
+    #[test]
+    fn key_is_stable_under_map_order() {
+        // Built from YAML with the keys in another order: same key.
+        let yaml = r#"
+flags: {opt: "1"}
+class: {kiln.dev/cpu-level: x86-64-v3, kubernetes.io/arch: amd64}
+profiles: {p1: {batch: 1}}
+assetDigests: {pre: cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc, tok: bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb}
+"#;
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Maps {
+            flags: BTreeMap<String, String>,
+            class: BTreeMap<String, String>,
+            profiles: BTreeMap<String, BTreeMap<String, i64>>,
+            asset_digests: BTreeMap<String, String>,
+        }
+        let maps: Maps = serde_saphyr::from_str(yaml).expect("yaml");
+        let mut other = sample();
+        other.flags = maps.flags;
+        other.class = maps.class;
+        other.profiles = maps.profiles;
+        other.asset_digests = maps.asset_digests;
+        assert_eq!(compile_key(&sample()), compile_key(&other));
+        assert_eq!(compile_key(&sample()).len(), 64);
+    }
+
+    #[test]
+    fn key_changes_when_any_input_changes() {
+        let base = compile_key(&sample());
+        let edits: Vec<(&str, Box<dyn Fn(&mut CompileKeyInput)>)> = vec![
+            ("model", Box::new(|i| i.model_digest = "e".repeat(64))),
+            (
+                "asset",
+                Box::new(|i| {
+                    i.asset_digests.insert("tok".into(), "f".repeat(64));
+                }),
+            ),
+            (
+                "asset added",
+                Box::new(|i| {
+                    i.asset_digests.insert("tmpl".into(), "f".repeat(64));
+                }),
+            ),
+            ("fixture", Box::new(|i| i.fixture_digest = "0".repeat(64))),
+            ("backend", Box::new(|i| i.backend = "onnxruntime".into())),
+            (
+                "backend version",
+                Box::new(|i| i.backend_version = "0.23.10".into()),
+            ),
+            (
+                "compiler image",
+                Box::new(|i| i.compiler_image = Some("sha256:1".into())),
+            ),
+            ("precision", Box::new(|i| i.precision = "fp16".into())),
+            (
+                "profile value",
+                Box::new(|i| {
+                    i.profiles
+                        .insert("p1".into(), BTreeMap::from([("batch".into(), 2)]));
+                }),
+            ),
+            (
+                "profile added",
+                Box::new(|i| {
+                    i.profiles
+                        .insert("p2".into(), BTreeMap::from([("batch".into(), 1)]));
+                }),
+            ),
+            (
+                "class",
+                Box::new(|i| {
+                    i.class
+                        .insert("kiln.dev/cpu-level".into(), "x86-64-v4".into());
+                }),
+            ),
+            (
+                "flags",
+                Box::new(|i| {
+                    i.flags.insert("opt".into(), "2".into());
+                }),
+            ),
+        ];
+        let mut seen = std::collections::BTreeSet::from([base.clone()]);
+        for (what, edit) in edits {
+            let mut input = sample();
+            edit(&mut input);
+            let key = compile_key(&input);
+            assert_ne!(key, base, "changing {what} must change the key");
+            assert!(
+                seen.insert(key),
+                "changing {what} collided with another edit"
+            );
+        }
+    }
+
+    #[test]
+    fn moving_a_value_between_fields_changes_the_key() {
+        // The encoding separates fields, so "ab"+"c" is not "a"+"bc".
+        let mut a = sample();
+        a.backend = "tractx".into();
+        a.backend_version = "0.23.9".into();
+        let mut b = sample();
+        b.backend = "tract".into();
+        b.backend_version = "x0.23.9".into();
+        assert_ne!(compile_key(&a), compile_key(&b));
+    }
+}

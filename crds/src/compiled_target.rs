@@ -1,0 +1,498 @@
+//! `CompiledTarget`: how and where a model must run — backend, precision, shape profiles, which
+//! nodes and how they group into classes, warmup and parity, fallback, rollout.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::conditions::Condition;
+use crate::model_artifact::ModelArtifactSpec;
+use crate::reason::FailureReason;
+
+/// How and where a ModelArtifact must run.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "kiln.dev",
+    version = "v1alpha1",
+    kind = "CompiledTarget",
+    namespaced,
+    status = "CompiledTargetStatus",
+    shortname = "ct",
+    category = "kiln",
+    printcolumn = r#"{"name":"Model","type":"string","jsonPath":".spec.modelRef.name"}"#,
+    printcolumn = r#"{"name":"Backend","type":"string","jsonPath":".spec.backend.kind"}"#,
+    printcolumn = r#"{"name":"Revision","type":"integer","jsonPath":".status.revision"}"#,
+    printcolumn = r#"{"name":"Classes","type":"integer","jsonPath":".status.classCount"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CompiledTargetSpec {
+    /// The ModelArtifact to compile.
+    pub model_ref: ModelRef,
+    /// Which engine backend compiles and runs the model.
+    pub backend: Backend,
+    /// Numeric precision of the compiled engine.
+    #[serde(default)]
+    pub precision: Precision,
+    /// Concrete values for the model's symbolic dims; one artifact per profile set and class.
+    #[schemars(length(min = 1), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub profiles: Vec<ShapeProfile>,
+    /// Which nodes serve the model. Empty selects every node with a kiln agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+    /// Node label keys whose values define a hardware class. Defaults to the GPU Feature
+    /// Discovery keys plus `kubernetes.io/arch` and `kiln.dev/cpu-level`.
+    #[serde(default = "crate::labels::default_class_keys")]
+    #[schemars(length(min = 1))]
+    pub class_label_keys: Vec<String>,
+    /// Warmup and parity checks every node runs before it reports ready.
+    pub warmup: Warmup,
+    /// What a node does when its artifact fails verification, load or warmup.
+    #[serde(default)]
+    pub fallback: Fallback,
+    /// Revision pinning and known-good history.
+    #[serde(default)]
+    pub rollout: Rollout,
+    /// Settings for the compile Jobs.
+    #[serde(default)]
+    pub compile: CompileSettings,
+}
+
+/// A reference to a ModelArtifact.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelRef {
+    /// ModelArtifact name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Namespace; only the CompiledTarget's own namespace is allowed, and it is the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// Engine backend and its version.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.kind != 'exec' || has(self.image)").message("backend kind exec needs backend.image, the compiler image"))]
+pub struct Backend {
+    /// `tract` (built in), `onnxruntime`, `tensorrt`, or `exec` (any compiler image).
+    pub kind: BackendKind,
+    /// Backend version to require; empty takes the agent's built-in version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Compiler image for foreign backends (pin it by digest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Backend-specific compile flags; part of the compile key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub flags: BTreeMap<String, String>,
+}
+
+/// Backends kiln can drive.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// tract, pure Rust, built into kiln-agent.
+    Tract,
+    /// ONNX Runtime with an execution provider.
+    Onnxruntime,
+    /// TensorRT engine built with NVIDIA's tools.
+    Tensorrt,
+    /// Any compiler image driven through kiln-agent.
+    Exec,
+}
+
+impl BackendKind {
+    /// The lowercase name used in manifests and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tract => "tract",
+            Self::Onnxruntime => "onnxruntime",
+            Self::Tensorrt => "tensorrt",
+            Self::Exec => "exec",
+        }
+    }
+}
+
+/// Numeric precision.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// 32-bit float.
+    #[default]
+    Fp32,
+    /// 16-bit float.
+    Fp16,
+    /// bfloat16.
+    Bf16,
+    /// 8-bit integer.
+    Int8,
+}
+
+impl Precision {
+    /// The lowercase name used in manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fp32 => "fp32",
+            Self::Fp16 => "fp16",
+            Self::Bf16 => "bf16",
+            Self::Int8 => "int8",
+        }
+    }
+}
+
+/// Concrete values for symbolic dims.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ShapeProfile {
+    /// Profile name, unique within the target.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Symbol → value; every symbol of the model must be bound within its bounds.
+    #[serde(default)]
+    pub dims: BTreeMap<String, i64>,
+}
+
+/// Warmup and parity settings.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Warmup {
+    /// How many times the fixtures run; the first run is reported apart as the cold one.
+    #[serde(default = "default_iterations")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub iterations: u32,
+    /// Fixture version of the ModelArtifact to run.
+    #[schemars(length(min = 1))]
+    pub fixture_version: String,
+    /// Tolerance for outputs without an entry in `outputs`.
+    #[serde(default)]
+    pub default_tolerance: Tolerance,
+    /// Per-output tolerances.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub outputs: Vec<OutputTolerance>,
+    /// Steady-state p99 latency a node must meet, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub latency_budget_p99_ms: Option<f64>,
+}
+
+fn default_iterations() -> u32 {
+    10
+}
+
+/// `|actual - golden| <= atol + rtol * |golden|`, element-wise.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Tolerance {
+    /// Absolute tolerance.
+    #[schemars(range(min = 0.0))]
+    pub atol: f64,
+    /// Relative tolerance.
+    #[schemars(range(min = 0.0))]
+    pub rtol: f64,
+}
+
+impl Default for Tolerance {
+    fn default() -> Self {
+        Self {
+            atol: 1e-5,
+            rtol: 1e-4,
+        }
+    }
+}
+
+/// The tolerance for one named output.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct OutputTolerance {
+    /// Output name as in the model graph.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Absolute tolerance.
+    #[schemars(range(min = 0.0))]
+    pub atol: f64,
+    /// Relative tolerance.
+    #[schemars(range(min = 0.0))]
+    pub rtol: f64,
+}
+
+impl Warmup {
+    /// The tolerance that applies to `output`.
+    pub fn tolerance(&self, output: &str) -> Tolerance {
+        self.outputs
+            .iter()
+            .find(|o| o.name == output)
+            .map(|o| Tolerance {
+                atol: o.atol,
+                rtol: o.rtol,
+            })
+            .unwrap_or(self.default_tolerance)
+    }
+}
+
+/// What a node does when its artifact fails.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(self.policy == 'Class') == has(self.class)").message("fallback.class is required with policy Class and not allowed otherwise"))]
+pub struct Fallback {
+    /// `FailClosed` (not ready; the default), `PreviousKnownGood` (newest cached revision that
+    /// passed), or `Class` (serve the artifact of the class named in `class`, e.g. a CPU build).
+    #[serde(default)]
+    pub policy: FallbackPolicy,
+    /// Class to fall back to with policy `Class`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+}
+
+/// Fallback policies.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq,
+)]
+pub enum FallbackPolicy {
+    /// Not ready until the asked-for artifact passes.
+    #[default]
+    FailClosed,
+    /// Keep or return to the newest cached revision that passed, after re-verifying it.
+    PreviousKnownGood,
+    /// Use another class's artifact.
+    Class,
+}
+
+/// Revision pinning and history.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Rollout {
+    /// Serve this revision instead of the newest (rollback in seconds when it is still stored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub pinned_revision: Option<i64>,
+    /// How many known-good revisions nodes keep cached.
+    #[serde(default = "default_history")]
+    #[schemars(range(min = 1, max = 100))]
+    pub known_good_history: u32,
+    /// Percentage of a class's nodes that must be ready before a revision is known-good.
+    #[serde(default = "default_promote")]
+    #[schemars(range(min = 1, max = 100))]
+    pub promote_at_ready_percent: u32,
+}
+
+fn default_history() -> u32 {
+    3
+}
+
+fn default_promote() -> u32 {
+    100
+}
+
+impl Default for Rollout {
+    fn default() -> Self {
+        Self {
+            pinned_revision: None,
+            known_good_history: default_history(),
+            promote_at_ready_percent: default_promote(),
+        }
+    }
+}
+
+/// Compile Job settings.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CompileSettings {
+    /// Attempts per class before the target goes Stalled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 20))]
+    pub max_attempts: Option<u32>,
+    /// Deadline of one compile Job, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub active_deadline_seconds: Option<i64>,
+    /// Resources of the compile container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Tolerations passed to compile Jobs (for tainted GPU nodes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+}
+
+/// Observed state of a CompiledTarget.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CompiledTargetStatus {
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// kstatus conditions (`Ready`, `Reconciling`, `Stalled`) and `Compiled`, `Degraded`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The revision nodes should serve now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+    /// How many node classes the target spans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_count: Option<i32>,
+    /// One row per node class.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["class"]))]
+    pub classes: Vec<ClassStatus>,
+    /// Numbered revisions, newest last, with their artifacts per class.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["number"]))]
+    pub revisions: Vec<Revision>,
+}
+
+/// State of one node class.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassStatus {
+    /// Class id (readable name plus short hash).
+    pub class: String,
+    /// Nodes in the class.
+    #[serde(default)]
+    pub nodes: i32,
+    /// `Pending`, `Compiling`, `Compiled`, `Failed`, `Ready`, `Degraded`.
+    #[serde(default)]
+    pub phase: String,
+    /// Compile key of the class's artifact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_key: Option<String>,
+    /// Compile Job, while one exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    /// sha256 of the class's artifact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_digest: Option<String>,
+    /// Nodes that report ready.
+    #[serde(default)]
+    pub ready_nodes: i32,
+    /// Nodes that report a failure.
+    #[serde(default)]
+    pub failed_nodes: i32,
+    /// The first few failing nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failing_nodes: Vec<String>,
+    /// Failure reason, when failing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<FailureReason>,
+    /// What went wrong and what to fix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Compile attempts made for the current key.
+    #[serde(default)]
+    pub attempts: i32,
+}
+
+/// A numbered set of artifacts, one per class.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Revision {
+    /// Revision number, from 1.
+    pub number: i64,
+    /// Generation of the target that produced it.
+    #[serde(default)]
+    pub generation: i64,
+    /// Whether enough nodes passed warmup for it to be a fallback.
+    #[serde(default)]
+    pub known_good: bool,
+    /// Artifacts per class.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<ClassArtifact>,
+}
+
+/// One class's artifact in a revision.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassArtifact {
+    /// Class id.
+    pub class: String,
+    /// Compile key.
+    pub compile_key: String,
+    /// sha256 of the artifact.
+    pub digest: String,
+}
+
+/// Why a profile cannot be bound to a model.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProfileError {
+    /// A symbol of the model has no value in the profile.
+    #[error(
+        "profile {profile:?} does not bind symbol {symbol:?} (input {input:?}); add it under profiles[].dims"
+    )]
+    Unbound {
+        profile: String,
+        symbol: String,
+        input: String,
+    },
+    /// A value is outside the symbol's bounds.
+    #[error(
+        "profile {profile:?} binds {symbol}={value}, outside [{min}, {max}] declared on input {input:?}"
+    )]
+    OutOfBounds {
+        profile: String,
+        symbol: String,
+        value: i64,
+        min: i64,
+        max: i64,
+        input: String,
+    },
+    /// The profile binds a symbol the model does not have.
+    #[error("profile {profile:?} binds {symbol:?}, which no input of the model declares")]
+    Unknown { profile: String, symbol: String },
+}
+
+impl ShapeProfile {
+    /// Concrete shapes of every model input under this profile, checked against the bounds.
+    pub fn bind(
+        &self,
+        model: &ModelArtifactSpec,
+    ) -> Result<BTreeMap<String, Vec<usize>>, ProfileError> {
+        let symbols = model.symbols();
+        if let Some(extra) = self.dims.keys().find(|k| !symbols.contains(k.as_str())) {
+            return Err(ProfileError::Unknown {
+                profile: self.name.clone(),
+                symbol: extra.clone(),
+            });
+        }
+        let mut shapes = BTreeMap::new();
+        for input in &model.inputs {
+            let mut shape = Vec::with_capacity(input.dims.len());
+            for dim in &input.dims {
+                let value = match (&dim.size, &dim.symbol) {
+                    (Some(size), _) => *size,
+                    (None, Some(symbol)) => {
+                        let value =
+                            *self.dims.get(symbol).ok_or_else(|| ProfileError::Unbound {
+                                profile: self.name.clone(),
+                                symbol: symbol.clone(),
+                                input: input.name.clone(),
+                            })?;
+                        let (min, max) = (dim.min.unwrap_or(0), dim.max.unwrap_or(i64::MAX));
+                        if value < min || value > max {
+                            return Err(ProfileError::OutOfBounds {
+                                profile: self.name.clone(),
+                                symbol: symbol.clone(),
+                                value,
+                                min,
+                                max,
+                                input: input.name.clone(),
+                            });
+                        }
+                        value
+                    }
+                    (None, None) => 0,
+                };
+                shape.push(usize::try_from(value).unwrap_or(0));
+            }
+            shapes.insert(input.name.clone(), shape);
+        }
+        Ok(shapes)
+    }
+}

@@ -1,0 +1,158 @@
+//! `KilnNode`: one per node, written only by that node's agent — probed hardware facts and the
+//! per-target state on that node. Keeps thousands of agents off the shared CompiledTarget.
+
+use std::collections::BTreeMap;
+
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::conditions::Condition;
+use crate::reason::FailureReason;
+
+/// A node as its kiln agent sees it.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "kiln.dev",
+    version = "v1alpha1",
+    kind = "KilnNode",
+    status = "KilnNodeStatus",
+    shortname = "kn",
+    category = "kiln",
+    printcolumn = r#"{"name":"Accelerator","type":"string","jsonPath":".status.hardware.accelerators[0].product"}"#,
+    printcolumn = r#"{"name":"CPU","type":"string","jsonPath":".status.hardware.cpuLevel"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct KilnNodeSpec {
+    /// Settings for this node's agent; the object's name is the node's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_size_bytes: Option<i64>,
+}
+
+/// What the agent found and did on its node.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KilnNodeStatus {
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// kstatus conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// Probed hardware.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware: Option<HardwareFacts>,
+    /// One row per target revision this node serves.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<NodeTargetStatus>,
+}
+
+/// Hardware and runtime facts of a machine.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HardwareFacts {
+    /// CPU architecture as in `kubernetes.io/arch` (`amd64`, `arm64`).
+    pub arch: String,
+    /// `x86-64-v2`/`v3`/`v4` on x86-64, `baseline` otherwise.
+    pub cpu_level: String,
+    /// CPU features relevant to kernels (`avx2`, `avx512f`, `fma`, `sha`, …).
+    #[serde(default)]
+    pub cpu_features: Vec<String>,
+    /// Logical CPUs.
+    pub cores: i64,
+    /// Total memory in bytes.
+    pub memory_bytes: i64,
+    /// NVIDIA driver version, when a driver is present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    /// CUDA driver API version (`12.8`), when a driver is present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_driver_version: Option<String>,
+    /// Accelerators, in device order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accelerators: Vec<Accelerator>,
+    /// Why no accelerator was found, in words (no driver, no device, NVML error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator_note: Option<String>,
+    /// Runtime name → version available on the node (`tract` → `0.23.9`).
+    #[serde(default)]
+    pub runtimes: BTreeMap<String, String>,
+}
+
+/// One GPU.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Accelerator {
+    /// Product name in GPU Feature Discovery's form (`NVIDIA-H100-80GB-HBM3`).
+    pub product: String,
+    /// Compute capability major.
+    pub compute_major: i32,
+    /// Compute capability minor.
+    pub compute_minor: i32,
+    /// Device memory in bytes.
+    pub memory_bytes: i64,
+    /// Whether MIG mode is enabled.
+    #[serde(default)]
+    pub mig: bool,
+}
+
+/// Phases of a target on a node.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq,
+)]
+pub enum NodePhase {
+    /// Waiting for an artifact.
+    #[default]
+    Pending,
+    /// Downloading and verifying.
+    Pulling,
+    /// Loading the engine.
+    Loading,
+    /// Running warmup fixtures.
+    Warming,
+    /// Verified, loaded, warmed.
+    Ready,
+    /// Serving a fallback.
+    Degraded,
+    /// Not serving; see reason.
+    Failed,
+}
+
+/// One target revision on one node.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeTargetStatus {
+    /// CompiledTarget namespace.
+    pub namespace: String,
+    /// CompiledTarget name.
+    pub name: String,
+    /// Revision served (or being prepared).
+    #[serde(default)]
+    pub revision: i64,
+    /// Class whose artifact is used.
+    #[serde(default)]
+    pub class: String,
+    /// Phase.
+    #[serde(default)]
+    pub phase: NodePhase,
+    /// sha256 of the loaded artifact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_digest: Option<String>,
+    /// Failure reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<FailureReason>,
+    /// What went wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Seconds to load the engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_seconds: Option<f64>,
+    /// Seconds of warmup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_seconds: Option<f64>,
+    /// Largest absolute error of any output against its golden value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parity_max_abs_error: Option<f64>,
+}

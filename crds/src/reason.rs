@@ -1,0 +1,101 @@
+//! The one failure-reason enum: status conditions, Events and metric labels all use it, so a
+//! reason seen in `kubectl describe` is the same string an alert matches on.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Why a compile, a verification, a load or a warmup did not succeed.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+pub enum FailureReason {
+    /// The source, an asset or a fixture could not be fetched.
+    SourceUnavailable,
+    /// Bytes did not hash to the declared sha256 (or had the wrong size).
+    HashMismatch,
+    /// A signature did not verify.
+    SignatureInvalid,
+    /// The model uses an operator the backend cannot run.
+    UnsupportedOperator,
+    /// The device does not match the class the artifact was built for.
+    IncompatibleHardware,
+    /// The installed runtime or driver does not match the artifact's build manifest.
+    IncompatibleRuntime,
+    /// The backend failed to compile the model.
+    CompileFailed,
+    /// The artifact could not be loaded.
+    LoadFailed,
+    /// Running the warmup fixtures failed.
+    WarmupFailed,
+    /// An output differed from its golden value beyond atol/rtol.
+    ParityExceeded,
+    /// Warmup latency exceeded the configured budget.
+    LatencyBudgetExceeded,
+    /// A step ran past its deadline.
+    Timeout,
+    /// The artifact store could not be read or written.
+    StoreUnavailable,
+    /// The spec cannot be acted on as written.
+    InvalidSpec,
+}
+
+impl FailureReason {
+    /// Every reason, for pre-registering metric label values.
+    pub const ALL: [FailureReason; 14] = [
+        Self::SourceUnavailable,
+        Self::HashMismatch,
+        Self::SignatureInvalid,
+        Self::UnsupportedOperator,
+        Self::IncompatibleHardware,
+        Self::IncompatibleRuntime,
+        Self::CompileFailed,
+        Self::LoadFailed,
+        Self::WarmupFailed,
+        Self::ParityExceeded,
+        Self::LatencyBudgetExceeded,
+        Self::Timeout,
+        Self::StoreUnavailable,
+        Self::InvalidSpec,
+    ];
+
+    /// The CamelCase name used in conditions, Events and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SourceUnavailable => "SourceUnavailable",
+            Self::HashMismatch => "HashMismatch",
+            Self::SignatureInvalid => "SignatureInvalid",
+            Self::UnsupportedOperator => "UnsupportedOperator",
+            Self::IncompatibleHardware => "IncompatibleHardware",
+            Self::IncompatibleRuntime => "IncompatibleRuntime",
+            Self::CompileFailed => "CompileFailed",
+            Self::LoadFailed => "LoadFailed",
+            Self::WarmupFailed => "WarmupFailed",
+            Self::ParityExceeded => "ParityExceeded",
+            Self::LatencyBudgetExceeded => "LatencyBudgetExceeded",
+            Self::Timeout => "Timeout",
+            Self::StoreUnavailable => "StoreUnavailable",
+            Self::InvalidSpec => "InvalidSpec",
+        }
+    }
+}
+
+impl std::fmt::Display for FailureReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serialised_name_is_the_label_value() {
+        for r in FailureReason::ALL {
+            assert_eq!(
+                serde_json::to_value(r).expect("serialise"),
+                serde_json::json!(r.as_str())
+            );
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! The API as users see it: the committed CRD YAML is what the types generate, CEL rules accept
+//! and reject what they should (evaluated client-side with kube's CEL), and profiles bind dims
+//! within bounds.
+
+use kiln_crds::compiled_target::{ProfileError, ShapeProfile};
+use kiln_crds::{CompiledTarget, ModelArtifact};
+use kube::core::cel::{validate_cel, validate_cel_update};
+
+const MODEL: &str = r#"
+apiVersion: kiln.dev/v1alpha1
+kind: ModelArtifact
+metadata: {name: m, namespace: default}
+spec:
+  source: {uri: "file:///m.onnx", sha256: "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", size: 10}
+  format: onnx
+  inputs:
+    - name: x
+      dtype: f32
+      dims: [{symbol: batch, min: 1, max: 8}, {size: 3}]
+  fixtures:
+    - {version: v1, uri: "file:///f.safetensors", sha256: "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"}
+"#;
+
+const TARGET: &str = r#"
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {name: t, namespace: default}
+spec:
+  modelRef: {name: m}
+  backend: {kind: tract}
+  profiles: [{name: b1, dims: {batch: 1}}]
+  warmup: {fixtureVersion: v1}
+"#;
+
+fn model() -> ModelArtifact {
+    serde_saphyr::from_str(MODEL).expect("model yaml")
+}
+
+fn target() -> CompiledTarget {
+    serde_saphyr::from_str(TARGET).expect("target yaml")
+}
+
+#[test]
+fn committed_crd_yaml_matches_the_types() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (file, yaml) in kiln_crds::crd_yaml() {
+        let committed = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+        assert!(
+            committed == yaml,
+            "crds/{file} is stale: run `cargo run -p kiln-crds --bin crdgen` and commit the result"
+        );
+    }
+}
+
+#[test]
+fn defaults_fill_in_what_users_leave_out() {
+    let t = target();
+    assert_eq!(
+        t.spec.class_label_keys,
+        kiln_crds::labels::default_class_keys()
+    );
+    assert_eq!(
+        t.spec.fallback.policy,
+        kiln_crds::compiled_target::FallbackPolicy::FailClosed
+    );
+    assert_eq!(t.spec.warmup.iterations, 10);
+    assert_eq!(t.spec.rollout.known_good_history, 3);
+}
+
+#[test]
+fn valid_objects_pass_cel() {
+    validate_cel(&model()).expect("model");
+    validate_cel(&target()).expect("target");
+}
+
+#[test]
+fn dims_are_either_fixed_or_bounded_symbols() {
+    for (dim, why) in [
+        (
+            r#"{size: 3, symbol: batch, min: 1, max: 2}"#,
+            "size and symbol",
+        ),
+        (r#"{symbol: batch}"#, "symbol without bounds"),
+        (r#"{symbol: batch, min: 9, max: 2}"#, "min > max"),
+        (r#"{size: 3, max: 4}"#, "bounds on a fixed dim"),
+    ] {
+        let yaml = MODEL.replace("{size: 3}", dim);
+        let m: ModelArtifact = serde_saphyr::from_str(&yaml).expect("yaml");
+        assert!(validate_cel(&m).is_err(), "{why} must be rejected");
+    }
+}
+
+#[test]
+fn content_fields_are_immutable() {
+    let old = model();
+    let mut changed = old.clone();
+    changed.spec.source.sha256 = "c".repeat(64);
+    let err = validate_cel_update(&changed, &old).expect_err("source change");
+    assert!(format!("{err:?}").contains("immutable"), "{err:?}");
+
+    let mut inputs = old.clone();
+    inputs.spec.inputs[0].name = "y".into();
+    assert!(validate_cel_update(&inputs, &old).is_err(), "inputs change");
+
+    let mut fixture = old.clone();
+    fixture.spec.fixtures[0].sha256 = "d".repeat(64);
+    assert!(
+        validate_cel_update(&fixture, &old).is_err(),
+        "fixture version rewritten"
+    );
+
+    let mut added = old.clone();
+    let mut v2 = added.spec.fixtures[0].clone();
+    v2.version = "v2".into();
+    v2.sha256 = "e".repeat(64);
+    added.spec.fixtures.push(v2);
+    validate_cel_update(&added, &old).expect("adding a fixture version is allowed");
+
+    let mut license = old.clone();
+    license.spec.license = Some("Apache-2.0".into());
+    validate_cel_update(&license, &old).expect("license is not content");
+}
+
+#[test]
+fn fallback_class_and_exec_image_are_cross_checked() {
+    let bad_fallback = TARGET.replace(
+        "warmup: {fixtureVersion: v1}",
+        "warmup: {fixtureVersion: v1}\n  fallback: {policy: Class}",
+    );
+    let t: CompiledTarget = serde_saphyr::from_str(&bad_fallback).expect("yaml");
+    assert!(validate_cel(&t).is_err(), "policy Class needs a class");
+    let good = bad_fallback.replace("{policy: Class}", "{policy: Class, class: cpu}");
+    validate_cel(&serde_saphyr::from_str::<CompiledTarget>(&good).expect("yaml"))
+        .expect("class given");
+    let stray = bad_fallback.replace("{policy: Class}", "{policy: FailClosed, class: cpu}");
+    assert!(
+        validate_cel(&serde_saphyr::from_str::<CompiledTarget>(&stray).expect("yaml")).is_err(),
+        "stray class"
+    );
+    let exec = TARGET.replace("{kind: tract}", "{kind: exec}");
+    assert!(
+        validate_cel(&serde_saphyr::from_str::<CompiledTarget>(&exec).expect("yaml")).is_err(),
+        "exec needs image"
+    );
+}
+
+#[test]
+fn profiles_bind_symbols_within_bounds() {
+    let m = model().spec;
+    let profile = |batch: i64| ShapeProfile {
+        name: "p".into(),
+        dims: [("batch".to_string(), batch)].into(),
+    };
+    assert_eq!(profile(4).bind(&m).expect("in bounds")["x"], vec![4, 3]);
+    assert!(matches!(
+        profile(9).bind(&m),
+        Err(ProfileError::OutOfBounds {
+            value: 9,
+            max: 8,
+            ..
+        })
+    ));
+    assert!(matches!(
+        profile(0).bind(&m),
+        Err(ProfileError::OutOfBounds {
+            value: 0,
+            min: 1,
+            ..
+        })
+    ));
+    let unbound = ShapeProfile {
+        name: "p".into(),
+        dims: Default::default(),
+    };
+    let err = unbound.bind(&m).expect_err("unbound");
+    assert!(
+        err.to_string().contains("does not bind symbol \"batch\""),
+        "{err}"
+    );
+    let mut extra = profile(1);
+    extra.dims.insert("seq".into(), 5);
+    assert!(matches!(extra.bind(&m), Err(ProfileError::Unknown { .. })));
+}
