@@ -2,7 +2,8 @@
 # CRDs are applied, become Established, and the apiserver enforces their
 # OpenAPI schema and CEL rules. Uses e2e/testdata/widget-crd.yaml always, and
 # kiln's generated crds/*.yaml when they exist (ModelArtifact: spec.source.sha256
-# must be 64 hex characters).
+# must be 64 hex characters, checked on the first ModelArtifact in examples/ or
+# testdata/modelartifact.yaml).
 source "$(dirname "$0")/lib.sh"
 test_namespace
 REPO=$(cd "$E2E_DIR/.." && pwd)
@@ -38,7 +39,7 @@ WHY="CEL immutability" PATTERN='sha256 is immutable' expect_reject \
 kubectl delete -f "$E2E_DIR/testdata/widget-crd.yaml" --wait=false >/dev/null
 
 shopt -s nullglob
-kiln_crds=("$REPO"/crds/*.yaml)
+kiln_crds=("${KILN_E2E_CRD_DIR:-$REPO/crds}"/*.yaml)
 if ((${#kiln_crds[@]} == 0)); then
   echo "no crds/*.yaml yet: kiln's own CRDs not exercised"
   exit 0
@@ -64,3 +65,7 @@ for bad in abc "${HEX^^}" "${HEX}00" "${HEX:0:63}g"; do
   WHY="ModelArtifact sha256 '$bad'" PATTERN='sha256' expect_reject create -f - \
     < <(jq --arg bad "$bad" '.metadata.name += "-bad" | .spec.source.sha256 = $bad' <<<"$obj")
 done
+# The source is content: changing its digest on an existing object is refused.
+name=$(jq -r .metadata.name <<<"$obj")
+WHY="ModelArtifact spec.source is immutable" PATTERN='source' expect_reject \
+  patch modelartifact "$name" --type=merge -p "{\"spec\":{\"source\":{\"sha256\":\"$(printf y | sha256sum | cut -c1-64)\"}}}"
