@@ -1,0 +1,92 @@
+//! Engine backends: one trait with `compile`, `load` and `run`, shared by the compile worker and
+//! the node agent, so the parity a Job reports and the parity a node checks come from the same code.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use kiln_crds::compiled_target::{BackendKind, Precision};
+
+use crate::error::{Error, Result};
+use crate::tensor::HostTensor;
+
+pub mod tract;
+
+/// Input name → concrete shape.
+pub type Shapes = BTreeMap<String, Vec<usize>>;
+
+/// What a compile needs.
+pub struct CompileRequest<'a> {
+    /// The verified source model file.
+    pub model: &'a Path,
+    /// Profile name → concrete input shapes (bound and bounds-checked).
+    pub profiles: &'a BTreeMap<String, Shapes>,
+    /// Numeric precision.
+    pub precision: Precision,
+    /// Backend flags.
+    pub flags: &'a BTreeMap<String, String>,
+    /// Where to write the artifact.
+    pub out: &'a Path,
+}
+
+/// What a compile reports.
+#[derive(Debug, Default)]
+pub struct Compiled {
+    /// Output names, in order.
+    pub outputs: Vec<String>,
+    /// What the converter did, line by line.
+    pub log: Vec<String>,
+}
+
+/// A compiler and loader for one kind of engine.
+pub trait Backend: Send + Sync {
+    /// Backend name as in `CompiledTarget.spec.backend.kind`.
+    fn name(&self) -> &'static str;
+    /// Version of the backend library.
+    fn version(&self) -> String;
+    /// Media type of its artifacts.
+    fn media_type(&self) -> &'static str;
+    /// Compiles `req.model` into `req.out`.
+    fn compile(&self, req: &CompileRequest<'_>) -> Result<Compiled>;
+    /// Loads an artifact this backend compiled, ready to run.
+    fn load(&self, artifact: &Path) -> Result<Box<dyn Engine>>;
+    /// The source model executed as written, unoptimised: the reference fixtures are made with.
+    fn reference(&self, model: &Path, shapes: &Shapes) -> Result<Box<dyn Engine>>;
+    /// The graph inputs the model file declares.
+    fn inputs(&self, model: &Path) -> Result<Vec<InputInfo>>;
+}
+
+/// A loaded engine.
+pub trait Engine: Send + Sync {
+    /// Runs one batch of named inputs and returns the named outputs.
+    fn run(&self, inputs: &BTreeMap<String, HostTensor>) -> Result<BTreeMap<String, HostTensor>>;
+    /// Names and shapes of the inputs of each compiled profile.
+    fn profiles(&self) -> Vec<(String, Shapes)>;
+}
+
+/// The backend for a CompiledTarget's backend kind, if this binary carries it.
+pub fn for_kind(kind: BackendKind) -> Result<Box<dyn Backend>> {
+    match kind {
+        BackendKind::Tract => Ok(Box::new(tract::Tract)),
+        other => Err(Error::InvalidSpec(format!(
+            "backend {} is not built into kiln-agent; use backend.kind: tract here, or run {} compiles in a compiler image",
+            other.as_str(),
+            other.as_str()
+        ))),
+    }
+}
+
+/// The runtimes this binary carries, for the hardware facts.
+pub fn runtimes() -> BTreeMap<String, String> {
+    BTreeMap::from([(tract::Tract.name().to_string(), tract::Tract.version())])
+}
+
+/// One graph input as the model file declares it.
+#[derive(Clone, Debug)]
+pub struct InputInfo {
+    /// Input name.
+    pub name: String,
+    /// Element type.
+    pub dtype: safetensors::Dtype,
+    /// Extents; `None` for a symbolic dim.
+    pub dims: Vec<Option<usize>>,
+}

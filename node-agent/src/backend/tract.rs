@@ -1,0 +1,366 @@
+//! The built-in tract backend. Compile: ONNX → typed with each profile's concrete dims →
+//! decluttered → NNEF. The artifact is a deterministic tar holding one NNEF tarball per profile
+//! and an index; load optimises each profile for this CPU.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::Path;
+
+use kiln_crds::compiled_target::Precision;
+use serde::{Deserialize, Serialize};
+use tract_onnx::prelude::*;
+use tract_onnx::tract_hir::internal::*;
+use tract_onnx_opl::WithOnnx;
+
+use super::{Backend, CompileRequest, Compiled, Engine, InputInfo, Shapes};
+use crate::error::{Error, Result, chain};
+use crate::tensor::HostTensor;
+
+/// tract, linked into kiln-agent.
+pub struct Tract;
+
+/// The tract version this binary links (kept equal to the workspace's tract dependency).
+pub const TRACT_VERSION: &str = "0.23.9";
+const MEDIA_TYPE: &str = "application/vnd.kiln.tract.nnef-profiles.v1.tar";
+const INDEX: &str = "kiln-profiles.json";
+/// Fixed mtime so the same model compiles to the same bytes.
+const MTIME: u64 = 315_532_800;
+
+/// The index inside an artifact: input and output order of every profile's graph.
+#[derive(Serialize, Deserialize)]
+struct Index {
+    profiles: Vec<ProfileEntry>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ProfileEntry {
+    name: String,
+    file: String,
+    inputs: Vec<(String, Vec<usize>)>,
+    outputs: Vec<String>,
+}
+
+type Plan = std::sync::Arc<TypedSimplePlan>;
+
+impl Backend for Tract {
+    fn name(&self) -> &'static str {
+        "tract"
+    }
+
+    fn version(&self) -> String {
+        TRACT_VERSION.to_string()
+    }
+
+    fn media_type(&self) -> &'static str {
+        MEDIA_TYPE
+    }
+
+    fn compile(&self, req: &CompileRequest<'_>) -> Result<Compiled> {
+        if req.precision != Precision::Fp32 {
+            return Err(Error::InvalidSpec(format!(
+                "the tract backend compiles precision fp32 only, not {}; set precision: fp32",
+                req.precision.as_str()
+            )));
+        }
+        if let Some(flag) = req.flags.keys().next() {
+            return Err(Error::InvalidSpec(format!(
+                "the tract backend takes no flags; remove backend.flags.{flag}"
+            )));
+        }
+        let mut log = Vec::new();
+        let nnef = tract_nnef::nnef().with_onnx();
+        let mut index = Index {
+            profiles: Vec::new(),
+        };
+        let mut outer = tar::Builder::new(Vec::new());
+        let mut outputs = Vec::new();
+        for (profile, shapes) in req.profiles {
+            let (typed, entry) = typed_for(req.model, profile, shapes, true, &mut log)?;
+            let mut nnef_tar = Vec::new();
+            nnef.write_to_tar_with_config(&typed, &mut nnef_tar, false, true)
+                .map_err(|e| {
+                    Error::CompileFailed(format!("profile {profile}: writing NNEF: {}", chain(&e)))
+                })?;
+            log.push(format!(
+                "profile {profile}: NNEF {} bytes, {} nodes",
+                nnef_tar.len(),
+                typed.nodes().len()
+            ));
+            append(&mut outer, &entry.file, &nnef_tar)?;
+            outputs.clone_from(&entry.outputs);
+            index.profiles.push(entry);
+        }
+        let index_json =
+            serde_json::to_vec_pretty(&index).map_err(|e| Error::CompileFailed(e.to_string()))?;
+        append(&mut outer, INDEX, &index_json)?;
+        let bytes = outer
+            .into_inner()
+            .map_err(|e| Error::CompileFailed(e.to_string()))?;
+        let mut file = std::fs::File::create(req.out).map_err(|e| Error::store(req.out, e))?;
+        file.write_all(&bytes)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| Error::store(req.out, e))?;
+        Ok(Compiled { outputs, log })
+    }
+
+    fn load(&self, artifact: &Path) -> Result<Box<dyn Engine>> {
+        let load_failed = |m: String| Error::LoadFailed(format!("{}: {m}", artifact.display()));
+        let file = std::fs::File::open(artifact).map_err(|e| load_failed(e.to_string()))?;
+        let mut archive = tar::Archive::new(file);
+        let mut files = BTreeMap::new();
+        for entry in archive.entries().map_err(|e| load_failed(e.to_string()))? {
+            let mut entry = entry.map_err(|e| load_failed(e.to_string()))?;
+            let path = entry
+                .path()
+                .map_err(|e| load_failed(e.to_string()))?
+                .to_string_lossy()
+                .into_owned();
+            let mut bytes = Vec::new();
+            entry
+                .read_to_end(&mut bytes)
+                .map_err(|e| load_failed(e.to_string()))?;
+            files.insert(path, bytes);
+        }
+        let index: Index = files
+            .get(INDEX)
+            .ok_or_else(|| load_failed(format!("no {INDEX}: not a kiln tract artifact")))
+            .and_then(|b| serde_json::from_slice(b).map_err(|e| load_failed(e.to_string())))?;
+        let nnef = tract_nnef::nnef().with_onnx();
+        let mut profiles = Vec::new();
+        for entry in index.profiles {
+            let bytes = files
+                .get(&entry.file)
+                .ok_or_else(|| load_failed(format!("missing {}", entry.file)))?;
+            let plan = nnef
+                .model_for_read(&mut bytes.as_slice())
+                .and_then(|m| m.into_optimized())
+                .and_then(|m| m.into_runnable())
+                .map_err(|e| load_failed(format!("profile {}: {}", entry.name, chain(&e))))?;
+            profiles.push((entry, plan));
+        }
+        Ok(Box::new(TractEngine { profiles }))
+    }
+
+    fn reference(&self, model: &Path, shapes: &Shapes) -> Result<Box<dyn Engine>> {
+        let mut log = Vec::new();
+        let (typed, entry) = typed_for(model, "reference", shapes, false, &mut log)?;
+        let plan = typed
+            .into_runnable()
+            .map_err(|e| Error::LoadFailed(chain(&e)))?;
+        Ok(Box::new(TractEngine {
+            profiles: vec![(entry, plan)],
+        }))
+    }
+
+    fn inputs(&self, model: &Path) -> Result<Vec<InputInfo>> {
+        let inference = tract_onnx::onnx().model_for_path(model).map_err(|e| {
+            Error::CompileFailed(format!(
+                "cannot read ONNX model {}: {}",
+                model.display(),
+                chain(&e)
+            ))
+        })?;
+        let outlets = inference
+            .input_outlets()
+            .map_err(|e| Error::CompileFailed(chain(&e)))?;
+        outlets
+            .iter()
+            .enumerate()
+            .map(|(ix, o)| {
+                let fact = inference
+                    .input_fact(ix)
+                    .map_err(|e| Error::CompileFailed(chain(&e)))?;
+                let dt = fact.datum_type.concretize().unwrap_or(f32::datum_type());
+                let dtype = crate::tensor::safetensors_dtype(dt).ok_or_else(|| {
+                    Error::UnsupportedOperator {
+                        backend: "tract".into(),
+                        operators: vec![format!("input dtype {dt:?}")],
+                    }
+                })?;
+                let dims = fact
+                    .shape
+                    .dims()
+                    .map(|d| d.concretize().and_then(|d| d.to_usize().ok()))
+                    .collect();
+                Ok(InputInfo {
+                    name: inference.node(o.node).name.clone(),
+                    dtype,
+                    dims,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Parses the ONNX file, binds the input shapes and types it; decluttered when `declutter`.
+fn typed_for(
+    model: &Path,
+    profile: &str,
+    shapes: &Shapes,
+    declutter: bool,
+    log: &mut Vec<String>,
+) -> Result<(TypedModel, ProfileEntry)> {
+    let mut inference = tract_onnx::onnx().model_for_path(model).map_err(|e| {
+        Error::CompileFailed(format!(
+            "cannot read ONNX model {}: {}",
+            model.display(),
+            chain(&e)
+        ))
+    })?;
+    let unsupported: std::collections::BTreeSet<String> = inference
+        .nodes()
+        .iter()
+        .filter(|n| n.op_is::<tract_onnx::tract_core::ops::unimpl::UnimplementedOp>())
+        .map(|n| {
+            let name = n.op().name();
+            name.strip_prefix("Unimplemented(")
+                .and_then(|s| s.strip_suffix(')'))
+                .unwrap_or(&name)
+                .to_string()
+        })
+        .collect();
+    if !unsupported.is_empty() {
+        return Err(Error::UnsupportedOperator {
+            backend: "tract".into(),
+            operators: unsupported.into_iter().collect(),
+        });
+    }
+    let model_inputs: Vec<String> = inference
+        .input_outlets()
+        .map_err(|e| Error::CompileFailed(chain(&e)))?
+        .iter()
+        .map(|o| inference.node(o.node).name.clone())
+        .collect();
+    let declared: Vec<&String> = shapes.keys().collect();
+    let mut sorted_model = model_inputs.clone();
+    sorted_model.sort();
+    if sorted_model.iter().collect::<Vec<_>>() != declared {
+        return Err(Error::InvalidSpec(format!(
+            "the model's inputs are {model_inputs:?} but the spec declares {declared:?}; make spec.inputs name exactly the graph inputs"
+        )));
+    }
+    let mut inputs = Vec::new();
+    for (ix, name) in model_inputs.iter().enumerate() {
+        let shape = &shapes[name];
+        let fact = inference
+            .input_fact(ix)
+            .map_err(|e| Error::CompileFailed(chain(&e)))?
+            .clone();
+        let dt = fact.datum_type.concretize().unwrap_or(f32::datum_type());
+        inference
+            .set_input_fact(ix, InferenceFact::dt_shape(dt, shape.clone()))
+            .map_err(|e| Error::CompileFailed(chain(&e)))?;
+        inputs.push((name.clone(), shape.clone()));
+    }
+    let typed = inference.into_typed().map_err(|e| {
+        Error::CompileFailed(format!(
+            "profile {profile}: shapes {shapes:?} do not fit the graph: {}",
+            chain(&e)
+        ))
+    })?;
+    let mut typed = if declutter {
+        typed
+            .into_decluttered()
+            .map_err(|e| Error::CompileFailed(format!("profile {profile}: {}", chain(&e))))?
+    } else {
+        typed
+    };
+    // Metadata strings holding a single quote break NNEF reload; they carry no semantics.
+    let before = typed.properties.len();
+    typed.properties.retain(|_, v| {
+        v.to_plain_array_view::<String>()
+            .map(|a| !a.iter().any(|s| s.contains('\'')))
+            .unwrap_or(true)
+    });
+    if typed.properties.len() != before {
+        log.push(format!(
+            "profile {profile}: dropped {} metadata string(s) containing a quote",
+            before - typed.properties.len()
+        ));
+    }
+    let outputs = typed
+        .output_outlets()
+        .map_err(|e| Error::CompileFailed(chain(&e)))?
+        .iter()
+        .map(|o| {
+            typed
+                .outlet_label(*o)
+                .map(str::to_string)
+                .unwrap_or_else(|| typed.node(o.node).name.clone())
+        })
+        .collect();
+    let file = format!("profiles/{profile}.nnef.tar");
+    Ok((
+        typed,
+        ProfileEntry {
+            name: profile.to_string(),
+            file,
+            inputs,
+            outputs,
+        },
+    ))
+}
+
+fn append(builder: &mut tar::Builder<Vec<u8>>, path: &str, bytes: &[u8]) -> Result<()> {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(bytes.len() as u64);
+    header.set_mode(0o644);
+    header.set_mtime(MTIME);
+    header.set_cksum();
+    builder
+        .append_data(&mut header, path, bytes)
+        .map_err(|e| Error::CompileFailed(e.to_string()))
+}
+
+struct TractEngine {
+    profiles: Vec<(ProfileEntry, Plan)>,
+}
+
+impl Engine for TractEngine {
+    fn run(&self, inputs: &BTreeMap<String, HostTensor>) -> Result<BTreeMap<String, HostTensor>> {
+        let matches = |entry: &ProfileEntry| {
+            entry.inputs.len() == inputs.len()
+                && entry
+                    .inputs
+                    .iter()
+                    .all(|(n, s)| inputs.get(n).is_some_and(|t| &t.shape == s))
+        };
+        let Some((entry, plan)) = self.profiles.iter().find(|(e, _)| matches(e)) else {
+            let got: BTreeMap<&String, &Vec<usize>> =
+                inputs.iter().map(|(n, t)| (n, &t.shape)).collect();
+            let want: Vec<_> = self
+                .profiles
+                .iter()
+                .map(|(e, _)| (&e.name, &e.inputs))
+                .collect();
+            return Err(Error::InvalidSpec(format!(
+                "inputs {got:?} match no compiled profile {want:?}; fixture inputs must have a profile's names and shapes"
+            )));
+        };
+        let mut values = TVec::new();
+        for (name, _) in &entry.inputs {
+            values.push(inputs[name].to_tract()?.into_tvalue());
+        }
+        let outputs = plan
+            .run(values)
+            .map_err(|e| Error::WarmupFailed(chain(&e)))?;
+        entry
+            .outputs
+            .iter()
+            .zip(outputs.iter())
+            .map(|(name, value)| {
+                Ok((
+                    name.clone(),
+                    HostTensor::from_tract(&value.clone().into_tensor())?,
+                ))
+            })
+            .collect()
+    }
+
+    fn profiles(&self) -> Vec<(String, Shapes)> {
+        self.profiles
+            .iter()
+            .map(|(e, _)| (e.name.clone(), e.inputs.iter().cloned().collect()))
+            .collect()
+    }
+}

@@ -1,0 +1,205 @@
+//! The compile step shared by `local` and the compile Job: fetch and verify every input, derive
+//! the compile key, reuse what the store holds, otherwise compile, check parity against the
+//! fixtures, and store artifact and manifest atomically.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use kiln_crds::class::ClassFacts;
+use kiln_crds::kiln_node::HardwareFacts;
+use kiln_crds::manifest::MANIFEST_VERSION;
+use kiln_crds::{BuildManifest, CompileKeyInput, compile_key};
+
+use crate::backend::{Backend, CompileRequest};
+use crate::digest::sha256_file;
+use crate::error::{Error, Result};
+use crate::fetch::{Fetcher, Wanted};
+use crate::fixtures::FixtureFile;
+use crate::metrics::Metrics;
+use crate::spec::Spec;
+use crate::store::Store;
+use crate::warmup;
+
+/// Verified local copies of everything a model run needs.
+pub struct Inputs {
+    /// The model source.
+    pub model: PathBuf,
+    /// Asset name → path.
+    pub assets: BTreeMap<String, PathBuf>,
+    /// The warmup fixture, parsed.
+    pub fixture: FixtureFile,
+    /// sha256 of the fixture file.
+    pub fixture_digest: String,
+}
+
+/// Fetches and verifies the source, every asset and the warmup fixture; fails closed.
+pub async fn fetch_inputs(spec: &Spec, fetcher: &Fetcher) -> Result<Inputs> {
+    let m = &spec.model.spec;
+    let model = fetcher
+        .fetch(&Wanted {
+            what: "model source",
+            uri: &m.source.uri,
+            sha256: &m.source.sha256,
+            size: u64::try_from(m.source.size).ok(),
+        })
+        .await?;
+    let mut assets = BTreeMap::new();
+    for asset in &m.assets {
+        let what = format!("asset {}", asset.name);
+        let path = fetcher
+            .fetch(&Wanted {
+                what: &what,
+                uri: &asset.uri,
+                sha256: &asset.sha256,
+                size: None,
+            })
+            .await?;
+        assets.insert(asset.name.clone(), path);
+    }
+    let version = &spec.target.spec.warmup.fixture_version;
+    let declared = m
+        .fixture(version)
+        .ok_or_else(|| Error::InvalidSpec(format!("no fixture version {version:?}")))?;
+    let what = format!("fixture {version}");
+    let path = fetcher
+        .fetch(&Wanted {
+            what: &what,
+            uri: &declared.uri,
+            sha256: &declared.sha256,
+            size: None,
+        })
+        .await?;
+    let fixture = FixtureFile::read(&path)?;
+    if &fixture.version != version {
+        return Err(Error::InvalidSpec(format!(
+            "fixture file {} says version {:?}, the ModelArtifact lists it as {version:?}",
+            declared.uri, fixture.version
+        )));
+    }
+    Ok(Inputs {
+        model,
+        assets,
+        fixture,
+        fixture_digest: declared.sha256.clone(),
+    })
+}
+
+/// The compile key of `spec` for a class.
+pub fn key_for(spec: &Spec, backend: &dyn Backend, class: &ClassFacts) -> String {
+    let (m, t) = (&spec.model.spec, &spec.target.spec);
+    compile_key(&CompileKeyInput {
+        model_digest: m.source.sha256.clone(),
+        asset_digests: m
+            .assets
+            .iter()
+            .map(|a| (a.name.clone(), a.sha256.clone()))
+            .collect(),
+        fixture_digest: m
+            .fixture(&t.warmup.fixture_version)
+            .map(|f| f.sha256.clone())
+            .unwrap_or_default(),
+        backend: backend.name().to_string(),
+        backend_version: backend.version(),
+        compiler_image: t.backend.image.clone(),
+        precision: t.precision.as_str().to_string(),
+        profiles: t
+            .profiles
+            .iter()
+            .map(|p| (p.name.clone(), p.dims.clone()))
+            .collect(),
+        class: class.clone(),
+        flags: t.backend.flags.clone(),
+    })
+}
+
+/// Compiles unless the store already holds the key. Returns the manifest and whether it was reused.
+pub fn compile_or_reuse(
+    spec: &Spec,
+    inputs: &Inputs,
+    backend: &dyn Backend,
+    class: &ClassFacts,
+    host: &HardwareFacts,
+    store: &dyn Store,
+    metrics: &Metrics,
+) -> Result<(BuildManifest, bool)> {
+    let key = key_for(spec, backend, class);
+    if let Some(manifest) = store.manifest(&key)? {
+        tracing::info!(compile_key = %key, digest = %manifest.artifact_digest, "artifact already in store; not compiling");
+        metrics.compile(backend.name(), "cached", None);
+        return Ok((manifest, true));
+    }
+    let started = Instant::now();
+    let result = compile(spec, inputs, backend, class, host, store, &key);
+    let seconds = started.elapsed().as_secs_f64();
+    match &result {
+        Ok(_) => metrics.compile(backend.name(), "success", Some(seconds)),
+        Err(_) => metrics.compile(backend.name(), "failure", Some(seconds)),
+    }
+    result.map(|m| (m, false))
+}
+
+fn compile(
+    spec: &Spec,
+    inputs: &Inputs,
+    backend: &dyn Backend,
+    class: &ClassFacts,
+    host: &HardwareFacts,
+    store: &dyn Store,
+    key: &str,
+) -> Result<BuildManifest> {
+    let started = Instant::now();
+    let t = &spec.target.spec;
+    let profiles = spec.shapes()?;
+    let scratch = store.scratch()?;
+    let out = scratch.path().join("artifact");
+    tracing::info!(compile_key = %key, backend = backend.name(), profiles = profiles.len(), "compiling");
+    let compiled = backend.compile(&CompileRequest {
+        model: &inputs.model,
+        profiles: &profiles,
+        precision: t.precision,
+        flags: &t.backend.flags,
+        out: &out,
+    })?;
+    // Parity of the compiled engine against the fixture's golden outputs, before anything is stored.
+    let engine = backend.load(&out)?;
+    warmup::check_inputs(engine.as_ref(), &inputs.fixture)?;
+    let outputs = engine.run(&inputs.fixture.inputs)?;
+    let parity = warmup::parity(&outputs, &inputs.fixture.outputs, &t.warmup)?;
+    let parity_max = parity.values().copied().fold(0.0, f64::max);
+    let (digest, size) = sha256_file(&out).map_err(|e| Error::store(&out, e))?;
+    let mut input_digests = BTreeMap::from([
+        ("model".to_string(), spec.model.spec.source.sha256.clone()),
+        (
+            format!("fixture/{}", inputs.fixture.version),
+            inputs.fixture_digest.clone(),
+        ),
+    ]);
+    for a in &spec.model.spec.assets {
+        input_digests.insert(format!("asset/{}", a.name), a.sha256.clone());
+    }
+    let manifest = BuildManifest {
+        manifest_version: MANIFEST_VERSION,
+        compile_key: key.to_string(),
+        artifact_digest: digest,
+        artifact_size: size,
+        media_type: backend.media_type().to_string(),
+        backend: backend.name().to_string(),
+        backend_version: backend.version(),
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        precision: t.precision.as_str().to_string(),
+        profiles,
+        class: class.clone(),
+        host: host.clone(),
+        flags: t.backend.flags.clone(),
+        inputs: input_digests,
+        outputs: compiled.outputs,
+        unsupported_operators: Vec::new(),
+        parity_max_abs_error: Some(parity_max),
+        compile_seconds: started.elapsed().as_secs_f64(),
+        converter_log: compiled.log,
+    };
+    store.put(&out, &manifest)?;
+    tracing::info!(compile_key = %key, digest = %manifest.artifact_digest, parity_max_abs_error = parity_max, "stored artifact");
+    Ok(manifest)
+}

@@ -1,0 +1,86 @@
+//! kiln-agent's error type. Every variant maps to one [`FailureReason`], which is what status,
+//! Events and metric labels carry; the message says what to fix.
+
+use std::path::PathBuf;
+
+use kiln_crds::FailureReason;
+
+/// Result alias for the agent.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can stop the agent's pipeline.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The input YAML or a field in it cannot be acted on.
+    #[error("invalid spec: {0}")]
+    InvalidSpec(String),
+    /// A URI could not be read.
+    #[error("cannot fetch {uri}: {message}")]
+    SourceUnavailable { uri: String, message: String },
+    /// Bytes did not match their declared digest or size.
+    #[error("{what}: {message}")]
+    HashMismatch { what: String, message: String },
+    /// The model uses operators the backend cannot run.
+    #[error("unsupported operator(s) for backend {backend}: {}", operators.join(", "))]
+    UnsupportedOperator {
+        backend: String,
+        operators: Vec<String>,
+    },
+    /// The artifact does not fit this machine.
+    #[error("incompatible hardware: {0}")]
+    IncompatibleHardware(String),
+    /// The artifact was built by another backend version or runtime.
+    #[error("incompatible runtime: {0}")]
+    IncompatibleRuntime(String),
+    /// The backend could not compile the model.
+    #[error("compile failed: {0}")]
+    CompileFailed(String),
+    /// The artifact could not be loaded.
+    #[error("load failed: {0}")]
+    LoadFailed(String),
+    /// Running the fixtures failed.
+    #[error("warmup failed: {0}")]
+    WarmupFailed(String),
+    /// An output was outside tolerance.
+    #[error("parity exceeded: {0}")]
+    ParityExceeded(String),
+    /// Steady-state latency above budget.
+    #[error("latency budget exceeded: {0}")]
+    LatencyBudgetExceeded(String),
+    /// The store could not be used.
+    #[error("store {path} unavailable: {message}", path = path.display())]
+    StoreUnavailable { path: PathBuf, message: String },
+}
+
+impl Error {
+    /// The shared failure reason for status, Events and metric labels.
+    pub fn reason(&self) -> FailureReason {
+        match self {
+            Self::InvalidSpec(_) => FailureReason::InvalidSpec,
+            Self::SourceUnavailable { .. } => FailureReason::SourceUnavailable,
+            Self::HashMismatch { .. } => FailureReason::HashMismatch,
+            Self::UnsupportedOperator { .. } => FailureReason::UnsupportedOperator,
+            Self::IncompatibleHardware(_) => FailureReason::IncompatibleHardware,
+            Self::IncompatibleRuntime(_) => FailureReason::IncompatibleRuntime,
+            Self::CompileFailed(_) => FailureReason::CompileFailed,
+            Self::LoadFailed(_) => FailureReason::LoadFailed,
+            Self::WarmupFailed(_) => FailureReason::WarmupFailed,
+            Self::ParityExceeded(_) => FailureReason::ParityExceeded,
+            Self::LatencyBudgetExceeded(_) => FailureReason::LatencyBudgetExceeded,
+            Self::StoreUnavailable { .. } => FailureReason::StoreUnavailable,
+        }
+    }
+
+    /// A store error at `path`.
+    pub fn store(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
+        Self::StoreUnavailable {
+            path: path.into(),
+            message: err.to_string(),
+        }
+    }
+}
+
+/// tract errors carry their whole context chain; keep all of it in the message.
+pub fn chain(err: &tract_onnx::prelude::TractError) -> String {
+    format!("{err:#}")
+}

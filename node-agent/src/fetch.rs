@@ -1,0 +1,305 @@
+//! Fetches sources, assets and fixtures into a content-addressed blob cache, hashing while the
+//! bytes stream in. A blob only ever appears under its final name after its size and sha256
+//! matched and it was fsynced; a failed or interrupted fetch leaves no usable file behind.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::digest::{CHUNK, HashingWriter, sha256_file};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+
+/// Sizes above this report progress on stderr.
+const PROGRESS_ABOVE: u64 = 64 << 20;
+
+/// What to fetch and what it must be.
+#[derive(Clone, Debug)]
+pub struct Wanted<'a> {
+    /// What it is, for messages (`model source`, `asset tokenizer`, `fixture v1`).
+    pub what: &'a str,
+    /// Where it comes from.
+    pub uri: &'a str,
+    /// Lowercase hex sha256 it must hash to.
+    pub sha256: &'a str,
+    /// Exact size, when declared.
+    pub size: Option<u64>,
+}
+
+/// Fetches blobs into `<cache>/<sha256>`.
+pub struct Fetcher {
+    /// Directory holding verified blobs by digest.
+    cache: PathBuf,
+    /// HTTP client for `https://` URIs.
+    http: reqwest::Client,
+    /// Where fetch bytes and verification failures are counted.
+    metrics: Metrics,
+}
+
+impl Fetcher {
+    /// A fetcher whose verified blobs live in `cache`.
+    pub fn new(cache: PathBuf, metrics: Metrics) -> Result<Self> {
+        std::fs::create_dir_all(&cache).map_err(|e| Error::store(&cache, e))?;
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("kiln-agent/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| Error::SourceUnavailable {
+                uri: "https://".into(),
+                message: e.to_string(),
+            })?;
+        Ok(Self {
+            cache,
+            http,
+            metrics,
+        })
+    }
+
+    /// A verified local copy of `wanted`: from the cache when a re-hash proves it intact,
+    /// otherwise fetched, verified while streaming, and moved into place.
+    pub async fn fetch(&self, wanted: &Wanted<'_>) -> Result<PathBuf> {
+        let final_path = self.cache.join(wanted.sha256);
+        if final_path.exists() {
+            let (digest, size) =
+                sha256_file(&final_path).map_err(|e| Error::store(&final_path, e))?;
+            if digest == wanted.sha256 && wanted.size.is_none_or(|s| s == size) {
+                tracing::debug!(what = wanted.what, path = %final_path.display(), "blob cache hit, re-verified");
+                return Ok(final_path);
+            }
+            // A cached blob that no longer hashes right is discarded, never used.
+            tracing::warn!(what = wanted.what, path = %final_path.display(), "cached blob corrupt; fetching again");
+            let _ = std::fs::remove_file(&final_path);
+        }
+        let partial = self
+            .cache
+            .join(format!(".partial-{}-{}", wanted.sha256, std::process::id()));
+        let result = match scheme(wanted.uri) {
+            Some(("file", path)) => {
+                let (path, partial, wanted_owned) = (PathBuf::from(path), partial.clone(), Owned::from(wanted));
+                let metrics = self.metrics.clone();
+                tokio::task::spawn_blocking(move || copy_file(&path, &partial, &wanted_owned, &metrics))
+                    .await
+                    .map_err(|e| Error::SourceUnavailable { uri: wanted.uri.into(), message: e.to_string() })?
+            }
+            Some(("https", _)) => self.download(wanted, &partial).await,
+            Some(("oci", _)) => Err(Error::SourceUnavailable {
+                uri: wanted.uri.into(),
+                message: "oci:// sources are read through the OCI store, which local mode does not use; use file:// or https://".into(),
+            }),
+            _ => Err(Error::InvalidSpec(format!(
+                "{} URI {:?} has an unsupported scheme; use file://, https:// or oci://",
+                wanted.what, wanted.uri
+            ))),
+        };
+        match result {
+            Ok(()) => {
+                std::fs::rename(&partial, &final_path).map_err(|e| Error::store(&final_path, e))?;
+                sync_dir(&self.cache);
+                Ok(final_path)
+            }
+            Err(err) => {
+                let _ = std::fs::remove_file(&partial);
+                if matches!(err, Error::HashMismatch { .. }) {
+                    self.metrics.verify_failure(err.reason());
+                }
+                Err(err)
+            }
+        }
+    }
+
+    async fn download(&self, wanted: &Wanted<'_>, partial: &Path) -> Result<()> {
+        let unavailable = |message: String| Error::SourceUnavailable {
+            uri: wanted.uri.into(),
+            message,
+        };
+        let mut response = self
+            .http
+            .get(wanted.uri)
+            .send()
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        if !response.status().is_success() {
+            return Err(unavailable(format!("HTTP {}", response.status())));
+        }
+        let file = std::fs::File::create(partial).map_err(|e| Error::store(partial, e))?;
+        let mut out = HashingWriter::new(std::io::BufWriter::with_capacity(CHUNK, file));
+        let mut progress = Progress::new(wanted);
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| unavailable(e.to_string()))?
+        {
+            out.write_all(&chunk)
+                .map_err(|e| Error::store(partial, e))?;
+            check_not_larger(wanted, out.written())?;
+            progress.update(out.written());
+        }
+        self.metrics.fetched(out.written());
+        finish(wanted, out, partial)
+    }
+}
+
+/// An owned copy of [`Wanted`] for blocking tasks.
+struct Owned {
+    what: String,
+    uri: String,
+    sha256: String,
+    size: Option<u64>,
+}
+
+impl From<&Wanted<'_>> for Owned {
+    fn from(w: &Wanted<'_>) -> Self {
+        Self {
+            what: w.what.into(),
+            uri: w.uri.into(),
+            sha256: w.sha256.into(),
+            size: w.size,
+        }
+    }
+}
+
+impl Owned {
+    fn wanted(&self) -> Wanted<'_> {
+        Wanted {
+            what: &self.what,
+            uri: &self.uri,
+            sha256: &self.sha256,
+            size: self.size,
+        }
+    }
+}
+
+fn copy_file(src: &Path, partial: &Path, wanted: &Owned, metrics: &Metrics) -> Result<()> {
+    let wanted = wanted.wanted();
+    let mut input = std::fs::File::open(src).map_err(|e| Error::SourceUnavailable {
+        uri: wanted.uri.into(),
+        message: e.to_string(),
+    })?;
+    let file = std::fs::File::create(partial).map_err(|e| Error::store(partial, e))?;
+    let mut out = HashingWriter::new(std::io::BufWriter::with_capacity(CHUNK, file));
+    let mut buf = vec![0u8; CHUNK];
+    let mut progress = Progress::new(&wanted);
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(Error::SourceUnavailable {
+                    uri: wanted.uri.into(),
+                    message: e.to_string(),
+                });
+            }
+        };
+        out.write_all(&buf[..n])
+            .map_err(|e| Error::store(partial, e))?;
+        check_not_larger(&wanted, out.written())?;
+        progress.update(out.written());
+    }
+    metrics.fetched(out.written());
+    finish(&wanted, out, partial)
+}
+
+fn check_not_larger(wanted: &Wanted<'_>, written: u64) -> Result<()> {
+    match wanted.size {
+        Some(size) if written > size => Err(Error::HashMismatch {
+            what: format!("{} {}", wanted.what, wanted.uri),
+            message: format!(
+                "larger than the declared size of {size} bytes; check spec size and sha256"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Checks size and digest, then fsyncs: only a blob that passes may be renamed into place.
+fn finish<W: Write>(
+    wanted: &Wanted<'_>,
+    out: HashingWriter<std::io::BufWriter<W>>,
+    partial: &Path,
+) -> Result<()>
+where
+    W: AsFile,
+{
+    let (buffered, digest, written) = out.finish();
+    let what = format!("{} {}", wanted.what, wanted.uri);
+    if let Some(size) = wanted.size
+        && written != size
+    {
+        return Err(Error::HashMismatch {
+            what,
+            message: format!("truncated: got {written} of the declared {size} bytes"),
+        });
+    }
+    if digest != wanted.sha256 {
+        return Err(Error::HashMismatch {
+            what,
+            message: format!("sha256 is {digest}, the spec declares {}", wanted.sha256),
+        });
+    }
+    let file = buffered
+        .into_inner()
+        .map_err(|e| Error::store(partial, e.error()))?;
+    file.as_file()
+        .sync_all()
+        .map_err(|e| Error::store(partial, e))?;
+    Ok(())
+}
+
+/// Gives access to the file under a writer so it can be fsynced.
+pub trait AsFile {
+    /// The file.
+    fn as_file(&self) -> &std::fs::File;
+}
+
+impl AsFile for std::fs::File {
+    fn as_file(&self) -> &std::fs::File {
+        self
+    }
+}
+
+/// `(scheme, rest)` of a URI.
+fn scheme(uri: &str) -> Option<(&str, &str)> {
+    uri.split_once("://")
+}
+
+/// fsyncs a directory so a rename inside it survives a crash.
+pub fn sync_dir(dir: &Path) {
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Progress lines on stderr for large transfers, every 10%.
+struct Progress {
+    what: String,
+    total: Option<u64>,
+    next_decile: u64,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(wanted: &Wanted<'_>) -> Self {
+        let total = wanted.size.filter(|s| *s > PROGRESS_ABOVE);
+        Self {
+            what: wanted.what.to_string(),
+            total,
+            next_decile: 1,
+            started: Instant::now(),
+        }
+    }
+
+    fn update(&mut self, done: u64) {
+        let Some(total) = self.total else { return };
+        if done * 10 >= total * self.next_decile {
+            let secs = self.started.elapsed().as_secs_f64().max(1e-9);
+            tracing::info!(
+                what = %self.what,
+                percent = self.next_decile * 10,
+                bytes = done,
+                mb_per_s = format!("{:.0}", done as f64 / secs / 1e6),
+                "fetching"
+            );
+            self.next_decile = done * 10 / total + 1;
+        }
+    }
+}

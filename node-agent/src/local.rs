@@ -1,0 +1,156 @@
+//! `kiln-agent local`: the whole pipeline on one machine, no cluster — probe, fetch and verify,
+//! compile or reuse, re-verify, load, warm with parity, and only then ready.
+
+use std::path::Path;
+
+use kiln_crds::FailureReason;
+use kiln_crds::class::{class_facts, class_id};
+use serde::Serialize;
+
+use crate::backend;
+use crate::compile::{compile_or_reuse, fetch_inputs, key_for};
+use crate::error::{Error, Result};
+use crate::fetch::Fetcher;
+use crate::metrics::Metrics;
+use crate::probe;
+use crate::ready::verify_load_warm;
+use crate::spec::Spec;
+use crate::store::FsStore;
+
+/// The outcome of a local run; with `--output json` this is the last line on stdout.
+#[derive(Serialize, Debug, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Outcome {
+    /// Verified, loaded, warmed within tolerance (and budget).
+    pub ready: bool,
+    /// Failure reason when not ready.
+    pub reason: Option<FailureReason>,
+    /// What went wrong, or what was done.
+    pub message: String,
+    /// This machine's class id.
+    pub class: Option<String>,
+    /// Compile key of the artifact.
+    pub compile_key: Option<String>,
+    /// sha256 of the artifact.
+    pub artifact_digest: Option<String>,
+    /// Whether the store already held the artifact.
+    pub cache_hit: bool,
+    /// Seconds the compile took (0 on a cache hit).
+    pub compile_seconds: f64,
+    /// Largest absolute output error in warmup.
+    pub parity_max_abs_error: Option<f64>,
+    /// Seconds to load the engine.
+    pub load_seconds: Option<f64>,
+    /// Seconds of warmup.
+    pub warmup_seconds: Option<f64>,
+    /// Latency of the first (cold) fixture run.
+    pub first_seconds: Option<f64>,
+    /// Steady-state median latency.
+    pub p50_seconds: Option<f64>,
+    /// Steady-state p99 latency.
+    pub p99_seconds: Option<f64>,
+}
+
+/// Runs the pipeline for the YAML at `file` with the store at `store_dir`.
+pub async fn run(file: &Path, store_dir: &Path, metrics: &Metrics) -> Outcome {
+    let mut outcome = Outcome::default();
+    let class_for_metrics;
+    match pipeline(file, store_dir, metrics, &mut outcome).await {
+        Ok(()) => {
+            outcome.ready = true;
+            class_for_metrics = outcome.class.clone();
+        }
+        Err(err) => {
+            metrics.failure(err.reason());
+            outcome.reason = Some(err.reason());
+            outcome.message = err.to_string();
+            class_for_metrics = outcome.class.clone();
+        }
+    }
+    if let Some(class) = class_for_metrics {
+        metrics.ready(&class, outcome.ready);
+    }
+    outcome
+}
+
+async fn pipeline(
+    file: &Path,
+    store_dir: &Path,
+    metrics: &Metrics,
+    outcome: &mut Outcome,
+) -> Result<()> {
+    let spec = Spec::load(file)?;
+    let t = &spec.target.spec;
+    let backend = backend::for_kind(t.backend.kind)?;
+    if let Some(wanted) = &t.backend.version
+        && wanted != &backend.version()
+    {
+        return Err(Error::IncompatibleRuntime(format!(
+            "the target requires {} {wanted}, this agent carries {}",
+            backend.name(),
+            backend.version()
+        )));
+    }
+    let host = probe::probe(backend::runtimes());
+    let labels = probe::labels(&host);
+    let class = class_facts(t.class_label_keys.iter().map(String::as_str), &labels);
+    let id = class_id(&class);
+    tracing::info!(class = %id, cpu = %host.cpu_level, gpus = host.accelerators.len(), "probed this machine");
+    outcome.class = Some(id.clone());
+    outcome.compile_key = Some(key_for(&spec, backend.as_ref(), &class));
+
+    let store = FsStore::open(store_dir)?;
+    let fetcher = Fetcher::new(store.blobs(), metrics.clone())?;
+    let inputs = fetch_inputs(&spec, &fetcher).await?;
+
+    let (manifest, cache_hit) = blocking(|| {
+        compile_or_reuse(
+            &spec,
+            &inputs,
+            backend.as_ref(),
+            &class,
+            &host,
+            &store,
+            metrics,
+        )
+    })?;
+    outcome.cache_hit = cache_hit;
+    outcome.compile_seconds = if cache_hit {
+        0.0
+    } else {
+        manifest.compile_seconds
+    };
+    outcome.artifact_digest = Some(manifest.artifact_digest.clone());
+
+    let ready = blocking(|| {
+        verify_load_warm(
+            &manifest,
+            &store,
+            backend.as_ref(),
+            &class,
+            &id,
+            &inputs.fixture,
+            &t.warmup,
+            metrics,
+        )
+    })?;
+    let w = &ready.warmup;
+    outcome.parity_max_abs_error = Some(w.parity_max_abs_error);
+    outcome.load_seconds = Some(ready.load_seconds);
+    outcome.warmup_seconds = Some(w.total_seconds);
+    outcome.first_seconds = Some(w.first_seconds);
+    outcome.p50_seconds = Some(w.p50_seconds);
+    outcome.p99_seconds = Some(w.p99_seconds);
+    outcome.message = format!(
+        "{} verified, loaded and warmed: {} iterations, parity max abs error {:.3e}",
+        spec.target.metadata.name.as_deref().unwrap_or("target"),
+        w.iterations,
+        w.parity_max_abs_error
+    );
+    Ok(())
+}
+
+/// Runs CPU-bound work off the async workers.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}

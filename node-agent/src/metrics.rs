@@ -1,0 +1,229 @@
+//! The agent's Prometheus metrics, in one prometheus-client registry: the same registry the
+//! DaemonSet serves on `/metrics` and `local --metrics-file` dumps. Labels are bounded: class,
+//! backend, reason, result — never object names or error text.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use kiln_crds::FailureReason;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// A failure reason label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// One of the failure reasons.
+    pub reason: String,
+}
+
+/// Backend and result of a compile.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CompileLabels {
+    /// Backend name.
+    pub backend: String,
+    /// `success`, `failure` or `cached`.
+    pub result: String,
+}
+
+/// Node class of a measurement.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabel {
+    /// Class id.
+    pub class: String,
+}
+
+/// Every metric the agent records. Cheap to clone; clones share the series.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    fetched_bytes: Counter,
+    verify_failures: Family<ReasonLabel, Counter>,
+    failures: Family<ReasonLabel, Counter>,
+    compiles: Family<CompileLabels, Counter>,
+    compile_seconds: Histogram,
+    load_seconds: Family<ClassLabel, Histogram>,
+    warmup_seconds: Family<ClassLabel, Histogram>,
+    fixture_latency: Family<ClassLabel, Histogram>,
+    parity_max_abs_error: Family<ClassLabel, Gauge<f64, AtomicU64>>,
+    ready: Family<ClassLabel, Gauge>,
+}
+
+fn seconds_histogram() -> Histogram {
+    // 1 ms to ~9 min.
+    Histogram::new(exponential_buckets(0.001, 2.0, 20))
+}
+
+impl Metrics {
+    /// Registers every metric under `kiln_agent_` in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let inner = Inner {
+            fetched_bytes: Counter::default(),
+            verify_failures: Family::default(),
+            failures: Family::default(),
+            compiles: Family::default(),
+            compile_seconds: seconds_histogram(),
+            load_seconds: Family::new_with_constructor(seconds_histogram),
+            warmup_seconds: Family::new_with_constructor(seconds_histogram),
+            fixture_latency: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0001, 2.0, 20))
+            }),
+            parity_max_abs_error: Family::default(),
+            ready: Family::default(),
+        };
+        let r = registry.sub_registry_with_prefix("kiln_agent");
+        r.register(
+            "fetched_bytes",
+            "Bytes fetched and verified from sources and stores",
+            inner.fetched_bytes.clone(),
+        );
+        r.register(
+            "verify_failures",
+            "Verifications that failed, by reason",
+            inner.verify_failures.clone(),
+        );
+        r.register(
+            "failures",
+            "Pipeline failures, by reason",
+            inner.failures.clone(),
+        );
+        r.register(
+            "compiles",
+            "Compiles, by backend and result (cached: reused from the store)",
+            inner.compiles.clone(),
+        );
+        r.register(
+            "compile_seconds",
+            "Time to compile a model",
+            inner.compile_seconds.clone(),
+        );
+        r.register(
+            "load_seconds",
+            "Time to load a compiled engine",
+            inner.load_seconds.clone(),
+        );
+        r.register(
+            "warmup_seconds",
+            "Time to run all warmup iterations",
+            inner.warmup_seconds.clone(),
+        );
+        r.register(
+            "fixture_latency_seconds",
+            "Latency of one fixture run during warmup",
+            inner.fixture_latency.clone(),
+        );
+        r.register(
+            "parity_max_abs_error",
+            "Largest absolute output error against golden fixtures",
+            inner.parity_max_abs_error.clone(),
+        );
+        r.register(
+            "ready",
+            "1 when the engine is verified, loaded and warmed",
+            inner.ready.clone(),
+        );
+        // Every reason appears at zero, so alerts and rate() see the series before the first failure.
+        for reason in FailureReason::ALL {
+            let label = ReasonLabel {
+                reason: reason.as_str().into(),
+            };
+            let _ = inner.failures.get_or_create(&label);
+            let _ = inner.verify_failures.get_or_create(&label);
+        }
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Counts fetched bytes.
+    pub fn fetched(&self, bytes: u64) {
+        self.inner.fetched_bytes.inc_by(bytes);
+    }
+
+    /// Counts a failed verification.
+    pub fn verify_failure(&self, reason: FailureReason) {
+        self.inner
+            .verify_failures
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str().into(),
+            })
+            .inc();
+    }
+
+    /// Counts a pipeline failure.
+    pub fn failure(&self, reason: FailureReason) {
+        self.inner
+            .failures
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str().into(),
+            })
+            .inc();
+    }
+
+    /// Counts a compile outcome and, when it ran, its duration.
+    pub fn compile(&self, backend: &str, result: &str, seconds: Option<f64>) {
+        self.inner
+            .compiles
+            .get_or_create(&CompileLabels {
+                backend: backend.into(),
+                result: result.into(),
+            })
+            .inc();
+        if let Some(s) = seconds {
+            self.inner.compile_seconds.observe(s);
+        }
+    }
+
+    /// Records load time.
+    pub fn load(&self, class: &str, seconds: f64) {
+        self.inner
+            .load_seconds
+            .get_or_create(&class_label(class))
+            .observe(seconds);
+    }
+
+    /// Records warmup: total time, each fixture latency and the parity error.
+    pub fn warmup(&self, class: &str, seconds: f64, latencies: &[f64], parity_max_abs_error: f64) {
+        let label = class_label(class);
+        self.inner
+            .warmup_seconds
+            .get_or_create(&label)
+            .observe(seconds);
+        let histogram = self.inner.fixture_latency.get_or_create(&label);
+        for l in latencies {
+            histogram.observe(*l);
+        }
+        self.inner
+            .parity_max_abs_error
+            .get_or_create(&label)
+            .set(parity_max_abs_error);
+    }
+
+    /// Sets the ready state of a class.
+    pub fn ready(&self, class: &str, ready: bool) {
+        self.inner
+            .ready
+            .get_or_create(&class_label(class))
+            .set(i64::from(ready));
+    }
+}
+
+fn class_label(class: &str) -> ClassLabel {
+    ClassLabel {
+        class: class.into(),
+    }
+}
+
+/// The OpenMetrics text of a registry.
+pub fn exposition(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Encoding into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}

@@ -1,0 +1,82 @@
+//! The path from a stored artifact to "ready": re-verify the bytes, re-check compatibility with
+//! this machine and this binary, load, warm with parity. The same code serves `local` and the
+//! node agent; any error means not ready.
+
+use std::time::Instant;
+
+use kiln_crds::BuildManifest;
+use kiln_crds::class::ClassFacts;
+use kiln_crds::compiled_target::Warmup;
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::fixtures::FixtureFile;
+use crate::metrics::Metrics;
+use crate::store::Store;
+use crate::warmup::{WarmupReport, warm};
+
+/// What a successful readiness check measured.
+#[derive(Clone, Debug)]
+pub struct Ready {
+    /// Seconds to load (and optimise) the engine.
+    pub load_seconds: f64,
+    /// The warmup measurements.
+    pub warmup: WarmupReport,
+}
+
+/// Checks the manifest against this machine's class and this binary's backend.
+pub fn check_compatible(
+    manifest: &BuildManifest,
+    backend: &dyn Backend,
+    class: &ClassFacts,
+) -> Result<()> {
+    if manifest.backend != backend.name() || manifest.backend_version != backend.version() {
+        return Err(Error::IncompatibleRuntime(format!(
+            "artifact built by {} {}, this agent runs {} {}",
+            manifest.backend,
+            manifest.backend_version,
+            backend.name(),
+            backend.version()
+        )));
+    }
+    if &manifest.class != class {
+        return Err(Error::IncompatibleHardware(format!(
+            "artifact built for class {:?}, this machine is {:?}",
+            manifest.class, class
+        )));
+    }
+    Ok(())
+}
+
+/// Verifies, loads and warms the artifact of `manifest`.
+#[allow(clippy::too_many_arguments)]
+pub fn verify_load_warm(
+    manifest: &BuildManifest,
+    store: &dyn Store,
+    backend: &dyn Backend,
+    class: &ClassFacts,
+    class_id: &str,
+    fixture: &FixtureFile,
+    warmup: &Warmup,
+    metrics: &Metrics,
+) -> Result<Ready> {
+    let artifact = store
+        .verified_artifact(manifest)
+        .inspect_err(|e| metrics.verify_failure(e.reason()))?;
+    check_compatible(manifest, backend, class)?;
+    let started = Instant::now();
+    let engine = backend.load(&artifact)?;
+    let load_seconds = started.elapsed().as_secs_f64();
+    metrics.load(class_id, load_seconds);
+    let report = warm(engine.as_ref(), fixture, warmup)?;
+    metrics.warmup(
+        class_id,
+        report.total_seconds,
+        &report.latencies,
+        report.parity_max_abs_error,
+    );
+    Ok(Ready {
+        load_seconds,
+        warmup: report,
+    })
+}

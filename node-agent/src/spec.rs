@@ -1,0 +1,156 @@
+//! Reads the YAML a user would `kubectl apply` — one ModelArtifact and one CompiledTarget — and
+//! checks it the way the apiserver would (CEL rules, patterns) plus what needs both objects.
+
+use std::collections::BTreeMap;
+
+use kiln_crds::compiled_target::CompiledTarget;
+use kiln_crds::model_artifact::ModelArtifact;
+
+use crate::backend::Shapes;
+use crate::error::{Error, Result};
+
+/// The two objects of a local run.
+pub struct Spec {
+    /// What the model is.
+    pub model: ModelArtifact,
+    /// How and where it runs.
+    pub target: CompiledTarget,
+}
+
+impl Spec {
+    /// Reads `path`; relative `file://` URIs in it resolve against the file's directory.
+    pub fn load(path: &std::path::Path) -> Result<Self> {
+        let yaml = std::fs::read_to_string(path)
+            .map_err(|e| Error::InvalidSpec(format!("cannot read {}: {e}", path.display())))?;
+        let mut spec = Self::parse(&yaml)?;
+        let base = path.parent().unwrap_or(std::path::Path::new("."));
+        let m = &mut spec.model.spec;
+        let uris = std::iter::once(&mut m.source.uri)
+            .chain(m.assets.iter_mut().map(|a| &mut a.uri))
+            .chain(m.fixtures.iter_mut().map(|f| &mut f.uri));
+        for uri in uris {
+            if let Some(rest) = uri.strip_prefix("file://")
+                && !rest.starts_with('/')
+            {
+                *uri = format!("file://{}", base.join(rest).display());
+            }
+        }
+        Ok(spec)
+    }
+
+    /// Parses a multi-document YAML string.
+    pub fn parse(yaml: &str) -> Result<Self> {
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(yaml)
+            .map_err(|e| Error::InvalidSpec(format!("not valid YAML: {e}")))?;
+        let mut model = None;
+        let mut target = None;
+        for doc in docs.into_iter().filter(|d| !d.is_null()) {
+            let kind = doc
+                .get("kind")
+                .and_then(|k| k.as_str())
+                .unwrap_or_default()
+                .to_string();
+            let name = doc
+                .pointer("/metadata/name")
+                .and_then(|k| k.as_str())
+                .unwrap_or("<unnamed>")
+                .to_string();
+            let wrap = |e: serde_json::Error| Error::InvalidSpec(format!("{kind} {name}: {e}"));
+            match kind.as_str() {
+                "ModelArtifact" if model.is_none() => {
+                    model = Some(serde_json::from_value(doc).map_err(wrap)?)
+                }
+                "CompiledTarget" if target.is_none() => {
+                    target = Some(serde_json::from_value(doc).map_err(wrap)?)
+                }
+                "ModelArtifact" | "CompiledTarget" => {
+                    return Err(Error::InvalidSpec(format!(
+                        "more than one {kind}; local mode runs one of each"
+                    )));
+                }
+                other => {
+                    return Err(Error::InvalidSpec(format!(
+                        "unexpected document kind {other:?} ({name})"
+                    )));
+                }
+            }
+        }
+        let model: ModelArtifact =
+            model.ok_or_else(|| Error::InvalidSpec("no ModelArtifact document".into()))?;
+        let target: CompiledTarget =
+            target.ok_or_else(|| Error::InvalidSpec("no CompiledTarget document".into()))?;
+        let spec = Self { model, target };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// The checks admission would make, and the cross-object ones it cannot.
+    fn validate(&self) -> Result<()> {
+        let cel = |what: &str, r: std::result::Result<(), kube::core::cel::ValidationErrors>| {
+            r.map_err(|e| Error::InvalidSpec(format!("{what}: {e}")))
+        };
+        cel("ModelArtifact", kube::core::cel::validate_cel(&self.model))?;
+        cel(
+            "CompiledTarget",
+            kube::core::cel::validate_cel(&self.target),
+        )?;
+        let m = &self.model.spec;
+        let mut digests = vec![("spec.source.sha256".to_string(), &m.source.sha256)];
+        digests.extend(
+            m.assets
+                .iter()
+                .map(|a| (format!("spec.assets[{}].sha256", a.name), &a.sha256)),
+        );
+        digests.extend(
+            m.fixtures
+                .iter()
+                .map(|f| (format!("spec.fixtures[{}].sha256", f.version), &f.sha256)),
+        );
+        for (field, digest) in digests {
+            if digest.len() != 64
+                || !digest
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            {
+                return Err(Error::InvalidSpec(format!(
+                    "{field} must be 64 lowercase hex characters, got {digest:?}"
+                )));
+            }
+        }
+        if m.source.size < 1 {
+            return Err(Error::InvalidSpec(
+                "spec.source.size must be at least 1".into(),
+            ));
+        }
+        let t = &self.target;
+        let model_name = self.model.metadata.name.as_deref().unwrap_or_default();
+        if t.spec.model_ref.name != model_name {
+            return Err(Error::InvalidSpec(format!(
+                "CompiledTarget modelRef.name is {:?} but the ModelArtifact is named {model_name:?}",
+                t.spec.model_ref.name
+            )));
+        }
+        if m.fixture(&t.spec.warmup.fixture_version).is_none() {
+            return Err(Error::InvalidSpec(format!(
+                "warmup.fixtureVersion {:?} is not among the ModelArtifact's fixtures {:?}",
+                t.spec.warmup.fixture_version,
+                m.fixtures.iter().map(|f| &f.version).collect::<Vec<_>>()
+            )));
+        }
+        self.shapes().map(|_| ())
+    }
+
+    /// Profile name → input name → concrete shape, bounds-checked.
+    pub fn shapes(&self) -> Result<BTreeMap<String, Shapes>> {
+        self.target
+            .spec
+            .profiles
+            .iter()
+            .map(|p| {
+                p.bind(&self.model.spec)
+                    .map(|s| (p.name.clone(), s))
+                    .map_err(|e| Error::InvalidSpec(e.to_string()))
+            })
+            .collect()
+    }
+}
