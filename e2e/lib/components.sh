@@ -1,5 +1,7 @@
 # Configuration and command lines of the cluster's components. Sourced by
 # e2e/cluster; start order: network, etcd, apiserver, then the node.
+# A running component's files are left alone: kube-proxy exits when its
+# configuration file changes.
 
 CTR_SOCK=$STATE/run/containerd/containerd.sock
 
@@ -30,6 +32,7 @@ setup_netns() {
 }
 
 start_etcd() {
+  alive etcd && return 0
   mkdir -p "$STATE/etcd"
   # No fsync: this etcd holds throwaway test state and shares a slow disk.
   start etcd "$K8S_BIN/etcd" --name kiln-e2e --data-dir "$STATE/etcd" \
@@ -40,6 +43,7 @@ start_etcd() {
 }
 
 start_apiserver() {
+  alive kube-apiserver && return 0
   start kube-apiserver "$K8S_BIN/kube-apiserver" \
     --etcd-servers=http://127.0.0.1:2379 \
     --bind-address=0.0.0.0 --secure-port=6443 --advertise-address="$NODE_IP" \
@@ -52,10 +56,15 @@ start_apiserver() {
     --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
     --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
     --kubelet-preferred-address-types=InternalIP,Hostname \
+    --requestheader-client-ca-file="$PKI/ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
     --allow-privileged=true --profiling=false --v=1
 }
 
 start_controller_manager() {
+  alive kube-controller-manager && return 0
   start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
     --kubeconfig="$STATE/controller-manager.kubeconfig" \
     --authentication-kubeconfig="$STATE/controller-manager.kubeconfig" \
@@ -67,6 +76,7 @@ start_controller_manager() {
 }
 
 start_scheduler() {
+  alive kube-scheduler && return 0
   start kube-scheduler "$K8S_BIN/kube-scheduler" \
     --kubeconfig="$STATE/scheduler.kubeconfig" \
     --authentication-kubeconfig="$STATE/scheduler.kubeconfig" \
@@ -75,6 +85,7 @@ start_scheduler() {
 }
 
 start_containerd() {
+  alive containerd && return 0
   local d=$STATE/containerd
   mkdir -p "$d" "$STATE/cni/net.d" "$STATE/run"
   cat >"$d/config.toml" <<EOF
@@ -132,6 +143,7 @@ EOF
 ctr_() { ctr --address "$CTR_SOCK" -n k8s.io "$@"; }
 
 start_kubelet() {
+  alive kubelet && return 0
   local d=$STATE/kubelet
   mkdir -p "$d/pki" "$STATE/pod-logs"
   cat >"$d/config.yaml" <<EOF
@@ -164,6 +176,7 @@ EOF
 }
 
 start_kube_proxy() {
+  alive kube-proxy && return 0
   cat >"$STATE/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration

@@ -56,6 +56,8 @@ make_pki() {
     "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,IP:$NODE_IP,IP:$KUBERNETES_SVC_IP,IP:127.0.0.1"
   # system:masters: the kubelet authorises the apiserver's log/exec proxying by webhook.
   issue apiserver-kubelet-client kube-apiserver-kubelet-client system:masters clientAuth
+  # The aggregation layer's client; trusted as a request-header source by name only.
+  issue front-proxy-client front-proxy-client "" clientAuth
   issue admin kiln-e2e-admin system:masters clientAuth
   issue controller-manager system:kube-controller-manager "" clientAuth
   issue scheduler system:kube-scheduler "" clientAuth

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# kiln's generated CRDs (crds/*.yaml, or $KILN_E2E_CRD_DIR) are accepted by a
+# real apiserver (schema and CEL cost checks happen only there) and become
+# Established; ModelArtifact refuses a spec.source.sha256 that is not 64
+# lowercase hex characters and refuses changing the source. The object comes
+# from the first ModelArtifact in examples/, else testdata/modelartifact.yaml.
+source "$(dirname "$0")/lib.sh"
+test_namespace
+source "$(dirname "$0")/crd-lib.sh"
+
+shopt -s nullglob
+kiln_crds=("${KILN_E2E_CRD_DIR:-$REPO/crds}"/*.yaml)
+if ((${#kiln_crds[@]} == 0)); then
+  skip "no crds/*.yaml yet"
+fi
+for f in "${kiln_crds[@]}"; do establish "$f"; done
+
+# ModelArtifact: take a valid example (examples/ or e2e/testdata/), then break its digest.
+sample=
+for f in "$REPO"/examples/*.yaml "$REPO"/examples/*/*.yaml "$E2E_DIR"/testdata/modelartifact*.yaml; do
+  if grep -q '^kind: ModelArtifact' "$f"; then sample=$f; break; fi
+done
+if [[ -z $sample ]]; then
+  kubectl get crd modelartifacts.kiln.dev >/dev/null 2>&1 &&
+    fail "ModelArtifact CRD present but no ModelArtifact example to validate against"
+  exit 0
+fi
+obj=$(kubectl create --dry-run=client -o json -f "$sample" |
+  jq -c 'if .kind == "List" then .items[] else . end | select(.kind == "ModelArtifact")' | head -n1)
+obj=$(jq --arg ns "$TEST_NS" --arg hex "$HEX" '.metadata.namespace = $ns | .spec.source.sha256 = $hex' <<<"$obj")
+kubectl create -f - <<<"$obj" >/dev/null || fail "valid ModelArtifact from $sample rejected"
+echo "valid ModelArtifact (from ${sample#"$REPO"/}) accepted"
+for bad in abc "${HEX^^}" "${HEX}00" "${HEX:0:63}g"; do
+  WHY="ModelArtifact sha256 '$bad'" PATTERN='sha256' expect_reject create -f - \
+    < <(jq --arg bad "$bad" '.metadata.name += "-bad" | .spec.source.sha256 = $bad' <<<"$obj")
+done
+# The source is content: changing its digest on an existing object is refused.
+name=$(jq -r .metadata.name <<<"$obj")
+WHY="ModelArtifact spec.source is immutable" PATTERN='source' expect_reject \
+  patch modelartifact "$name" --type=merge -p "{\"spec\":{\"source\":{\"sha256\":\"$(printf y | sha256sum | cut -c1-64)\"}}}"
