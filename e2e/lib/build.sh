@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Builds and caches upstream binaries. Sourced by e2e/cluster after common.sh.
 
 # go_build MODULE_DIR OUT_BIN LDFLAGS PKG...: build PKGs of the module at

@@ -1,4 +1,6 @@
-# Shared settings for e2e/cluster, e2e/build-image and the tests. Sourced, not run.
+# shellcheck shell=bash
+# Shared settings for e2e/cluster, e2e/test.sh and the tests. Sourced, not run.
+# shellcheck disable=SC2034 # settings are used by the scripts that source this
 
 E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Configuration and command lines of the cluster's components. Sourced by
 # e2e/cluster; start order: network, etcd, apiserver, then the node.
 # A running component's files are left alone: kube-proxy exits when its

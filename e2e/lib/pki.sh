@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Certificates, keys and kubeconfigs for one cluster, made with openssl.
 # Sourced by e2e/cluster. Everything lands in $STATE/pki and dies with `down`.
 

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Starting, tracking and stopping the cluster's processes. Sourced by e2e/cluster.
 #
 # Every process is started into the cgroup "kiln-e2e" (pids, memory, cpu and

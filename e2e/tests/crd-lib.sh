@@ -1,4 +1,6 @@
+# shellcheck shell=bash
 # Helpers for the CRD tests. Sourced after lib.sh and test_namespace.
+# shellcheck disable=SC2034 # settings are used by the scripts that source this
 REPO=$(cd "$E2E_DIR/.." && pwd)
 HEX=$(printf 'kiln' | sha256sum | cut -c1-64)
 

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Helpers for e2e tests. Each test is an executable script run by e2e/test.sh
 # through `e2e/cluster run`, so KUBECONFIG and PATH (kubectl, helm) are set.
 # A test exits 0 to pass, 77 to skip, anything else to fail.
