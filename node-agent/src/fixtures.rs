@@ -11,6 +11,8 @@ use crate::tensor::HostTensor;
 
 const INPUT: &str = "input/";
 const OUTPUT: &str = "output/";
+/// The one metadata key; its value is a JSON map of the `kiln.fixture.*` fields.
+const META_KEY: &str = "kiln.fixture";
 const META_VERSION: &str = "kiln.fixture.version";
 const META_MODEL: &str = "kiln.fixture.model_sha256";
 const META_ATOL: &str = "kiln.fixture.atol";
@@ -47,7 +49,18 @@ impl FixtureFile {
     pub fn parse(bytes: &[u8]) -> std::result::Result<Self, String> {
         let (_, meta) = SafeTensors::read_metadata(bytes)
             .map_err(|e| format!("not a safetensors file: {e}"))?;
-        let info: HashMap<String, String> = meta.metadata().clone().unwrap_or_default();
+        let info: BTreeMap<String, String> = meta
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get(META_KEY))
+            .map(|json| {
+                serde_json::from_str(json)
+                    .map_err(|e| format!("metadata {META_KEY} is not a JSON map: {e}"))
+            })
+            .transpose()?
+            .ok_or(format!(
+                "metadata has no {META_KEY}: not a kiln fixture file"
+            ))?;
         let tensors =
             SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
         let mut file = FixtureFile {
@@ -88,22 +101,26 @@ impl FixtureFile {
         Ok(file)
     }
 
-    /// Serialises to safetensors bytes.
+    /// Serialises to safetensors bytes. Same contents, same bytes: the metadata is one key whose
+    /// value is JSON with sorted keys, because safetensors writes its metadata map in hash order.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        let mut info = HashMap::from([
-            (META_VERSION.to_string(), self.version.clone()),
+        let mut meta = BTreeMap::from([
+            (META_VERSION, self.version.clone()),
             (
-                META_PRODUCER.to_string(),
+                META_PRODUCER,
                 concat!("kiln-agent ", env!("CARGO_PKG_VERSION")).to_string(),
             ),
         ]);
         if let Some(m) = &self.model_sha256 {
-            info.insert(META_MODEL.into(), m.clone());
+            meta.insert(META_MODEL, m.clone());
         }
         if let Some((a, r)) = self.tolerance {
-            info.insert(META_ATOL.into(), a.to_string());
-            info.insert(META_RTOL.into(), r.to_string());
+            meta.insert(META_ATOL, a.to_string());
+            meta.insert(META_RTOL, r.to_string());
         }
+        let json = serde_json::to_string(&meta)
+            .map_err(|e| Error::InvalidSpec(format!("fixture metadata: {e}")))?;
+        let info = HashMap::from([(META_KEY.to_string(), json)]);
         let views = self
             .inputs
             .iter()

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Regenerates the small ONNX models the kiln-agent tests use (committed; CI does not run this).
+
+* mlp.onnx — Gemm(16→32) → Relu → Gemm(32→10) → Softmax, seeded random weights, symbolic batch,
+  and a metadata string with a single quote (tract's NNEF writer cannot reload those).
+* unsupported.onnx — one standard ONNX operator tract does not implement (for the
+  UnsupportedOperator path).
+
+Usage: pip install onnx==1.23.2 numpy && python3 node-agent/tests/data/make_models.py
+"""
+import os
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+here = os.path.dirname(os.path.abspath(__file__))
+rng = np.random.default_rng(20261121)
+
+w1 = numpy_helper.from_array(rng.normal(0, 0.5, (32, 16)).astype(np.float32), "w1")
+b1 = numpy_helper.from_array(rng.normal(0, 0.1, (32,)).astype(np.float32), "b1")
+w2 = numpy_helper.from_array(rng.normal(0, 0.5, (10, 32)).astype(np.float32), "w2")
+b2 = numpy_helper.from_array(rng.normal(0, 0.1, (10,)).astype(np.float32), "b2")
+graph = helper.make_graph(
+    [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], transB=1),
+        helper.make_node("Relu", ["h"], ["hr"]),
+        helper.make_node("Gemm", ["hr", "w2", "b2"], ["logits"], transB=1),
+        helper.make_node("Softmax", ["logits"], ["y"], axis=1),
+    ],
+    "mlp",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])],
+    [w1, b1, w2, b2],
+)
+mlp = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="kiln-tests")
+helper.set_model_props(mlp, {"note": "it's a test model"})
+onnx.checker.check_model(mlp)
+onnx.save(mlp, os.path.join(here, "mlp.onnx"))
+
+graph = helper.make_graph(
+    [helper.make_node("Col2Im", ["x", "image_shape", "block_shape"], ["y"])],
+    "unsupported",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 9])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])],
+    [
+        numpy_helper.from_array(np.array([4, 4], dtype=np.int64), "image_shape"),
+        numpy_helper.from_array(np.array([2, 2], dtype=np.int64), "block_shape"),
+    ],
+)
+unsupported = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="kiln-tests")
+onnx.checker.check_model(unsupported)
+onnx.save(unsupported, os.path.join(here, "unsupported.onnx"))
+print("wrote mlp.onnx and unsupported.onnx with onnx", onnx.__version__)

@@ -1,0 +1,579 @@
+//! `kiln-agent local` end to end on real ONNX files: the ready path, reuse, and every bad input
+//! the issue names, each with its classified reason, a message that says what to fix, and
+//! nothing served or stored that should not be.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kiln_agent::backend::tract::Tract;
+use kiln_agent::digest::{sha256_bytes, sha256_file};
+use kiln_agent::fixtures::FixtureFile;
+use kiln_agent::make_fixtures;
+use serde_json::Value;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_kiln-agent");
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+/// A temp dir with a model, a fixture and the YAML of one local run.
+struct Case {
+    dir: tempfile::TempDir,
+    model_sha: String,
+    model_size: u64,
+    fixture_sha: String,
+    /// Symbol value of the profile.
+    batch: i64,
+    /// Extra YAML under `spec.warmup` of the target.
+    warmup_extra: String,
+    backend_extra: String,
+    min: i64,
+    max: i64,
+}
+
+impl Case {
+    /// The MLP test model with a fixture made for `fixture_batch` rows.
+    fn mlp(fixture_batch: usize) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::copy(data("mlp.onnx"), dir.path().join("model.onnx")).expect("copy model");
+        let (model_sha, model_size) = sha256_file(&dir.path().join("model.onnx")).expect("hash");
+        let mut case = Case {
+            dir,
+            model_sha,
+            model_size,
+            fixture_sha: String::new(),
+            batch: 4,
+            warmup_extra: String::new(),
+            backend_extra: String::new(),
+            min: 1,
+            max: 8,
+        };
+        let fixture = make_fixtures::make(
+            &Tract,
+            &make_fixtures::Request {
+                model: &case.path("model.onnx"),
+                version: "v1",
+                shapes: [("x".to_string(), vec![fixture_batch, 16])].into(),
+                given: None,
+                seed: 7,
+                tolerance: None,
+            },
+        )
+        .expect("fixture");
+        case.write_fixture(&fixture);
+        case
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn store(&self) -> PathBuf {
+        self.path("store")
+    }
+
+    fn write_fixture(&mut self, fixture: &FixtureFile) {
+        let bytes = fixture.to_bytes().expect("fixture bytes");
+        std::fs::write(self.path("fixture.safetensors"), &bytes).expect("write fixture");
+        self.fixture_sha = sha256_bytes(&bytes);
+    }
+
+    fn fixture(&self) -> FixtureFile {
+        FixtureFile::read(&self.path("fixture.safetensors")).expect("read fixture")
+    }
+
+    fn yaml(&self) -> String {
+        format!(
+            r#"apiVersion: kiln.dev/v1alpha1
+kind: ModelArtifact
+metadata: {{name: mlp}}
+spec:
+  source: {{uri: "file://model.onnx", sha256: "{}", size: {}}}
+  format: onnx
+  inputs:
+    - name: x
+      dtype: f32
+      dims: [{{symbol: batch, min: {}, max: {}}}, {{size: 16}}]
+  fixtures:
+    - {{version: v1, uri: "file://fixture.safetensors", sha256: "{}"}}
+---
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {{name: mlp-cpu}}
+spec:
+  modelRef: {{name: mlp}}
+  backend: {{kind: tract{}}}
+  profiles: [{{name: p, dims: {{batch: {}}}}}]
+  warmup:
+    iterations: 5
+    fixtureVersion: v1
+    defaultTolerance: {{atol: 1.0e-5, rtol: 1.0e-4}}{}
+"#,
+            self.model_sha,
+            self.model_size,
+            self.min,
+            self.max,
+            self.fixture_sha,
+            self.backend_extra,
+            self.batch,
+            self.warmup_extra
+        )
+    }
+
+    /// Runs `local` and returns the JSON outcome, the exit status and stderr.
+    fn run(&self) -> Run {
+        std::fs::write(self.path("kiln.yaml"), self.yaml()).expect("write yaml");
+        run_local(
+            &self.path("kiln.yaml"),
+            &self.store(),
+            &self.path("metrics.prom"),
+        )
+    }
+
+    fn metrics(&self) -> String {
+        std::fs::read_to_string(self.path("metrics.prom")).expect("metrics file")
+    }
+
+    /// Everything in the store's artifact directory.
+    fn stored(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.store().join("artifacts"))
+            .map(|d| d.map(|e| e.expect("entry").path()).collect())
+            .unwrap_or_default()
+    }
+}
+
+struct Run {
+    outcome: Value,
+    success: bool,
+    stderr: String,
+}
+
+impl Run {
+    fn reason(&self) -> &str {
+        self.outcome["reason"].as_str().unwrap_or("")
+    }
+
+    fn message(&self) -> &str {
+        self.outcome["message"].as_str().unwrap_or("")
+    }
+
+    /// Asserts a failed, classified run whose message contains every `needle`.
+    fn fails_with(&self, reason: &str, needles: &[&str]) {
+        assert!(
+            !self.success,
+            "exit status must be non-zero; stderr:\n{}",
+            self.stderr
+        );
+        assert_eq!(self.outcome["ready"], false);
+        assert_eq!(self.reason(), reason, "message: {}", self.message());
+        for needle in needles {
+            assert!(
+                self.message().contains(needle),
+                "message {:?} lacks {needle:?}",
+                self.message()
+            );
+        }
+    }
+}
+
+fn run_local(yaml: &Path, store: &Path, metrics: &Path) -> Run {
+    let out = Command::new(AGENT)
+        .args(["local", "--output", "json", "--store"])
+        .arg(store)
+        .arg("--metrics-file")
+        .arg(metrics)
+        .arg(yaml)
+        .output()
+        .expect("run kiln-agent");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    let outcome = serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("last stdout line is not JSON ({e}): {stdout}"));
+    Run {
+        outcome,
+        success: out.status.success(),
+        stderr: String::from_utf8_lossy(&out.stderr).into(),
+    }
+}
+
+fn metric(exposition: &str, series: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn example_is_ready_then_reused_from_the_store() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let yaml = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/squeezenet/kiln.yaml");
+    let (store, metrics) = (tmp.path().join("store"), tmp.path().join("m.prom"));
+    let first = run_local(&yaml, &store, &metrics);
+    assert!(first.success, "{}", first.stderr);
+    let o = &first.outcome;
+    assert_eq!(o["ready"], true);
+    assert_eq!(o["cacheHit"], false);
+    let key = o["compileKey"].as_str().expect("key");
+    let digest = o["artifactDigest"].as_str().expect("digest");
+    let artifact = store.join("artifacts").join(key).join("artifact");
+    assert_eq!(
+        sha256_file(&artifact).expect("hash").0,
+        digest,
+        "reported digest is the stored bytes' digest"
+    );
+    for field in [
+        "parityMaxAbsError",
+        "loadSeconds",
+        "warmupSeconds",
+        "p50Seconds",
+        "p99Seconds",
+    ] {
+        assert!(o[field].as_f64().is_some_and(|v| v >= 0.0), "{field}: {o}");
+    }
+    assert!(o["p99Seconds"].as_f64() >= o["p50Seconds"].as_f64());
+    let class = o["class"].as_str().expect("class");
+    let m = std::fs::read_to_string(&metrics).expect("metrics");
+    assert_eq!(
+        metric(&m, &format!("kiln_agent_ready{{class=\"{class}\"}}")),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "kiln_agent_compiles_total{backend=\"tract\",result=\"success\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            &format!("kiln_agent_warmup_seconds_count{{class=\"{class}\"}}")
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            &format!("kiln_agent_fixture_latency_seconds_count{{class=\"{class}\"}}")
+        ),
+        Some(20.0)
+    );
+
+    let second = run_local(&yaml, &store, &metrics);
+    assert!(second.success, "{}", second.stderr);
+    assert_eq!(second.outcome["cacheHit"], true);
+    assert_eq!(second.outcome["compileKey"], key);
+    assert_eq!(second.outcome["artifactDigest"], digest);
+    assert!(
+        second.stderr.contains("not compiling"),
+        "the reuse is said: {}",
+        second.stderr
+    );
+    let m = std::fs::read_to_string(&metrics).expect("metrics");
+    assert_eq!(
+        metric(
+            &m,
+            "kiln_agent_compiles_total{backend=\"tract\",result=\"cached\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "kiln_agent_compiles_total{backend=\"tract\",result=\"success\"}"
+        ),
+        None
+    );
+}
+
+#[test]
+fn embedded_default_runs_with_no_file() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(AGENT)
+        .args(["local", "--store"])
+        .arg(tmp.path())
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("READY squeezenet-cpu"), "{stdout}");
+}
+
+#[test]
+fn symbolic_batch_profile_is_ready_and_compiles_reproducibly() {
+    let case = Case::mlp(4);
+    let run = case.run();
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    // Same inputs in another store: same key, byte-identical artifact.
+    let other = Case::mlp(4);
+    let again = other.run();
+    assert_eq!(run.outcome["compileKey"], again.outcome["compileKey"]);
+    assert_eq!(
+        run.outcome["artifactDigest"],
+        again.outcome["artifactDigest"]
+    );
+}
+
+#[test]
+fn wrong_sha256_fails_closed_and_stores_nothing() {
+    let mut case = Case::mlp(4);
+    case.model_sha = "0".repeat(64);
+    case.run().fails_with(
+        "HashMismatch",
+        &["model source", "sha256 is", "the spec declares"],
+    );
+    assert!(case.stored().is_empty());
+    let blobs: Vec<_> = std::fs::read_dir(case.store().join("blobs"))
+        .expect("blobs")
+        .collect();
+    assert!(
+        blobs.is_empty(),
+        "no partial or unverified blob is left: {blobs:?}"
+    );
+    let m = case.metrics();
+    assert_eq!(
+        metric(
+            &m,
+            "kiln_agent_verify_failures_total{reason=\"HashMismatch\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&m, "kiln_agent_failures_total{reason=\"HashMismatch\"}"),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn truncated_source_is_detected() {
+    let case = Case::mlp(4);
+    let bytes = std::fs::read(case.path("model.onnx")).expect("read");
+    std::fs::write(case.path("model.onnx"), &bytes[..bytes.len() / 2]).expect("truncate");
+    case.run().fails_with(
+        "HashMismatch",
+        &[
+            "truncated",
+            &format!("of the declared {} bytes", bytes.len()),
+        ],
+    );
+    assert!(case.stored().is_empty());
+}
+
+#[test]
+fn missing_source_is_unavailable() {
+    let case = Case::mlp(4);
+    std::fs::remove_file(case.path("model.onnx")).expect("rm");
+    case.run().fails_with("SourceUnavailable", &["model.onnx"]);
+}
+
+#[test]
+fn unreadable_onnx_is_a_compile_failure() {
+    let mut case = Case::mlp(4);
+    let garbage = b"this is not a protobuf, it is a sentence".repeat(10);
+    std::fs::write(case.path("model.onnx"), &garbage).expect("write");
+    case.model_sha = sha256_bytes(&garbage);
+    case.model_size = garbage.len() as u64;
+    case.run()
+        .fails_with("CompileFailed", &["cannot read ONNX model"]);
+    assert!(case.stored().is_empty());
+}
+
+#[test]
+fn unsupported_operator_is_listed_by_name() {
+    let mut case = Case::mlp(4);
+    std::fs::copy(data("unsupported.onnx"), case.path("model.onnx")).expect("copy");
+    let (sha, size) = sha256_file(&case.path("model.onnx")).expect("hash");
+    (case.model_sha, case.model_size) = (sha, size);
+    case.run().fails_with("UnsupportedOperator", &["Col2Im"]);
+    assert!(case.stored().is_empty());
+}
+
+#[test]
+fn profile_outside_bounds_is_invalid() {
+    let mut case = Case::mlp(4);
+    case.batch = 9;
+    case.run()
+        .fails_with("InvalidSpec", &["batch=9", "outside [1, 8]"]);
+}
+
+#[test]
+fn fixture_that_does_not_match_the_model_is_invalid() {
+    // Fixture made for 2 rows, profile compiles 4.
+    let case = Case::mlp(2);
+    case.run()
+        .fails_with("InvalidSpec", &["fixture v1", "match no compiled profile"]);
+    assert!(case.stored().is_empty());
+}
+
+#[test]
+fn parity_outside_tolerance_names_the_output_and_stores_nothing() {
+    let mut case = Case::mlp(4);
+    let mut fixture = case.fixture();
+    let y = fixture.outputs.get_mut("y").expect("golden y");
+    // Shift the third element by 0.25: far outside atol 1e-5 + rtol 1e-4.
+    let mut v = f32::from_le_bytes(y.data[8..12].try_into().expect("4 bytes"));
+    v += 0.25;
+    y.data[8..12].copy_from_slice(&v.to_le_bytes());
+    case.write_fixture(&fixture);
+    case.run()
+        .fails_with("ParityExceeded", &["output y", "element 2", "atol 0.00001"]);
+    assert!(
+        case.stored().is_empty(),
+        "an artifact that fails parity is never stored"
+    );
+}
+
+#[test]
+fn corrupt_stored_artifact_is_detected_before_load() {
+    let case = Case::mlp(4);
+    let run = case.run();
+    assert!(run.success, "{}", run.message());
+    let artifact = case
+        .store()
+        .join("artifacts")
+        .join(run.outcome["compileKey"].as_str().expect("key"))
+        .join("artifact");
+    let mut bytes = std::fs::read(&artifact).expect("read");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&artifact, &bytes).expect("corrupt");
+    let run = case.run();
+    run.fails_with("HashMismatch", &["stored artifact", "corrupt", "delete"]);
+    assert!(run.outcome["loadSeconds"].is_null(), "nothing was loaded");
+    assert_eq!(
+        metric(
+            &case.metrics(),
+            "kiln_agent_verify_failures_total{reason=\"HashMismatch\"}"
+        ),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn corrupt_cached_source_blob_is_refetched() {
+    let case = Case::mlp(4);
+    assert!(case.run().success);
+    let blob = case.store().join("blobs").join(&case.model_sha);
+    let mut bytes = std::fs::read(&blob).expect("blob");
+    bytes[0] ^= 0xff;
+    std::fs::write(&blob, &bytes).expect("corrupt");
+    let run = case.run();
+    assert!(run.success, "{}", run.message());
+    assert_eq!(
+        sha256_file(&blob).expect("hash").0,
+        case.model_sha,
+        "blob restored from the source"
+    );
+}
+
+#[test]
+fn unwritable_store_is_reported() {
+    let case = Case::mlp(4);
+    std::fs::write(case.path("not-a-dir"), b"x").expect("file");
+    std::fs::write(case.path("kiln.yaml"), case.yaml()).expect("yaml");
+    let run = run_local(
+        &case.path("kiln.yaml"),
+        &case.path("not-a-dir/store"),
+        &case.path("metrics.prom"),
+    );
+    run.fails_with("StoreUnavailable", &["not-a-dir/store", "writable --store"]);
+}
+
+#[test]
+fn latency_budget_is_enforced() {
+    let mut case = Case::mlp(4);
+    case.warmup_extra = "\n    latencyBudgetP99Ms: 0.000001".into();
+    case.run()
+        .fails_with("LatencyBudgetExceeded", &["above the budget"]);
+}
+
+#[test]
+fn backend_version_mismatch_is_incompatible_runtime() {
+    let mut case = Case::mlp(4);
+    case.backend_extra = ", version: \"0.1.0\"".into();
+    case.run()
+        .fails_with("IncompatibleRuntime", &["requires tract 0.1.0"]);
+}
+
+#[test]
+fn cel_rules_apply_in_local_mode_too() {
+    let mut case = Case::mlp(4);
+    (case.min, case.max) = (8, 1);
+    case.run().fails_with("InvalidSpec", &["min <= max"]);
+    let mut case = Case::mlp(4);
+    case.model_sha = "ABC".into();
+    case.run()
+        .fails_with("InvalidSpec", &["spec.source.sha256", "64 lowercase hex"]);
+}
+
+#[test]
+fn fixtures_command_is_deterministic_and_versioned() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let make = |out: &str| {
+        let status = Command::new(AGENT)
+            .args(["fixtures", "--model"])
+            .arg(data("mlp.onnx"))
+            .args([
+                "--fixture-version",
+                "v7",
+                "--shape",
+                "x=3,16",
+                "--seed",
+                "9",
+                "-o",
+            ])
+            .arg(tmp.path().join(out))
+            .status()
+            .expect("run");
+        assert!(status.success());
+        std::fs::read(tmp.path().join(out)).expect("read")
+    };
+    let (a, b) = (make("a.safetensors"), make("b.safetensors"));
+    assert_eq!(a, b, "same seed, same bytes");
+    let f = FixtureFile::parse(&a).expect("parse");
+    assert_eq!(f.version, "v7");
+    assert_eq!(f.inputs["x"].shape, vec![3, 16]);
+    assert_eq!(f.outputs["y"].shape, vec![3, 10]);
+    let rows: Vec<f64> = f.outputs["y"].to_f64().expect("f64");
+    for row in rows.chunks(10) {
+        assert!(
+            (row.iter().sum::<f64>() - 1.0).abs() < 1e-5,
+            "softmax rows sum to 1: {row:?}"
+        );
+    }
+    // Symbolic dims without --shape: a clear error.
+    let out = Command::new(AGENT)
+        .args(["fixtures", "--model"])
+        .arg(data("mlp.onnx"))
+        .args(["--fixture-version", "v1", "-o"])
+        .arg(tmp.path().join("c"))
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--shape x="));
+}
+
+#[test]
+fn bench_verify_agrees_with_sha256sum_and_openssl() {
+    let out = Command::new(AGENT)
+        .args(["bench-verify", "--size-mib", "8", "--runs", "1"])
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("kiln-agent") && stdout.contains("GB/s") && stdout.contains("kiln/this"),
+        "{stdout}"
+    );
+}
