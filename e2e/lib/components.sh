@@ -36,7 +36,8 @@ start_etcd() {
   alive etcd && return 0
   mkdir -p "$STATE/etcd"
   # No fsync: this etcd holds throwaway test state and shares a slow disk.
-  start etcd "$K8S_BIN/etcd" --name kiln-e2e --data-dir "$STATE/etcd" \
+  # KILN_E2E_ETCD: another etcd binary, e.g. to check a distribution's.
+  start etcd "${KILN_E2E_ETCD:-$K8S_BIN/etcd}" --name kiln-e2e --data-dir "$STATE/etcd" \
     --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
     --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
     --initial-cluster kiln-e2e=http://127.0.0.1:2380 --unsafe-no-fsync \
