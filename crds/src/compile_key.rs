@@ -102,7 +102,8 @@ assetDigests: {pre: cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
     #[test]
     fn key_changes_when_any_input_changes() {
         let base = compile_key(&sample());
-        let edits: Vec<(&str, Box<dyn Fn(&mut CompileKeyInput)>)> = vec![
+        type Edit = Box<dyn Fn(&mut CompileKeyInput)>;
+        let edits: Vec<(&str, Edit)> = vec![
             ("model", Box::new(|i| i.model_digest = "e".repeat(64))),
             (
                 "asset",

@@ -212,14 +212,11 @@ fn check_not_larger(wanted: &Wanted<'_>, written: u64) -> Result<()> {
 }
 
 /// Checks size and digest, then fsyncs: only a blob that passes may be renamed into place.
-fn finish<W: Write>(
+fn finish<W: Write + AsFile>(
     wanted: &Wanted<'_>,
     out: HashingWriter<std::io::BufWriter<W>>,
     partial: &Path,
-) -> Result<()>
-where
-    W: AsFile,
-{
+) -> Result<()> {
     let (buffered, digest, written) = out.finish();
     let what = format!("{} {}", wanted.what, wanted.uri);
     if let Some(size) = wanted.size
