@@ -37,22 +37,22 @@ pub struct ModelArtifactSpec {
     pub format_version: Option<String>,
     /// The model's inputs, in order, with dtypes and shapes; symbolic dims carry bounds. Immutable.
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.inputs is immutable"))]
-    #[schemars(length(min = 1), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[schemars(length(min = 1, max = 64), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub inputs: Vec<TensorSpec>,
     /// The model's outputs, when they should be checked against the graph (optional).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[schemars(length(max = 64), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub outputs: Vec<TensorSpec>,
     /// Auxiliary files bound to this model (tokenizer, preprocessor, chat template), each by
     /// digest: a stale tokenizer changes outputs while the weights stay identical. Immutable.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.assets is immutable"))]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[schemars(length(max = 32), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub assets: Vec<Asset>,
     /// Versioned warmup fixtures. New versions may be added; an existing version never changes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(validation = Rule::new("oldSelf.all(f, self.exists(g, g.version == f.version && g.sha256 == f.sha256 && g.uri == f.uri))").message("fixture versions are immutable: add a new version instead of changing or removing one"))]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["version"]))]
+    #[schemars(length(max = 32), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["version"]))]
     pub fixtures: Vec<Fixture>,
     /// SPDX licence identifier or licence name of the model weights.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -67,10 +67,10 @@ pub struct ModelArtifactSpec {
 #[serde(rename_all = "camelCase")]
 pub struct Source {
     /// `https://`, `oci://` or `file://` (local mode) URI.
-    #[schemars(regex(pattern = URI_PATTERN))]
+    #[schemars(regex(pattern = URI_PATTERN), length(max = 2048))]
     pub uri: String,
     /// Lowercase hex sha256 of the bytes; anything else is refused.
-    #[schemars(regex(pattern = SHA256_PATTERN))]
+    #[schemars(regex(pattern = SHA256_PATTERN), length(min = 64, max = 64))]
     pub sha256: String,
     /// Size in bytes; a truncated or padded download is refused before hashing ends.
     #[schemars(range(min = 1))]
@@ -118,11 +118,12 @@ pub enum DType {
 #[serde(rename_all = "camelCase")]
 pub struct TensorSpec {
     /// Tensor name as in the model graph.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 256))]
     pub name: String,
     /// Element type.
     pub dtype: DType,
     /// Shape, outermost first.
+    #[schemars(length(max = 16))]
     pub dims: Vec<Dim>,
 }
 
@@ -139,7 +140,7 @@ pub struct Dim {
     pub size: Option<i64>,
     /// Symbol name (e.g. `batch`), bound by a CompiledTarget shape profile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = "^[A-Za-z_][A-Za-z0-9_]*$"))]
+    #[schemars(regex(pattern = "^[A-Za-z_][A-Za-z0-9_]*$"), length(max = 63))]
     pub symbol: Option<String>,
     /// Smallest value a profile may bind to the symbol.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -170,15 +171,15 @@ pub enum AssetKind {
 #[serde(rename_all = "camelCase")]
 pub struct Asset {
     /// Name, unique within the model.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 253))]
     pub name: String,
     /// What the asset is.
     pub kind: AssetKind,
     /// Where it comes from.
-    #[schemars(regex(pattern = URI_PATTERN))]
+    #[schemars(regex(pattern = URI_PATTERN), length(max = 2048))]
     pub uri: String,
     /// Lowercase hex sha256 of the file.
-    #[schemars(regex(pattern = SHA256_PATTERN))]
+    #[schemars(regex(pattern = SHA256_PATTERN), length(min = 64, max = 64))]
     pub sha256: String,
 }
 
@@ -187,13 +188,13 @@ pub struct Asset {
 #[serde(rename_all = "camelCase")]
 pub struct Fixture {
     /// Version that a CompiledTarget's warmup names.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 63))]
     pub version: String,
     /// Where the safetensors file comes from.
-    #[schemars(regex(pattern = URI_PATTERN))]
+    #[schemars(regex(pattern = URI_PATTERN), length(max = 2048))]
     pub uri: String,
     /// Lowercase hex sha256 of the file.
-    #[schemars(regex(pattern = SHA256_PATTERN))]
+    #[schemars(regex(pattern = SHA256_PATTERN), length(min = 64, max = 64))]
     pub sha256: String,
 }
 

@@ -38,3 +38,37 @@ done
 name=$(jq -r .metadata.name <<<"$obj")
 WHY="ModelArtifact spec.source is immutable" PATTERN='source' expect_reject \
   patch modelartifact "$name" --type=merge -p "{\"spec\":{\"source\":{\"sha256\":\"$(printf y | sha256sum | cut -c1-64)\"}}}"
+
+# Fixture versions: adding one is fine, rewriting one is refused.
+kubectl -n "$TEST_NS" patch modelartifact "$name" --type=json -p \
+  "[{\"op\":\"add\",\"path\":\"/spec/fixtures/-\",\"value\":{\"version\":\"v2\",\"uri\":\"file://f2.safetensors\",\"sha256\":\"$HEX\"}}]" \
+  >/dev/null || fail "adding a fixture version was refused"
+echo "adding fixture version v2 accepted"
+WHY="rewriting fixture v1" PATTERN='fixture versions are immutable' expect_reject \
+  patch modelartifact "$name" --type=json -p "[{\"op\":\"replace\",\"path\":\"/spec/fixtures/0/sha256\",\"value\":\"$(printf z | sha256sum | cut -c1-64)\"}]"
+# A symbolic dim needs min <= max.
+WHY="dim with min > max" PATTERN='min <= max' expect_reject create -f - \
+  < <(jq '.metadata.name += "-dims" | .spec.inputs[0].dims[0] = {symbol: "batch", min: 8, max: 1}' <<<"$obj")
+
+# CompiledTarget: the example is accepted and shows useful columns; cross-field rules hold.
+target=$(kubectl create --dry-run=client -o json -f "$sample" |
+  jq -c 'if .kind == "List" then .items[] else . end | select(.kind == "CompiledTarget")' | head -n1)
+if [[ -n $target ]]; then
+  target=$(jq --arg ns "$TEST_NS" '.metadata.namespace = $ns' <<<"$target")
+  kubectl create -f - <<<"$target" >/dev/null || fail "valid CompiledTarget from $sample rejected"
+  echo "valid CompiledTarget accepted"
+  kubectl -n "$TEST_NS" get compiledtargets | grep -q 'MODEL.*BACKEND' || fail "printer columns missing"
+  kubectl -n "$TEST_NS" get compiledtargets | grep -q "$(jq -r .spec.modelRef.name <<<"$target").*tract" ||
+    fail "printer columns do not show model and backend"
+  echo "kubectl get compiledtargets shows MODEL and BACKEND"
+  WHY="fallback policy Class without class" PATTERN='fallback.class is required' expect_reject create -f - \
+    < <(jq '.metadata.name += "-fb" | .spec.fallback = {policy: "Class"}' <<<"$target")
+  WHY="unknown backend" PATTERN='backend.kind' expect_reject create -f - \
+    < <(jq '.metadata.name += "-be" | .spec.backend.kind = "magic"' <<<"$target")
+  WHY="exec backend without image" PATTERN='needs backend.image' expect_reject create -f - \
+    < <(jq '.metadata.name += "-ex" | .spec.backend.kind = "exec"' <<<"$target")
+  WHY="negative atol" PATTERN='atol' expect_reject create -f - \
+    < <(jq '.metadata.name += "-tol" | .spec.warmup.defaultTolerance = {atol: -1, rtol: 0}' <<<"$target")
+  WHY="no profiles" PATTERN='profiles' expect_reject create -f - \
+    < <(jq '.metadata.name += "-np" | .spec.profiles = []' <<<"$target")
+fi
