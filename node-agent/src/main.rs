@@ -326,7 +326,7 @@ fn run_bench(file: Option<PathBuf>, size_mib: u64, runs: usize) -> ExitCode {
                 .unwrap_or(f64::NAN);
             for f in &figures {
                 println!(
-                    "  {:<22} {:>7.3} s  {:>6.2} GB/s  kiln/this = {:.2}x  {}",
+                    "  {:<22} {:>7.3} s  {:>6.2} GB/s  speed kiln/this {:.2}x  {}",
                     f.tool,
                     f.seconds,
                     bytes as f64 / f.seconds / 1e9,

@@ -573,7 +573,7 @@ fn bench_verify_agrees_with_sha256sum_and_openssl() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("kiln-agent") && stdout.contains("GB/s") && stdout.contains("kiln/this"),
+        stdout.contains("kiln-agent") && stdout.contains("GB/s") && stdout.contains("speed kiln/this"),
         "{stdout}"
     );
 }
