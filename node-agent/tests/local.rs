@@ -32,6 +32,8 @@ struct Case {
     backend_extra: String,
     min: i64,
     max: i64,
+    /// URI of the model source.
+    source_uri: String,
 }
 
 impl Case {
@@ -50,6 +52,7 @@ impl Case {
             backend_extra: String::new(),
             min: 1,
             max: 8,
+            source_uri: "file://model.onnx".into(),
         };
         let fixture = make_fixtures::make(
             &Tract,
@@ -91,7 +94,7 @@ impl Case {
 kind: ModelArtifact
 metadata: {{name: mlp}}
 spec:
-  source: {{uri: "file://model.onnx", sha256: "{}", size: {}}}
+  source: {{uri: "{}", sha256: "{}", size: {}}}
   format: onnx
   inputs:
     - name: x
@@ -112,6 +115,7 @@ spec:
     fixtureVersion: v1
     defaultTolerance: {{atol: 1.0e-5, rtol: 1.0e-4}}{}
 "#,
+            self.source_uri,
             self.model_sha,
             self.model_size,
             self.min,
@@ -125,11 +129,16 @@ spec:
 
     /// Runs `local` and returns the JSON outcome, the exit status and stderr.
     fn run(&self) -> Run {
+        self.run_with_env(&[])
+    }
+
+    fn run_with_env(&self, env: &[(&str, &Path)]) -> Run {
         std::fs::write(self.path("kiln.yaml"), self.yaml()).expect("write yaml");
-        run_local(
+        run_local_env(
             &self.path("kiln.yaml"),
             &self.store(),
             &self.path("metrics.prom"),
+            env,
         )
     }
 
@@ -180,7 +189,12 @@ impl Run {
 }
 
 fn run_local(yaml: &Path, store: &Path, metrics: &Path) -> Run {
+    run_local_env(yaml, store, metrics, &[])
+}
+
+fn run_local_env(yaml: &Path, store: &Path, metrics: &Path, env: &[(&str, &Path)]) -> Run {
     let out = Command::new(AGENT)
+        .envs(env.iter().map(|(k, v)| (*k, *v)))
         .args(["local", "--output", "json", "--store"])
         .arg(store)
         .arg("--metrics-file")
@@ -573,7 +587,166 @@ fn bench_verify_agrees_with_sha256sum_and_openssl() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("kiln-agent") && stdout.contains("GB/s") && stdout.contains("speed kiln/this"),
+        stdout.contains("kiln-agent")
+            && stdout.contains("GB/s")
+            && stdout.contains("speed kiln/this"),
         "{stdout}"
     );
+}
+
+/// A real HTTPS server (`openssl s_server -WWW`) serving `dir` with a certificate from a CA made
+/// for the test; the agent trusts that CA through `SSL_CERT_FILE`.
+struct HttpsServer {
+    child: std::process::Child,
+    port: u16,
+    ca: PathBuf,
+}
+
+impl HttpsServer {
+    fn start(dir: &Path) -> Option<Self> {
+        let openssl = |args: &[&str]| {
+            Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+        };
+        let made = openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=kiln test CA",
+        ]) && openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "leaf.key",
+            "-out",
+            "leaf.csr",
+            "-subj",
+            "/CN=localhost",
+        ]) && std::fs::write(
+            dir.join("leaf.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
+        )
+        .is_ok()
+            && openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                "leaf.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "leaf.pem",
+                "-days",
+                "1",
+                "-extfile",
+                "leaf.ext",
+            ]);
+        if !made {
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let child = Command::new("openssl")
+            .args([
+                "s_server", "-quiet", "-WWW", "-cert", "leaf.pem", "-key", "leaf.key", "-accept",
+            ])
+            .arg(format!("127.0.0.1:{port}"))
+            .current_dir(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        let server = Self {
+            child,
+            port,
+            ca: dir.join("ca.pem"),
+        };
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(server);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for HttpsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn https_source_is_fetched_verified_and_cached() {
+    let mut case = Case::mlp(4);
+    let server = HttpsServer::start(case.dir.path())
+        .expect("openssl s_server (Debian package openssl) must start");
+    let env = [("SSL_CERT_FILE", server.ca.as_path())];
+    case.source_uri = format!("https://127.0.0.1:{}/model.onnx", server.port);
+    let run = case.run_with_env(&env);
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    assert_eq!(
+        sha256_file(&case.store().join("blobs").join(&case.model_sha))
+            .expect("blob")
+            .0,
+        case.model_sha
+    );
+
+    // A wrong digest over HTTPS fails closed like a local file does.
+    let mut wrong = Case::mlp(4);
+    wrong.source_uri = case.source_uri.clone();
+    wrong.model_sha = "1".repeat(64);
+    wrong
+        .run_with_env(&env)
+        .fails_with("HashMismatch", &["sha256 is"]);
+
+    // s_server answers a missing file with a short error text, not the model: caught by size.
+    let mut missing = Case::mlp(4);
+    missing.source_uri = format!("https://127.0.0.1:{}/nope.onnx", server.port);
+    missing
+        .run_with_env(&env)
+        .fails_with("HashMismatch", &["nope.onnx", "truncated"]);
+
+    // Nobody listening: SourceUnavailable.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut refused = Case::mlp(4);
+    refused.source_uri = format!("https://127.0.0.1:{closed}/model.onnx");
+    refused
+        .run_with_env(&env)
+        .fails_with("SourceUnavailable", &["model.onnx"]);
+
+    // An untrusted certificate is refused, not ignored.
+    let mut untrusted = Case::mlp(4);
+    untrusted.source_uri = case.source_uri.clone();
+    untrusted
+        .run()
+        .fails_with("SourceUnavailable", &["127.0.0.1"]);
 }
