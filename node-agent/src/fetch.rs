@@ -59,8 +59,8 @@ impl Fetcher {
     pub async fn fetch(&self, wanted: &Wanted<'_>) -> Result<PathBuf> {
         let final_path = self.cache.join(wanted.sha256);
         if final_path.exists() {
-            let (digest, size) =
-                sha256_file(&final_path).map_err(|e| Error::store(&final_path, e))?;
+            let (digest, size) = tokio::task::block_in_place(|| sha256_file(&final_path))
+                .map_err(|e| Error::store(&final_path, e))?;
             if digest == wanted.sha256 && wanted.size.is_none_or(|s| s == size) {
                 tracing::debug!(what = wanted.what, path = %final_path.display(), "blob cache hit, re-verified");
                 return Ok(final_path);

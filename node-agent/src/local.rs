@@ -54,21 +54,16 @@ pub struct Outcome {
 /// Runs the pipeline for the YAML at `file` with the store at `store_dir`.
 pub async fn run(file: &Path, store_dir: &Path, metrics: &Metrics) -> Outcome {
     let mut outcome = Outcome::default();
-    let class_for_metrics;
     match pipeline(file, store_dir, metrics, &mut outcome).await {
-        Ok(()) => {
-            outcome.ready = true;
-            class_for_metrics = outcome.class.clone();
-        }
+        Ok(()) => outcome.ready = true,
         Err(err) => {
             metrics.failure(err.reason());
             outcome.reason = Some(err.reason());
             outcome.message = err.to_string();
-            class_for_metrics = outcome.class.clone();
         }
     }
-    if let Some(class) = class_for_metrics {
-        metrics.ready(&class, outcome.ready);
+    if let Some(class) = &outcome.class {
+        metrics.ready(class, outcome.ready);
     }
     outcome
 }
