@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
+use crate::kiln_node::HardwareFacts;
+
 use crate::labels::{
     ARCH, CPU_LEVEL, CUDA_DRIVER_MAJOR, GPU_COMPUTE_MAJOR, GPU_COMPUTE_MINOR, GPU_PRODUCT,
 };
@@ -29,6 +31,28 @@ pub fn class_facts<'a>(
             Some((key.to_string(), value))
         })
         .collect()
+}
+
+/// The class labels a machine with `facts` carries, as its agent would label it: what the
+/// operator falls back to for nodes without GPU Feature Discovery labels (from their KilnNode).
+pub fn fact_labels(facts: &HardwareFacts) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        (ARCH.to_string(), facts.arch.clone()),
+        (CPU_LEVEL.to_string(), facts.cpu_level.clone()),
+    ]);
+    if let Some(gpu) = facts.accelerators.first() {
+        labels.insert(GPU_PRODUCT.into(), gpu.product.clone());
+        labels.insert(GPU_COMPUTE_MAJOR.into(), gpu.compute_major.to_string());
+        labels.insert(GPU_COMPUTE_MINOR.into(), gpu.compute_minor.to_string());
+    }
+    if let Some(major) = facts
+        .cuda_driver_version
+        .as_deref()
+        .and_then(|v| v.split('.').next())
+    {
+        labels.insert(CUDA_DRIVER_MAJOR.into(), major.to_string());
+    }
+    labels
 }
 
 /// `NVIDIA-H100-80GB-HBM3-MIG-1g.10gb` → `NVIDIA-H100-80GB-HBM3`; `…-SHARED` likewise.

@@ -18,3 +18,4 @@ pub mod spec;
 pub mod store;
 pub mod tensor;
 pub mod warmup;
+pub mod worker;

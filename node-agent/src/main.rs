@@ -1,4 +1,5 @@
-//! kiln-agent: `local` (whole pipeline, no cluster), `fixtures`, `probe`, `bench-verify`.
+//! kiln-agent: `local` (whole pipeline, no cluster), `compile` (the compile Job's worker),
+//! `fixtures`, `probe`, `bench-verify`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -79,6 +80,32 @@ enum Command {
         #[arg(long, short, env = "KILN_FIXTURE_OUT")]
         out: PathBuf,
     },
+    /// Compile Job worker: compile one (ModelArtifact, CompiledTarget, class) into the store and
+    /// print the build manifest as JSON. The operator sets every input in the Job's environment.
+    Compile {
+        /// `{"model": ModelArtifact, "target": CompiledTarget}` as JSON.
+        #[arg(long, env = "KILN_COMPILE_SPEC", hide_env_values = true)]
+        spec: String,
+        /// Class facts (label key → value) as JSON that this node must match.
+        #[arg(long, env = "KILN_CLASS_FACTS")]
+        class_facts: String,
+        /// Compile key the operator expects.
+        #[arg(long, env = "KILN_COMPILE_KEY")]
+        compile_key: String,
+        /// Content-addressed store directory shared with the operator.
+        #[arg(long, env = "KILN_STORE")]
+        store: PathBuf,
+        /// Base directory for relative file:// URIs.
+        #[arg(long, env = "KILN_SOURCE_BASE", default_value = ".")]
+        source_base: PathBuf,
+        /// Where the one-line outcome (`Reason: message` on failure) goes for the operator.
+        #[arg(
+            long,
+            env = "KILN_TERMINATION_LOG",
+            default_value = "/dev/termination-log"
+        )]
+        termination_log: PathBuf,
+    },
     /// Print this machine's hardware facts and class labels as JSON.
     Probe,
     /// Measure streaming sha256 verification against sha256sum and openssl on one file.
@@ -117,6 +144,23 @@ fn main() -> ExitCode {
             rtol,
             out,
         } => run_fixtures(model, version, shapes, inputs, seed, atol.zip(rtol), out),
+        Command::Compile {
+            spec,
+            class_facts,
+            compile_key,
+            store,
+            source_base,
+            termination_log,
+        } => run_compile(
+            kiln_agent::worker::Job {
+                spec_json: spec,
+                class_facts_json: class_facts,
+                compile_key,
+                store,
+                source_base,
+            },
+            &termination_log,
+        ),
         Command::Probe => {
             let facts = probe::probe(backend::runtimes());
             let labels = probe::labels(&facts);
@@ -235,6 +279,42 @@ fn run_local(
     } else {
         ExitCode::FAILURE
     }
+}
+
+fn run_compile(job: kiln_agent::worker::Job, termination_log: &std::path::Path) -> ExitCode {
+    let mut registry = Registry::default();
+    let metrics = metrics::Metrics::register(&mut registry);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kiln-agent: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (line, code) = match runtime.block_on(kiln_agent::worker::run(&job, &metrics)) {
+        Ok((manifest, reused)) => {
+            println!("{}", serde_json::to_string(&manifest).unwrap_or_default());
+            tracing::info!(digest = %manifest.artifact_digest, reused, "compile done");
+            (
+                format!(
+                    "Compiled: sha256:{}{}",
+                    manifest.artifact_digest,
+                    if reused { " (already stored)" } else { "" }
+                ),
+                ExitCode::SUCCESS,
+            )
+        }
+        Err(e) => {
+            tracing::error!(reason = %e.reason(), error = %e, "compile failed");
+            (format!("{}: {e}", e.reason()), ExitCode::FAILURE)
+        }
+    };
+    // Best effort: outside a pod there may be no termination log.
+    let _ = std::fs::write(termination_log, line.as_bytes());
+    code
 }
 
 fn default_store() -> PathBuf {

@@ -4,9 +4,6 @@
 use std::collections::BTreeMap;
 
 use kiln_crds::kiln_node::{Accelerator, HardwareFacts};
-use kiln_crds::labels::{
-    ARCH, CPU_LEVEL, CUDA_DRIVER_MAJOR, GPU_COMPUTE_MAJOR, GPU_COMPUTE_MINOR, GPU_PRODUCT,
-};
 
 /// Probes this machine. `runtimes` lists the engine backends this binary carries.
 pub fn probe(runtimes: BTreeMap<String, String>) -> HardwareFacts {
@@ -38,23 +35,7 @@ pub fn probe(runtimes: BTreeMap<String, String>) -> HardwareFacts {
 
 /// The node labels this machine would carry: what GPU Feature Discovery and kiln would set.
 pub fn labels(facts: &HardwareFacts) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::from([
-        (ARCH.to_string(), facts.arch.clone()),
-        (CPU_LEVEL.to_string(), facts.cpu_level.clone()),
-    ]);
-    if let Some(gpu) = facts.accelerators.first() {
-        labels.insert(GPU_PRODUCT.into(), gpu.product.clone());
-        labels.insert(GPU_COMPUTE_MAJOR.into(), gpu.compute_major.to_string());
-        labels.insert(GPU_COMPUTE_MINOR.into(), gpu.compute_minor.to_string());
-    }
-    if let Some(major) = facts
-        .cuda_driver_version
-        .as_deref()
-        .and_then(|v| v.split('.').next())
-    {
-        labels.insert(CUDA_DRIVER_MAJOR.into(), major.to_string());
-    }
-    labels
+    kiln_crds::class::fact_labels(facts)
 }
 
 fn kube_arch(rust_arch: &str) -> &str {
@@ -177,6 +158,7 @@ fn gfd_product(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_crds::labels::ARCH;
 
     #[test]
     fn probe_reports_this_machine() {

@@ -23,8 +23,25 @@ impl Spec {
         let yaml = std::fs::read_to_string(path)
             .map_err(|e| Error::InvalidSpec(format!("cannot read {}: {e}", path.display())))?;
         let mut spec = Self::parse(&yaml)?;
-        let base = path.parent().unwrap_or(std::path::Path::new("."));
-        let m = &mut spec.model.spec;
+        spec.resolve_relative(path.parent().unwrap_or(std::path::Path::new(".")));
+        Ok(spec)
+    }
+
+    /// The two objects as the operator hands them to a compile Job, checked like a file would be;
+    /// relative `file://` URIs resolve against `base`.
+    pub fn from_objects(
+        model: ModelArtifact,
+        target: CompiledTarget,
+        base: &std::path::Path,
+    ) -> Result<Self> {
+        let mut spec = Self { model, target };
+        spec.validate()?;
+        spec.resolve_relative(base);
+        Ok(spec)
+    }
+
+    fn resolve_relative(&mut self, base: &std::path::Path) {
+        let m = &mut self.model.spec;
         let uris = std::iter::once(&mut m.source.uri)
             .chain(m.assets.iter_mut().map(|a| &mut a.uri))
             .chain(m.fixtures.iter_mut().map(|f| &mut f.uri));
@@ -35,7 +52,6 @@ impl Spec {
                 *uri = format!("file://{}", base.join(rest).display());
             }
         }
-        Ok(spec)
     }
 
     /// Parses a multi-document YAML string.

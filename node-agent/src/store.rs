@@ -1,146 +1,19 @@
-//! The artifact store: compiled artifacts and their build manifests by compile key. The trait is
-//! what the compile worker and the agent use; the filesystem store serves local mode and tests,
-//! the OCI registry store comes in behind the same trait.
+//! The artifact store lives in `kiln-store`, shared with the operator (which must not link an ML
+//! runtime); this module re-exports it and maps its errors onto the agent's.
 
-use std::path::{Path, PathBuf};
+pub use kiln_store::{FsStore, Store};
 
-use kiln_crds::BuildManifest;
+use crate::error::Error;
 
-use crate::digest::sha256_file;
-use crate::error::{Error, Result};
-use crate::fetch::sync_dir;
-
-/// Where compiled artifacts live.
-pub trait Store {
-    /// The manifest stored under `key`, if any. A manifest is only ever visible together with
-    /// its complete artifact.
-    fn manifest(&self, key: &str) -> Result<Option<BuildManifest>>;
-    /// Stores the artifact at `artifact` with its manifest under `manifest.compile_key`,
-    /// atomically: readers see all of it or nothing.
-    fn put(&self, artifact: &Path, manifest: &BuildManifest) -> Result<()>;
-    /// A local path to the artifact under `key`, verified against the manifest's digest and size
-    /// before it is returned: a corrupt artifact is never handed to a loader.
-    fn verified_artifact(&self, manifest: &BuildManifest) -> Result<PathBuf>;
-    /// A scratch directory on the same filesystem, for building an artifact before `put`.
-    fn scratch(&self) -> Result<tempfile::TempDir>;
-}
-
-/// A content-addressed directory: `<root>/artifacts/<key>/{artifact,manifest.json}`.
-pub struct FsStore {
-    /// Root directory.
-    root: PathBuf,
-}
-
-const ARTIFACT: &str = "artifact";
-const MANIFEST: &str = "manifest.json";
-
-impl FsStore {
-    /// Opens (creating) a store at `root` and proves it is writable.
-    pub fn open(root: &Path) -> Result<Self> {
-        for dir in [root.join("artifacts"), root.join("tmp"), root.join("blobs")] {
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| Error::store(&dir, format!("{e}; pass a writable --store")))?;
-        }
-        // Fail now, not after a long compile.
-        tempfile::tempfile_in(root.join("tmp")).map_err(|e| {
-            Error::store(root, format!("not writable: {e}; pass a writable --store"))
-        })?;
-        Ok(Self {
-            root: root.to_path_buf(),
-        })
-    }
-
-    /// Directory of verified source blobs.
-    pub fn blobs(&self) -> PathBuf {
-        self.root.join("blobs")
-    }
-
-    fn dir(&self, key: &str) -> Result<PathBuf> {
-        if key.len() != 64 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(Error::store(
-                &self.root,
-                format!("{key:?} is not a compile key"),
-            ));
-        }
-        Ok(self.root.join("artifacts").join(key))
-    }
-}
-
-impl Store for FsStore {
-    fn manifest(&self, key: &str) -> Result<Option<BuildManifest>> {
-        let path = self.dir(key)?.join(MANIFEST);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-                Error::store(
-                    &path,
-                    format!(
-                        "unreadable manifest ({e}); delete {} to rebuild",
-                        path.display()
-                    ),
-                )
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::store(&path, e)),
-        }
-    }
-
-    fn put(&self, artifact: &Path, manifest: &BuildManifest) -> Result<()> {
-        let dest = self.dir(&manifest.compile_key)?;
-        let staging = self.scratch()?;
-        let staged_artifact = staging.path().join(ARTIFACT);
-        std::fs::rename(artifact, &staged_artifact)
-            .or_else(|_| std::fs::copy(artifact, &staged_artifact).map(|_| ()))
-            .map_err(|e| Error::store(&staged_artifact, e))?;
-        let json = serde_json::to_vec_pretty(manifest).map_err(|e| Error::store(&dest, e))?;
-        let manifest_path = staging.path().join(MANIFEST);
-        write_synced(&manifest_path, &json)?;
-        std::fs::File::open(&staged_artifact)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| Error::store(&staged_artifact, e))?;
-        sync_dir(staging.path());
-        let staged = staging.keep();
-        match std::fs::rename(&staged, &dest) {
-            Ok(()) => {}
-            // Someone stored the same key first: same inputs, same artifact; keep theirs.
-            Err(_) if dest.join(MANIFEST).exists() => {
-                let _ = std::fs::remove_dir_all(&staged);
+impl From<kiln_store::Error> for Error {
+    fn from(err: kiln_store::Error) -> Self {
+        match err {
+            kiln_store::Error::Unavailable { path, message } => {
+                Error::StoreUnavailable { path, message }
             }
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&staged);
-                return Err(Error::store(&dest, e));
+            kiln_store::Error::HashMismatch { what, message } => {
+                Error::HashMismatch { what, message }
             }
         }
-        sync_dir(&self.root.join("artifacts"));
-        Ok(())
     }
-
-    fn verified_artifact(&self, manifest: &BuildManifest) -> Result<PathBuf> {
-        let path = self.dir(&manifest.compile_key)?.join(ARTIFACT);
-        let (digest, size) = sha256_file(&path).map_err(|e| Error::store(&path, e))?;
-        if digest != manifest.artifact_digest || size != manifest.artifact_size {
-            return Err(Error::HashMismatch {
-                what: format!("stored artifact {}", path.display()),
-                message: format!(
-                    "sha256 {digest} ({size} bytes) but the build manifest says {} ({} bytes); the store is corrupt, delete {} to rebuild",
-                    manifest.artifact_digest,
-                    manifest.artifact_size,
-                    path.parent().unwrap_or(&path).display()
-                ),
-            });
-        }
-        Ok(path)
-    }
-
-    fn scratch(&self) -> Result<tempfile::TempDir> {
-        let tmp = self.root.join("tmp");
-        tempfile::TempDir::new_in(&tmp).map_err(|e| Error::store(&tmp, e))
-    }
-}
-
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).map_err(|e| Error::store(path, e))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| Error::store(path, e))
 }

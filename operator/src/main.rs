@@ -1,23 +1,149 @@
-//! kiln-operator: node classes, compile Jobs and status. The controllers come with the operator
-//! issue; until then the binary only answers `--version` and `--help`, and says so when run.
+//! kiln-operator: watches CompiledTargets, ModelArtifacts, Nodes, KilnNodes and compile Jobs;
+//! groups nodes into classes; runs one compile Job per class unless the store holds the key;
+//! reports honest status. Runs with no flags in-cluster.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
+use kiln_operator::job::JobSettings;
+use kiln_operator::plan::Settings;
+use kiln_operator::run::{Config, Election, run};
+use kiln_operator::telemetry::{self, LogFormat};
 
 #[derive(Parser)]
 #[command(
     name = "kiln-operator",
     version,
-    about = "kiln operator (controllers not yet in this build)"
+    about = "kiln operator: node classes, compile Jobs, status"
 )]
-struct Cli {}
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, env = "KILN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
+    log_format: LogFormat,
+    /// Filesystem artifact store shared with the compile Jobs (same path on the host).
+    #[arg(long, env = "KILN_STORE", default_value = "/var/lib/kiln/store")]
+    store: PathBuf,
+    /// kiln-agent image the compile Jobs run.
+    #[arg(
+        long,
+        env = "KILN_AGENT_IMAGE",
+        default_value = "ghcr.io/kiln-dev/kiln-agent:latest"
+    )]
+    agent_image: String,
+    /// Image pull policy of compile Jobs (`Never` for images loaded onto the node).
+    #[arg(
+        long,
+        env = "KILN_AGENT_IMAGE_PULL_POLICY",
+        default_value = "IfNotPresent"
+    )]
+    agent_image_pull_policy: String,
+    /// Host directory mounted read-only into compile Jobs; relative `file://` URIs of models
+    /// resolve against it (local and test clusters; production sources use https:// or oci://).
+    #[arg(long, env = "KILN_SOURCES_HOST_PATH")]
+    sources_host_path: Option<String>,
+    /// UID the compile worker runs as; it must be able to write the store directory.
+    #[arg(long, env = "KILN_COMPILE_UID", default_value_t = 65532)]
+    compile_uid: i64,
+    /// Deadline of one compile Job when the target sets none, in seconds.
+    #[arg(long, env = "KILN_COMPILE_DEADLINE_SECONDS", default_value_t = 1800)]
+    compile_deadline_seconds: i64,
+    /// Finished compile Jobs are deleted this many seconds after they end.
+    #[arg(long, env = "KILN_JOB_TTL_SECONDS", default_value_t = 3600)]
+    job_ttl_seconds: i32,
+    /// Backend versions the agent image carries, NAME=VERSION (part of the compile key).
+    #[arg(
+        long = "backend-version",
+        env = "KILN_BACKEND_VERSIONS",
+        value_delimiter = ',',
+        default_value = "tract=0.23.9"
+    )]
+    backend_versions: Vec<String>,
+    /// Compile attempts per class when a target sets none.
+    #[arg(long, env = "KILN_MAX_ATTEMPTS", default_value_t = 3)]
+    max_attempts: u32,
+    /// Wait after a failed attempt, in seconds; doubles per attempt up to 5 minutes.
+    #[arg(long, env = "KILN_RETRY_BACKOFF_SECONDS", default_value_t = 10)]
+    retry_backoff_seconds: u64,
+    /// Address for /metrics, /healthz and /readyz.
+    #[arg(long, env = "KILN_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+    /// Run without leader election (one replica only).
+    #[arg(long, env = "KILN_NO_LEADER_ELECTION")]
+    no_leader_election: bool,
+    /// Lease name for leader election.
+    #[arg(long, env = "KILN_LEASE_NAME", default_value = "kiln-operator")]
+    lease_name: String,
+    /// Lease namespace (in-cluster: the pod's namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kiln-system")]
+    lease_namespace: String,
+    /// This replica's identity (in-cluster: the pod name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+}
 
-fn main() -> std::process::ExitCode {
-    let _ = Cli::parse();
-    eprintln!(
-        "kiln-operator {}: the controllers are not part of this build yet; API group {} {}",
-        env!("CARGO_PKG_VERSION"),
-        kiln_crds::GROUP,
-        kiln_crds::VERSION
-    );
-    std::process::ExitCode::from(2)
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let _guard = match telemetry::init(cli.log_format) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("kiln-operator: cannot set up logging/tracing: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut backend_versions = BTreeMap::new();
+    for pair in &cli.backend_versions {
+        let Some((name, version)) = pair.split_once('=') else {
+            eprintln!("kiln-operator: --backend-version {pair:?}: expected NAME=VERSION");
+            return ExitCode::from(2);
+        };
+        backend_versions.insert(name.trim().to_string(), version.trim().to_string());
+    }
+    let config = Config {
+        store: cli.store.clone(),
+        settings: Settings {
+            backend_versions,
+            default_max_attempts: cli.max_attempts,
+            backoff_base: Duration::from_secs(cli.retry_backoff_seconds),
+            ..Settings::default()
+        },
+        job_settings: JobSettings {
+            image: cli.agent_image,
+            image_pull_policy: cli.agent_image_pull_policy,
+            store_host_path: cli.store.display().to_string(),
+            sources_host_path: cli.sources_host_path,
+            run_as_user: cli.compile_uid,
+            active_deadline_seconds: cli.compile_deadline_seconds,
+            ttl_seconds_after_finished: cli.job_ttl_seconds,
+        },
+        listen: cli.listen,
+        election: (!cli.no_leader_election).then(|| Election {
+            lease: cli.lease_name,
+            namespace: cli.lease_namespace,
+            identity: cli.identity.unwrap_or_else(|| {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+                format!("{}-{}", host.trim(), std::process::id())
+            }),
+        }),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kiln-operator: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "kiln-operator stopped");
+            ExitCode::FAILURE
+        }
+    }
 }

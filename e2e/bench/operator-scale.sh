@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): kiln-operator against a control-plane-only cluster with N
+# CompiledTargets over M fake node classes. Reports the time until every target has M class rows
+# and M Jobs, the API writes of the operator's kinds during one minute of steady state (want 0),
+# and the operator's peak RSS. No kubelet or controller-manager: Jobs are created, never run.
+#
+#   e2e/cluster up --control-plane-only
+#   e2e/cluster run -- e2e/bench/operator-scale.sh [N] [M]      # defaults 1000 10
+#
+# Needs target/release/kiln-operator (or debug). Leaves its namespace and nodes for inspection;
+# `e2e/cluster down` removes everything.
+set -euo pipefail
+N=${1:-1000}
+M=${2:-10}
+REPO=$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)
+OP=$REPO/target/release/kiln-operator
+[[ -x $OP ]] || OP=$REPO/target/debug/kiln-operator
+WORK=$(mktemp -d /tmp/kiln-bench.XXXXXX)
+NS=bench
+kubectl apply -f "$REPO/crds/" >/dev/null
+kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
+kubectl create namespace "$NS" >/dev/null 2>&1 || true
+
+echo "== $M fake nodes, one class each"
+for ((i = 0; i < M; i++)); do
+  cat <<YAML
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: bench-gpu-$i
+  labels: {kubernetes.io/arch: amd64, nvidia.com/gpu.product: BENCH-GPU-$i, nvidia.com/gpu.compute.major: "9", nvidia.com/gpu.compute.minor: "0"}
+YAML
+done | kubectl apply -f - >/dev/null
+
+echo "== $N CompiledTargets"
+{
+  sed -n '/^apiVersion/,/^---/p' "$REPO/examples/squeezenet/kiln.yaml" | sed '$d'
+  for ((i = 0; i < N; i++)); do
+    cat <<YAML
+---
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {name: t-$i}
+spec:
+  modelRef: {name: squeezenet}
+  backend: {kind: tract}
+  profiles: [{name: b, dims: {batch: $((i % 8 + 1))}}]
+  warmup: {fixtureVersion: v1}
+  compile: {activeDeadlineSeconds: $((600 + i))}
+YAML
+  done
+} >"$WORK/objects.yaml"
+t0=$(date +%s.%N)
+kubectl -n "$NS" apply -f "$WORK/objects.yaml" --server-side >/dev/null
+echo "   applied in $(echo "$(date +%s.%N) - $t0" | bc) s"
+
+writes() {
+  # Mutating requests on the kinds the operator writes, as the apiserver counts them.
+  kubectl get --raw /metrics | awk '
+    /^apiserver_request_total\{/ && /verb="(POST|PUT|PATCH|DELETE|APPLY)"/ &&
+    /resource="(jobs|nodes|compiledtargets|modelartifacts|events)"/ { s += $NF }
+    END { printf "%d\n", s }'
+}
+
+echo "== operator"
+mkdir -p "$WORK/store/artifacts"
+start=$(date +%s.%N)
+"$OP" --store "$WORK/store" --no-leader-election --listen 127.0.0.1:18090 --log-format json \
+  --agent-image kiln-e2e/agent:bench >"$WORK/operator.log" 2>&1 &
+PID=$!
+trap 'kill $PID 2>/dev/null || true' EXIT
+done_count() {
+  kubectl -n "$NS" get compiledtargets -o json |
+    jq --argjson m "$M" '[.items[] | select(.status.classCount == $m and ([.status.classes[]? | select(.job != null)] | length) == $m)] | length'
+}
+while :; do
+  c=$(done_count)
+  [[ $c -ge $N ]] && break
+  kill -0 $PID || { tail "$WORK/operator.log"; exit 1; }
+  sleep 2
+done
+end=$(date +%s.%N)
+jobs=$(kubectl -n "$NS" get jobs --no-headers 2>/dev/null | wc -l)
+printf 'reconciled all: %.1f s for %d targets x %d classes (%d Jobs)\n' "$(echo "$end - $start" | bc)" "$N" "$M" "$jobs"
+sleep 15 # let the last status writes and Events land
+w1=$(writes); o1=$(curl -fsS http://127.0.0.1:18090/metrics | awk '/^kiln_operator_api_writes_total/ {s += $2} END {print s + 0}')
+sleep 60
+w2=$(writes); o2=$(curl -fsS http://127.0.0.1:18090/metrics | awk '/^kiln_operator_api_writes_total/ {s += $2} END {print s + 0}')
+echo "steady state over 60 s: apiserver writes on jobs/nodes/compiledtargets/modelartifacts/events: $((w2 - w1)); operator's own write counter: $((o2 - o1))"
+echo "operator peak RSS: $(awk '/VmHWM/ {print $2 " " $3}' /proc/$PID/status), now $(awk '/VmRSS/ {print $2 " " $3}' /proc/$PID/status)"
+curl -fsS http://127.0.0.1:18090/metrics | grep -E '^kiln_operator_(reconcile_duration_seconds_(sum|count)|api_writes_total|classes)' || true

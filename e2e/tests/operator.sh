@@ -1,0 +1,265 @@
+#!/usr/bin/env bash
+# kiln-operator against the real cluster: the operator runs as a process on the host with the
+# token of its ServiceAccount (deploy/operator-rbac.yaml, so missing RBAC fails the test); the
+# real node plus two fake GPU nodes (H100, L4) form three classes; the real node's compile Job
+# runs the real `kiln-agent compile` from an image built by build-image. The model reaches the
+# Job through a read-only hostPath (--sources-host-path) that relative file:// URIs resolve
+# against; the store is a hostPath shared by the Jobs and the operator.
+source "$(dirname "$0")/lib.sh"
+REPO=$(cd "$E2E_DIR/.." && pwd)
+test_namespace
+NS=$TEST_NS
+WORK=$(mktemp -d /var/tmp/kiln-e2e-operator.XXXXXX)
+chmod 755 "$WORK"
+OP_PIDS=()
+cleanup() {
+  local p
+  for p in "${OP_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  kubectl delete node "fake-h100-$NS" "fake-l4-$NS" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+  kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
+  kubectl -n kiln-system delete lease "kiln-operator-$NS" --ignore-not-found >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# bin NAME: the newer of target/release/NAME and target/debug/NAME.
+bin() {
+  local b newest=
+  for b in "$REPO/target/release/$1" "$REPO/target/debug/$1"; do
+    [[ -x $b && ( -z $newest || $b -nt $newest ) ]] && newest=$b
+  done
+  [[ -n $newest ]] || fail "$1 not built; run cargo build --bins"
+  echo "$newest"
+}
+OPERATOR=$(bin kiln-operator)
+AGENT=$(bin kiln-agent)
+
+# The agent image: the stripped binary at /bin/kiln-agent.
+strip -o "$WORK/kiln-agent" "$AGENT"
+# CA certificates: the agent's HTTPS client loads the system roots even for file:// work.
+"$E2E_DIR/build-image" --name kiln-e2e/agent:test --out "$WORK/agent.tar" \
+  --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt "$WORK/kiln-agent" >/dev/null
+"$E2E_DIR/cluster" load-image "$WORK/agent.tar" >/dev/null
+
+# Store (written by the compile Jobs as uid 65532) and sources (read-only in the Jobs).
+install -d -m 755 -o 65532 -g 65532 "$WORK/store"
+install -d -m 755 "$WORK/sources"
+cp "$REPO/examples/squeezenet/model.onnx" "$REPO/examples/squeezenet/fixture-v1.safetensors" "$WORK/sources/"
+chmod 644 "$WORK/sources/"*
+
+kubectl apply -f "$REPO/crds/" >/dev/null
+kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
+kubectl apply -f "$REPO/deploy/operator-rbac.yaml" >/dev/null
+# A kubeconfig with the operator's ServiceAccount token: the operator gets only what RBAC grants.
+TOKEN=$(kubectl -n kiln-system create token kiln-operator --duration=2h)
+SERVER=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$WORK/ca.crt"
+cat >"$WORK/kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "$SERVER", certificate-authority: "$WORK/ca.crt"}}]
+users: [{name: op, user: {token: "$TOKEN"}}]
+contexts: [{name: c, context: {cluster: c, user: op}}]
+current-context: c
+KC
+
+# start_operator N: replica N, metrics on 127.0.0.1:1808N, log in $WORK/operator-N.log.
+start_operator() {
+  KUBECONFIG=$WORK/kubeconfig "$OPERATOR" \
+    --store "$WORK/store" --agent-image kiln-e2e/agent:test --agent-image-pull-policy Never \
+    --sources-host-path "$WORK/sources" --listen "127.0.0.1:1808$1" --retry-backoff-seconds 2 \
+    --lease-name "kiln-operator-$NS" --lease-namespace kiln-system --identity "replica-$1" \
+    >>"$WORK/operator-$1.log" 2>&1 &
+  OP_PIDS+=($!)
+  eval "OP_$1=$!"
+}
+show_logs() {
+  tail -n 20 "$WORK"/operator-*.log >&2 || true
+  kubectl -n "$NS" get compiledtargets -o json 2>/dev/null |
+    jq -r '.items[] | .metadata.name as $n | (.status.conditions[]? | "\($n) \(.type)=\(.status) \(.reason): \(.message)"), (.status.classes[]? | "\($n) class \(.class) \(.phase) \(.reason // "") \(.message // "")")' >&2 || true
+  dump "$NS" >&2
+}
+# fd 3 is the test's stderr even inside wait_for's redirections.
+exec 3>&2
+die() { show_logs 2>&3; echo "FAIL: $*" >&3; exit 1; }
+
+# wait_for DESC SECONDS CMD...: poll until CMD succeeds.
+wait_for() {
+  local desc=$1 secs=$2 i; shift 2
+  for ((i = 0; i < secs * 2; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  die "timed out after ${secs}s: $desc"
+}
+jobs_of() { kubectl -n "$NS" get jobs -l app.kubernetes.io/managed-by=kiln-operator -o json | jq -r --arg t "$1" '[.items[] | select(.metadata.ownerReferences[0].name == $t)] | length'; }
+count_is() { [[ $(jobs_of "$1") == "$2" ]]; }
+cond() { kubectl -n "$NS" get compiledtarget "$1" -o jsonpath="{.status.conditions[?(@.type==\"$2\")].$3}"; }
+cond_is() { [[ $(cond "$1" "$2" status) == "$3" && $(cond "$1" "$2" reason) == "$4" ]]; }
+
+# Two fake GPU nodes (they run nothing).
+for spec in "h100 NVIDIA-H100-80GB-HBM3-MIG-1g.10gb 9 0" "l4 NVIDIA-L4 8 9"; do
+  read -r short product major minor <<<"$spec"
+  kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Node
+metadata:
+  name: fake-$short-$NS
+  labels:
+    kubernetes.io/arch: amd64
+    kubernetes.io/os: linux
+    nvidia.com/gpu.product: $product
+    nvidia.com/gpu.compute.major: "$major"
+    nvidia.com/gpu.compute.minor: "$minor"
+    nvidia.com/cuda.driver-version.major: "12"
+YAML
+done
+REAL=$(kubectl get nodes -l '!nvidia.com/gpu.product' -o jsonpath='{.items[0].metadata.name}')
+
+start_operator 1
+wait_for "operator /readyz" 60 curl -fsS http://127.0.0.1:18081/readyz
+
+echo "== the example yields one Job per class, pinned by the class label"
+kubectl -n "$NS" apply -f "$REPO/examples/squeezenet/kiln.yaml" >/dev/null
+wait_for "3 compile Jobs" 60 count_is squeezenet-cpu 3
+for node in "$REAL" "fake-h100-$NS" "fake-l4-$NS"; do
+  wait_for "class label on $node" 30 kubectl get node "$node" -o jsonpath='{.metadata.labels.kiln\.dev/class}'
+  class=$(kubectl get node "$node" -o jsonpath='{.metadata.labels.kiln\.dev/class}')
+  [[ -n $class ]] || die "node $node has no kiln.dev/class label"
+  n=$(kubectl -n "$NS" get jobs -o json | jq --arg c "$class" '[.items[] | select(.spec.template.spec.nodeSelector["kiln.dev/class"] == $c)] | length')
+  [[ $n == 1 ]] || die "class $class of $node: $n Jobs, want 1"
+  echo "   $node -> class $class, 1 Job"
+done
+REAL_CLASS=$(kubectl get node "$REAL" -o jsonpath='{.metadata.labels.kiln\.dev/class}')
+[[ $(kubectl get node "fake-h100-$NS" -o jsonpath='{.metadata.labels.kiln\.dev/class}') == nvidia-h100-80gb-hbm3-sm90-cuda12-amd64-* ]] ||
+  die "MIG suffix split the H100 class"
+
+echo "== the real node's Job runs kiln-agent compile; the target records the artifact digest"
+digest_of() { kubectl -n "$NS" get compiledtarget squeezenet-cpu -o json | jq -r --arg c "$REAL_CLASS" '.status.classes[] | select(.class == $c) | .artifactDigest // empty'; }
+has_digest() {
+  [[ $(cond squeezenet-cpu Stalled status) != True ]] || die "Stalled: $(cond squeezenet-cpu Stalled message)"
+  [[ -n $(digest_of) ]]
+}
+wait_for "artifact digest for $REAL_CLASS" 240 has_digest
+DIGEST=$(digest_of)
+KEY=$(kubectl -n "$NS" get compiledtarget squeezenet-cpu -o json | jq -r --arg c "$REAL_CLASS" '.status.classes[] | select(.class == $c) | .compileKey')
+[[ -f $WORK/store/artifacts/$KEY/manifest.json ]] || die "no manifest for $KEY in the store"
+[[ $(sha256sum "$WORK/store/artifacts/$KEY/artifact" | cut -d' ' -f1) == "$DIGEST" ]] || die "status digest differs from the stored artifact"
+jq -e --arg d "$DIGEST" '.artifactDigest == $d and .backend == "tract"' "$WORK/store/artifacts/$KEY/manifest.json" >/dev/null || die "manifest disagrees"
+echo "   $REAL_CLASS: sha256:$DIGEST"
+cond_is squeezenet-cpu Reconciling True Compiling || die "want Reconciling while the GPU classes wait"
+kubectl -n "$NS" get events --field-selector involvedObject.name=squeezenet-cpu -o json |
+  jq -e '[.items[].reason] | index("CompileJobCreated") and index("ClassCompiled")' >/dev/null || die "missing Events"
+
+echo "== re-apply, restart, two replicas: no duplicate Job"
+kubectl -n "$NS" apply -f "$REPO/examples/squeezenet/kiln.yaml" >/dev/null
+sleep 3
+count_is squeezenet-cpu 3 || die "re-apply: $(jobs_of squeezenet-cpu) Jobs"
+kill "$OP_1"; wait "$OP_1" 2>/dev/null || true
+start_operator 1
+start_operator 2
+wait_for "replica 2 /readyz" 60 curl -fsS http://127.0.0.1:18082/readyz
+holder() { kubectl -n kiln-system get lease "kiln-operator-$NS" -o jsonpath='{.spec.holderIdentity}'; }
+wait_for "a lease holder" 60 holder
+kubectl -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {name: second}
+spec:
+  modelRef: {name: squeezenet}
+  backend: {kind: tract}
+  profiles: [{name: batch2, dims: {batch: 2}}]
+  warmup: {fixtureVersion: v1}
+  compile: {maxAttempts: 1}
+YAML
+wait_for "3 Jobs for the second target" 60 count_is second 3
+sleep 5
+count_is second 3 || die "two replicas: $(jobs_of second) Jobs for second"
+count_is squeezenet-cpu 3 || die "restart: $(jobs_of squeezenet-cpu) Jobs"
+echo "   lease held by $(holder); 3 + 3 Jobs"
+kubectl -n "$NS" delete compiledtarget second --wait=false >/dev/null
+
+echo "== without the GPU nodes, the target is one class, compiled: revision 1, Ready"
+kubectl delete node "fake-h100-$NS" "fake-l4-$NS" >/dev/null
+wait_for "Ready=True" 60 cond_is squeezenet-cpu Ready True Compiled
+rev=$(kubectl -n "$NS" get compiledtarget squeezenet-cpu -o json | jq -r '.status.revisions[-1] | "\(.number) \(.artifacts[0].digest)"')
+[[ $rev == "1 $DIGEST" ]] || die "revision: $rev"
+wait_for "the GPU classes' Jobs deleted" 60 count_is squeezenet-cpu 1
+kubectl -n "$NS" get compiledtarget squeezenet-cpu
+
+echo "== steady state: no writes"
+writes() { curl -fsS "http://127.0.0.1:1808$1/metrics" | awk '/^kiln_operator_api_writes_total/ {s += $2} END {print s + 0}'; }
+w1=$(( $(writes 1) + $(writes 2) )); sleep 10; w2=$(( $(writes 1) + $(writes 2) ))
+[[ $w1 == "$w2" ]] || die "writes at steady state: $w1 -> $w2"
+
+echo "== a failing compile is classified, retried, then Stalled"
+kubectl -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: kiln.dev/v1alpha1
+kind: ModelArtifact
+metadata: {name: corrupt}
+spec:
+  source: {uri: "file://model.onnx", sha256: "0000000000000000000000000000000000000000000000000000000000000000", size: 15628}
+  format: onnx
+  inputs: [{name: data_0, dtype: f32, dims: [{symbol: batch, min: 1, max: 8}, {size: 3}, {size: 224}, {size: 224}]}]
+  fixtures: [{version: v1, uri: "file://fixture-v1.safetensors", sha256: "6aed221b6d20f3975a4e8586c4139261d6805ce18f37a807447e44883115a958"}]
+---
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {name: corrupt}
+spec:
+  modelRef: {name: corrupt}
+  backend: {kind: tract}
+  profiles: [{name: batch1, dims: {batch: 1}}]
+  warmup: {fixtureVersion: v1}
+  compile: {maxAttempts: 2}
+YAML
+wait_for "corrupt Stalled" 180 cond_is corrupt Stalled True HashMismatch
+msg=$(cond corrupt Stalled message)
+[[ $msg == *sha256* && $msg == *"2 attempt"* ]] || die "Stalled message: $msg"
+echo "   $msg"
+[[ $(jobs_of corrupt) == 2 ]] || die "corrupt: $(jobs_of corrupt) Jobs, want 2 attempts"
+
+echo "== bad input: a condition that says what to fix"
+bad() {
+  kubectl -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {name: $1}
+spec:
+  modelRef: {name: ${2:-squeezenet}${3:+, namespace: $3}}
+  backend: {kind: tract}
+  profiles: [{name: batch1, dims: {batch: 1}}]
+  warmup: {fixtureVersion: v1}
+  ${4:-}
+YAML
+}
+bad missing-model nope
+bad other-namespace squeezenet default
+bad no-nodes squeezenet "" "nodeSelector: {matchLabels: {pool: nowhere}}"
+bad no-key squeezenet "" "classLabelKeys: [example.com/accelerator]"
+for pair in missing-model:ModelNotFound other-namespace:ModelInOtherNamespace no-nodes:NoMatchingNodes no-key:ClassKeyNotFound; do
+  wait_for "${pair%%:*} Stalled ${pair#*:}" 30 cond_is "${pair%%:*}" Stalled True "${pair#*:}"
+  count_is "${pair%%:*}" 0 || die "${pair%%:*} has Jobs"
+  echo "   ${pair%%:*}: $(cond "${pair%%:*}" Stalled message)"
+done
+if out=$(bad bad-backend squeezenet "" "" 2>&1 && kubectl -n "$NS" patch compiledtarget bad-backend --type=merge -p '{"spec":{"backend":{"kind":"bogus"}}}' 2>&1); then
+  die "an unknown backend was admitted: $out"
+fi
+[[ $out == *Unsupported* ]] || die "unknown backend refused for another reason: $out"
+w1=$(( $(writes 1) + $(writes 2) )); sleep 5; w2=$(( $(writes 1) + $(writes 2) ))
+[[ $w1 == "$w2" ]] || die "bad input hot-loops: writes $w1 -> $w2"
+kill -0 "$OP_1" && kill -0 "$OP_2" || die "an operator replica died"
+
+echo "== deleting the target removes its Jobs and keeps the stored artifact"
+kubectl -n "$NS" delete compiledtarget squeezenet-cpu >/dev/null
+wait_for "Jobs garbage-collected" 90 count_is squeezenet-cpu 0
+[[ -f $WORK/store/artifacts/$KEY/artifact ]] || die "stored artifact removed"
+
+echo "== metrics"
+m=$(curl -fsS http://127.0.0.1:18081/metrics; curl -fsS http://127.0.0.1:18082/metrics)
+for name in kiln_operator_reconcile_duration_seconds kiln_operator_compile_jobs_total kiln_operator_classes; do
+  grep -q "^$name" <<<"$m" || die "no $name in /metrics"
+done
+grep -q 'result="failed",reason="HashMismatch"' <<<"$m" || die "failed compile not counted by reason"
+grep -q '"level":"INFO"' "$WORK/operator-1.log" || die "operator logs are not JSON"
+echo "operator e2e passed"

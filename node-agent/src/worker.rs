@@ -1,0 +1,129 @@
+//! `kiln-agent compile`: the compile Job's worker. Reads the ModelArtifact and CompiledTarget the
+//! operator put in its environment, checks that this node really is the class the Job was pinned
+//! to, fetches and verifies every input (fail closed), compiles or reuses, stores artifact and
+//! build manifest, and prints the manifest. On failure the termination message is
+//! `Reason: message`, which the operator classifies.
+
+use std::path::PathBuf;
+
+use kiln_crds::class::{ClassFacts, class_facts};
+use kiln_crds::{BuildManifest, CompiledTarget, ModelArtifact};
+
+use crate::backend;
+use crate::compile::{compile_or_reuse, fetch_inputs, key_for};
+use crate::error::{Error, Result};
+use crate::fetch::Fetcher;
+use crate::metrics::Metrics;
+use crate::probe;
+use crate::spec::Spec;
+use crate::store::FsStore;
+
+/// What the operator passes to a compile Job.
+pub struct Job {
+    /// `{"model": ModelArtifact, "target": CompiledTarget}` as JSON.
+    pub spec_json: String,
+    /// Class facts (label key → value) as JSON: what this node must probe as.
+    pub class_facts_json: String,
+    /// Compile key the operator computed; the worker must arrive at the same one.
+    pub compile_key: String,
+    /// Store directory.
+    pub store: PathBuf,
+    /// Base directory for relative `file://` URIs.
+    pub source_base: PathBuf,
+}
+
+#[derive(serde::Deserialize)]
+struct Objects {
+    model: ModelArtifact,
+    target: CompiledTarget,
+}
+
+/// Runs the compile; returns the stored manifest and whether the store already held it.
+pub async fn run(job: &Job, metrics: &Metrics) -> Result<(BuildManifest, bool)> {
+    let objects: Objects = serde_json::from_str(&job.spec_json)
+        .map_err(|e| Error::InvalidSpec(format!("KILN_COMPILE_SPEC: {e}")))?;
+    let expected: ClassFacts = serde_json::from_str(&job.class_facts_json)
+        .map_err(|e| Error::InvalidSpec(format!("KILN_CLASS_FACTS: {e}")))?;
+    let spec = Spec::from_objects(objects.model, objects.target, &job.source_base)?;
+    let t = &spec.target.spec;
+    let backend = backend::for_kind(t.backend.kind)?;
+    if let Some(wanted) = &t.backend.version
+        && wanted != &backend.version()
+    {
+        return Err(Error::IncompatibleRuntime(format!(
+            "the target requires {} {wanted}, this agent carries {}",
+            backend.name(),
+            backend.version()
+        )));
+    }
+    let host = probe::probe(backend::runtimes());
+    let probed = class_facts(
+        t.class_label_keys.iter().map(String::as_str),
+        &probe::labels(&host),
+    );
+    check_class(&expected, &probed)?;
+    // The class is what the operator grouped nodes by; the key must be the one it computed.
+    let key = key_for(&spec, backend.as_ref(), &expected);
+    if key != job.compile_key {
+        return Err(Error::IncompatibleRuntime(format!(
+            "this worker computes compile key {key}, the operator expected {}; the agent image's backend ({} {}) differs from the operator's --backend-version",
+            job.compile_key,
+            backend.name(),
+            backend.version()
+        )));
+    }
+    let store = FsStore::open(&job.store)?;
+    let fetcher = Fetcher::new(store.blobs(), metrics.clone())?;
+    let inputs = fetch_inputs(&spec, &fetcher).await?;
+    tokio::task::block_in_place(|| {
+        compile_or_reuse(
+            &spec,
+            &inputs,
+            backend.as_ref(),
+            &expected,
+            &host,
+            &store,
+            metrics,
+        )
+    })
+}
+
+/// Every fact of the expected class must hold on this node. Facts the node has beyond the class
+/// (say, a CPU level when the class only names the architecture) do not matter.
+pub fn check_class(expected: &ClassFacts, probed: &ClassFacts) -> Result<()> {
+    let wrong: Vec<String> = expected
+        .iter()
+        .filter(|(k, v)| probed.get(*k) != Some(*v))
+        .map(|(k, v)| {
+            format!(
+                "{k}: class says {v:?}, node probes {:?}",
+                probed.get(k).map(String::as_str).unwrap_or("nothing")
+            )
+        })
+        .collect();
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::IncompatibleHardware(format!(
+            "this node does not match the class the Job was pinned to ({}); its node labels disagree with its hardware, fix the labels",
+            wrong.join("; ")
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extra_probed_facts_are_fine_and_mismatches_are_incompatible_hardware() {
+        let expected = ClassFacts::from([("kubernetes.io/arch".into(), "amd64".into())]);
+        let mut probed = expected.clone();
+        probed.insert("kiln.dev/cpu-level".into(), "x86-64-v3".into());
+        assert!(check_class(&expected, &probed).is_ok());
+        let gpu = ClassFacts::from([("nvidia.com/gpu.product".into(), "NVIDIA-L4".into())]);
+        let err = check_class(&gpu, &probed).expect_err("no GPU here");
+        assert_eq!(err.reason(), kiln_crds::FailureReason::IncompatibleHardware);
+        assert!(err.to_string().contains("NVIDIA-L4"), "{err}");
+    }
+}

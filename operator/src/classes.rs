@@ -1,0 +1,222 @@
+//! Node classes: which nodes a target selects, and how they group by the target's class label
+//! keys. Pure: nodes in, classes out; no client.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kiln_crds::KilnNode;
+use kiln_crds::class::{ClassFacts, class_facts, class_id, fact_labels};
+use kiln_crds::labels::{DEFAULT_CLASS_KEYS, NODE_CLASS};
+use sha2::{Digest, Sha256};
+
+/// A node as class discovery sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeView {
+    /// Node name.
+    pub name: String,
+    /// The node's own labels (what selectors match and what the operator may patch).
+    pub labels: BTreeMap<String, String>,
+    /// Class labels: the node's labels over the facts its KilnNode reports, so that a node
+    /// without GPU Feature Discovery labels still classifies by CPU arch and x86-64 level.
+    pub class_labels: BTreeMap<String, String>,
+}
+
+impl NodeView {
+    /// Merges a Node with its KilnNode (same name), when the agent has reported one.
+    pub fn new(node: &Node, kiln_node: Option<&KilnNode>) -> Self {
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let mut class_labels = kiln_node
+            .and_then(|k| k.status.as_ref())
+            .and_then(|s| s.hardware.as_ref())
+            .map(fact_labels)
+            .unwrap_or_default();
+        class_labels.extend(labels.clone());
+        Self {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            labels,
+            class_labels,
+        }
+    }
+}
+
+/// One hardware class of one target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Class {
+    /// Readable id plus short hash ([`class_id`]).
+    pub id: String,
+    /// Normalised label values.
+    pub facts: ClassFacts,
+    /// Member nodes, sorted.
+    pub nodes: Vec<String>,
+}
+
+/// The node label that carries class ids for a set of class keys. Targets that use the default
+/// keys (the common case) share `kiln.dev/class`; a target with its own keys gets
+/// `kiln.dev/class-<8 hex of the sorted keys>`, so a node can sit in the classes of several key
+/// sets at once without one label flapping between them.
+pub fn class_label_key(keys: &[String]) -> String {
+    let set: BTreeSet<&str> = keys.iter().map(String::as_str).collect();
+    let default: BTreeSet<&str> = DEFAULT_CLASS_KEYS.into_iter().collect();
+    if set == default {
+        return NODE_CLASS.to_string();
+    }
+    let encoded = set.into_iter().collect::<Vec<_>>().join("\n");
+    let hash = hex::encode(&Sha256::digest(encoded.as_bytes())[..4]);
+    format!("{NODE_CLASS}-{hash}")
+}
+
+/// Whether `labels` satisfy a Kubernetes label selector (matchLabels and matchExpressions with
+/// In, NotIn, Exists, DoesNotExist). An unknown operator matches nothing: fail closed.
+pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let labels_ok = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let exprs_ok = selector.match_expressions.iter().flatten().all(|e| {
+        let value = labels.get(&e.key);
+        let values = e.values.as_deref().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    labels_ok && exprs_ok
+}
+
+/// The nodes `selector` picks (all when none), grouped into classes by `keys`, ordered by id.
+pub fn group(selector: Option<&LabelSelector>, keys: &[String], nodes: &[NodeView]) -> Vec<Class> {
+    let mut classes: BTreeMap<String, Class> = BTreeMap::new();
+    for node in nodes {
+        if !selector.is_none_or(|s| selector_matches(s, &node.labels)) {
+            continue;
+        }
+        let facts = class_facts(keys.iter().map(String::as_str), &node.class_labels);
+        let id = class_id(&facts);
+        classes
+            .entry(id.clone())
+            .or_insert_with(|| Class {
+                id,
+                facts,
+                nodes: Vec::new(),
+            })
+            .nodes
+            .push(node.name.clone());
+    }
+    let mut out: Vec<Class> = classes.into_values().collect();
+    for c in &mut out {
+        c.nodes.sort();
+    }
+    out
+}
+
+/// Non-default class keys that none of the selected nodes carries: almost always a typo or an
+/// unlabelled fleet, and worth a condition rather than one catch-all class.
+pub fn missing_keys(
+    selector: Option<&LabelSelector>,
+    keys: &[String],
+    nodes: &[NodeView],
+) -> Vec<String> {
+    keys.iter()
+        .filter(|k| !DEFAULT_CLASS_KEYS.contains(&k.as_str()))
+        .filter(|k| {
+            !nodes
+                .iter()
+                .filter(|n| selector.is_none_or(|s| selector_matches(s, &n.labels)))
+                .any(|n| n.class_labels.contains_key(k.as_str()))
+        })
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    fn node(name: &str, labels: &[(&str, &str)]) -> NodeView {
+        let labels: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect();
+        NodeView {
+            name: name.into(),
+            class_labels: labels.clone(),
+            labels,
+        }
+    }
+
+    #[test]
+    fn default_keys_share_one_label_and_custom_keys_get_their_own() {
+        let default = kiln_crds::labels::default_class_keys();
+        assert_eq!(class_label_key(&default), NODE_CLASS);
+        let mut reordered = default.clone();
+        reordered.reverse();
+        assert_eq!(class_label_key(&reordered), NODE_CLASS);
+        let custom = vec!["kubernetes.io/arch".to_string()];
+        let key = class_label_key(&custom);
+        assert!(key.starts_with("kiln.dev/class-") && key.len() == NODE_CLASS.len() + 9);
+        assert_ne!(key, class_label_key(&["example.com/x".to_string()]));
+    }
+
+    #[test]
+    fn selector_operators() {
+        let n = node("a", &[("zone", "z1"), ("gpu", "yes")]);
+        let req = |key: &str, op: &str, values: &[&str]| LabelSelectorRequirement {
+            key: key.into(),
+            operator: op.into(),
+            values: Some(values.iter().map(|v| (*v).into()).collect()),
+        };
+        let sel = |reqs: Vec<LabelSelectorRequirement>| LabelSelector {
+            match_expressions: Some(reqs),
+            match_labels: None,
+        };
+        assert!(selector_matches(
+            &sel(vec![req("zone", "In", &["z1", "z2"])]),
+            &n.labels
+        ));
+        assert!(!selector_matches(
+            &sel(vec![req("zone", "NotIn", &["z1"])]),
+            &n.labels
+        ));
+        assert!(selector_matches(
+            &sel(vec![req("gpu", "Exists", &[])]),
+            &n.labels
+        ));
+        assert!(selector_matches(
+            &sel(vec![req("tpu", "DoesNotExist", &[])]),
+            &n.labels
+        ));
+        assert!(!selector_matches(
+            &sel(vec![req("gpu", "Bogus", &[])]),
+            &n.labels
+        ));
+    }
+
+    #[test]
+    fn kiln_node_facts_fill_in_for_missing_labels_but_node_labels_win() {
+        let mut k = KilnNode::new("a", Default::default());
+        k.status = Some(kiln_crds::KilnNodeStatus {
+            hardware: Some(kiln_crds::kiln_node::HardwareFacts {
+                arch: "amd64".into(),
+                cpu_level: "x86-64-v3".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let mut n = Node::default();
+        n.metadata.name = Some("a".into());
+        n.metadata.labels = Some(BTreeMap::from([(
+            "kubernetes.io/arch".to_string(),
+            "arm64".to_string(),
+        )]));
+        let v = NodeView::new(&n, Some(&k));
+        assert_eq!(v.class_labels["kiln.dev/cpu-level"], "x86-64-v3");
+        assert_eq!(v.class_labels["kubernetes.io/arch"], "arm64");
+        assert!(!v.labels.contains_key("kiln.dev/cpu-level"));
+    }
+}

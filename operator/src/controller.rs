@@ -1,0 +1,358 @@
+//! The CompiledTarget controller. `reconcile` reads like a table of contents: dereference the
+//! model and gather nodes, Jobs and store entries (caches and the store; no writes) → `plan`
+//! (pure) → apply (the only place that writes: Jobs, node labels, status, Events).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kiln_crds::{CompiledTarget, KilnNode, ModelArtifact};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+
+use crate::classes::NodeView;
+use crate::error::Error;
+use crate::job::JobSettings;
+use crate::metrics::Metrics;
+use crate::observe;
+use crate::plan::{self, Inputs, ModelLookup, Settings, Stored};
+
+/// Field manager for everything the operator applies.
+pub const MANAGER: &str = "kiln-operator";
+
+/// What every reconcile shares.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Watched Nodes.
+    pub nodes: Store<Node>,
+    /// Watched KilnNodes (hardware facts for nodes without GPU labels).
+    pub kiln_nodes: Store<KilnNode>,
+    /// Watched ModelArtifacts.
+    pub models: Store<ModelArtifact>,
+    /// Watched compile Jobs (only those the operator labels as its own).
+    pub jobs: Store<Job>,
+    /// The artifact store, read-only from here.
+    pub store: Arc<dyn kiln_store::Store>,
+    /// Plan settings.
+    pub settings: Settings,
+    /// Job settings.
+    pub job_settings: JobSettings,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Class count each target had at its last reconcile, for the classes gauge.
+    pub class_counts: std::sync::Mutex<BTreeMap<String, i64>>,
+}
+
+/// Reconciles one CompiledTarget.
+#[tracing::instrument(skip_all, fields(target = %target.name_any(), ns = target.namespace().unwrap_or_default()))]
+pub async fn reconcile(target: Arc<CompiledTarget>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // No decision from a partial view: a Job not yet in the cache would be created twice. The
+    // caches fill while the controller polls its streams, so this waits only at startup.
+    let _ = futures::join!(
+        ctx.nodes.wait_until_ready(),
+        ctx.kiln_nodes.wait_until_ready(),
+        ctx.models.wait_until_ready(),
+        ctx.jobs.wait_until_ready()
+    );
+    let started = Instant::now();
+    let result = reconcile_inner(&target, &ctx).await;
+    ctx.metrics.reconciled(started.elapsed().as_secs_f64());
+    result
+}
+
+async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Action, Error> {
+    if target.metadata.deletion_timestamp.is_some() {
+        // Jobs go with the target through their owner reference; stored artifacts stay.
+        return Ok(Action::await_change());
+    }
+    let ns = target.namespace().ok_or(Error::Malformed("namespace"))?;
+    let uid = target.uid().ok_or(Error::Malformed("uid"))?;
+
+    // Dereference.
+    let model = match &target.spec.model_ref.namespace {
+        Some(other) if *other != ns => ModelLookup::Missing,
+        _ => ctx
+            .models
+            .get(&ObjectRef::new(&target.spec.model_ref.name).within(&ns))
+            .map_or(ModelLookup::Missing, |m| {
+                ModelLookup::Found(Box::new((*m).clone()))
+            }),
+    };
+    let nodes: Vec<NodeView> = ctx
+        .nodes
+        .state()
+        .iter()
+        .map(|n| {
+            NodeView::new(
+                n,
+                ctx.kiln_nodes
+                    .get(&ObjectRef::new(&n.name_any()))
+                    .as_deref(),
+            )
+        })
+        .collect();
+    let jobs = owned_jobs(target, ctx, &ns, &uid).await;
+
+    // Store: only the keys the plan will ask about.
+    let empty = BTreeMap::new();
+    let mut inputs = Inputs {
+        target,
+        model: &model,
+        nodes: &nodes,
+        jobs: &jobs,
+        stored: &empty,
+        settings: &ctx.settings,
+        now: Time(k8s_openapi::jiff::Timestamp::now()),
+    };
+    let mut stored = BTreeMap::new();
+    for key in plan::wanted_keys(&inputs) {
+        if let Some(m) = ctx.store.manifest(&key).map_err(Error::Store)? {
+            stored.insert(
+                key,
+                Stored {
+                    digest: m.artifact_digest,
+                },
+            );
+        }
+    }
+    inputs.stored = &stored;
+
+    let plan = plan::plan(&inputs);
+    apply(target, &model, plan, ctx, &ns).await
+}
+
+/// The target's Jobs from the cache, with failures classified (reading the pod only for a failure
+/// status does not already record).
+async fn owned_jobs(
+    target: &CompiledTarget,
+    ctx: &Context,
+    ns: &str,
+    uid: &str,
+) -> Vec<plan::JobView> {
+    let recorded = |name: &str| {
+        target.status.as_ref().and_then(|s| {
+            s.classes
+                .iter()
+                .find(|c| {
+                    c.job.as_deref() == Some(name) && (c.phase == "Failed" || c.phase == "Retrying")
+                })
+                .and_then(|c| Some((c.reason?, c.message.clone().unwrap_or_default())))
+        })
+    };
+    let mut views = Vec::new();
+    for job in ctx.jobs.state() {
+        let owned = job
+            .owner_references()
+            .iter()
+            .any(|o| o.uid == uid && o.controller == Some(true));
+        if !owned || job.namespace().as_deref() != Some(ns) {
+            continue;
+        }
+        let failure = match observe::outcome(&job) {
+            Some(Err(job_reason)) => {
+                let name = job.name_any();
+                match recorded(&name) {
+                    Some(known) => Some(known),
+                    None => Some(classify_failure(ctx, ns, &name, &job_reason, job.labels()).await),
+                }
+            }
+            _ => None,
+        };
+        if let Some(v) = observe::view(&job, failure) {
+            views.push(v);
+        }
+    }
+    views
+}
+
+async fn classify_failure(
+    ctx: &Context,
+    ns: &str,
+    job: &str,
+    job_reason: &str,
+    labels: &BTreeMap<String, String>,
+) -> (kiln_crds::FailureReason, String) {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let pod = pods
+        .list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}")))
+        .await
+        .ok()
+        .and_then(|l| l.items.into_iter().next());
+    let (reason, mut message) = observe::classify(job_reason, pod.as_ref());
+    if let Some(pod) = &pod {
+        let params = LogParams {
+            container: Some("compile".into()),
+            tail_lines: Some(4),
+            ..Default::default()
+        };
+        if let Ok(log) = pods.logs(&pod.name_any(), &params).await {
+            let tail: Vec<String> = log.lines().map(|l| l.chars().take(240).collect()).collect();
+            if !tail.is_empty() && !message.contains("log tail") {
+                message = format!("{message}; log tail: {}", tail.join(" | "));
+            }
+        }
+    }
+    let class = labels
+        .get(crate::job::LABEL_CLASS)
+        .cloned()
+        .unwrap_or_default();
+    ctx.metrics.job(&class, "failed", reason.as_str());
+    (reason, message)
+}
+
+async fn apply(
+    target: &CompiledTarget,
+    model: &ModelLookup,
+    plan: plan::Plan,
+    ctx: &Context,
+    ns: &str,
+) -> Result<Action, Error> {
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    for name in &plan.delete {
+        match jobs.delete(name, &DeleteParams::background()).await {
+            Ok(_) => ctx.metrics.write("delete"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    for (node, key, value) in &plan.node_labels {
+        let patch = serde_json::json!({"metadata": {"labels": {key: value}}});
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        ctx.metrics.write("node");
+    }
+    if let ModelLookup::Found(model) = model {
+        for new in &plan.create {
+            let job = crate::job::build(target, model, new, &ctx.job_settings);
+            match jobs.create(&PostParams::default(), &job).await {
+                Ok(_) => {
+                    ctx.metrics.write("job");
+                    ctx.metrics.job(&new.class, "created", "");
+                }
+                // Another replica, or this one before a restart, already made it: same name, same Job.
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                // The namespace is going away and the target with it: nothing to do.
+                Err(kube::Error::Api(e))
+                    if e.code == 403 && e.message.contains("being terminated") =>
+                {
+                    return Ok(Action::await_change());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    let old = target.status.clone().unwrap_or_default();
+    for row in &plan.status.classes {
+        let was = old.classes.iter().find(|c| c.class == row.class);
+        if row.phase == "Compiled" && was.is_none_or(|w| w.phase != "Compiled") {
+            if was.and_then(|w| w.job.as_ref()).is_some() {
+                ctx.metrics.job(&row.class, "succeeded", "");
+            } else {
+                ctx.metrics.cache_hit();
+            }
+        }
+    }
+    let key = format!("{ns}/{}", target.name_any());
+    let count = i64::from(plan.status.class_count.unwrap_or(0));
+    if let Ok(mut counts) = ctx.class_counts.lock() {
+        let before = counts.insert(key, count).unwrap_or(0);
+        ctx.metrics.classes(count - before);
+    }
+    if plan.status != old {
+        let api: Api<CompiledTarget> = Api::namespaced(ctx.client.clone(), ns);
+        let body = serde_json::json!({
+            "apiVersion": CompiledTarget::api_version(&()),
+            "kind": CompiledTarget::kind(&()),
+            "status": plan.status,
+        });
+        api.patch_status(
+            &target.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
+        ctx.metrics.write("status");
+    }
+    let reference = target.object_ref(&());
+    for e in &plan.events {
+        let event = KubeEvent {
+            type_: if e.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: e.reason.clone(),
+            note: Some(e.note.clone()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        // An Event that cannot be recorded must not fail the reconcile that caused it.
+        match ctx.recorder.publish(&event, &reference).await {
+            Ok(()) => ctx.metrics.write("event"),
+            Err(err) => tracing::warn!(%err, "cannot record event"),
+        }
+    }
+    Ok(match plan.requeue {
+        Some(after) => Action::requeue(after + Duration::from_secs(1)),
+        // Periodic re-check of the store (another cluster may have filled a key); no writes when
+        // nothing changed.
+        None => Action::requeue(Duration::from_secs(600)),
+    })
+}
+
+/// Logs, counts, and retries a failed reconcile with a fixed delay (no hot loop).
+pub fn error_policy(target: Arc<CompiledTarget>, err: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(target = %target.name_any(), category = err.category(), %err, "reconcile failed");
+    ctx.metrics.error(err.category());
+    Action::requeue(Duration::from_secs(15))
+}
+
+/// Every target, for watches (Nodes, KilnNodes) that can change any target's classes.
+pub fn all_targets(targets: &Store<CompiledTarget>) -> Vec<ObjectRef<CompiledTarget>> {
+    targets
+        .state()
+        .iter()
+        .map(|t| ObjectRef::from_obj(t.as_ref()))
+        .collect()
+}
+
+/// Targets in `ns` that reference the model `name`.
+pub fn targets_of_model(
+    targets: &Store<CompiledTarget>,
+    ns: &str,
+    name: &str,
+) -> Vec<ObjectRef<CompiledTarget>> {
+    targets
+        .state()
+        .iter()
+        .filter(|t| t.namespace().as_deref() == Some(ns) && t.spec.model_ref.name == name)
+        .map(|t| ObjectRef::from_obj(t.as_ref()))
+        .collect()
+}
+
+/// Drains a controller's results, logging what failed (results are never silently dropped).
+pub async fn drain<S, T, E>(stream: S)
+where
+    S: futures::Stream<Item = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    stream
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(%e, "controller event");
+            }
+        })
+        .await;
+}

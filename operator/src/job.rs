@@ -1,0 +1,232 @@
+//! The compile Job for one (CompiledTarget, class): pinned to the class by node label, owned by
+//! the target, running `kiln-agent compile` with the objects it needs in its environment, as a
+//! non-root user on a read-only root filesystem. Pure: builds the object, sends nothing.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, HostPathVolumeSource,
+    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile,
+    SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kiln_crds::{CompiledTarget, ModelArtifact};
+use kube::Resource;
+
+use crate::plan::NewJob;
+
+/// Label on every Job (and its pods) the operator creates; its Job watch selects on it.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "kiln-operator");
+/// Annotation: the full compile key (64 hex does not fit a label value).
+pub const ANN_KEY: &str = "kiln.dev/compile-key";
+/// Annotation: attempt number.
+pub const ANN_ATTEMPT: &str = "kiln.dev/attempt";
+/// Label: class id the Job compiles for.
+pub const LABEL_CLASS: &str = "kiln.dev/class";
+/// Where the store is mounted in the compile container.
+pub const STORE_MOUNT: &str = "/var/lib/kiln/store";
+/// Where the source directory is mounted (relative `file://` URIs resolve against it).
+pub const SOURCES_MOUNT: &str = "/var/lib/kiln/sources";
+
+/// How compile Jobs are built, from the operator's flags.
+#[derive(Clone, Debug)]
+pub struct JobSettings {
+    /// kiln-agent image.
+    pub image: String,
+    /// `Always`, `IfNotPresent` or `Never`.
+    pub image_pull_policy: String,
+    /// Host directory of the filesystem store, shared with the operator.
+    pub store_host_path: String,
+    /// Host directory mounted read-only for relative `file://` sources (local clusters), if any.
+    pub sources_host_path: Option<String>,
+    /// UID (and GID) the worker runs as; must be able to write the store directory.
+    pub run_as_user: i64,
+    /// Deadline of one Job when the target sets none.
+    pub active_deadline_seconds: i64,
+    /// Finished Jobs are deleted this long after they end.
+    pub ttl_seconds_after_finished: i32,
+}
+
+/// The Job for `new`.
+pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &JobSettings) -> Job {
+    let t = &target.spec;
+    let labels = BTreeMap::from([
+        (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
+        (LABEL_CLASS.to_string(), new.class.clone()),
+    ]);
+    let annotations = BTreeMap::from([
+        (ANN_KEY.to_string(), new.compile_key.clone()),
+        (ANN_ATTEMPT.to_string(), new.attempt.to_string()),
+    ]);
+    let env = vec![
+        env("KILN_COMPILE_SPEC", &spec_json(target, model)),
+        env(
+            "KILN_CLASS_FACTS",
+            &serde_json::to_string(&new.facts).unwrap_or_default(),
+        ),
+        env("KILN_CLASS", &new.class),
+        env("KILN_COMPILE_KEY", &new.compile_key),
+        env("KILN_STORE", STORE_MOUNT),
+        env("KILN_SOURCE_BASE", SOURCES_MOUNT),
+        // Plain lines: the operator quotes the last few in status when a compile fails.
+        env("KILN_LOG_FORMAT", "plain"),
+        env("NO_COLOR", "1"),
+    ];
+    let mut mounts = vec![
+        VolumeMount {
+            name: "store".into(),
+            mount_path: STORE_MOUNT.into(),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "tmp".into(),
+            mount_path: "/tmp".into(),
+            ..Default::default()
+        },
+    ];
+    let mut volumes = vec![
+        Volume {
+            name: "store".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: s.store_host_path.clone(),
+                type_: Some("Directory".into()),
+            }),
+            ..Default::default()
+        },
+        Volume {
+            name: "tmp".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                size_limit: Some(Quantity("1Gi".into())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ];
+    if let Some(src) = &s.sources_host_path {
+        mounts.push(VolumeMount {
+            name: "sources".into(),
+            mount_path: SOURCES_MOUNT.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+        volumes.push(Volume {
+            name: "sources".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: src.clone(),
+                type_: Some("Directory".into()),
+            }),
+            ..Default::default()
+        });
+    }
+    let resources = t
+        .compile
+        .resources
+        .clone()
+        .unwrap_or_else(|| ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("500m".into())),
+                ("memory".to_string(), Quantity("512Mi".into())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("4Gi".into()),
+            )])),
+            ..Default::default()
+        });
+    Job {
+        metadata: ObjectMeta {
+            name: Some(new.name.clone()),
+            namespace: target.metadata.namespace.clone(),
+            labels: Some(labels.clone()),
+            annotations: Some(annotations),
+            owner_references: target.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(JobSpec {
+            // The operator retries, with backoff and a classified reason per attempt.
+            backoff_limit: Some(0),
+            active_deadline_seconds: Some(
+                t.compile
+                    .active_deadline_seconds
+                    .unwrap_or(s.active_deadline_seconds),
+            ),
+            ttl_seconds_after_finished: Some(s.ttl_seconds_after_finished),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    node_selector: Some(BTreeMap::from([new.node_selector.clone()])),
+                    tolerations: (!t.compile.tolerations.is_empty())
+                        .then(|| t.compile.tolerations.clone()),
+                    // The worker needs no API access: everything it reads is in its environment.
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(s.run_as_user),
+                        run_as_group: Some(s.run_as_user),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    containers: vec![Container {
+                        name: "compile".into(),
+                        image: Some(s.image.clone()),
+                        image_pull_policy: Some(s.image_pull_policy.clone()),
+                        command: Some(vec!["/bin/kiln-agent".into()]),
+                        args: Some(vec!["compile".into()]),
+                        env: Some(env),
+                        resources: Some(resources),
+                        volume_mounts: Some(mounts),
+                        termination_message_policy: Some("FallbackToLogsOnError".into()),
+                        security_context: Some(SecurityContext {
+                            allow_privilege_escalation: Some(false),
+                            read_only_root_filesystem: Some(true),
+                            capabilities: Some(Capabilities {
+                                drop: Some(vec!["ALL".into()]),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }],
+                    volumes: Some(volumes),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+/// The two objects the worker needs, without server-side metadata: `{"model": …, "target": …}`.
+pub fn spec_json(target: &CompiledTarget, model: &ModelArtifact) -> String {
+    let strip = |mut meta: ObjectMeta| ObjectMeta {
+        name: meta.name.take(),
+        namespace: meta.namespace.take(),
+        ..Default::default()
+    };
+    let mut model = model.clone();
+    model.metadata = strip(model.metadata);
+    model.status = None;
+    let mut target = target.clone();
+    target.metadata = strip(target.metadata);
+    target.status = None;
+    serde_json::json!({"model": model, "target": target}).to_string()
+}

@@ -1,0 +1,14 @@
+//! kiln-operator: node classes, content-addressed compile Jobs and honest status for
+//! CompiledTargets. Never links an ML runtime: the compile itself runs in `kiln-agent compile`.
+
+pub mod classes;
+pub mod controller;
+pub mod error;
+pub mod http;
+pub mod job;
+pub mod metrics;
+pub mod model;
+pub mod observe;
+pub mod plan;
+pub mod run;
+pub mod telemetry;

@@ -1,0 +1,710 @@
+//! The decision: from a CompiledTarget, its ModelArtifact, the nodes, the target's compile Jobs
+//! and what the store holds, which Jobs should exist, which node labels to set, what status
+//! follows and which Events to emit. Pure: no client, no clock, no store I/O; the controller
+//! gathers the inputs and applies the outputs.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kiln_crds::class::ClassFacts;
+use kiln_crds::compiled_target::{ClassArtifact, ClassStatus, Revision};
+use kiln_crds::conditions::{
+    self, COMPILED, DEGRADED, READY, RECONCILING, STALLED, condition, upsert,
+};
+use kiln_crds::{
+    CompileKeyInput, CompiledTarget, CompiledTargetStatus, FailureReason, ModelArtifact,
+    compile_key,
+};
+
+use crate::classes::{Class, NodeView, class_label_key, group, missing_keys};
+
+/// Operator-wide settings the plan depends on.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Backend name → version the compile image carries (part of the compile key).
+    pub backend_versions: BTreeMap<String, String>,
+    /// Attempts per class when the target names none.
+    pub default_max_attempts: u32,
+    /// Wait after the first failed attempt; doubles per attempt.
+    pub backoff_base: Duration,
+    /// Longest wait between attempts.
+    pub backoff_max: Duration,
+    /// Revisions kept in status beyond the target's known-good history.
+    pub revision_history: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            backend_versions: BTreeMap::from([("tract".into(), "0.23.9".into())]),
+            default_max_attempts: 3,
+            backoff_base: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(300),
+            revision_history: 10,
+        }
+    }
+}
+
+/// The target's ModelArtifact as the controller found it.
+#[derive(Clone, Debug)]
+pub enum ModelLookup {
+    /// Found in the target's namespace.
+    Found(Box<ModelArtifact>),
+    /// No ModelArtifact of that name in the namespace.
+    Missing,
+}
+
+/// What a compile Job has come to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum JobState {
+    /// Pending or running.
+    Active,
+    /// Exited 0: the artifact should be in the store.
+    Succeeded,
+    /// Failed, with the classified reason and what the worker (or the kubelet) said.
+    Failed {
+        reason: FailureReason,
+        message: String,
+    },
+}
+
+/// One compile Job owned by the target.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobView {
+    /// Job name.
+    pub name: String,
+    /// Compile key it builds (annotation).
+    pub compile_key: String,
+    /// Attempt number, from 1 (annotation).
+    pub attempt: u32,
+    /// State.
+    pub state: JobState,
+    /// When it finished, if it did.
+    pub finished_at: Option<Time>,
+    /// Whether it is already being deleted.
+    pub deleting: bool,
+}
+
+/// An artifact the store holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    /// sha256 of the artifact.
+    pub digest: String,
+}
+
+/// Everything the plan reads.
+pub struct Inputs<'a> {
+    /// The target.
+    pub target: &'a CompiledTarget,
+    /// Its model, when the reference is valid.
+    pub model: &'a ModelLookup,
+    /// Every node (the plan applies the selector).
+    pub nodes: &'a [NodeView],
+    /// Jobs owned by the target.
+    pub jobs: &'a [JobView],
+    /// Compile key → stored artifact, for the keys [`wanted_keys`] returned.
+    pub stored: &'a BTreeMap<String, Stored>,
+    /// Settings.
+    pub settings: &'a Settings,
+    /// Now, for condition transition times and backoff.
+    pub now: Time,
+}
+
+/// A Job to create.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewJob {
+    /// Deterministic name: replicas and restarts that decide the same thing collide on it.
+    pub name: String,
+    /// Class id.
+    pub class: String,
+    /// Class facts the worker must find on its node.
+    pub facts: ClassFacts,
+    /// Compile key.
+    pub compile_key: String,
+    /// Attempt number, from 1.
+    pub attempt: u32,
+    /// Node label the Job is pinned by, and its value (the class id).
+    pub node_selector: (String, String),
+}
+
+/// An Event to record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// Warning rather than Normal.
+    pub warning: bool,
+    /// CamelCase reason.
+    pub reason: String,
+    /// What happened.
+    pub note: String,
+}
+
+/// What the controller should do.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    /// The status to apply (the controller skips the write when it equals the current one).
+    pub status: CompiledTargetStatus,
+    /// Jobs to create.
+    pub create: Vec<NewJob>,
+    /// Jobs to delete (stale keys or classes, replaced attempts).
+    pub delete: Vec<String>,
+    /// (node, label key, class id) to set.
+    pub node_labels: Vec<(String, String, String)>,
+    /// Events for transitions.
+    pub events: Vec<Event>,
+    /// Reconcile again after this long (backoff), if set.
+    pub requeue: Option<Duration>,
+}
+
+/// A class with its compile key.
+struct Keyed {
+    class: Class,
+    key: String,
+}
+
+/// Why the spec cannot be acted on, in words that say what to fix.
+fn invalid(
+    target: &CompiledTarget,
+    model: &ModelLookup,
+    settings: &Settings,
+) -> Option<(&'static str, String)> {
+    let t = &target.spec;
+    let ns = target.metadata.namespace.as_deref().unwrap_or("default");
+    if let Some(other) = t.model_ref.namespace.as_deref().filter(|m| *m != ns) {
+        return Some((
+            "ModelInOtherNamespace",
+            format!(
+                "spec.modelRef.namespace is {other:?}, but a CompiledTarget may only use a ModelArtifact in its own namespace {ns:?}; copy the ModelArtifact into {ns:?} and drop modelRef.namespace"
+            ),
+        ));
+    }
+    let model = match model {
+        ModelLookup::Found(m) => m,
+        ModelLookup::Missing => {
+            return Some((
+                "ModelNotFound",
+                format!(
+                    "ModelArtifact {ns}/{} does not exist; create it or fix spec.modelRef.name",
+                    t.model_ref.name
+                ),
+            ));
+        }
+    };
+    let backend = t.backend.kind.as_str();
+    if !settings.backend_versions.contains_key(backend) {
+        return Some((
+            "BackendUnavailable",
+            format!(
+                "backend {backend:?} is not available to this operator's compile workers (available: {}); use one of those",
+                settings
+                    .backend_versions
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    if model.spec.fixture(&t.warmup.fixture_version).is_none() {
+        return Some((
+            "FixtureNotFound",
+            format!(
+                "spec.warmup.fixtureVersion {:?} is not among ModelArtifact {}'s fixtures {:?}; add the fixture or pick a listed version",
+                t.warmup.fixture_version,
+                t.model_ref.name,
+                model
+                    .spec
+                    .fixtures
+                    .iter()
+                    .map(|f| &f.version)
+                    .collect::<Vec<_>>()
+            ),
+        ));
+    }
+    for p in &t.profiles {
+        if let Err(e) = p.bind(&model.spec) {
+            return Some(("InvalidProfile", e.to_string()));
+        }
+    }
+    None
+}
+
+/// The compile key of `target` for a class, as the compile worker computes it.
+pub fn key_for(
+    model: &ModelArtifact,
+    target: &CompiledTarget,
+    facts: &ClassFacts,
+    settings: &Settings,
+) -> String {
+    let (m, t) = (&model.spec, &target.spec);
+    let backend = t.backend.kind.as_str();
+    compile_key(&CompileKeyInput {
+        model_digest: m.source.sha256.clone(),
+        asset_digests: m
+            .assets
+            .iter()
+            .map(|a| (a.name.clone(), a.sha256.clone()))
+            .collect(),
+        fixture_digest: m
+            .fixture(&t.warmup.fixture_version)
+            .map(|f| f.sha256.clone())
+            .unwrap_or_default(),
+        backend: backend.to_string(),
+        backend_version: t
+            .backend
+            .version
+            .clone()
+            .or_else(|| settings.backend_versions.get(backend).cloned())
+            .unwrap_or_default(),
+        compiler_image: t.backend.image.clone(),
+        precision: t.precision.as_str().to_string(),
+        profiles: t
+            .profiles
+            .iter()
+            .map(|p| (p.name.clone(), p.dims.clone()))
+            .collect(),
+        class: facts.clone(),
+        flags: t.backend.flags.clone(),
+    })
+}
+
+fn keyed(inputs: &Inputs<'_>) -> Option<Vec<Keyed>> {
+    let t = inputs.target;
+    if invalid(t, inputs.model, inputs.settings).is_some() {
+        return None;
+    }
+    let ModelLookup::Found(model) = inputs.model else {
+        return None;
+    };
+    let classes = group(
+        t.spec.node_selector.as_ref(),
+        &t.spec.class_label_keys,
+        inputs.nodes,
+    );
+    Some(
+        classes
+            .into_iter()
+            .map(|class| Keyed {
+                key: key_for(model, t, &class.facts, inputs.settings),
+                class,
+            })
+            .collect(),
+    )
+}
+
+/// The compile keys whose store entries the plan needs: the controller looks these up first.
+pub fn wanted_keys(inputs: &Inputs<'_>) -> Vec<String> {
+    keyed(inputs)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|k| k.key)
+        .collect()
+}
+
+/// Deterministic Job name: `<target, cut to 40>-<12 hex of the key>-<attempt>` (≤ 56 chars, so
+/// the `job-name` label on its pods stays valid).
+pub fn job_name(target: &str, key: &str, attempt: u32) -> String {
+    let target: String = target.chars().take(40).collect();
+    let target = target.trim_end_matches(['-', '.']);
+    format!("{target}-{}-{attempt}", key.get(..12).unwrap_or(key))
+}
+
+fn backoff(settings: &Settings, attempts: u32) -> Duration {
+    let factor = 1u32 << attempts.saturating_sub(1).min(16);
+    (settings.backoff_base * factor).min(settings.backoff_max)
+}
+
+fn elapsed(since: &Time, now: &Time) -> Duration {
+    let secs = now.0.as_second() - since.0.as_second();
+    Duration::from_secs(u64::try_from(secs).unwrap_or(0))
+}
+
+/// Decides.
+pub fn plan(inputs: &Inputs<'_>) -> Plan {
+    let t = inputs.target;
+    let old = t.status.clone().unwrap_or_default();
+    let generation = t.metadata.generation;
+    let now = inputs.now.clone();
+    let mut out = Plan::default();
+    let mut status = CompiledTargetStatus {
+        observed_generation: generation,
+        conditions: old.conditions.clone(),
+        revision: old.revision,
+        class_count: None,
+        classes: Vec::new(),
+        revisions: old.revisions.clone(),
+    };
+    let set =
+        |status: &mut CompiledTargetStatus, type_: &str, ok: bool, reason: &str, msg: &str| {
+            upsert(
+                &mut status.conditions,
+                condition(type_, ok, reason, msg, generation, now.clone()),
+            );
+        };
+
+    if let Some((reason, message)) = invalid(t, inputs.model, inputs.settings) {
+        // Nothing can be compiled: no Jobs, every existing one is stale.
+        out.delete = inputs
+            .jobs
+            .iter()
+            .filter(|j| !j.deleting)
+            .map(|j| j.name.clone())
+            .collect();
+        set(&mut status, READY, false, reason, &message);
+        set(&mut status, STALLED, true, reason, &message);
+        set(
+            &mut status,
+            RECONCILING,
+            false,
+            reason,
+            "waiting for the spec to be fixed",
+        );
+        set(&mut status, COMPILED, false, reason, &message);
+        set(&mut status, DEGRADED, false, "AsSpecified", "");
+        finish(&old, status, &mut out);
+        return out;
+    }
+    let keyed = keyed(inputs).unwrap_or_default();
+    let t_spec = &t.spec;
+    let missing = missing_keys(
+        t_spec.node_selector.as_ref(),
+        &t_spec.class_label_keys,
+        inputs.nodes,
+    );
+    let stall_for_nodes = if keyed.is_empty() {
+        Some((
+            "NoMatchingNodes",
+            "spec.nodeSelector matches no node; fix the selector or label the nodes that should serve this model".to_string(),
+        ))
+    } else if !missing.is_empty() {
+        Some((
+            "ClassKeyNotFound",
+            format!(
+                "class label key(s) {} are on none of the {} selected node(s); fix spec.classLabelKeys or label the nodes",
+                missing.join(", "),
+                keyed.iter().map(|k| k.class.nodes.len()).sum::<usize>()
+            ),
+        ))
+    } else {
+        None
+    };
+    if let Some((reason, message)) = stall_for_nodes {
+        out.delete = inputs
+            .jobs
+            .iter()
+            .filter(|j| !j.deleting)
+            .map(|j| j.name.clone())
+            .collect();
+        set(&mut status, READY, false, reason, &message);
+        set(&mut status, STALLED, true, reason, &message);
+        set(
+            &mut status,
+            RECONCILING,
+            false,
+            reason,
+            "waiting for matching nodes",
+        );
+        set(&mut status, COMPILED, false, reason, &message);
+        set(&mut status, DEGRADED, false, "AsSpecified", "");
+        status.class_count = Some(0);
+        finish(&old, status, &mut out);
+        return out;
+    }
+
+    let max_attempts = t_spec
+        .compile
+        .max_attempts
+        .unwrap_or(inputs.settings.default_max_attempts)
+        .max(1);
+    let label_key = class_label_key(&t_spec.class_label_keys);
+    let name = t.metadata.name.as_deref().unwrap_or_default();
+    let wanted: BTreeMap<&str, &Keyed> = keyed.iter().map(|k| (k.key.as_str(), k)).collect();
+    // Jobs for keys no class wants any more (spec changed, class gone) go.
+    for j in inputs
+        .jobs
+        .iter()
+        .filter(|j| !j.deleting && !wanted.contains_key(j.compile_key.as_str()))
+    {
+        out.delete.push(j.name.clone());
+    }
+
+    let (mut compiled, mut compiling, mut stalled, mut retrying) =
+        (0usize, Vec::new(), Vec::new(), Vec::new());
+    for k in &keyed {
+        for node in &k.class.nodes {
+            let current = inputs
+                .nodes
+                .iter()
+                .find(|n| &n.name == node)
+                .and_then(|n| n.labels.get(&label_key));
+            if current != Some(&k.class.id) {
+                out.node_labels
+                    .push((node.clone(), label_key.clone(), k.class.id.clone()));
+            }
+        }
+        let prev = old
+            .classes
+            .iter()
+            .find(|c| c.class == k.class.id && c.compile_key.as_deref() == Some(&k.key));
+        let mut row = ClassStatus {
+            class: k.class.id.clone(),
+            nodes: i32::try_from(k.class.nodes.len()).unwrap_or(i32::MAX),
+            compile_key: Some(k.key.clone()),
+            attempts: prev.map(|p| p.attempts).unwrap_or(0),
+            ..Default::default()
+        };
+        let jobs: Vec<&JobView> = inputs
+            .jobs
+            .iter()
+            .filter(|j| j.compile_key == k.key && !j.deleting)
+            .collect();
+        if let Some(stored) = inputs.stored.get(&k.key) {
+            row.phase = "Compiled".into();
+            row.artifact_digest = Some(stored.digest.clone());
+            compiled += 1;
+            status.classes.push(row);
+            continue;
+        }
+        if let Some(active) = jobs.iter().find(|j| j.state == JobState::Active) {
+            row.phase = "Compiling".into();
+            row.job = Some(active.name.clone());
+            row.attempts = row
+                .attempts
+                .max(i32::try_from(active.attempt).unwrap_or(i32::MAX));
+            if let Some(p) = prev.filter(|p| p.reason.is_some()) {
+                row.reason = p.reason;
+                row.message = p.message.clone();
+            }
+            compiling.push(k.class.id.clone());
+            status.classes.push(row);
+            continue;
+        }
+        // Finished attempts for this key: the newest says why the last one failed.
+        let latest = jobs.iter().max_by_key(|j| j.attempt);
+        let mut attempts = u32::try_from(row.attempts).unwrap_or(0);
+        if let Some(j) = latest {
+            attempts = attempts.max(j.attempt);
+            let (reason, message) = match &j.state {
+                JobState::Failed { reason, message } => (*reason, message.clone()),
+                _ => (
+                    FailureReason::StoreUnavailable,
+                    format!(
+                        "Job {} succeeded but the store has no artifact for key {}; operator and compile Jobs must share one store",
+                        j.name, k.key
+                    ),
+                ),
+            };
+            row.reason = Some(reason);
+            row.message = Some(message);
+        } else if let Some(p) = prev {
+            row.reason = p.reason;
+            row.message = p.message.clone();
+        }
+        row.attempts = i32::try_from(attempts).unwrap_or(i32::MAX);
+        if attempts >= max_attempts {
+            row.phase = "Failed".into();
+            row.job = latest.map(|j| j.name.clone());
+            stalled.push(row.clone());
+            status.classes.push(row);
+            continue;
+        }
+        if attempts > 0 {
+            let wait = backoff(inputs.settings, attempts);
+            let waited = latest
+                .and_then(|j| j.finished_at.as_ref())
+                .map(|f| elapsed(f, &now));
+            if let Some(waited) = waited.filter(|w| *w < wait) {
+                row.phase = "Retrying".into();
+                row.job = latest.map(|j| j.name.clone());
+                let left = wait - waited;
+                out.requeue = Some(out.requeue.map_or(left, |r| r.min(left)));
+                retrying.push(row.clone());
+                status.classes.push(row);
+                continue;
+            }
+        }
+        let attempt = attempts + 1;
+        let job = job_name(name, &k.key, attempt);
+        out.create.push(NewJob {
+            name: job.clone(),
+            class: k.class.id.clone(),
+            facts: k.class.facts.clone(),
+            compile_key: k.key.clone(),
+            attempt,
+            node_selector: (label_key.clone(), k.class.id.clone()),
+        });
+        row.phase = "Compiling".into();
+        row.job = Some(job);
+        row.attempts = i32::try_from(attempt).unwrap_or(i32::MAX);
+        compiling.push(k.class.id.clone());
+        status.classes.push(row);
+    }
+    status.class_count = Some(i32::try_from(keyed.len()).unwrap_or(i32::MAX));
+
+    if compiled == keyed.len() {
+        let artifacts: Vec<ClassArtifact> = status
+            .classes
+            .iter()
+            .map(|c| ClassArtifact {
+                class: c.class.clone(),
+                compile_key: c.compile_key.clone().unwrap_or_default(),
+                digest: c.artifact_digest.clone().unwrap_or_default(),
+            })
+            .collect();
+        if status.revisions.last().map(|r| &r.artifacts) != Some(&artifacts) {
+            let number = status.revisions.last().map_or(1, |r| r.number + 1);
+            status.revisions.push(Revision {
+                number,
+                generation: generation.unwrap_or_default(),
+                known_good: false,
+                artifacts,
+            });
+            let keep = inputs
+                .settings
+                .revision_history
+                .max(t_spec.rollout.known_good_history as usize + 1);
+            let drop = status.revisions.len().saturating_sub(keep);
+            status.revisions.drain(..drop);
+        }
+    }
+    let newest = status.revisions.last().map(|r| r.number);
+    status.revision = match t_spec.rollout.pinned_revision {
+        Some(pin) if status.revisions.iter().any(|r| r.number == pin) => Some(pin),
+        _ => newest,
+    };
+    let total = keyed.len();
+    if !stalled.is_empty() {
+        let first = &stalled[0];
+        let reason = first.reason.map_or("CompileFailed", |r| r.as_str());
+        let message = format!(
+            "{} of {total} class(es) failed after {max_attempts} attempt(s); {}: {}: {}. Fix the cause, then change the spec to retry",
+            stalled.len(),
+            first.class,
+            reason,
+            first.message.as_deref().unwrap_or("no message")
+        );
+        set(&mut status, READY, false, reason, &message);
+        set(&mut status, STALLED, true, reason, &message);
+        set(
+            &mut status,
+            RECONCILING,
+            false,
+            reason,
+            "stopped: compile attempts exhausted",
+        );
+        set(&mut status, COMPILED, false, reason, &message);
+        let degraded = newest.is_some();
+        set(
+            &mut status,
+            DEGRADED,
+            degraded,
+            if degraded {
+                "PreviousRevision"
+            } else {
+                "AsSpecified"
+            },
+            if degraded {
+                "serving the previous revision; the current spec does not compile"
+            } else {
+                ""
+            },
+        );
+    } else if compiled == total {
+        let message = format!(
+            "{total} class(es) compiled; revision {}",
+            status.revision.unwrap_or_default()
+        );
+        set(&mut status, READY, true, "Compiled", &message);
+        set(&mut status, STALLED, false, "Compiled", "");
+        set(&mut status, RECONCILING, false, "Compiled", "");
+        set(&mut status, COMPILED, true, "Compiled", &message);
+        set(&mut status, DEGRADED, false, "AsSpecified", "");
+    } else {
+        let (reason, message) = if let Some(r) = retrying.first() {
+            (
+                "Retrying",
+                format!(
+                    "{compiled} of {total} class(es) compiled; {} retrying after attempt {}/{max_attempts} failed: {}: {}",
+                    r.class,
+                    r.attempts,
+                    r.reason.map_or("CompileFailed", |x| x.as_str()),
+                    r.message.as_deref().unwrap_or("")
+                ),
+            )
+        } else {
+            (
+                "Compiling",
+                format!(
+                    "{compiled} of {total} class(es) compiled; compiling {}",
+                    compiling.join(", ")
+                ),
+            )
+        };
+        set(&mut status, READY, false, reason, &message);
+        set(&mut status, STALLED, false, reason, "");
+        set(&mut status, RECONCILING, true, reason, &message);
+        set(&mut status, COMPILED, false, reason, &message);
+        set(&mut status, DEGRADED, false, "AsSpecified", "");
+    }
+    for j in &out.create {
+        out.events.push(Event {
+            warning: false,
+            reason: "CompileJobCreated".into(),
+            note: format!(
+                "Job {} compiles class {} (attempt {})",
+                j.name, j.class, j.attempt
+            ),
+        });
+    }
+    finish(&old, status, &mut out);
+    out
+}
+
+/// Events for condition and class-phase transitions, then the status.
+fn finish(old: &CompiledTargetStatus, status: CompiledTargetStatus, out: &mut Plan) {
+    for c in &status.conditions {
+        if c.type_ != READY && c.type_ != STALLED {
+            continue;
+        }
+        let before = old.conditions.iter().find(|o| o.type_ == c.type_);
+        if before.map(|b| (&b.status, &b.reason)) != Some((&c.status, &c.reason)) {
+            // Going Stalled (and the not-Ready that comes with it) is a warning; the rest is news.
+            let bad = conditions::is_true(&status.conditions, STALLED) && c.status != "True"
+                || c.type_ == STALLED && c.status == "True";
+            out.events.push(Event {
+                warning: bad,
+                reason: format!(
+                    "{}{}",
+                    c.type_,
+                    if c.status == "True" { "" } else { "False" }
+                ),
+                note: format!("{}: {}", c.reason, c.message)
+                    .chars()
+                    .take(1024)
+                    .collect(),
+            });
+        }
+    }
+    for row in &status.classes {
+        let before = old.classes.iter().find(|o| o.class == row.class);
+        if before.map(|b| &b.phase) != Some(&row.phase) && row.phase != "Compiling" {
+            out.events.push(Event {
+                warning: row.phase == "Failed" || row.phase == "Retrying",
+                reason: format!("Class{}", row.phase),
+                note: format!(
+                    "class {}: {}",
+                    row.class,
+                    match (&row.artifact_digest, &row.reason) {
+                        (Some(d), _) => format!("artifact sha256:{d}"),
+                        (None, Some(r)) => format!("{r}: {}", row.message.as_deref().unwrap_or("")),
+                        _ => row.phase.clone(),
+                    }
+                )
+                .chars()
+                .take(1024)
+                .collect(),
+            });
+        }
+    }
+    out.status = status;
+}

@@ -1,0 +1,72 @@
+//! Logs (plain or JSON on stderr) and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, tracing spans
+//! exported over OTLP/HTTP (protobuf). The returned guard flushes spans on drop.
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable.
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Flushes and shuts the span exporter down when dropped.
+pub struct Guard(Option<SdkTracerProvider>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = p.shutdown();
+        }
+    }
+}
+
+/// Installs the global subscriber.
+pub fn init(format: LogFormat) -> anyhow::Result<Guard> {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let fmt = match format {
+        LogFormat::Plain => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .boxed(),
+    };
+    let provider = match std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        Ok(endpoint) if !endpoint.is_empty() => {
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .build()?;
+            Some(
+                SdkTracerProvider::builder()
+                    .with_batch_exporter(exporter)
+                    .with_resource(
+                        opentelemetry_sdk::Resource::builder()
+                            .with_service_name("kiln-operator")
+                            .build(),
+                    )
+                    .build(),
+            )
+        }
+        _ => None,
+    };
+    let otel = provider
+        .as_ref()
+        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("kiln-operator")));
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(otel)
+        .try_init()?;
+    if provider.is_some() {
+        tracing::info!("exporting spans over OTLP");
+    }
+    Ok(Guard(provider))
+}
