@@ -35,7 +35,8 @@ done | kubectl apply -f - >/dev/null
 
 echo "== $N CompiledTargets"
 {
-  sed -n '/^apiVersion/,/^---/p' "$REPO/examples/squeezenet/kiln.yaml" | sed '$d'
+  # The example's ModelArtifact only (its first document).
+  awk '/^---/ {exit} /^apiVersion/ {on = 1} on' "$REPO/examples/squeezenet/kiln.yaml"
   for ((i = 0; i < N; i++)); do
     cat <<YAML
 ---

@@ -51,7 +51,13 @@ pub struct Context {
     pub recorder: Recorder,
     /// Class count each target had at its last reconcile, for the classes gauge.
     pub class_counts: std::sync::Mutex<BTreeMap<String, i64>>,
+    /// Node labels this replica set recently: many targets share a node, and until the watch
+    /// delivers the patched Node each of them would patch it again.
+    pub labelled: std::sync::Mutex<BTreeMap<(String, String, String), Instant>>,
 }
+
+/// How long a node label this replica set is trusted over a cache that does not show it yet.
+const LABEL_MEMO: Duration = Duration::from_secs(30);
 
 /// Reconciles one CompiledTarget.
 #[tracing::instrument(skip_all, fields(target = %target.name_any(), ns = target.namespace().unwrap_or_default()))]
@@ -227,10 +233,30 @@ async fn apply(
     }
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     for (node, key, value) in &plan.node_labels {
+        let memo = (node.clone(), key.clone(), value.clone());
+        // Claim the label before patching, so that concurrent reconciles of targets sharing
+        // the node do not all patch it; a failed patch gives the claim back.
+        let claimed = ctx
+            .labelled
+            .lock()
+            .map(|mut m| {
+                m.retain(|_, t| t.elapsed() < LABEL_MEMO);
+                m.insert(memo.clone(), Instant::now()).is_none()
+            })
+            .unwrap_or(true);
+        if !claimed {
+            continue;
+        }
         let patch = serde_json::json!({"metadata": {"labels": {key: value}}});
-        nodes
+        if let Err(e) = nodes
             .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+            .await
+        {
+            if let Ok(mut m) = ctx.labelled.lock() {
+                m.remove(&memo);
+            }
+            return Err(e.into());
+        }
         ctx.metrics.write("node");
     }
     if let ModelLookup::Found(model) = model {

@@ -479,6 +479,30 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             status.classes.push(row);
             continue;
         }
+        // The Job this operator last asked for is not in the cache: under load the watch lags
+        // behind the create. Ask for the same Job again (the create is idempotent by name)
+        // rather than counting an attempt that never finished.
+        if let Some(p) = prev.filter(|p| p.phase == "Compiling")
+            && let Some(pending) = p.job.as_ref()
+            && !jobs.iter().any(|j| &j.name == pending)
+        {
+            let attempt = u32::try_from(p.attempts).unwrap_or(1).max(1);
+            out.create.push(NewJob {
+                name: job_name(name, &k.key, attempt),
+                class: k.class.id.clone(),
+                facts: k.class.facts.clone(),
+                compile_key: k.key.clone(),
+                attempt,
+                node_selector: (label_key.clone(), k.class.id.clone()),
+            });
+            row.phase = "Compiling".into();
+            row.job = p.job.clone();
+            row.reason = p.reason;
+            row.message = p.message.clone();
+            compiling.push(k.class.id.clone());
+            status.classes.push(row);
+            continue;
+        }
         // Finished attempts for this key: the newest says why the last one failed.
         let latest = jobs.iter().max_by_key(|j| j.attempt);
         let mut attempts = u32::try_from(row.attempts).unwrap_or(0);
@@ -646,7 +670,12 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         set(&mut status, COMPILED, false, reason, &message);
         set(&mut status, DEGRADED, false, "AsSpecified", "");
     }
-    for j in &out.create {
+    let asked_before = |j: &NewJob| {
+        old.classes
+            .iter()
+            .any(|c| c.job.as_deref() == Some(j.name.as_str()))
+    };
+    for j in out.create.iter().filter(|j| !asked_before(j)) {
         out.events.push(Event {
             warning: false,
             reason: "CompileJobCreated".into(),
@@ -667,7 +696,9 @@ fn finish(old: &CompiledTargetStatus, status: CompiledTargetStatus, out: &mut Pl
             continue;
         }
         let before = old.conditions.iter().find(|o| o.type_ == c.type_);
-        if before.map(|b| (&b.status, &b.reason)) != Some((&c.status, &c.reason)) {
+        // A new target starting out not stalled is not news.
+        let quiet_start = before.is_none() && c.type_ == STALLED && c.status != "True";
+        if !quiet_start && before.map(|b| (&b.status, &b.reason)) != Some((&c.status, &c.reason)) {
             // Going Stalled (and the not-Ready that comes with it) is a warning; the rest is news.
             let bad = conditions::is_true(&status.conditions, STALLED) && c.status != "True"
                 || c.type_ == STALLED && c.status == "True";

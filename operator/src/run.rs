@@ -236,6 +236,7 @@ where
         metrics,
         recorder: Recorder::new(client.clone(), reporter),
         class_counts: std::sync::Mutex::new(BTreeMap::new()),
+        labelled: std::sync::Mutex::new(BTreeMap::new()),
     });
 
     let targets_api = Api::<CompiledTarget>::all(client.clone());

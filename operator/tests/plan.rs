@@ -459,3 +459,18 @@ fn targets_with_their_own_class_keys_use_their_own_node_label() {
         );
     }
 }
+
+#[test]
+fn a_job_missing_from_a_lagging_cache_is_asked_for_again_not_counted_as_an_attempt() {
+    let mut w = World::new();
+    let first = w.plan(0);
+    let asked: Vec<String> = first.create.iter().map(|j| j.name.clone()).collect();
+    // Status is written, but the watch has not delivered the new Jobs yet.
+    w.target.status = Some(first.status.clone());
+    let again = w.plan(1);
+    let names: Vec<String> = again.create.iter().map(|j| j.name.clone()).collect();
+    assert_eq!(names, asked, "the same Jobs (409 on create), no attempt 2");
+    assert!(again.create.iter().all(|j| j.attempt == 1));
+    assert!(again.events.is_empty(), "{:?}", again.events);
+    assert_eq!(Some(&again.status), w.target.status.as_ref());
+}
