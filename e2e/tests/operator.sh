@@ -41,6 +41,19 @@ strip -o "$WORK/kiln-agent" "$AGENT"
   --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt "$WORK/kiln-agent" >/dev/null
 "$E2E_DIR/cluster" load-image "$WORK/agent.tar" >/dev/null
 
+# The operator image, built the same way, runs in the cluster (the in-cluster Deployment comes
+# with the Helm chart; here the process on the host is the one under test).
+strip -o "$WORK/kiln-operator" "$OPERATOR"
+"$E2E_DIR/build-image" --name kiln-e2e/operator:test --out "$WORK/operator.tar" \
+  --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt "$WORK/kiln-operator" >/dev/null
+"$E2E_DIR/cluster" load-image "$WORK/operator.tar" >/dev/null
+kubectl -n "$NS" run operator-image --image=kiln-e2e/operator:test --image-pull-policy=Never \
+  --restart=Never --command -- /bin/kiln-operator --version >/dev/null
+kubectl -n "$NS" wait --for=jsonpath='{.status.phase}'=Succeeded pod/operator-image --timeout=60s >/dev/null ||
+  fail "operator image did not run: $(kubectl -n "$NS" describe pod operator-image | tail -20)"
+kubectl -n "$NS" logs operator-image | grep -q '^kiln-operator ' || fail "operator image printed no version"
+echo "operator image built by build-image runs in the cluster: $(kubectl -n "$NS" logs operator-image)"
+
 # Store (written by the compile Jobs as uid 65532) and sources (read-only in the Jobs).
 install -d -m 755 -o 65532 -g 65532 "$WORK/store"
 install -d -m 755 "$WORK/sources"

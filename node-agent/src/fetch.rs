@@ -30,8 +30,9 @@ pub struct Wanted<'a> {
 pub struct Fetcher {
     /// Directory holding verified blobs by digest.
     cache: PathBuf,
-    /// HTTP client for `https://` URIs.
-    http: reqwest::Client,
+    /// HTTP client for `https://` URIs, built on first use: loading the system's root
+    /// certificates can fail in a minimal image, and `file://` work must not depend on it.
+    http: std::sync::OnceLock<reqwest::Client>,
     /// Where fetch bytes and verification failures are counted.
     metrics: Metrics,
 }
@@ -40,16 +41,9 @@ impl Fetcher {
     /// A fetcher whose verified blobs live in `cache`.
     pub fn new(cache: PathBuf, metrics: Metrics) -> Result<Self> {
         std::fs::create_dir_all(&cache).map_err(|e| Error::store(&cache, e))?;
-        let http = reqwest::Client::builder()
-            .user_agent(concat!("kiln-agent/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| Error::SourceUnavailable {
-                uri: "https://".into(),
-                message: e.to_string(),
-            })?;
         Ok(Self {
             cache,
-            http,
+            http: std::sync::OnceLock::new(),
             metrics,
         })
     }
@@ -111,8 +105,17 @@ impl Fetcher {
             uri: wanted.uri.into(),
             message,
         };
-        let mut response = self
-            .http
+        let http = match self.http.get() {
+            Some(client) => client,
+            None => {
+                let client = reqwest::Client::builder()
+                    .user_agent(concat!("kiln-agent/", env!("CARGO_PKG_VERSION")))
+                    .build()
+                    .map_err(|e| unavailable(format!("cannot set up the HTTPS client: {e}")))?;
+                self.http.get_or_init(|| client)
+            }
+        };
+        let mut response = http
             .get(wanted.uri)
             .send()
             .await
