@@ -33,6 +33,41 @@ pub struct CompileKeyInput {
     pub flags: BTreeMap<String, String>,
 }
 
+impl CompileKeyInput {
+    /// What `target` compiles for a class with the given backend version: the one derivation
+    /// the operator (which names the Job) and the compile worker (which checks it) share.
+    pub fn for_target(
+        model: &crate::ModelArtifactSpec,
+        target: &crate::CompiledTargetSpec,
+        class: &crate::class::ClassFacts,
+        backend_version: &str,
+    ) -> Self {
+        Self {
+            model_digest: model.source.sha256.clone(),
+            asset_digests: model
+                .assets
+                .iter()
+                .map(|a| (a.name.clone(), a.sha256.clone()))
+                .collect(),
+            fixture_digest: model
+                .fixture(&target.warmup.fixture_version)
+                .map(|f| f.sha256.clone())
+                .unwrap_or_default(),
+            backend: target.backend.kind.as_str().to_string(),
+            backend_version: backend_version.to_string(),
+            compiler_image: target.backend.image.clone(),
+            precision: target.precision.as_str().to_string(),
+            profiles: target
+                .profiles
+                .iter()
+                .map(|p| (p.name.clone(), p.dims.clone()))
+                .collect(),
+            class: class.clone(),
+            flags: target.backend.flags.clone(),
+        }
+    }
+}
+
 /// Version of the encoding; bump it when [`CompileKeyInput`] changes meaning.
 const KEY_SCHEME: &str = "kiln.dev/compile-key/v1";
 

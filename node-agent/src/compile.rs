@@ -87,30 +87,12 @@ pub async fn fetch_inputs(spec: &Spec, fetcher: &Fetcher) -> Result<Inputs> {
 
 /// The compile key of `spec` for a class.
 pub fn key_for(spec: &Spec, backend: &dyn Backend, class: &ClassFacts) -> String {
-    let (m, t) = (&spec.model.spec, &spec.target.spec);
-    compile_key(&CompileKeyInput {
-        model_digest: m.source.sha256.clone(),
-        asset_digests: m
-            .assets
-            .iter()
-            .map(|a| (a.name.clone(), a.sha256.clone()))
-            .collect(),
-        fixture_digest: m
-            .fixture(&t.warmup.fixture_version)
-            .map(|f| f.sha256.clone())
-            .unwrap_or_default(),
-        backend: backend.name().to_string(),
-        backend_version: backend.version(),
-        compiler_image: t.backend.image.clone(),
-        precision: t.precision.as_str().to_string(),
-        profiles: t
-            .profiles
-            .iter()
-            .map(|p| (p.name.clone(), p.dims.clone()))
-            .collect(),
-        class: class.clone(),
-        flags: t.backend.flags.clone(),
-    })
+    compile_key(&CompileKeyInput::for_target(
+        &spec.model.spec,
+        &spec.target.spec,
+        class,
+        &backend.version(),
+    ))
 }
 
 /// Compiles unless the store already holds the key. Returns the manifest and whether it was reused.

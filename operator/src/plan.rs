@@ -236,36 +236,24 @@ pub fn key_for(
     facts: &ClassFacts,
     settings: &Settings,
 ) -> String {
-    let (m, t) = (&model.spec, &target.spec);
-    let backend = t.backend.kind.as_str();
-    compile_key(&CompileKeyInput {
-        model_digest: m.source.sha256.clone(),
-        asset_digests: m
-            .assets
-            .iter()
-            .map(|a| (a.name.clone(), a.sha256.clone()))
-            .collect(),
-        fixture_digest: m
-            .fixture(&t.warmup.fixture_version)
-            .map(|f| f.sha256.clone())
-            .unwrap_or_default(),
-        backend: backend.to_string(),
-        backend_version: t
-            .backend
-            .version
-            .clone()
-            .or_else(|| settings.backend_versions.get(backend).cloned())
-            .unwrap_or_default(),
-        compiler_image: t.backend.image.clone(),
-        precision: t.precision.as_str().to_string(),
-        profiles: t
-            .profiles
-            .iter()
-            .map(|p| (p.name.clone(), p.dims.clone()))
-            .collect(),
-        class: facts.clone(),
-        flags: t.backend.flags.clone(),
-    })
+    let t = &target.spec;
+    let backend_version = t
+        .backend
+        .version
+        .clone()
+        .or_else(|| {
+            settings
+                .backend_versions
+                .get(t.backend.kind.as_str())
+                .cloned()
+        })
+        .unwrap_or_default();
+    compile_key(&CompileKeyInput::for_target(
+        &model.spec,
+        t,
+        facts,
+        &backend_version,
+    ))
 }
 
 fn keyed(inputs: &Inputs<'_>) -> Option<Vec<Keyed>> {
