@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::backend;
 use crate::compile::{compile_or_reuse, fetch_inputs, key_for};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fetch::Fetcher;
 use crate::metrics::Metrics;
 use crate::probe;
@@ -76,16 +76,7 @@ async fn pipeline(
 ) -> Result<()> {
     let spec = Spec::load(file)?;
     let t = &spec.target.spec;
-    let backend = backend::for_kind(t.backend.kind)?;
-    if let Some(wanted) = &t.backend.version
-        && wanted != &backend.version()
-    {
-        return Err(Error::IncompatibleRuntime(format!(
-            "the target requires {} {wanted}, this agent carries {}",
-            backend.name(),
-            backend.version()
-        )));
-    }
+    let backend = backend::for_target(&t.backend)?;
     let host = probe::probe(backend::runtimes());
     let labels = probe::labels(&host);
     let class = class_facts(t.class_label_keys.iter().map(String::as_str), &labels);

@@ -46,16 +46,7 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<(BuildManifest, bool)> 
         .map_err(|e| Error::InvalidSpec(format!("KILN_CLASS_FACTS: {e}")))?;
     let spec = Spec::from_objects(objects.model, objects.target, &job.source_base)?;
     let t = &spec.target.spec;
-    let backend = backend::for_kind(t.backend.kind)?;
-    if let Some(wanted) = &t.backend.version
-        && wanted != &backend.version()
-    {
-        return Err(Error::IncompatibleRuntime(format!(
-            "the target requires {} {wanted}, this agent carries {}",
-            backend.name(),
-            backend.version()
-        )));
-    }
+    let backend = backend::for_target(&t.backend)?;
     let host = probe::probe(backend::runtimes());
     let probed = class_facts(
         t.class_label_keys.iter().map(String::as_str),

@@ -75,6 +75,21 @@ pub fn for_kind(kind: BackendKind) -> Result<Box<dyn Backend>> {
     }
 }
 
+/// The backend a target asks for, refusing a version other than the one this binary carries.
+pub fn for_target(spec: &kiln_crds::compiled_target::Backend) -> Result<Box<dyn Backend>> {
+    let backend = for_kind(spec.kind)?;
+    if let Some(wanted) = &spec.version
+        && wanted != &backend.version()
+    {
+        return Err(Error::IncompatibleRuntime(format!(
+            "the target requires {} {wanted}, this agent carries {}",
+            backend.name(),
+            backend.version()
+        )));
+    }
+    Ok(backend)
+}
+
 /// The runtimes this binary carries, for the hardware facts.
 pub fn runtimes() -> BTreeMap<String, String> {
     BTreeMap::from([(tract::Tract.name().to_string(), tract::Tract.version())])
