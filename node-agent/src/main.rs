@@ -213,15 +213,8 @@ fn run_local(
     };
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::register(&mut registry);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("kiln-agent: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
     };
     let outcome = runtime.block_on(local::run(&file, &store, &metrics));
     if let Some(path) = metrics_file
@@ -284,15 +277,8 @@ fn run_local(
 fn run_compile(job: kiln_agent::worker::Job, termination_log: &std::path::Path) -> ExitCode {
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::register(&mut registry);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("kiln-agent: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
     };
     let (line, code) = match runtime.block_on(kiln_agent::worker::run(&job, &metrics)) {
         Ok((manifest, reused)) => {
@@ -315,6 +301,15 @@ fn run_compile(job: kiln_agent::worker::Job, termination_log: &std::path::Path) 
     // Best effort: outside a pod there may be no termination log.
     let _ = std::fs::write(termination_log, line.as_bytes());
     code
+}
+
+/// The multi-threaded runtime the pipeline runs on; says why on stderr when it cannot start.
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .inspect_err(|e| eprintln!("kiln-agent: cannot start the async runtime: {e}"))
+        .ok()
 }
 
 fn default_store() -> PathBuf {

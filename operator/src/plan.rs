@@ -329,26 +329,33 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 condition(type_, ok, reason, msg, generation, now.clone()),
             );
         };
-
-    if let Some((reason, message)) = invalid(t, inputs.model, inputs.settings) {
-        // Nothing can be compiled: no Jobs, every existing one is stale.
+    // Nothing can be compiled: no Jobs (every existing one is stale) and Stalled with the reason.
+    let stall = |status: &mut CompiledTargetStatus,
+                 out: &mut Plan,
+                 reason: &str,
+                 message: &str,
+                 waiting: &str| {
         out.delete = inputs
             .jobs
             .iter()
             .filter(|j| !j.deleting)
             .map(|j| j.name.clone())
             .collect();
-        set(&mut status, READY, false, reason, &message);
-        set(&mut status, STALLED, true, reason, &message);
-        set(
+        set(status, READY, false, reason, message);
+        set(status, STALLED, true, reason, message);
+        set(status, RECONCILING, false, reason, waiting);
+        set(status, COMPILED, false, reason, message);
+        set(status, DEGRADED, false, "AsSpecified", "");
+    };
+
+    if let Some((reason, message)) = invalid(t, inputs.model, inputs.settings) {
+        stall(
             &mut status,
-            RECONCILING,
-            false,
+            &mut out,
             reason,
+            &message,
             "waiting for the spec to be fixed",
         );
-        set(&mut status, COMPILED, false, reason, &message);
-        set(&mut status, DEGRADED, false, "AsSpecified", "");
         finish(&old, status, &mut out);
         return out;
     }
@@ -377,23 +384,13 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         None
     };
     if let Some((reason, message)) = stall_for_nodes {
-        out.delete = inputs
-            .jobs
-            .iter()
-            .filter(|j| !j.deleting)
-            .map(|j| j.name.clone())
-            .collect();
-        set(&mut status, READY, false, reason, &message);
-        set(&mut status, STALLED, true, reason, &message);
-        set(
+        stall(
             &mut status,
-            RECONCILING,
-            false,
+            &mut out,
             reason,
+            &message,
             "waiting for matching nodes",
         );
-        set(&mut status, COMPILED, false, reason, &message);
-        set(&mut status, DEGRADED, false, "AsSpecified", "");
         status.class_count = Some(0);
         finish(&old, status, &mut out);
         return out;
