@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # kiln's whole test suite, as CI runs it (`.ci/run` calls exactly this):
 #   1. format and lint (cargo fmt --check, clippy with warnings denied);
-#   2. the Rust workspace tests: API types, CEL rules, compile key, and `kiln-agent local` on real
-#      ONNX models through every failure path;
+#   2. the Rust workspace tests: API types, CEL rules, compile key, `kiln-agent local` on real
+#      ONNX models through every failure path, and both components' metrics through the real
+#      `promtool check metrics` (Debian package prometheus, installed here when missing);
 #   3. the real single-node Kubernetes cluster tests in e2e/ (built from upstream sources on first
 #      use and cached outside the work tree; needs root). KILN_SKIP_E2E=1 skips them, saying so.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 
 export CARGO_TERM_COLOR=never
+# promtool checks both components' exposition in the workspace tests; install it as root when
+# missing (as non-root the tests say they skip that check and why).
+if ! command -v promtool >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "== installing promtool (Debian package prometheus)"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus
+fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -48,7 +48,7 @@ enum Command {
         /// `json` makes the last stdout line one JSON object with the outcome.
         #[arg(long, env = "KILN_OUTPUT", value_enum, default_value_t = Output::Plain)]
         output: Output,
-        /// Write the Prometheus exposition here after the run.
+        /// Write the metrics here after the run (Prometheus text 0.0.4, as `promtool` reads).
         #[arg(long, env = "KILN_METRICS_FILE")]
         metrics_file: Option<PathBuf>,
     },
@@ -218,7 +218,7 @@ fn run_local(
     };
     let outcome = runtime.block_on(local::run(&file, &store, &metrics));
     if let Some(path) = metrics_file
-        && let Err(e) = std::fs::write(&path, metrics::exposition(&registry))
+        && let Err(e) = std::fs::write(&path, metrics::exposition(&registry, None).0)
     {
         eprintln!(
             "kiln-agent: cannot write metrics to {}: {e}",

@@ -51,11 +51,14 @@ async fn route(
     health: Arc<Health>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (status, body, content_type) = match req.uri().path() {
-        "/metrics" => (
-            StatusCode::OK,
-            crate::metrics::exposition(&registry),
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        ),
+        "/metrics" => {
+            let accept = req
+                .headers()
+                .get(hyper::header::ACCEPT)
+                .and_then(|v| v.to_str().ok());
+            let (body, content_type) = crate::metrics::exposition(&registry, accept);
+            (StatusCode::OK, body, content_type)
+        }
         "/healthz" => (StatusCode::OK, "ok\n".into(), "text/plain"),
         "/readyz" if health.ready.load(Ordering::Relaxed) => {
             (StatusCode::OK, "ok\n".into(), "text/plain")

@@ -1,0 +1,142 @@
+//! The operator's real `/metrics` endpoint, served by its HTTP module over TCP: Prometheus text
+//! 0.0.4 by default, which the real `promtool check metrics` accepts, and OpenMetrics to a
+//! scraper whose `Accept` asks for it.
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use kiln_operator::http::{Health, serve};
+use kiln_operator::metrics::Metrics;
+use prometheus_client::registry::Registry;
+
+/// `promtool check metrics` on `text`; `Err` with the reason when promtool is absent and this
+/// is not root (scripts/test.sh installs it as root, so there its absence is a failure).
+fn promtool_check(text: &str) -> Result<(), String> {
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let uid = std::fs::read_to_string("/proc/self/status")
+                .unwrap_or_default()
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("Uid:")?
+                        .split_whitespace()
+                        .next()
+                        .map(String::from)
+                });
+            assert_ne!(
+                uid.as_deref(),
+                Some("0"),
+                "promtool is missing: scripts/test.sh installs it (Debian package prometheus)"
+            );
+            return Err("promtool not installed and not root (scripts/test.sh installs it)".into());
+        }
+        Err(e) => panic!("cannot run promtool: {e}"),
+    };
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write to promtool");
+    let out = child.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool check metrics rejects the exposition:\n{}{}\n--- exposition:\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// GET /metrics with an optional Accept header; (Content-Type, body).
+fn get_metrics(port: u16, accept: Option<&str>) -> (String, String) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\n{accept}Connection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("response");
+    let (head, body) = resp.split_once("\r\n\r\n").expect("http response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let ct = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-type")
+                .then(|| v.trim().to_string())
+        })
+        .expect("content-type");
+    (ct, body.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_endpoint_passes_promtool_and_negotiates_openmetrics() {
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    // Every family with a series, so promtool sees each one's samples.
+    metrics.reconciled(0.02);
+    metrics.error("kube");
+    metrics.job("cpu-x86-64", "failed", "HashMismatch");
+    metrics.job("cpu-x86-64", "created", "");
+    metrics.cache_hit();
+    metrics.classes(2);
+    metrics.write("status");
+
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(
+        ([127, 0, 0, 1], port).into(),
+        Arc::new(registry),
+        Arc::new(Health::default()),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let mut text = None;
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            text = Some(tokio::task::spawn_blocking(move || get_metrics(port, None)).await);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (ct, body) = text.expect("server up").expect("get");
+    assert_eq!(ct, kiln_crds::exposition::PROMETHEUS_TEXT);
+    assert!(
+        body.contains("# TYPE kiln_operator_compile_jobs_total counter\n")
+            && body.contains(
+                "kiln_operator_compile_jobs_total{class=\"cpu-x86-64\",result=\"failed\",reason=\"HashMismatch\"} 1\n"
+            )
+            && !body.contains("# EOF"),
+        "{body}"
+    );
+    if let Err(skip) = promtool_check(&body) {
+        eprintln!("skipping promtool check: {skip}");
+    }
+
+    let scraper = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5";
+    let (ct, body) = tokio::task::spawn_blocking(move || get_metrics(port, Some(scraper)))
+        .await
+        .expect("get");
+    assert_eq!(ct, kiln_crds::exposition::OPENMETRICS);
+    assert!(
+        body.ends_with("# EOF\n") && body.contains("# TYPE kiln_operator_compile_jobs counter\n"),
+        "{body}"
+    );
+    let _ = stop_tx.send(());
+    server.await.expect("join").expect("serve");
+}
