@@ -1,0 +1,79 @@
+{{/* Chart name, overridable. */}}
+{{- define "kiln.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Prefix of cluster-scoped names: the release name, with the chart name unless it has it. */}}
+{{- define "kiln.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- $name := include "kiln.name" . }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Labels on every object; pass (dict "root" $ "component" "operator"). */}}
+{{- define "kiln.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "kiln.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- with .component }}
+app.kubernetes.io/component: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels of a component; pass (dict "root" $ "component" "agent"). */}}
+{{- define "kiln.selector" -}}
+app.kubernetes.io/name: {{ include "kiln.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* An image reference; pass (dict "root" $ "image" .Values.operator.image). */}}
+{{- define "kiln.image" -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
+{{- end }}
+
+{{/* The store URL, required. */}}
+{{- define "kiln.storeUrl" -}}
+{{- required "store.url is required: oci://HOST[:PORT]/REPOSITORY for a registry, or an absolute path for a single-node filesystem store" .Values.store.url }}
+{{- end }}
+
+{{/* The filesystem store's host path, or empty for a registry. */}}
+{{- define "kiln.storePath" -}}
+{{- $url := include "kiln.storeUrl" . }}
+{{- if hasPrefix "oci://" $url }}
+{{- else if hasPrefix "file://" $url }}
+{{- trimPrefix "file://" $url }}
+{{- else if hasPrefix "/" $url }}
+{{- $url }}
+{{- else }}
+{{- fail (printf "store.url %q: expected oci://HOST[:PORT]/REPOSITORY, file:///PATH or an absolute path" $url) }}
+{{- end }}
+{{- end }}
+
+{{/* Store settings as container environment (KILN_STORE and the registry options). */}}
+{{- define "kiln.storeEnv" -}}
+{{- $path := include "kiln.storePath" . }}
+- name: KILN_STORE
+  value: {{ default (include "kiln.storeUrl" .) $path | quote }}
+{{- if not $path }}
+- name: KILN_REGISTRY_INSECURE
+  value: {{ .Values.store.insecure | toString | quote }}
+{{- with .Values.store.existingSecret }}
+- name: KILN_REGISTRY_USERNAME
+  valueFrom:
+    secretKeyRef: {name: {{ . }}, key: {{ $.Values.store.usernameKey }}}
+- name: KILN_REGISTRY_PASSWORD
+  valueFrom:
+    secretKeyRef: {name: {{ . }}, key: {{ $.Values.store.passwordKey }}}
+{{- end }}
+{{- end }}
+{{- end }}

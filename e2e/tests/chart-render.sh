@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# charts/kiln without a cluster: the real `helm lint` and `helm template` over the value
+# combinations that change what is rendered; the rendered objects checked for what the chart
+# promises (CRDs byte-equal to crdgen's and kept, flags and mounts per component, GPU access
+# only when asked, RBAC equal to deploy/*-rbac.yaml and without secrets or wildcards, every
+# values.yaml key commented); the alert rules through the real `promtool check rules`, naming
+# only metrics the operator and agent register.
+source "$(dirname "$0")/lib.sh"
+REPO=$(cd "$E2E_DIR/.." && pwd)
+CHART=$REPO/charts/kiln
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+command -v promtool >/dev/null || fail "promtool missing (Debian package prometheus; e2e/cluster up installs it)"
+
+helm lint --strict "$CHART" --set store.url=oci://registry.example:5000/kiln
+out=$(helm template kiln "$CHART" 2>&1) && fail "rendered without store.url"
+[[ $out == *"store.url is required"* ]] || fail "no clear error without store.url: $out"
+out=$(helm template kiln "$CHART" --set store.url=relative/dir 2>&1) && fail "accepted a relative store path"
+[[ $out == *"expected oci://"* ]] || fail "no clear error for a bad store.url: $out"
+
+t() { helm template kiln "$CHART" -n kiln-system "$@"; }
+t --set store.url=/var/lib/kiln/store --set sources.hostPath=/srv/models >"$WORK/fs.yaml"
+t --set store.url=oci://10.0.0.1:5000/kiln --set store.insecure=true --set store.existingSecret=regcred \
+  --set agent.gpu.enabled=true --set agent.runtimeClassName=nvidia --set crds.keep=false \
+  --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true >"$WORK/oci.yaml"
+t --set store.url=file:///data/kiln --set crds.enabled=false --set agent.enabled=false \
+  --set operator.leaderElection.enabled=false --set metrics.service.enabled=false >"$WORK/min.yaml"
+
+python3 - "$REPO" "$WORK" <<'PY'
+import glob, re, sys, yaml
+repo, work = sys.argv[1], sys.argv[2]
+errors = []
+def check(ok, what):
+    if not ok:
+        errors.append(what)
+
+def load(name):
+    return [d for d in yaml.safe_load_all(open(f"{work}/{name}.yaml")) if d]
+def get(docs, kind, name=None):
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    return found
+def one(docs, kind, name):
+    found = get(docs, kind, name)
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} objects"
+    return found[0]
+def env(container):
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+fs, oci, minimal = load("fs"), load("oci"), load("min")
+
+# CRDs: exactly what crdgen writes, with the keep policy by default and switchable.
+files = {}
+for f in glob.glob(f"{repo}/charts/kiln/files/crds/*.yaml"):
+    d = yaml.safe_load(open(f)); files[d["metadata"]["name"]] = d
+for f in glob.glob(f"{repo}/crds/*.yaml"):
+    d = yaml.safe_load(open(f)); check(files.get(d["metadata"]["name"]) == d, f"chart CRD copy of {f} differs")
+crds = get(fs, "CustomResourceDefinition")
+check(sorted(c["metadata"]["name"] for c in crds) == sorted(files), "CRDs rendered")
+for c in crds:
+    check(c["spec"] == files[c["metadata"]["name"]]["spec"], f"{c['metadata']['name']} spec differs from crdgen's")
+    check(c["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep", "CRDs kept by default")
+for c in get(oci, "CustomResourceDefinition"):
+    check("helm.sh/resource-policy" not in c["metadata"].get("annotations", {}), "crds.keep=false still keeps")
+check(not get(minimal, "CustomResourceDefinition"), "crds.enabled=false still renders CRDs")
+
+# Operator Deployment.
+dep = one(fs, "Deployment", "kiln-operator")
+spec = dep["spec"]["template"]["spec"]
+c = spec["containers"][0]
+e = env(c)
+check(dep["spec"]["replicas"] == 1, "operator replicas default 1")
+check(spec["serviceAccountName"] == "kiln-operator", "operator SA")
+check(spec["securityContext"].get("runAsNonRoot") is True, "operator non-root")
+check(c["securityContext"].get("readOnlyRootFilesystem") is True, "operator read-only root fs")
+check(c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz", "operator probes")
+check("limits" in c["resources"] and "requests" in c["resources"], "operator resources")
+check(e.get("KILN_STORE") == "/var/lib/kiln/store", "operator KILN_STORE (fs)")
+check(e.get("KILN_AGENT_IMAGE") == "kiln/agent:0.1.0", "operator KILN_AGENT_IMAGE")
+check(e.get("KILN_LEASE_NAME") == "kiln-operator" and "KILN_NO_LEADER_ELECTION" not in e, "leader election on")
+check(e.get("KILN_SOURCES_HOST_PATH") == "/srv/models", "sources host path")
+check(e.get("POD_NAMESPACE") == {"fieldRef": {"fieldPath": "metadata.namespace"}}, "POD_NAMESPACE downward API")
+check({"name": "store", "mountPath": "/var/lib/kiln/store", "readOnly": True} in c["volumeMounts"], "operator store mount read-only")
+me = env(one(minimal, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0])
+check(me.get("KILN_NO_LEADER_ELECTION") == "true" and me.get("KILN_STORE") == "/data/kiln", "no election; file:// store")
+check(not get(minimal, "Role"), "no lease Role without leader election")
+
+# Agent DaemonSet.
+ds = one(fs, "DaemonSet", "kiln-agent")
+spec = ds["spec"]["template"]["spec"]
+c = spec["containers"][0]
+e = env(c)
+check(c["args"] == ["run"], "agent runs `kiln-agent run`")
+check(spec["serviceAccountName"] == "kiln-agent", "agent SA")
+check(e.get("NODE_NAME") == {"fieldRef": {"fieldPath": "spec.nodeName"}}, "NODE_NAME from the downward API")
+check(e.get("KILN_CACHE") == "/var/lib/kiln/cache" and e.get("KILN_STORE") == "/var/lib/kiln/store", "agent cache/store env")
+check(e.get("KILN_LISTEN") == "0.0.0.0:8080", "agent listen")
+vols = {v["name"]: v for v in spec["volumes"]}
+check(vols["cache"]["hostPath"]["path"] == "/var/lib/kiln/cache", "cache hostPath")
+check(c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz", "agent probes")
+check(c["securityContext"].get("readOnlyRootFilesystem") is True and c["securityContext"]["capabilities"]["drop"] == ["ALL"], "agent hardening")
+check("runtimeClassName" not in spec and not any(k.startswith("NVIDIA") for k in e), "no GPU access by default")
+check("nvidia.com/gpu" not in str(c.get("resources")), "agent claims no GPU")
+ods = one(oci, "DaemonSet", "kiln-agent")["spec"]["template"]["spec"]
+oe = env(ods["containers"][0])
+check(ods.get("runtimeClassName") == "nvidia" and oe.get("NVIDIA_VISIBLE_DEVICES") == "all", "GPU access when asked")
+check("nvidia.com/gpu" not in str(ods["containers"][0]["resources"]), "GPU access claims no GPU")
+check(not get(minimal, "DaemonSet"), "agent.enabled=false")
+
+# Registry settings.
+for obj in (one(oci, "Deployment", "kiln-operator"), one(oci, "DaemonSet", "kiln-agent")):
+    ps = obj["spec"]["template"]["spec"]
+    oe = env(ps["containers"][0])
+    check(oe.get("KILN_STORE") == "oci://10.0.0.1:5000/kiln" and oe.get("KILN_REGISTRY_INSECURE") == "true", "oci store env")
+    check(oe.get("KILN_REGISTRY_USERNAME") == {"secretKeyRef": {"name": "regcred", "key": "username"}}, "username from Secret")
+    check(oe.get("KILN_REGISTRY_PASSWORD") == {"secretKeyRef": {"name": "regcred", "key": "password"}}, "password from Secret")
+    check(not any(v["name"] == "store" for v in ps.get("volumes", [])), "no store hostPath with a registry")
+
+# ServiceAccounts and least-privilege RBAC.
+check(sorted(s["metadata"]["name"] for s in get(fs, "ServiceAccount")) == ["kiln-agent", "kiln-compile", "kiln-operator"], "three ServiceAccounts")
+check(one(fs, "ServiceAccount", "kiln-compile").get("automountServiceAccountToken") is False, "compile SA mounts no token")
+subjects = [s["name"] for b in get(fs, "ClusterRoleBinding") + get(fs, "RoleBinding") for s in b["subjects"]]
+check("kiln-compile" not in subjects, "compile SA has no RBAC")
+for role in get(fs, "ClusterRole") + get(fs, "Role"):
+    for rule in role["rules"]:
+        check("secrets" not in rule["resources"] and "*" not in rule["resources"] and "*" not in rule["verbs"], f"{role['metadata']['name']}: {rule}")
+def rules(docs, kind, name):
+    return one(docs, kind, name)["rules"]
+deploy = [d for d in yaml.safe_load_all(open(f"{repo}/deploy/operator-rbac.yaml")) if d]
+check(rules(fs, "ClusterRole", "kiln-operator") == rules(deploy, "ClusterRole", "kiln-operator"), "operator ClusterRole != deploy/operator-rbac.yaml")
+check(rules(fs, "Role", "kiln-operator-leader") == rules(deploy, "Role", "kiln-operator-leader"), "leader Role != deploy/operator-rbac.yaml")
+agent_rules = rules(fs, "ClusterRole", "kiln-agent")
+check(not any(v in r["verbs"] for r in agent_rules for v in ("delete", "deletecollection", "update")), "agent deletes or updates nothing")
+check(not any(r["resources"] == ["pods"] and set(r["verbs"]) - {"get", "list", "watch"} for r in agent_rules), "agent writes pods only via pods/status")
+
+# Monitoring objects only when asked.
+check(not get(fs, "ServiceMonitor") and not get(fs, "PrometheusRule"), "no monitoring CRs by default")
+check(len(get(oci, "ServiceMonitor")) == 2, "two ServiceMonitors")
+check(sorted(s["metadata"]["name"] for s in get(fs, "Service")) == ["kiln-agent-metrics", "kiln-operator-metrics"], "metrics Services")
+check(not get(minimal, "Service"), "metrics.service.enabled=false")
+rule = one(oci, "PrometheusRule", "kiln")
+yaml.safe_dump({"groups": rule["spec"]["groups"]}, open(f"{work}/rules.yaml", "w"))
+# Alerts name only metrics the components register (a rename breaks this, not the alert).
+registered = set()
+for src, prefix in (("operator/src/metrics.rs", "kiln_operator_"), ("node-agent/src/metrics.rs", "kiln_agent_")):
+    registered |= {prefix + n for n in re.findall(r'register\(\s*"(\w+)"', open(f"{repo}/{src}").read())}
+alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
+check({"KilnNodeFailClosed", "KilnTargetStalled", "KilnParityFailures"} <= set(alerts), f"alerts: {alerts}")
+for g in rule["spec"]["groups"]:
+    for r in g["rules"]:
+        for m in re.findall(r"kiln_(?:operator|agent)_\w+", r["expr"]):
+            check(re.sub(r"_(total|bucket|sum|count)$", "", m) in registered, f"{r['alert']}: {m} is not a registered metric")
+
+# Every values.yaml key carries a prose comment, except inside free-form Kubernetes objects.
+free = {"resources", "podSecurityContext", "securityContext", "updateStrategy", "nodeSelector", "tolerations",
+        "affinity", "podAnnotations", "labels", "annotations", "extraEnv", "imagePullSecrets"}
+stack, prev = [], ""
+for line in open(f"{repo}/charts/kiln/values.yaml"):
+    m = re.match(r"^( *)([A-Za-z][\w.-]*):", line)
+    if m and not line.lstrip().startswith("-"):
+        indent, key = len(m.group(1)), m.group(2)
+        stack = [(i, k) for i, k in stack if i < indent]
+        if not any(k in free for _, k in stack):
+            check(prev.lstrip().startswith("#"), f"values.yaml: {key} has no comment")
+        stack.append((indent, key))
+    if line.strip():
+        prev = line
+if errors:
+    print("\n".join("chart: " + e for e in errors)); sys.exit(1)
+print(f"chart renders as promised: {len(fs)} objects; alerts {', '.join(alerts)}")
+PY
+promtool check rules "$WORK/rules.yaml"
+echo "chart-render passed"
