@@ -3,7 +3,8 @@
 #   1. format and lint (cargo fmt --check, clippy with warnings denied);
 #   2. the Rust workspace tests: API types, CEL rules, compile key, `kiln-agent local` on real
 #      ONNX models through every failure path, and both components' metrics through the real
-#      `promtool check metrics` (Debian package prometheus, installed here when missing);
+#      `promtool check metrics` (Debian package prometheus, installed here when missing), and
+#      kiln-store against a real registry (Debian docker-registry, installed here when missing);
 #   3. the real single-node Kubernetes cluster tests in e2e/ (built from upstream sources on first
 #      use and cached outside the work tree; needs root). KILN_SKIP_E2E=1 skips them, saying so.
 set -euo pipefail
@@ -17,6 +18,9 @@ if ! command -v promtool >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus
 fi
+# docker-registry (kiln-store's OCI tests run a real distribution registry) and htpasswd; as root
+# a missing registry fails those tests, so install them here.
+scripts/ensure-test-packages.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

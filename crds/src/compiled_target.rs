@@ -370,6 +370,9 @@ pub struct ClassStatus {
     /// sha256 of the class's artifact.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifact_digest: Option<String>,
+    /// Digest (`sha256:<hex>`) of the stored manifest that agents pull the artifact by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_digest: Option<String>,
     /// Nodes that report ready.
     #[serde(default)]
     pub ready_nodes: i32,
@@ -417,6 +420,9 @@ pub struct ClassArtifact {
     pub compile_key: String,
     /// sha256 of the artifact.
     pub digest: String,
+    /// Digest (`sha256:<hex>`) of the stored manifest that agents pull the artifact by.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub manifest_digest: String,
 }
 
 /// Why a profile cannot be bound to a model.

@@ -3,7 +3,7 @@
 //! fixtures, and store artifact and manifest atomically.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kiln_crds::class::ClassFacts;
@@ -18,7 +18,7 @@ use crate::fetch::{Fetcher, Wanted};
 use crate::fixtures::FixtureFile;
 use crate::metrics::Metrics;
 use crate::spec::Spec;
-use crate::store::Store;
+use crate::store::{Entry, Store};
 use crate::warmup;
 
 /// Verified local copies of everything a model run needs.
@@ -95,8 +95,10 @@ pub fn key_for(spec: &Spec, backend: &dyn Backend, class: &ClassFacts) -> String
     ))
 }
 
-/// Compiles unless the store already holds the key. Returns the manifest and whether it was reused.
-pub fn compile_or_reuse(
+/// Compiles unless the store already holds the key, and stores the result. Returns the stored
+/// entry and whether it was reused. The compile itself runs on this thread via `block_in_place`
+/// (a multi-threaded runtime is required).
+pub async fn compile_or_reuse(
     spec: &Spec,
     inputs: &Inputs,
     backend: &dyn Backend,
@@ -104,21 +106,27 @@ pub fn compile_or_reuse(
     host: &HardwareFacts,
     store: &dyn Store,
     metrics: &Metrics,
-) -> Result<(BuildManifest, bool)> {
+) -> Result<(Entry, bool)> {
     let key = key_for(spec, backend, class);
-    if let Some(manifest) = store.manifest(&key)? {
-        tracing::info!(compile_key = %key, digest = %manifest.artifact_digest, "artifact already in store; not compiling");
+    if let Some(entry) = store.lookup(&key).await? {
+        tracing::info!(compile_key = %key, digest = %entry.manifest.artifact_digest, manifest = %entry.manifest_digest, store = %store.location(), "artifact already in store; not compiling");
         metrics.compile(backend.name(), "cached", None);
-        return Ok((manifest, true));
+        return Ok((entry, true));
     }
     let started = Instant::now();
-    let result = compile(spec, inputs, backend, class, host, store, &key);
+    let scratch = store.scratch()?;
+    let out = scratch.path().join("artifact");
+    let result =
+        tokio::task::block_in_place(|| compile(spec, inputs, backend, class, host, &out, &key));
     let seconds = started.elapsed().as_secs_f64();
     match &result {
         Ok(_) => metrics.compile(backend.name(), "success", Some(seconds)),
         Err(_) => metrics.compile(backend.name(), "failure", Some(seconds)),
     }
-    result.map(|m| (m, false))
+    let manifest = result?;
+    let entry = store.put(&out, &manifest).await?;
+    tracing::info!(compile_key = %key, digest = %manifest.artifact_digest, manifest = %entry.manifest_digest, store = %store.location(), "stored artifact");
+    Ok((entry, false))
 }
 
 fn compile(
@@ -127,14 +135,13 @@ fn compile(
     backend: &dyn Backend,
     class: &ClassFacts,
     host: &HardwareFacts,
-    store: &dyn Store,
+    out: &Path,
     key: &str,
 ) -> Result<BuildManifest> {
     let started = Instant::now();
     let t = &spec.target.spec;
     let profiles = spec.shapes()?;
-    let scratch = store.scratch()?;
-    let out = scratch.path().join("artifact");
+    let out = out.to_path_buf();
     tracing::info!(compile_key = %key, backend = backend.name(), profiles = profiles.len(), "compiling");
     let compiled = backend.compile(&CompileRequest {
         model: &inputs.model,
@@ -181,7 +188,6 @@ fn compile(
         compile_seconds: started.elapsed().as_secs_f64(),
         converter_log: compiled.log,
     };
-    store.put(&out, &manifest)?;
-    tracing::info!(compile_key = %key, digest = %manifest.artifact_digest, parity_max_abs_error = parity_max, "stored artifact");
+    tracing::info!(compile_key = %key, digest = %manifest.artifact_digest, parity_max_abs_error = parity_max, "compiled; parity within tolerance");
     Ok(manifest)
 }

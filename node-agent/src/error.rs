@@ -1,7 +1,7 @@
 //! kiln-agent's error type. Every variant maps to one [`FailureReason`], which is what status,
 //! Events and metric labels carry; the message says what to fix.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use kiln_crds::FailureReason;
 
@@ -48,8 +48,8 @@ pub enum Error {
     #[error("latency budget exceeded: {0}")]
     LatencyBudgetExceeded(String),
     /// The store could not be used.
-    #[error("store {path} unavailable: {message}", path = path.display())]
-    StoreUnavailable { path: PathBuf, message: String },
+    #[error("store {location} unavailable: {message}")]
+    StoreUnavailable { location: String, message: String },
 }
 
 impl Error {
@@ -72,9 +72,9 @@ impl Error {
     }
 
     /// A store error at `path`.
-    pub fn store(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
+    pub fn store(path: impl AsRef<Path>, err: impl std::fmt::Display) -> Self {
         Self::StoreUnavailable {
-            path: path.into(),
+            location: path.as_ref().display().to_string(),
             message: err.to_string(),
         }
     }

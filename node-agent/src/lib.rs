@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod bench_pull;
 pub mod compile;
 pub mod digest;
 pub mod error;

@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::fetch::Fetcher;
 use crate::metrics::Metrics;
 use crate::probe;
-use crate::ready::verify_load_warm;
+use crate::ready::{load_warm, pull_verified};
 use crate::spec::Spec;
 use crate::store::FsStore;
 
@@ -89,17 +89,17 @@ async fn pipeline(
     let fetcher = Fetcher::new(store.blobs(), metrics.clone())?;
     let inputs = fetch_inputs(&spec, &fetcher).await?;
 
-    let (manifest, cache_hit) = blocking(|| {
-        compile_or_reuse(
-            &spec,
-            &inputs,
-            backend.as_ref(),
-            &class,
-            &host,
-            &store,
-            metrics,
-        )
-    })?;
+    let (entry, cache_hit) = compile_or_reuse(
+        &spec,
+        &inputs,
+        backend.as_ref(),
+        &class,
+        &host,
+        &store,
+        metrics,
+    )
+    .await?;
+    let manifest = &entry.manifest;
     outcome.cache_hit = cache_hit;
     outcome.compile_seconds = if cache_hit {
         0.0
@@ -108,10 +108,13 @@ async fn pipeline(
     };
     outcome.artifact_digest = Some(manifest.artifact_digest.clone());
 
+    // The same path a node takes: pull by digest into a cache, verified while it streams.
+    let cached = store_dir.join("cache").join(&manifest.artifact_digest);
+    let manifest = pull_verified(&store, &entry.artifact_ref(), &cached, metrics).await?;
     let ready = blocking(|| {
-        verify_load_warm(
+        load_warm(
             &manifest,
-            &store,
+            &cached,
             backend.as_ref(),
             &class,
             &id,

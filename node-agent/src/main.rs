@@ -1,5 +1,5 @@
 //! kiln-agent: `local` (whole pipeline, no cluster), `compile` (the compile Job's worker),
-//! `fixtures`, `probe`, `bench-verify`.
+//! `fixtures`, `probe`, `bench-verify`, `bench-pull`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -92,9 +92,12 @@ enum Command {
         /// Compile key the operator expects.
         #[arg(long, env = "KILN_COMPILE_KEY")]
         compile_key: String,
-        /// Content-addressed store directory shared with the operator.
+        /// Artifact store: a directory (or `file:///dir`) shared with the operator, or
+        /// `oci://HOST[:PORT]/REPOSITORY`.
         #[arg(long, env = "KILN_STORE")]
-        store: PathBuf,
+        store: String,
+        #[command(flatten)]
+        registry: RegistryArgs,
         /// Base directory for relative file:// URIs.
         #[arg(long, env = "KILN_SOURCE_BASE", default_value = ".")]
         source_base: PathBuf,
@@ -108,6 +111,26 @@ enum Command {
     },
     /// Print this machine's hardware facts and class labels as JSON.
     Probe,
+    /// Measure a verified pull of a large artifact from a local docker-registry into a cache
+    /// directory against `curl -o` followed by `sha256sum`, in the same run.
+    BenchPull {
+        /// Artifact size in MiB.
+        #[arg(long, env = "KILN_BENCH_SIZE_MIB", default_value_t = 1024)]
+        size_mib: u64,
+        /// Runs per side (best of).
+        #[arg(long, env = "KILN_BENCH_RUNS", default_value_t = 3)]
+        runs: usize,
+        /// Directory for the registry's storage, the cache and curl's file (on disk).
+        #[arg(long, env = "KILN_BENCH_DIR", default_value = "/var/tmp")]
+        dir: PathBuf,
+        /// The distribution registry binary (Debian package docker-registry).
+        #[arg(
+            long,
+            env = "KILN_BENCH_REGISTRY",
+            default_value = "/usr/bin/docker-registry"
+        )]
+        registry: PathBuf,
+    },
     /// Measure streaming sha256 verification against sha256sum and openssl on one file.
     BenchVerify {
         /// File to hash; default: a fresh pseudo-random file of --size-mib.
@@ -120,6 +143,31 @@ enum Command {
         #[arg(long, env = "KILN_BENCH_RUNS", default_value_t = 3)]
         runs: usize,
     },
+}
+
+/// How to reach an `oci://` store's registry.
+#[derive(clap::Args, Clone, Debug)]
+struct RegistryArgs {
+    /// Talk plain HTTP to the registry (test clusters only).
+    #[arg(long, env = "KILN_REGISTRY_INSECURE")]
+    registry_insecure: bool,
+    /// Registry user name.
+    #[arg(long, env = "KILN_REGISTRY_USERNAME")]
+    registry_username: Option<String>,
+    /// Registry password.
+    #[arg(long, env = "KILN_REGISTRY_PASSWORD", hide_env_values = true)]
+    registry_password: Option<String>,
+}
+
+impl RegistryArgs {
+    fn options(&self) -> kiln_store::RegistryOptions {
+        kiln_store::RegistryOptions {
+            insecure: self.registry_insecure,
+            username: self.registry_username.clone().filter(|u| !u.is_empty()),
+            password: self.registry_password.clone().filter(|p| !p.is_empty()),
+            ..Default::default()
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -149,6 +197,7 @@ fn main() -> ExitCode {
             class_facts,
             compile_key,
             store,
+            registry,
             source_base,
             termination_log,
         } => run_compile(
@@ -157,6 +206,7 @@ fn main() -> ExitCode {
                 class_facts_json: class_facts,
                 compile_key,
                 store,
+                registry: registry.options(),
                 source_base,
             },
             &termination_log,
@@ -176,6 +226,12 @@ fn main() -> ExitCode {
             size_mib,
             runs,
         } => run_bench(file, size_mib, runs),
+        Command::BenchPull {
+            size_mib,
+            runs,
+            dir,
+            registry,
+        } => run_bench_pull(&dir, &registry, size_mib << 20, runs),
     }
 }
 
@@ -378,6 +434,46 @@ fn run_fixtures(
         }
         Err(e) => {
             eprintln!("kiln-agent fixtures: {} ({})", e, e.reason());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_bench_pull(
+    dir: &std::path::Path,
+    registry: &std::path::Path,
+    size: u64,
+    runs: usize,
+) -> ExitCode {
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    match runtime.block_on(kiln_agent::bench_pull::run(dir, registry, size, runs)) {
+        Ok(f) => {
+            let gb = f.bytes as f64 / 1e9;
+            println!(
+                "verified pull of {:.2} GiB from docker-registry at {} into {} (best of {runs})",
+                f.bytes as f64 / f64::from(1u32 << 30),
+                f.registry,
+                dir.display()
+            );
+            println!(
+                "  kiln-agent pull (hash while streaming, fsync, rename) {:>7.3} s  {:>5.2} GB/s",
+                f.agent,
+                gb / f.agent
+            );
+            println!(
+                "  curl -o + sha256sum (sequential)                     {:>7.3} s  {:>5.2} GB/s  (curl {:.3} s + sha256sum {:.3} s)",
+                f.peer,
+                gb / f.peer,
+                f.curl,
+                f.sha256sum
+            );
+            println!("  peer/kiln-agent time ratio {:.2}x", f.peer / f.agent);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kiln-agent bench-pull: {e:#}");
             ExitCode::FAILURE
         }
     }

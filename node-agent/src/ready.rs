@@ -1,7 +1,8 @@
-//! The path from a stored artifact to "ready": re-verify the bytes, re-check compatibility with
+//! The path from a stored artifact to "ready": pull and verify the bytes, re-check compatibility with
 //! this machine and this binary, load, warm with parity. The same code serves `local` and the
 //! node agent; any error means not ready.
 
+use std::path::Path;
 use std::time::Instant;
 
 use kiln_crds::BuildManifest;
@@ -12,7 +13,7 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::fixtures::FixtureFile;
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::{ArtifactRef, Store};
 use crate::warmup::{WarmupReport, warm};
 
 /// What a successful readiness check measured.
@@ -48,11 +49,26 @@ pub fn check_compatible(
     Ok(())
 }
 
-/// Verifies, loads and warms the artifact of `manifest`.
-#[allow(clippy::too_many_arguments)]
-pub fn verify_load_warm(
-    manifest: &BuildManifest,
+/// Pulls the artifact of `r` from the store into `dest`, verified by manifest digest, size and
+/// sha256 while it streams; a failure is counted by reason and leaves nothing at `dest`.
+pub async fn pull_verified(
     store: &dyn Store,
+    r: &ArtifactRef,
+    dest: &Path,
+    metrics: &Metrics,
+) -> Result<BuildManifest> {
+    store
+        .pull(r, dest)
+        .await
+        .map_err(Error::from)
+        .inspect_err(|e| metrics.verify_failure(e.reason()))
+}
+
+/// Loads and warms the verified artifact at `artifact` (from [`pull_verified`]).
+#[allow(clippy::too_many_arguments)]
+pub fn load_warm(
+    manifest: &BuildManifest,
+    artifact: &Path,
     backend: &dyn Backend,
     class: &ClassFacts,
     class_id: &str,
@@ -60,12 +76,9 @@ pub fn verify_load_warm(
     warmup: &Warmup,
     metrics: &Metrics,
 ) -> Result<Ready> {
-    let artifact = store
-        .verified_artifact(manifest)
-        .inspect_err(|e| metrics.verify_failure(e.reason()))?;
     check_compatible(manifest, backend, class)?;
     let started = Instant::now();
-    let engine = backend.load(&artifact)?;
+    let engine = backend.load(artifact)?;
     let load_seconds = started.elapsed().as_secs_f64();
     metrics.load(class_id, load_seconds);
     let report = warm(engine.as_ref(), fixture, warmup)?;

@@ -16,7 +16,7 @@ use crate::fetch::Fetcher;
 use crate::metrics::Metrics;
 use crate::probe;
 use crate::spec::Spec;
-use crate::store::FsStore;
+use crate::store::RegistryOptions;
 
 /// What the operator passes to a compile Job.
 pub struct Job {
@@ -26,8 +26,10 @@ pub struct Job {
     pub class_facts_json: String,
     /// Compile key the operator computed; the worker must arrive at the same one.
     pub compile_key: String,
-    /// Store directory.
-    pub store: PathBuf,
+    /// Store URL (a directory, `file:///dir` or `oci://host/repository`).
+    pub store: String,
+    /// How to reach the registry of an `oci://` store.
+    pub registry: RegistryOptions,
     /// Base directory for relative `file://` URIs.
     pub source_base: PathBuf,
 }
@@ -63,20 +65,31 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<(BuildManifest, bool)> 
             backend.version()
         )));
     }
-    let store = FsStore::open(&job.store)?;
-    let fetcher = Fetcher::new(store.blobs(), metrics.clone())?;
+    let store = kiln_store::open(&job.store, &job.registry)?;
+    store.check_writable().await?;
+    // A filesystem store keeps verified sources across compiles; otherwise they live as long as
+    // this Job.
+    let scratch;
+    let blobs = match store.blob_cache() {
+        Some(dir) => dir,
+        None => {
+            scratch = tempfile::tempdir().map_err(|e| Error::store(std::env::temp_dir(), e))?;
+            scratch.path().to_path_buf()
+        }
+    };
+    let fetcher = Fetcher::new(blobs, metrics.clone())?;
     let inputs = fetch_inputs(&spec, &fetcher).await?;
-    tokio::task::block_in_place(|| {
-        compile_or_reuse(
-            &spec,
-            &inputs,
-            backend.as_ref(),
-            &expected,
-            &host,
-            &store,
-            metrics,
-        )
-    })
+    let (entry, reused) = compile_or_reuse(
+        &spec,
+        &inputs,
+        backend.as_ref(),
+        &expected,
+        &host,
+        store.as_ref(),
+        metrics,
+    )
+    .await?;
+    Ok((entry.manifest, reused))
 }
 
 /// Every fact of the expected class must hold on this node. Facts the node has beyond the class

@@ -122,11 +122,12 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
     };
     let mut stored = BTreeMap::new();
     for key in plan::wanted_keys(&inputs) {
-        if let Some(m) = ctx.store.manifest(&key).map_err(Error::Store)? {
+        if let Some(entry) = ctx.store.lookup(&key).await.map_err(Error::Store)? {
             stored.insert(
                 key,
                 Stored {
-                    digest: m.artifact_digest,
+                    digest: entry.manifest.artifact_digest,
+                    manifest_digest: entry.manifest_digest,
                 },
             );
         }

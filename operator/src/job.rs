@@ -1,14 +1,16 @@
 //! The compile Job for one (CompiledTarget, class): pinned to the class by node label, owned by
 //! the target, running `kiln-agent compile` with the objects it needs in its environment, as a
-//! non-root user on a read-only root filesystem. Pure: builds the object, sends nothing.
+//! non-root user on a read-only root filesystem, with the operator's store (a hostPath mount for a
+//! filesystem store; the URL and registry settings for an OCI store). Pure: builds the object,
+//! sends nothing.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, HostPathVolumeSource,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, HostPathVolumeSource,
     PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile,
-    SecurityContext, Volume, VolumeMount,
+    SecretKeySelector, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -30,6 +32,23 @@ pub const STORE_MOUNT: &str = "/var/lib/kiln/store";
 /// Where the source directory is mounted (relative `file://` URIs resolve against it).
 pub const SOURCES_MOUNT: &str = "/var/lib/kiln/sources";
 
+/// Where compile Jobs store artifacts: the operator's own store, seen from the Job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobStore {
+    /// A filesystem store in this host directory (mounted at [`STORE_MOUNT`]), shared with
+    /// the operator on one node.
+    HostPath(String),
+    /// An OCI registry store (`oci://…`), reached over the network; no host mount.
+    Registry {
+        /// The store URL, passed as is.
+        url: String,
+        /// Plain HTTP.
+        insecure: bool,
+        /// Secret in the Job's namespace with keys `username` and `password` (both optional).
+        secret: Option<String>,
+    },
+}
+
 /// How compile Jobs are built, from the operator's flags.
 #[derive(Clone, Debug)]
 pub struct JobSettings {
@@ -37,8 +56,8 @@ pub struct JobSettings {
     pub image: String,
     /// `Always`, `IfNotPresent` or `Never`.
     pub image_pull_policy: String,
-    /// Host directory of the filesystem store, shared with the operator.
-    pub store_host_path: String,
+    /// Where the worker stores artifacts.
+    pub store: JobStore,
     /// Host directory mounted read-only for relative `file://` sources (local clusters), if any.
     pub sources_host_path: Option<String>,
     /// UID (and GID) the worker runs as; must be able to write the store directory.
@@ -60,7 +79,7 @@ pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &J
         (ANN_KEY.to_string(), new.compile_key.clone()),
         (ANN_ATTEMPT.to_string(), new.attempt.to_string()),
     ]);
-    let env = vec![
+    let mut env = vec![
         env("KILN_COMPILE_SPEC", &spec_json(target, model)),
         env(
             "KILN_CLASS_FACTS",
@@ -68,42 +87,69 @@ pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &J
         ),
         env("KILN_CLASS", &new.class),
         env("KILN_COMPILE_KEY", &new.compile_key),
-        env("KILN_STORE", STORE_MOUNT),
         env("KILN_SOURCE_BASE", SOURCES_MOUNT),
         // Plain lines: the operator quotes the last few in status when a compile fails.
         env("KILN_LOG_FORMAT", "plain"),
         env("NO_COLOR", "1"),
     ];
-    let mut mounts = vec![
-        VolumeMount {
-            name: "store".into(),
-            mount_path: STORE_MOUNT.into(),
+    let mut mounts = vec![VolumeMount {
+        name: "tmp".into(),
+        mount_path: "/tmp".into(),
+        ..Default::default()
+    }];
+    let mut volumes = vec![Volume {
+        name: "tmp".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity("1Gi".into())),
             ..Default::default()
-        },
-        VolumeMount {
-            name: "tmp".into(),
-            mount_path: "/tmp".into(),
-            ..Default::default()
-        },
-    ];
-    let mut volumes = vec![
-        Volume {
-            name: "store".into(),
-            host_path: Some(HostPathVolumeSource {
-                path: s.store_host_path.clone(),
-                type_: Some("Directory".into()),
-            }),
-            ..Default::default()
-        },
-        Volume {
-            name: "tmp".into(),
-            empty_dir: Some(EmptyDirVolumeSource {
-                size_limit: Some(Quantity("1Gi".into())),
+        }),
+        ..Default::default()
+    }];
+    match &s.store {
+        JobStore::HostPath(path) => {
+            env.push(self::env("KILN_STORE", STORE_MOUNT));
+            mounts.push(VolumeMount {
+                name: "store".into(),
+                mount_path: STORE_MOUNT.into(),
                 ..Default::default()
-            }),
-            ..Default::default()
-        },
-    ];
+            });
+            volumes.push(Volume {
+                name: "store".into(),
+                host_path: Some(HostPathVolumeSource {
+                    path: path.clone(),
+                    type_: Some("Directory".into()),
+                }),
+                ..Default::default()
+            });
+        }
+        JobStore::Registry {
+            url,
+            insecure,
+            secret,
+        } => {
+            env.push(self::env("KILN_STORE", url));
+            env.push(self::env("KILN_REGISTRY_INSECURE", &insecure.to_string()));
+            if let Some(secret) = secret {
+                for (var, key) in [
+                    ("KILN_REGISTRY_USERNAME", "username"),
+                    ("KILN_REGISTRY_PASSWORD", "password"),
+                ] {
+                    env.push(EnvVar {
+                        name: var.into(),
+                        value_from: Some(EnvVarSource {
+                            secret_key_ref: Some(SecretKeySelector {
+                                name: secret.clone(),
+                                key: key.into(),
+                                optional: Some(true),
+                            }),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+    }
     if let Some(src) = &s.sources_host_path {
         mounts.push(VolumeMount {
             name: "sources".into(),

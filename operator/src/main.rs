@@ -4,12 +4,11 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use kiln_operator::job::JobSettings;
+use kiln_operator::job::{JobSettings, JobStore};
 use kiln_operator::plan::Settings;
 use kiln_operator::run::{Config, Election, run};
 use kiln_operator::telemetry::{self, LogFormat};
@@ -24,9 +23,23 @@ struct Cli {
     /// Log format on stderr.
     #[arg(long, env = "KILN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
     log_format: LogFormat,
-    /// Filesystem artifact store shared with the compile Jobs (same path on the host).
+    /// Artifact store: a host directory (or `file:///dir`) shared with the compile Jobs, or
+    /// `oci://HOST[:PORT]/REPOSITORY`.
     #[arg(long, env = "KILN_STORE", default_value = "/var/lib/kiln/store")]
-    store: PathBuf,
+    store: String,
+    /// Talk plain HTTP to the registry (test clusters only).
+    #[arg(long, env = "KILN_REGISTRY_INSECURE")]
+    registry_insecure: bool,
+    /// Registry user name.
+    #[arg(long, env = "KILN_REGISTRY_USERNAME")]
+    registry_username: Option<String>,
+    /// Registry password.
+    #[arg(long, env = "KILN_REGISTRY_PASSWORD", hide_env_values = true)]
+    registry_password: Option<String>,
+    /// Secret (keys `username`, `password`) that compile Jobs read registry credentials from;
+    /// it must exist in each target's namespace, where the Jobs run.
+    #[arg(long, env = "KILN_REGISTRY_SECRET")]
+    registry_secret: Option<String>,
     /// kiln-agent image the compile Jobs run.
     #[arg(
         long,
@@ -102,8 +115,21 @@ fn main() -> ExitCode {
         };
         backend_versions.insert(name.trim().to_string(), version.trim().to_string());
     }
+    let options = kiln_store::RegistryOptions {
+        insecure: cli.registry_insecure,
+        username: cli.registry_username.filter(|u| !u.is_empty()),
+        password: cli.registry_password.filter(|p| !p.is_empty()),
+        ..Default::default()
+    };
+    let store = match kiln_store::open(&cli.store, &options) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("kiln-operator: --store: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let config = Config {
-        store: cli.store.clone(),
+        store,
         settings: Settings {
             backend_versions,
             default_max_attempts: cli.max_attempts,
@@ -113,7 +139,14 @@ fn main() -> ExitCode {
         job_settings: JobSettings {
             image: cli.agent_image,
             image_pull_policy: cli.agent_image_pull_policy,
-            store_host_path: cli.store.display().to_string(),
+            store: match kiln_store::fs_path(&cli.store) {
+                Some(path) => JobStore::HostPath(path.display().to_string()),
+                None => JobStore::Registry {
+                    url: cli.store.trim().to_string(),
+                    insecure: cli.registry_insecure,
+                    secret: cli.registry_secret.filter(|s| !s.is_empty()),
+                },
+            },
             sources_host_path: cli.sources_host_path,
             run_as_user: cli.compile_uid,
             active_deadline_seconds: cli.compile_deadline_seconds,

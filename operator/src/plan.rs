@@ -91,6 +91,8 @@ pub struct JobView {
 pub struct Stored {
     /// sha256 of the artifact.
     pub digest: String,
+    /// Digest of the stored manifest (`sha256:<hex>`), what agents pull by.
+    pub manifest_digest: String,
 }
 
 /// Everything the plan reads.
@@ -446,6 +448,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         if let Some(stored) = inputs.stored.get(&k.key) {
             row.phase = "Compiled".into();
             row.artifact_digest = Some(stored.digest.clone());
+            row.manifest_digest = Some(stored.manifest_digest.clone());
             compiled += 1;
             status.classes.push(row);
             continue;
@@ -558,6 +561,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 class: c.class.clone(),
                 compile_key: c.compile_key.clone().unwrap_or_default(),
                 digest: c.artifact_digest.clone().unwrap_or_default(),
+                manifest_digest: c.manifest_digest.clone().unwrap_or_default(),
             })
             .collect();
         if status.revisions.last().map(|r| &r.artifacts) != Some(&artifacts) {

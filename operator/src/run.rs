@@ -36,8 +36,8 @@ pub struct Election {
 
 /// Everything `run` needs from the command line.
 pub struct Config {
-    /// Artifact store directory (read-only here).
-    pub store: std::path::PathBuf,
+    /// The artifact store; the operator only looks keys up.
+    pub store: Arc<dyn kiln_store::Store>,
     /// Plan settings.
     pub settings: Settings,
     /// Job settings.
@@ -168,8 +168,7 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = ()> + Send + Sync + 'static,
 {
-    let store: Arc<dyn kiln_store::Store> =
-        Arc::new(kiln_store::FsStore::open_read_only(&config.store));
+    let store = config.store.clone();
     let wc = watcher::Config::default();
 
     // Caches the plan reads, with fields it never looks at dropped to keep memory flat.

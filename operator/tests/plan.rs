@@ -210,6 +210,7 @@ fn a_stored_key_is_reused_without_a_job_and_all_stored_makes_a_revision() {
         keys[0].clone(),
         Stored {
             digest: "d0".into(),
+            manifest_digest: "sha256:m0".into(),
         },
     );
     let p = w.plan(0);
@@ -229,6 +230,7 @@ fn a_stored_key_is_reused_without_a_job_and_all_stored_makes_a_revision() {
         ),
         ("Compiled", Some("d0"), None)
     );
+    assert_eq!(row.manifest_digest.as_deref(), Some("sha256:m0"));
     assert!(
         p.status.revisions.is_empty(),
         "a revision needs every class"
@@ -240,6 +242,7 @@ fn a_stored_key_is_reused_without_a_job_and_all_stored_makes_a_revision() {
             k.clone(),
             Stored {
                 digest: format!("d{i}"),
+                manifest_digest: format!("sha256:m{i}"),
             },
         );
     }
@@ -248,6 +251,14 @@ fn a_stored_key_is_reused_without_a_job_and_all_stored_makes_a_revision() {
     assert_eq!(p.status.revision, Some(1));
     assert_eq!(p.status.revisions.len(), 1);
     assert_eq!(p.status.revisions[0].artifacts.len(), 3);
+    assert!(
+        p.status.revisions[0]
+            .artifacts
+            .iter()
+            .all(|a| a.manifest_digest == format!("sha256:m{}", &a.digest[1..])),
+        "each revision artifact records the manifest digest agents pull by: {:?}",
+        p.status.revisions[0].artifacts
+    );
     assert!(is_true(&p.status.conditions, "Ready") && is_true(&p.status.conditions, "Compiled"));
     assert!(
         p.events.iter().any(|e| e.reason == "Ready"),

@@ -1,214 +1,204 @@
 //! kiln's artifact store: compiled artifacts and their build manifests by compile key. The trait
-//! is what the operator (which only asks "is this key stored, and with what manifest?"), the
-//! compile worker and the agent use; the filesystem store serves local mode, a hostPath shared by
-//! operator and compile Jobs on one node, and tests. The OCI registry store comes in behind the
-//! same trait, so the swap is a configuration change. Only std, serde and sha2: the operator links
-//! this crate and must never link an ML runtime.
+//! is what the operator (which only asks "is this key stored, under which manifest digest?"), the
+//! compile worker (which puts) and the agent (which pulls by digest) use. [`open`] picks the
+//! implementation from the store URL: a path or `file:///path` is a [`FsStore`] (local mode, a
+//! hostPath shared by operator and compile Jobs, tests); `oci://HOST[:PORT]/REPOSITORY` is an OCI
+//! registry. No ML runtime: the operator links this crate.
+
+mod error;
+mod fs;
+mod oci;
+mod staged;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use kiln_crds::{BuildManifest, FailureReason};
-use sha2::{Digest, Sha256};
+use kiln_crds::BuildManifest;
 
-/// Result alias for store operations.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub use error::{Error, Result};
+pub use fs::FsStore;
+pub use oci::{ARTIFACT_TYPE, BUILD_MANIFEST_MEDIA_TYPE, ENGINE_MEDIA_TYPE, OciStore};
+pub use staged::{sha256_file, sync_dir};
 
-/// What can go wrong in a store.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The store could not be read or written.
-    #[error("store {path} unavailable: {message}", path = path.display())]
-    Unavailable { path: PathBuf, message: String },
-    /// A stored artifact does not match its manifest.
-    #[error("{what}: {message}")]
-    HashMismatch { what: String, message: String },
+/// Default cap on one artifact's size (a pull refuses anything larger before writing a byte).
+pub const DEFAULT_MAX_ARTIFACT_BYTES: u64 = 256 << 30;
+
+/// How to reach a registry, from env or flags (`KILN_REGISTRY_INSECURE`,
+/// `KILN_REGISTRY_USERNAME`, `KILN_REGISTRY_PASSWORD`). Ignored by the filesystem store except
+/// for the size cap.
+#[derive(Clone, Debug)]
+pub struct RegistryOptions {
+    /// Plain HTTP instead of HTTPS.
+    pub insecure: bool,
+    /// Basic-auth user name, if the registry needs one.
+    pub username: Option<String>,
+    /// Basic-auth password.
+    pub password: Option<String>,
+    /// Largest artifact a pull accepts.
+    pub max_artifact_bytes: u64,
 }
 
-impl Error {
-    /// A store error at `path`.
-    pub fn store(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
-        Self::Unavailable {
-            path: path.into(),
-            message: err.to_string(),
+impl Default for RegistryOptions {
+    fn default() -> Self {
+        Self {
+            insecure: false,
+            username: None,
+            password: None,
+            max_artifact_bytes: DEFAULT_MAX_ARTIFACT_BYTES,
         }
     }
+}
 
-    /// The shared failure reason for status, Events and metric labels.
-    pub fn reason(&self) -> FailureReason {
-        match self {
-            Self::Unavailable { .. } => FailureReason::StoreUnavailable,
-            Self::HashMismatch { .. } => FailureReason::HashMismatch,
+impl RegistryOptions {
+    /// Options from the environment: `KILN_REGISTRY_INSECURE` (`true`/`1`),
+    /// `KILN_REGISTRY_USERNAME`, `KILN_REGISTRY_PASSWORD` (empty means unset).
+    pub fn from_env() -> Self {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        Self {
+            insecure: var("KILN_REGISTRY_INSECURE")
+                .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes")),
+            username: var("KILN_REGISTRY_USERNAME"),
+            password: var("KILN_REGISTRY_PASSWORD"),
+            ..Self::default()
+        }
+    }
+}
+
+/// Everything needed to pull one class's artifact by digest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArtifactRef {
+    /// Compile key (64 hex); must match the pulled manifest's.
+    pub compile_key: String,
+    /// Digest of the stored manifest, `sha256:<hex>`; the pull verifies the manifest against it.
+    pub manifest_digest: String,
+    /// sha256 (bare hex) of the artifact bytes.
+    pub artifact_digest: String,
+    /// Artifact size in bytes, when the caller knows it; the verified manifest's size rules.
+    pub size: Option<u64>,
+}
+
+/// A stored entry: the build manifest and the digest it is stored under.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    /// The build manifest.
+    pub manifest: BuildManifest,
+    /// Digest of the stored manifest, `sha256:<hex>` (what agents pull by).
+    pub manifest_digest: String,
+}
+
+impl Entry {
+    /// The reference an agent pulls this entry by.
+    pub fn artifact_ref(&self) -> ArtifactRef {
+        ArtifactRef {
+            compile_key: self.manifest.compile_key.clone(),
+            manifest_digest: self.manifest_digest.clone(),
+            artifact_digest: self.manifest.artifact_digest.clone(),
+            size: Some(self.manifest.artifact_size),
         }
     }
 }
 
 /// Where compiled artifacts live.
+#[async_trait::async_trait]
 pub trait Store: Send + Sync {
-    /// The manifest stored under `key`, if any. A manifest is only ever visible together with
-    /// its complete artifact.
-    fn manifest(&self, key: &str) -> Result<Option<BuildManifest>>;
+    /// The store's location, for logs and messages (a path or a registry URL, no credentials).
+    fn location(&self) -> String;
+    /// Proves the store can be written, before a long compile rather than after it.
+    async fn check_writable(&self) -> Result<()>;
+    /// The entry stored under `key`, if any. An entry is only visible together with its
+    /// complete artifact.
+    async fn lookup(&self, key: &str) -> Result<Option<Entry>>;
     /// Stores the artifact at `artifact` with its manifest under `manifest.compile_key`,
-    /// atomically: readers see all of it or nothing.
-    fn put(&self, artifact: &Path, manifest: &BuildManifest) -> Result<()>;
-    /// A local path to the artifact under `key`, verified against the manifest's digest and size
-    /// before it is returned: a corrupt artifact is never handed to a loader.
-    fn verified_artifact(&self, manifest: &BuildManifest) -> Result<PathBuf>;
-    /// A scratch directory on the same filesystem, for building an artifact before `put`.
+    /// atomically: readers see all of it or nothing. Storing a key twice is harmless.
+    async fn put(&self, artifact: &Path, manifest: &BuildManifest) -> Result<Entry>;
+    /// Pulls the artifact of `r` into `dest`: verifies the manifest by digest, streams the bytes
+    /// while hashing into a temp file beside `dest`, and renames it into place only when size
+    /// and sha256 match. `dest` never holds a partial or unverified file. Returns the manifest.
+    async fn pull(&self, r: &ArtifactRef, dest: &Path) -> Result<BuildManifest>;
+    /// A scratch directory for building an artifact before `put` (on the store's filesystem for
+    /// a filesystem store, so `put` is a rename).
     fn scratch(&self) -> Result<tempfile::TempDir>;
+    /// A directory on the store's filesystem where verified source blobs may be kept across
+    /// compiles; `None` for a remote store.
+    fn blob_cache(&self) -> Option<PathBuf>;
 }
 
-/// A content-addressed directory: `<root>/artifacts/<key>/{artifact,manifest.json}`.
-pub struct FsStore {
-    /// Root directory.
-    root: PathBuf,
-}
-
-const ARTIFACT: &str = "artifact";
-const MANIFEST: &str = "manifest.json";
-
-impl FsStore {
-    /// Opens (creating) a store at `root` and proves it is writable.
-    pub fn open(root: &Path) -> Result<Self> {
-        for dir in [root.join("artifacts"), root.join("tmp"), root.join("blobs")] {
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| Error::store(&dir, format!("{e}; pass a writable --store")))?;
-        }
-        // Fail now, not after a long compile.
-        tempfile::tempfile_in(root.join("tmp")).map_err(|e| {
-            Error::store(root, format!("not writable: {e}; pass a writable --store"))
-        })?;
-        Ok(Self {
-            root: root.to_path_buf(),
-        })
+/// Opens the store named by `url`: a path or `file:///path` ([`FsStore`], nothing created until
+/// [`Store::check_writable`] or a write) or `oci://HOST[:PORT]/REPOSITORY`.
+pub fn open(url: &str, options: &RegistryOptions) -> Result<Arc<dyn Store>> {
+    let url = url.trim();
+    if url.is_empty() {
+        return Err(Error::InvalidUrl {
+            url: url.into(),
+            message: "empty; pass a directory, file:///dir or oci://host/repository".into(),
+        });
     }
-
-    /// Opens a store for reading: creates nothing and needs no write access. The operator only
-    /// asks which keys are stored; a store nobody has written to yet simply holds none, and its
-    /// directories are left for the writers to create with their own ownership.
-    pub fn open_read_only(root: &Path) -> Self {
-        Self {
-            root: root.to_path_buf(),
-        }
-    }
-
-    /// Directory of verified source blobs.
-    pub fn blobs(&self) -> PathBuf {
-        self.root.join("blobs")
-    }
-
-    fn dir(&self, key: &str) -> Result<PathBuf> {
-        if key.len() != 64 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(Error::store(
-                &self.root,
-                format!("{key:?} is not a compile key"),
-            ));
-        }
-        Ok(self.root.join("artifacts").join(key))
-    }
-}
-
-impl Store for FsStore {
-    fn manifest(&self, key: &str) -> Result<Option<BuildManifest>> {
-        let path = self.dir(key)?.join(MANIFEST);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-                Error::store(
-                    &path,
-                    format!(
-                        "unreadable manifest ({e}); delete {} to rebuild",
-                        path.display()
-                    ),
-                )
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::store(&path, e)),
-        }
-    }
-
-    fn put(&self, artifact: &Path, manifest: &BuildManifest) -> Result<()> {
-        let dest = self.dir(&manifest.compile_key)?;
-        let staging = self.scratch()?;
-        let staged_artifact = staging.path().join(ARTIFACT);
-        std::fs::rename(artifact, &staged_artifact)
-            .or_else(|_| std::fs::copy(artifact, &staged_artifact).map(|_| ()))
-            .map_err(|e| Error::store(&staged_artifact, e))?;
-        let json = serde_json::to_vec_pretty(manifest).map_err(|e| Error::store(&dest, e))?;
-        let manifest_path = staging.path().join(MANIFEST);
-        write_synced(&manifest_path, &json)?;
-        std::fs::File::open(&staged_artifact)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| Error::store(&staged_artifact, e))?;
-        sync_dir(staging.path());
-        let staged = staging.keep();
-        match std::fs::rename(&staged, &dest) {
-            Ok(()) => {}
-            // Someone stored the same key first: same inputs, same artifact; keep theirs.
-            Err(_) if dest.join(MANIFEST).exists() => {
-                let _ = std::fs::remove_dir_all(&staged);
-            }
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&staged);
-                return Err(Error::store(&dest, e));
-            }
-        }
-        sync_dir(&self.root.join("artifacts"));
-        Ok(())
-    }
-
-    fn verified_artifact(&self, manifest: &BuildManifest) -> Result<PathBuf> {
-        let path = self.dir(&manifest.compile_key)?.join(ARTIFACT);
-        let (digest, size) = sha256_file(&path).map_err(|e| Error::store(&path, e))?;
-        if digest != manifest.artifact_digest || size != manifest.artifact_size {
-            return Err(Error::HashMismatch {
-                what: format!("stored artifact {}", path.display()),
-                message: format!(
-                    "sha256 {digest} ({size} bytes) but the build manifest says {} ({} bytes); the store is corrupt, delete {} to rebuild",
-                    manifest.artifact_digest,
-                    manifest.artifact_size,
-                    path.parent().unwrap_or(&path).display()
-                ),
+    if let Some(path) = url.strip_prefix("file://") {
+        if !path.starts_with('/') {
+            return Err(Error::InvalidUrl {
+                url: url.into(),
+                message: "a file:// store needs an absolute path (file:///var/lib/kiln/store)"
+                    .into(),
             });
         }
-        Ok(path)
+        return Ok(Arc::new(FsStore::new(Path::new(path), options)));
     }
+    if url.starts_with("oci://") {
+        return Ok(Arc::new(OciStore::new(url, options)?));
+    }
+    if let Some((scheme, _)) = url.split_once("://") {
+        return Err(Error::InvalidUrl {
+            url: url.into(),
+            message: format!(
+                "unknown scheme {scheme:?}; pass a directory, file:///dir or oci://host/repository"
+            ),
+        });
+    }
+    Ok(Arc::new(FsStore::new(Path::new(url), options)))
+}
 
-    fn scratch(&self) -> Result<tempfile::TempDir> {
-        let tmp = self.root.join("tmp");
-        tempfile::TempDir::new_in(&tmp).map_err(|e| Error::store(&tmp, e))
+/// Whether `url` names a filesystem store (its path), so callers can mount it.
+pub fn fs_path(url: &str) -> Option<PathBuf> {
+    let url = url.trim();
+    match url.strip_prefix("file://") {
+        Some(p) => Some(PathBuf::from(p)),
+        None if !url.contains("://") && !url.is_empty() => Some(PathBuf::from(url)),
+        None => None,
     }
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).map_err(|e| Error::store(path, e))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| Error::store(path, e))
-}
-
-/// The digest and length of a file, streamed.
-pub fn sha256_file(path: &Path) -> std::io::Result<(String, u64)> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut total = 0u64;
-    loop {
-        let n = match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        hasher.update(&buf[..n]);
-        total += n as u64;
+/// Checks that `key` is a compile key (64 lowercase or uppercase hex digits).
+pub(crate) fn check_key(location: &str, key: &str) -> Result<()> {
+    if key.len() != 64 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Error::unavailable(
+            location,
+            format!("{key:?} is not a compile key"),
+        ));
     }
-    Ok((hex::encode(hasher.finalize()), total))
+    Ok(())
 }
 
-/// fsyncs a directory so a rename inside it survives a crash.
-pub fn sync_dir(dir: &Path) {
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_pick_the_store() {
+        let o = RegistryOptions::default();
+        assert_eq!(
+            open("/var/lib/kiln/store", &o).unwrap().location(),
+            "/var/lib/kiln/store"
+        );
+        assert_eq!(
+            open("file:///srv/kiln", &o).unwrap().location(),
+            "/srv/kiln"
+        );
+        assert!(open("file://relative", &o).is_err());
+        let err = open("s3://bucket/x", &o).err().unwrap();
+        assert!(err.to_string().contains("unknown scheme"), "{err}");
+        assert_eq!(fs_path("file:///a"), Some(PathBuf::from("/a")));
+        assert_eq!(fs_path("oci://r:5000/kiln"), None);
+        assert_eq!(fs_path("rel/dir"), Some(PathBuf::from("rel/dir")));
     }
 }

@@ -1,0 +1,194 @@
+//! `kiln-agent bench-pull`: a verified pull of a large artifact from a real local registry
+//! (Debian's docker-registry) into a cache directory, against the sequential peer — `curl -o`
+//! of the same blob followed by `sha256sum` — in the same run, best of N each.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kiln_crds::BuildManifest;
+use kiln_crds::manifest::MANIFEST_VERSION;
+use kiln_store::{ArtifactRef, RegistryOptions};
+
+use crate::bench::make_file;
+use crate::digest::{sha256_bytes, sha256_file};
+
+/// What one bench-pull run measured (best of the runs, seconds).
+pub struct PullFigures {
+    /// Artifact size in bytes.
+    pub bytes: u64,
+    /// `Store::pull`: download, hash, write, fsync, rename.
+    pub agent: f64,
+    /// `curl -o` then `sha256sum`, as one sequential total (best total).
+    pub peer: f64,
+    /// The curl part of the best peer run.
+    pub curl: f64,
+    /// The sha256sum part of the best peer run.
+    pub sha256sum: f64,
+    /// Registry address used.
+    pub registry: SocketAddr,
+}
+
+/// A docker-registry serving a temp directory; killed on drop.
+struct LocalRegistry {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl LocalRegistry {
+    fn start(binary: &Path, dir: &Path) -> std::io::Result<Self> {
+        let addr = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let config = dir.join("registry.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n  secret: kiln-bench\n",
+                dir.join("registry").display()
+            ),
+        )?;
+        let child = Command::new(binary)
+            .arg("serve")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("registry.log"))?)
+            .spawn()
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot run {} ({e}); install Debian's docker-registry (scripts/ensure-test-packages.sh)",
+                        binary.display()
+                    ),
+                )
+            })?;
+        let mut registry = Self { child, addr };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            if Instant::now() > deadline || registry.child.try_wait()?.is_some() {
+                return Err(std::io::Error::other(format!(
+                    "docker-registry did not listen on {addr}; see {}",
+                    dir.join("registry.log").display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(registry)
+    }
+}
+
+impl Drop for LocalRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Pushes a pseudo-random artifact of `size` bytes to a fresh local registry under `work`, then
+/// times `runs` verified pulls and `runs` curl + sha256sum pairs, alternating.
+pub async fn run(
+    work: &Path,
+    registry_binary: &Path,
+    size: u64,
+    runs: usize,
+) -> anyhow::Result<PullFigures> {
+    let dir = tempfile::Builder::new()
+        .prefix("kiln-bench-pull-")
+        .tempdir_in(work)?;
+    let artifact = dir.path().join("artifact");
+    make_file(&artifact, size)?;
+    let (digest, bytes) = sha256_file(&artifact)?;
+    let registry = LocalRegistry::start(registry_binary, dir.path())?;
+    let store = kiln_store::open(
+        &format!("oci://{}/kiln/bench", registry.addr),
+        &RegistryOptions {
+            insecure: true,
+            ..Default::default()
+        },
+    )?;
+    let key = sha256_bytes(format!("bench-pull {bytes}").as_bytes());
+    let entry = store
+        .put(&artifact, &manifest(&key, &digest, bytes))
+        .await?;
+    std::fs::remove_file(&artifact)?;
+    let reference = ArtifactRef {
+        compile_key: key,
+        manifest_digest: entry.manifest_digest.clone(),
+        artifact_digest: digest.clone(),
+        size: Some(bytes),
+    };
+    let cache = dir.path().join("cache");
+    std::fs::create_dir_all(&cache)?;
+    let url = format!(
+        "http://{}/v2/kiln/bench/blobs/sha256:{digest}",
+        registry.addr
+    );
+    let (mut agent, mut peer, mut curl, mut sum) = (f64::MAX, f64::MAX, 0.0, 0.0);
+    for _ in 0..runs.max(1) {
+        let dest = cache.join(&digest);
+        let started = Instant::now();
+        store.pull(&reference, &dest).await?;
+        agent = agent.min(started.elapsed().as_secs_f64());
+        std::fs::remove_file(&dest)?;
+
+        let file = cache.join("curl.out");
+        let started = Instant::now();
+        let status = Command::new("curl")
+            .args(["-fsS", "-o"])
+            .arg(&file)
+            .arg(&url)
+            .status()?;
+        let curl_s = started.elapsed().as_secs_f64();
+        anyhow::ensure!(status.success(), "curl {url} failed: {status}");
+        let started = Instant::now();
+        let out = Command::new("sha256sum").arg(&file).output()?;
+        let sum_s = started.elapsed().as_secs_f64();
+        let printed = String::from_utf8_lossy(&out.stdout);
+        anyhow::ensure!(
+            out.status.success() && printed.starts_with(&digest),
+            "sha256sum disagrees: {printed}"
+        );
+        if curl_s + sum_s < peer {
+            (peer, curl, sum) = (curl_s + sum_s, curl_s, sum_s);
+        }
+        std::fs::remove_file(&file)?;
+    }
+    Ok(PullFigures {
+        bytes,
+        agent,
+        peer,
+        curl,
+        sha256sum: sum,
+        registry: registry.addr,
+    })
+}
+
+fn manifest(key: &str, digest: &str, size: u64) -> BuildManifest {
+    BuildManifest {
+        manifest_version: MANIFEST_VERSION,
+        compile_key: key.into(),
+        artifact_digest: digest.into(),
+        artifact_size: size,
+        media_type: "application/octet-stream".into(),
+        backend: "bench".into(),
+        backend_version: "0".into(),
+        tool_version: env!("CARGO_PKG_VERSION").into(),
+        precision: "none".into(),
+        profiles: Default::default(),
+        class: Default::default(),
+        host: Default::default(),
+        flags: Default::default(),
+        inputs: Default::default(),
+        outputs: Vec::new(),
+        unsupported_operators: Vec::new(),
+        parity_max_abs_error: None,
+        compile_seconds: 0.0,
+        converter_log: Vec::new(),
+    }
+}
+
+/// Default working directory: on disk, not tmpfs, so both sides pay for real writes.
+pub fn default_work_dir() -> PathBuf {
+    PathBuf::from("/var/tmp")
+}

@@ -1,0 +1,132 @@
+//! The compile Job's store wiring: a filesystem store is a hostPath mount; an OCI store is the
+//! URL, the insecure flag and credentials from a Secret, with no host mount at all.
+
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+use kiln_crds::{CompiledTarget, ModelArtifact};
+use kiln_operator::job::{JobSettings, JobStore, STORE_MOUNT, build};
+use kiln_operator::plan::NewJob;
+
+fn objects() -> (CompiledTarget, ModelArtifact) {
+    let mut target: CompiledTarget =
+        serde_saphyr::from_str(include_str!("fixtures/target.yaml")).expect("target.yaml");
+    target.metadata.uid = Some("uid-1".into());
+    let model: ModelArtifact =
+        serde_saphyr::from_str(include_str!("fixtures/model.yaml")).expect("model.yaml");
+    (target, model)
+}
+
+fn settings(store: JobStore) -> JobSettings {
+    JobSettings {
+        image: "kiln/agent:test".into(),
+        image_pull_policy: "Never".into(),
+        store,
+        sources_host_path: None,
+        run_as_user: 65532,
+        active_deadline_seconds: 600,
+        ttl_seconds_after_finished: 60,
+    }
+}
+
+fn new_job() -> NewJob {
+    NewJob {
+        name: "t-abc".into(),
+        class: "amd64-1234".into(),
+        facts: [("kubernetes.io/arch".to_string(), "amd64".to_string())].into(),
+        compile_key: "a".repeat(64),
+        attempt: 1,
+        node_selector: ("kiln.dev/class".into(), "amd64-1234".into()),
+    }
+}
+
+fn env_of(job: &k8s_openapi::api::batch::v1::Job) -> Vec<k8s_openapi::api::core::v1::EnvVar> {
+    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    pod.containers[0].env.clone().unwrap()
+}
+
+fn value(env: &[k8s_openapi::api::core::v1::EnvVar], name: &str) -> Option<String> {
+    env.iter()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.clone())
+}
+
+#[test]
+fn filesystem_store_is_a_host_path_mount() {
+    let (target, model) = objects();
+    let job = build(
+        &target,
+        &model,
+        &new_job(),
+        &settings(JobStore::HostPath("/var/lib/kiln/store".into())),
+    );
+    let env = env_of(&job);
+    assert_eq!(value(&env, "KILN_STORE").as_deref(), Some(STORE_MOUNT));
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let store = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == "store")
+        .expect("store volume");
+    assert_eq!(store.host_path.unwrap().path, "/var/lib/kiln/store");
+    assert!(env.iter().all(|e| !e.name.starts_with("KILN_REGISTRY")));
+}
+
+#[test]
+fn oci_store_passes_url_insecure_and_secret_credentials_without_host_mounts() {
+    let (target, model) = objects();
+    let job = build(
+        &target,
+        &model,
+        &new_job(),
+        &settings(JobStore::Registry {
+            url: "oci://10.201.0.2:5000/kiln".into(),
+            insecure: true,
+            secret: Some("kiln-registry".into()),
+        }),
+    );
+    let env = env_of(&job);
+    assert_eq!(
+        value(&env, "KILN_STORE").as_deref(),
+        Some("oci://10.201.0.2:5000/kiln")
+    );
+    assert_eq!(
+        value(&env, "KILN_REGISTRY_INSECURE").as_deref(),
+        Some("true")
+    );
+    for (var, key) in [
+        ("KILN_REGISTRY_USERNAME", "username"),
+        ("KILN_REGISTRY_PASSWORD", "password"),
+    ] {
+        let e = env.iter().find(|e| e.name == var).expect(var);
+        assert!(e.value.is_none(), "credentials never inline in the Job");
+        let r = e
+            .value_from
+            .as_ref()
+            .and_then(|v| v.secret_key_ref.as_ref())
+            .expect("secretKeyRef");
+        assert_eq!((r.name.as_str(), r.key.as_str()), ("kiln-registry", key));
+    }
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    assert!(
+        pod.volumes.unwrap().iter().all(|v| v.host_path.is_none()),
+        "no hostPath for a registry store"
+    );
+
+    let without_secret = build(
+        &target,
+        &model,
+        &new_job(),
+        &settings(JobStore::Registry {
+            url: "oci://r.example/kiln".into(),
+            insecure: false,
+            secret: None,
+        }),
+    );
+    let env = env_of(&without_secret);
+    assert_eq!(
+        value(&env, "KILN_REGISTRY_INSECURE").as_deref(),
+        Some("false")
+    );
+    assert!(env.iter().all(|e| e.name != "KILN_REGISTRY_USERNAME"));
+}

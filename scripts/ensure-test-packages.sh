@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs (idempotently, from Debian) what the Rust tests need beyond the toolchain:
+# docker-registry (the distribution registry, for kiln-store's OCI tests and bench-pull) and
+# apache2-utils (htpasswd, bcrypt password files for the registry's basic-auth test).
+# Does nothing when everything is present; needs root (apt-get) only when something is missing.
+set -euo pipefail
+
+need=()
+command -v docker-registry >/dev/null || [[ -x /usr/bin/docker-registry ]] || need+=(docker-registry)
+command -v htpasswd >/dev/null || need+=(apache2-utils)
+command -v curl >/dev/null || need+=(curl)
+((${#need[@]})) || exit 0
+if [[ $EUID -ne 0 ]]; then
+  echo "ensure-test-packages: missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2
+  exit 0
+fi
+command -v apt-get >/dev/null || { echo "ensure-test-packages: missing ${need[*]} and no apt-get" >&2; exit 1; }
+echo "ensure-test-packages: installing ${need[*]}" >&2
+apt-get update -q >&2
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >&2

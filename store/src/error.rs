@@ -1,0 +1,44 @@
+//! The store's one error type; every variant maps to one [`FailureReason`].
+
+use kiln_crds::FailureReason;
+
+/// Result alias for store operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong in a store.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The store could not be reached, read or written (a path or a registry URL).
+    #[error("store {location} unavailable: {message}")]
+    Unavailable { location: String, message: String },
+    /// Bytes (an artifact or a manifest) do not match the digest or size they were asked for.
+    #[error("{what}: {message}")]
+    HashMismatch { what: String, message: String },
+    /// The store URL cannot be used.
+    #[error("store URL {url:?}: {message}")]
+    InvalidUrl { url: String, message: String },
+}
+
+impl Error {
+    /// The store at `location` cannot be used.
+    pub fn unavailable(location: impl std::fmt::Display, err: impl std::fmt::Display) -> Self {
+        Self::Unavailable {
+            location: location.to_string(),
+            message: err.to_string(),
+        }
+    }
+
+    /// A store error at a filesystem path.
+    pub fn store(path: impl AsRef<std::path::Path>, err: impl std::fmt::Display) -> Self {
+        Self::unavailable(path.as_ref().display(), err)
+    }
+
+    /// The shared failure reason for status, Events and metric labels.
+    pub fn reason(&self) -> FailureReason {
+        match self {
+            Self::Unavailable { .. } => FailureReason::StoreUnavailable,
+            Self::HashMismatch { .. } => FailureReason::HashMismatch,
+            Self::InvalidUrl { .. } => FailureReason::InvalidSpec,
+        }
+    }
+}

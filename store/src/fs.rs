@@ -1,0 +1,257 @@
+//! The filesystem store: a content-addressed directory `<root>/artifacts/<key>/{artifact,
+//! manifest.json}`, written by rename so readers see a whole entry or none. The manifest digest
+//! is the sha256 of `manifest.json` as stored.
+
+use std::path::{Path, PathBuf};
+
+use kiln_crds::BuildManifest;
+
+use crate::staged::{Expected, copy_verified, oci_digest, sync_dir};
+use crate::{ArtifactRef, Entry, Error, RegistryOptions, Result, Store, check_key};
+
+const ARTIFACT: &str = "artifact";
+const MANIFEST: &str = "manifest.json";
+
+/// A content-addressed directory on a local (or hostPath) filesystem.
+#[derive(Clone, Debug)]
+pub struct FsStore {
+    /// Root directory.
+    root: PathBuf,
+    /// Largest artifact a pull accepts.
+    max_artifact_bytes: u64,
+}
+
+impl FsStore {
+    /// A store at `root`; creates nothing and needs no write access until something is written
+    /// (the operator only reads; a store nobody has written to yet simply holds nothing).
+    pub fn new(root: &Path, options: &RegistryOptions) -> Self {
+        Self {
+            root: root.to_path_buf(),
+            max_artifact_bytes: options.max_artifact_bytes,
+        }
+    }
+
+    /// Opens (creating) a store at `root` and proves it is writable.
+    pub fn open(root: &Path) -> Result<Self> {
+        let store = Self::new(root, &RegistryOptions::default());
+        store.prepare()?;
+        Ok(store)
+    }
+
+    /// Directory of verified source blobs.
+    pub fn blobs(&self) -> PathBuf {
+        self.root.join("blobs")
+    }
+
+    /// The directory of `key`'s entry.
+    pub fn entry_dir(&self, key: &str) -> Result<PathBuf> {
+        check_key(&self.location(), key)?;
+        Ok(self.root.join("artifacts").join(key))
+    }
+
+    fn prepare(&self) -> Result<()> {
+        let root = &self.root;
+        for dir in [root.join("artifacts"), root.join("tmp"), root.join("blobs")] {
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| Error::store(&dir, format!("{e}; pass a writable --store")))?;
+        }
+        // Fail now, not after a long compile.
+        tempfile::tempfile_in(root.join("tmp")).map_err(|e| {
+            Error::store(root, format!("not writable: {e}; pass a writable --store"))
+        })?;
+        Ok(())
+    }
+
+    fn lookup_sync(&self, key: &str) -> Result<Option<Entry>> {
+        let path = self.entry_dir(key)?.join(MANIFEST);
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let manifest = serde_json::from_slice(&bytes).map_err(|e| {
+                    Error::store(
+                        &path,
+                        format!(
+                            "unreadable manifest ({e}); delete {} to rebuild",
+                            path.parent().unwrap_or(&path).display()
+                        ),
+                    )
+                })?;
+                Ok(Some(Entry {
+                    manifest,
+                    manifest_digest: oci_digest(&bytes),
+                }))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::store(&path, e)),
+        }
+    }
+
+    fn put_sync(&self, artifact: &Path, manifest: &BuildManifest) -> Result<Entry> {
+        let key = &manifest.compile_key;
+        let dest = self.entry_dir(key)?;
+        if let Some(entry) = self.lookup_sync(key)? {
+            return Ok(entry);
+        }
+        self.prepare()?;
+        let staging = self.scratch_sync()?;
+        let staged_artifact = staging.path().join(ARTIFACT);
+        std::fs::rename(artifact, &staged_artifact)
+            .or_else(|_| std::fs::copy(artifact, &staged_artifact).map(|_| ()))
+            .map_err(|e| Error::store(&staged_artifact, e))?;
+        let json = serde_json::to_vec_pretty(manifest).map_err(|e| Error::store(&dest, e))?;
+        let manifest_path = staging.path().join(MANIFEST);
+        write_synced(&manifest_path, &json)?;
+        std::fs::File::open(&staged_artifact)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::store(&staged_artifact, e))?;
+        sync_dir(staging.path());
+        let staged = staging.keep();
+        match std::fs::rename(&staged, &dest) {
+            Ok(()) => {}
+            // Someone stored the same key first: same inputs, same artifact; keep theirs.
+            Err(_) if dest.join(MANIFEST).exists() => {
+                let _ = std::fs::remove_dir_all(&staged);
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&staged);
+                return Err(Error::store(&dest, e));
+            }
+        }
+        sync_dir(&self.root.join("artifacts"));
+        self.lookup_sync(key)?
+            .ok_or_else(|| Error::store(&dest, "entry vanished right after it was stored"))
+    }
+
+    fn pull_sync(&self, r: &ArtifactRef, dest: &Path) -> Result<BuildManifest> {
+        let dir = self.entry_dir(&r.compile_key)?;
+        let path = dir.join(MANIFEST);
+        let bytes = std::fs::read(&path).map_err(|e| Error::store(&path, e))?;
+        let got = oci_digest(&bytes);
+        if got != r.manifest_digest {
+            return Err(Error::HashMismatch {
+                what: format!("stored manifest {}", path.display()),
+                message: format!(
+                    "digest {got}, expected {}; the store was changed or is corrupt, delete {} to rebuild",
+                    r.manifest_digest,
+                    dir.display()
+                ),
+            });
+        }
+        let manifest: BuildManifest =
+            serde_json::from_slice(&bytes).map_err(|e| Error::store(&path, e))?;
+        check_manifest(&self.location(), r, &manifest, self.max_artifact_bytes)?;
+        let src = dir.join(ARTIFACT);
+        copy_verified(
+            &src,
+            dest,
+            Expected {
+                what: format!("stored artifact {}", src.display()),
+                digest: manifest.artifact_digest.clone(),
+                size: manifest.artifact_size,
+            },
+        )
+        .map_err(|e| match e {
+            Error::HashMismatch { what, message } => Error::HashMismatch {
+                what,
+                message: format!(
+                    "{message}; the store is corrupt, delete {} to rebuild",
+                    dir.display()
+                ),
+            },
+            e => e,
+        })?;
+        Ok(manifest)
+    }
+
+    fn scratch_sync(&self) -> Result<tempfile::TempDir> {
+        let tmp = self.root.join("tmp");
+        std::fs::create_dir_all(&tmp).map_err(|e| Error::store(&tmp, e))?;
+        tempfile::TempDir::new_in(&tmp).map_err(|e| Error::store(&tmp, e))
+    }
+}
+
+/// A verified manifest must be the one the reference names, and small enough to pull.
+pub(crate) fn check_manifest(
+    location: &str,
+    r: &ArtifactRef,
+    m: &BuildManifest,
+    max_bytes: u64,
+) -> Result<()> {
+    if m.compile_key != r.compile_key || !m.artifact_digest.eq_ignore_ascii_case(&r.artifact_digest)
+    {
+        return Err(Error::HashMismatch {
+            what: format!("manifest {} in {location}", r.manifest_digest),
+            message: format!(
+                "it describes key {} artifact {}, but key {} artifact {} was asked for",
+                m.compile_key, m.artifact_digest, r.compile_key, r.artifact_digest
+            ),
+        });
+    }
+    if let Some(size) = r.size
+        && size != m.artifact_size
+    {
+        return Err(Error::HashMismatch {
+            what: format!("manifest {} in {location}", r.manifest_digest),
+            message: format!("artifact size {} but {size} was asked for", m.artifact_size),
+        });
+    }
+    if m.artifact_size > max_bytes {
+        return Err(Error::HashMismatch {
+            what: format!("artifact {} in {location}", m.artifact_digest),
+            message: format!(
+                "{} bytes is over the {max_bytes}-byte limit; refusing to pull it",
+                m.artifact_size
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[async_trait::async_trait]
+impl Store for FsStore {
+    fn location(&self) -> String {
+        self.root.display().to_string()
+    }
+
+    async fn check_writable(&self) -> Result<()> {
+        let s = self.clone();
+        blocking(move || s.prepare()).await
+    }
+
+    async fn lookup(&self, key: &str) -> Result<Option<Entry>> {
+        let (s, key) = (self.clone(), key.to_string());
+        blocking(move || s.lookup_sync(&key)).await
+    }
+
+    async fn put(&self, artifact: &Path, manifest: &BuildManifest) -> Result<Entry> {
+        let (s, artifact, manifest) = (self.clone(), artifact.to_path_buf(), manifest.clone());
+        blocking(move || s.put_sync(&artifact, &manifest)).await
+    }
+
+    async fn pull(&self, r: &ArtifactRef, dest: &Path) -> Result<BuildManifest> {
+        let (s, r, dest) = (self.clone(), r.clone(), dest.to_path_buf());
+        blocking(move || s.pull_sync(&r, &dest)).await
+    }
+
+    fn scratch(&self) -> Result<tempfile::TempDir> {
+        self.scratch_sync()
+    }
+
+    fn blob_cache(&self) -> Option<PathBuf> {
+        Some(self.blobs())
+    }
+}
+
+/// Runs filesystem work off the async workers.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::unavailable("filesystem store", format!("worker failed: {e}")))?
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).map_err(|e| Error::store(path, e))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| Error::store(path, e))
+}

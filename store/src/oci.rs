@@ -1,0 +1,515 @@
+//! The OCI registry store: one image manifest per compile key, tagged with the key, whose config
+//! blob is the build manifest and whose one layer is the artifact (layer digest = the artifact's
+//! sha256). Lookups go by tag; pulls go by manifest digest only, and stream the layer into a
+//! verified write (hash while downloading; nothing partial ever lands at the destination).
+
+use std::path::{Path, PathBuf};
+
+use futures_util::StreamExt;
+use kiln_crds::BuildManifest;
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::errors::{OciDistributionError, OciErrorCode};
+use oci_client::manifest::{OCI_IMAGE_MEDIA_TYPE, OciDescriptor, OciImageManifest};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+
+use crate::fs::check_manifest;
+use crate::staged::{Expected, oci_digest, stream_verified};
+use crate::{ArtifactRef, Entry, Error, RegistryOptions, Result, Store, check_key};
+
+/// `artifactType` of every kiln manifest.
+pub const ARTIFACT_TYPE: &str = "application/vnd.kiln.artifact.v1";
+/// Media type of the config blob: the build manifest JSON.
+pub const BUILD_MANIFEST_MEDIA_TYPE: &str = "application/vnd.kiln.build-manifest.v1+json";
+/// Media type of the layer: the compiled artifact.
+pub const ENGINE_MEDIA_TYPE: &str = "application/vnd.kiln.engine.v1.tar";
+/// Largest build manifest (config blob) or image manifest accepted.
+const MAX_MANIFEST_BYTES: u64 = 4 << 20;
+/// Read size when streaming an artifact file to the registry.
+const PUSH_READ_BYTES: usize = 4 << 20;
+
+/// An OCI registry repository, e.g. `oci://10.201.0.2:5000/kiln`.
+pub struct OciStore {
+    client: Client,
+    auth: RegistryAuth,
+    registry: String,
+    repository: String,
+    insecure: bool,
+    user: Option<String>,
+    max_artifact_bytes: u64,
+}
+
+impl OciStore {
+    /// A store for `oci://HOST[:PORT]/REPOSITORY`. Contacts nothing yet.
+    pub fn new(url: &str, options: &RegistryOptions) -> Result<Self> {
+        let invalid = |message: &str| Error::InvalidUrl {
+            url: url.into(),
+            message: message.into(),
+        };
+        let rest = url
+            .strip_prefix("oci://")
+            .ok_or_else(|| invalid("expected oci://HOST[:PORT]/REPOSITORY"))?;
+        let (registry, repository) = rest
+            .split_once('/')
+            .ok_or_else(|| invalid("no repository; expected oci://HOST[:PORT]/REPOSITORY"))?;
+        let repository = repository.trim_end_matches('/');
+        if registry.is_empty() || repository.is_empty() {
+            return Err(invalid("expected oci://HOST[:PORT]/REPOSITORY"));
+        }
+        // Validate the name the way the registry will.
+        Reference::try_from(format!("{registry}/{repository}:probe"))
+            .map_err(|e| invalid(&format!("not a valid repository: {e}")))?;
+        let auth = match (&options.username, &options.password) {
+            (Some(u), Some(p)) => RegistryAuth::Basic(u.clone(), p.clone()),
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(invalid(
+                    "KILN_REGISTRY_USERNAME and KILN_REGISTRY_PASSWORD must be set together",
+                ));
+            }
+            (None, None) => RegistryAuth::Anonymous,
+        };
+        // reqwest is built without a default crypto provider; kiln uses ring. Harmless when the
+        // binary already installed it.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config = ClientConfig {
+            protocol: if options.insecure {
+                ClientProtocol::Http
+            } else {
+                ClientProtocol::Https
+            },
+            connect_timeout: Some(std::time::Duration::from_secs(10)),
+            ..Default::default()
+        };
+        let client = Client::try_from(config).map_err(|e| {
+            Error::unavailable(
+                format!("oci://{registry}"),
+                format!("cannot build the HTTP client: {e}"),
+            )
+        })?;
+        Ok(Self {
+            client,
+            auth,
+            registry: registry.to_string(),
+            repository: repository.to_string(),
+            insecure: options.insecure,
+            user: options.username.clone(),
+            max_artifact_bytes: options.max_artifact_bytes,
+        })
+    }
+
+    fn tagged(&self, key: &str) -> Reference {
+        Reference::with_tag(
+            self.registry.clone(),
+            self.repository.clone(),
+            key.to_string(),
+        )
+    }
+
+    fn by_digest(&self, digest: &str) -> Reference {
+        Reference::with_digest(
+            self.registry.clone(),
+            self.repository.clone(),
+            digest.to_string(),
+        )
+    }
+
+    /// Turns a client error into a store error that names the registry and says what to fix.
+    fn error(&self, doing: &str, err: OciDistributionError) -> Error {
+        let location = self.location();
+        let scheme = if self.insecure { "http" } else { "https" };
+        let auth_hint = match &self.user {
+            Some(u) => format!(
+                "the registry refused user {u:?}; check KILN_REGISTRY_USERNAME / KILN_REGISTRY_PASSWORD (or the --registry-secret)"
+            ),
+            None => "the registry requires credentials; set KILN_REGISTRY_USERNAME / KILN_REGISTRY_PASSWORD (or the --registry-secret)".to_string(),
+        };
+        let message = match &err {
+            OciDistributionError::RequestError(e) if e.is_connect() || e.is_timeout() => format!(
+                "cannot reach registry {} over {scheme} while {doing} ({}); is it running, and is the store URL right?",
+                self.registry,
+                source_chain(e)
+            ),
+            OciDistributionError::RequestError(e) => {
+                format!(
+                    "{doing}: request to registry {} failed: {}",
+                    self.registry,
+                    source_chain(e)
+                )
+            }
+            OciDistributionError::UnauthorizedError { .. }
+            | OciDistributionError::AuthenticationFailure(_) => {
+                format!("{doing}: {auth_hint} ({err})")
+            }
+            OciDistributionError::RegistryError { envelope, .. }
+                if envelope.errors.iter().any(|e| {
+                    matches!(e.code, OciErrorCode::Unauthorized | OciErrorCode::Denied)
+                }) =>
+            {
+                format!("{doing}: {auth_hint} ({err})")
+            }
+            OciDistributionError::DigestError(e) => {
+                return Error::HashMismatch {
+                    what: format!("{doing} from {location}"),
+                    message: e.to_string(),
+                };
+            }
+            _ => format!("{doing}: {err}"),
+        };
+        Error::unavailable(location, message)
+    }
+
+    /// The raw manifest at `reference`, or `None` if the registry does not know it.
+    async fn manifest_bytes(&self, reference: &Reference, doing: &str) -> Result<Option<Vec<u8>>> {
+        match self
+            .client
+            .pull_manifest_raw(reference, &self.auth, &[OCI_IMAGE_MEDIA_TYPE])
+            .await
+        {
+            Ok((bytes, _)) => {
+                if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+                    return Err(Error::unavailable(
+                        self.location(),
+                        format!("{doing}: manifest of {} bytes is too large", bytes.len()),
+                    ));
+                }
+                Ok(Some(bytes.to_vec()))
+            }
+            Err(e) if not_found(&e) => Ok(None),
+            Err(e) => Err(self.error(doing, e)),
+        }
+    }
+
+    /// Parses and checks a kiln image manifest, then fetches and verifies its build manifest.
+    async fn entry(&self, bytes: &[u8], doing: &str) -> Result<(Entry, OciDescriptor)> {
+        let manifest_digest = oci_digest(bytes);
+        let image: OciImageManifest = serde_json::from_slice(bytes).map_err(|e| {
+            Error::unavailable(
+                self.location(),
+                format!("{doing}: manifest {manifest_digest} is not an OCI image manifest: {e}"),
+            )
+        })?;
+        if image.artifact_type.as_deref() != Some(ARTIFACT_TYPE)
+            || image.config.media_type != BUILD_MANIFEST_MEDIA_TYPE
+            || image.layers.len() != 1
+            || image.layers[0].media_type != ENGINE_MEDIA_TYPE
+        {
+            return Err(Error::unavailable(
+                self.location(),
+                format!(
+                    "{doing}: manifest {manifest_digest} is not a kiln artifact (artifactType {:?}, config {}, {} layer(s)); something else pushed to this repository",
+                    image.artifact_type,
+                    image.config.media_type,
+                    image.layers.len()
+                ),
+            ));
+        }
+        let config = &image.config;
+        let size = u64::try_from(config.size).unwrap_or(u64::MAX);
+        if size > MAX_MANIFEST_BYTES {
+            return Err(Error::unavailable(
+                self.location(),
+                format!("{doing}: build manifest of {size} bytes is too large"),
+            ));
+        }
+        let mut json = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        let reference = self.by_digest(&manifest_digest);
+        self.client
+            .pull_blob(&reference, config, &mut json)
+            .await
+            .map_err(|e| self.error(&format!("{doing}: build manifest {}", config.digest), e))?;
+        if oci_digest(&json) != config.digest {
+            return Err(Error::HashMismatch {
+                what: format!("build manifest {} in {}", config.digest, self.location()),
+                message: format!(
+                    "the registry served bytes with digest {}",
+                    oci_digest(&json)
+                ),
+            });
+        }
+        let manifest: BuildManifest = serde_json::from_slice(&json).map_err(|e| {
+            Error::unavailable(
+                self.location(),
+                format!("{doing}: build manifest {} unreadable: {e}", config.digest),
+            )
+        })?;
+        let layer = image.layers[0].clone();
+        if layer.digest != format!("sha256:{}", manifest.artifact_digest)
+            || u64::try_from(layer.size).ok() != Some(manifest.artifact_size)
+        {
+            return Err(Error::HashMismatch {
+                what: format!("manifest {manifest_digest} in {}", self.location()),
+                message: format!(
+                    "its layer is {} ({} bytes) but its build manifest says sha256:{} ({} bytes)",
+                    layer.digest, layer.size, manifest.artifact_digest, manifest.artifact_size
+                ),
+            });
+        }
+        Ok((
+            Entry {
+                manifest,
+                manifest_digest,
+            },
+            layer,
+        ))
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for OciStore {
+    fn location(&self) -> String {
+        format!("oci://{}/{}", self.registry, self.repository)
+    }
+
+    async fn check_writable(&self) -> Result<()> {
+        // A write needs the registry up and the credentials accepted; /v2/ answers both (push
+        // permission itself is only known when pushing).
+        let reference = self.tagged(&"0".repeat(64));
+        match self
+            .client
+            .pull_manifest_raw(&reference, &self.auth, &[OCI_IMAGE_MEDIA_TYPE])
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if not_found(&e) => Ok(()),
+            Err(e) => Err(self.error("checking the registry", e)),
+        }
+    }
+
+    async fn lookup(&self, key: &str) -> Result<Option<Entry>> {
+        check_key(&self.location(), key)?;
+        let doing = format!("looking up compile key {key}");
+        let Some(bytes) = self.manifest_bytes(&self.tagged(key), &doing).await? else {
+            return Ok(None);
+        };
+        let (entry, _) = self.entry(&bytes, &doing).await?;
+        if entry.manifest.compile_key != key {
+            return Err(Error::unavailable(
+                self.location(),
+                format!(
+                    "tag {key} points at a build of key {}; the repository was tampered with",
+                    entry.manifest.compile_key
+                ),
+            ));
+        }
+        Ok(Some(entry))
+    }
+
+    async fn put(&self, artifact: &Path, manifest: &BuildManifest) -> Result<Entry> {
+        let key = &manifest.compile_key;
+        check_key(&self.location(), key)?;
+        if let Some(entry) = self.lookup(key).await? {
+            return Ok(entry);
+        }
+        let doing = format!("pushing compile key {key}");
+        let reference = self.tagged(key);
+        let layer_digest = format!("sha256:{}", manifest.artifact_digest);
+        // Only some client calls take credentials; the others use what was stored.
+        self.client
+            .store_auth_if_needed(&self.registry, &self.auth)
+            .await;
+        let exists = self
+            .client
+            .blob_exists(&reference, &layer_digest)
+            .await
+            .map_err(|e| self.error(&doing, e))?;
+        if !exists {
+            let file = tokio::fs::File::open(artifact)
+                .await
+                .map_err(|e| Error::store(artifact, e))?;
+            let size = file
+                .metadata()
+                .await
+                .map_err(|e| Error::store(artifact, e))?
+                .len();
+            if size != manifest.artifact_size {
+                return Err(Error::store(
+                    artifact,
+                    format!(
+                        "is {size} bytes, the build manifest says {}",
+                        manifest.artifact_size
+                    ),
+                ));
+            }
+            self.client
+                .push_blob_stream(&reference, file_stream(file), &layer_digest, Some(size))
+                .await
+                .map_err(|e| self.error(&format!("{doing}: artifact {layer_digest}"), e))?;
+        }
+        let json = serde_json::to_vec_pretty(manifest)
+            .map_err(|e| Error::unavailable(self.location(), e))?;
+        let config = OciDescriptor {
+            media_type: BUILD_MANIFEST_MEDIA_TYPE.into(),
+            digest: oci_digest(&json),
+            size: i64::try_from(json.len()).unwrap_or(i64::MAX),
+            ..Default::default()
+        };
+        self.client
+            .push_blob(&reference, json, &config.digest)
+            .await
+            .map_err(|e| self.error(&format!("{doing}: build manifest"), e))?;
+        let image = OciImageManifest {
+            schema_version: 2,
+            media_type: Some(OCI_IMAGE_MEDIA_TYPE.into()),
+            config,
+            layers: vec![OciDescriptor {
+                media_type: ENGINE_MEDIA_TYPE.into(),
+                digest: layer_digest,
+                size: i64::try_from(manifest.artifact_size).unwrap_or(i64::MAX),
+                ..Default::default()
+            }],
+            subject: None,
+            artifact_type: Some(ARTIFACT_TYPE.into()),
+            annotations: Some([("dev.kiln.compile-key".to_string(), key.clone())].into()),
+        };
+        let bytes =
+            serde_json::to_vec(&image).map_err(|e| Error::unavailable(self.location(), e))?;
+        let manifest_digest = oci_digest(&bytes);
+        self.client
+            .push_manifest_raw(
+                &reference,
+                bytes,
+                http::HeaderValue::from_static(OCI_IMAGE_MEDIA_TYPE),
+            )
+            .await
+            .map_err(|e| self.error(&format!("{doing}: manifest"), e))?;
+        Ok(Entry {
+            manifest: manifest.clone(),
+            manifest_digest,
+        })
+    }
+
+    async fn pull(&self, r: &ArtifactRef, dest: &Path) -> Result<BuildManifest> {
+        check_key(&self.location(), &r.compile_key)?;
+        let doing = format!("pulling manifest {}", r.manifest_digest);
+        let reference = self.by_digest(&r.manifest_digest);
+        let bytes = self
+            .manifest_bytes(&reference, &doing)
+            .await?
+            .ok_or_else(|| {
+                Error::unavailable(
+                    self.location(),
+                    format!("{doing}: the registry has no such manifest (garbage-collected or never pushed here); the operator will rebuild when the key is missing"),
+                )
+            })?;
+        if oci_digest(&bytes) != r.manifest_digest {
+            return Err(Error::HashMismatch {
+                what: format!("manifest {} from {}", r.manifest_digest, self.location()),
+                message: format!(
+                    "the registry served bytes with digest {}",
+                    oci_digest(&bytes)
+                ),
+            });
+        }
+        let (entry, layer) = self.entry(&bytes, &doing).await?;
+        check_manifest(
+            &self.location(),
+            r,
+            &entry.manifest,
+            self.max_artifact_bytes,
+        )?;
+        let m = entry.manifest;
+        let what = format!(
+            "artifact sha256:{} from {}",
+            m.artifact_digest,
+            self.location()
+        );
+        let stream = self
+            .client
+            .pull_blob_stream(&reference, &layer)
+            .await
+            .map_err(|e| self.error(&format!("pulling artifact {}", layer.digest), e))?;
+        // The client checks the digest again at the end of the stream; ours is the verdict (it
+        // also names what arrived), so its complaint just ends the stream.
+        let chunks = stream.stream.scan((), |(), item| {
+            std::future::ready(match item {
+                Err(e) if is_digest_error(&e) => None,
+                item => Some(item),
+            })
+        });
+        stream_verified(
+            Box::pin(chunks),
+            dest,
+            Expected {
+                what,
+                digest: m.artifact_digest.clone(),
+                size: m.artifact_size,
+            },
+        )
+        .await
+        .map_err(|e| match e {
+            Error::Unavailable { message, .. } => Error::unavailable(self.location(), message),
+            e => e,
+        })?;
+        Ok(m)
+    }
+
+    fn scratch(&self) -> Result<tempfile::TempDir> {
+        let tmp = std::env::temp_dir();
+        tempfile::TempDir::new_in(&tmp).map_err(|e| Error::store(&tmp, e))
+    }
+
+    fn blob_cache(&self) -> Option<PathBuf> {
+        None
+    }
+}
+
+/// Whether a stream error is the client's own end-of-blob digest check.
+fn is_digest_error(err: &std::io::Error) -> bool {
+    err.get_ref().is_some_and(|e| {
+        e.downcast_ref::<oci_client::errors::DigestError>()
+            .is_some()
+    })
+}
+
+/// Whether the registry said "no such manifest/tag/repository".
+fn not_found(err: &OciDistributionError) -> bool {
+    match err {
+        OciDistributionError::RegistryError { envelope, .. } => envelope.errors.iter().any(|e| {
+            matches!(
+                e.code,
+                OciErrorCode::ManifestUnknown
+                    | OciErrorCode::NameUnknown
+                    | OciErrorCode::NotFound
+                    | OciErrorCode::BlobUnknown
+            )
+        }),
+        OciDistributionError::ImageManifestNotFoundError(_) => true,
+        OciDistributionError::ServerError { code, .. } => *code == 404,
+        _ => false,
+    }
+}
+
+/// The error and its causes on one line ("error sending request: … : Connection refused").
+fn source_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+/// A file as a stream of chunks for a streaming push.
+fn file_stream(
+    file: tokio::fs::File,
+) -> impl futures_util::Stream<Item = oci_client::errors::Result<bytes::Bytes>> + Send + 'static {
+    futures_util::stream::try_unfold(file, |mut file| async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = bytes::BytesMut::with_capacity(PUSH_READ_BYTES);
+        while buf.len() < PUSH_READ_BYTES {
+            if file.read_buf(&mut buf).await? == 0 {
+                break;
+            }
+        }
+        if buf.is_empty() {
+            Ok(None)
+        } else {
+            Ok(Some((buf.freeze(), file)))
+        }
+    })
+}

@@ -1,0 +1,120 @@
+//! The filesystem store through the `Store` trait: put, lookup with manifest digest, and pulls
+//! that verify the manifest by digest and the bytes by size and sha256, never leaving a partial
+//! file at the destination.
+
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+mod common;
+
+use kiln_crds::FailureReason;
+use kiln_store::{RegistryOptions, open};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_lookup_pull_round_trip_and_corruption_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", tmp.path().join("store").display());
+    let store = open(&url, &RegistryOptions::default()).unwrap();
+    store.check_writable().await.unwrap();
+    let (path, manifest) = common::artifact(tmp.path(), "a", 300_000, 1);
+    let bytes = std::fs::read(&path).unwrap();
+    assert!(store.lookup(&manifest.compile_key).await.unwrap().is_none());
+
+    let entry = store.put(&path, &manifest).await.unwrap();
+    assert_eq!(entry.manifest, manifest);
+    let stored_json = tmp
+        .path()
+        .join("store/artifacts")
+        .join(&manifest.compile_key)
+        .join("manifest.json");
+    let json = std::fs::read(&stored_json).unwrap();
+    assert_eq!(
+        entry.manifest_digest,
+        format!(
+            "sha256:{}",
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&json))
+        )
+    );
+    let found = store.lookup(&manifest.compile_key).await.unwrap().unwrap();
+    assert_eq!(found, entry);
+    // A second put of the same key keeps the first entry.
+    let (again, _) = common::artifact(tmp.path(), "b", 300_000, 1);
+    assert_eq!(store.put(&again, &manifest).await.unwrap(), entry);
+
+    let cache = tmp.path().join("cache");
+    let dest = cache.join("pulled");
+    let r = entry.artifact_ref();
+    assert_eq!(store.pull(&r, &dest).await.unwrap(), manifest);
+    assert_eq!(std::fs::read(&dest).unwrap(), bytes);
+
+    // Wrong manifest digest: nothing pulled.
+    let mut wrong = r.clone();
+    wrong.manifest_digest = format!("sha256:{}", "0".repeat(64));
+    let other = cache.join("other");
+    let err = store.pull(&wrong, &other).await.unwrap_err();
+    assert_eq!(err.reason(), FailureReason::HashMismatch, "{err}");
+    // One flipped byte in the stored artifact: HashMismatch naming both digests, nothing at dest.
+    let stored = stored_json.with_file_name("artifact");
+    let mut corrupt = bytes.clone();
+    corrupt[1234] ^= 0x20;
+    std::fs::write(&stored, &corrupt).unwrap();
+    let err = store.pull(&r, &other).await.unwrap_err();
+    assert_eq!(err.reason(), FailureReason::HashMismatch, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&manifest.artifact_digest) && msg.contains("got"),
+        "{msg}"
+    );
+    // Truncated: refused by size.
+    std::fs::write(&stored, &bytes[..1000]).unwrap();
+    let err = store.pull(&r, &other).await.unwrap_err();
+    assert!(err.to_string().contains("got 1000 bytes"), "{err}");
+    assert_eq!(common::names(&cache), vec!["pulled".to_string()]);
+    assert_eq!(
+        std::fs::read(&dest).unwrap(),
+        bytes,
+        "earlier pull untouched"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn size_limit_is_enforced_before_writing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("store");
+    let small = RegistryOptions {
+        max_artifact_bytes: 1000,
+        ..Default::default()
+    };
+    let store = open(root.to_str().unwrap(), &small).unwrap();
+    let (path, manifest) = common::artifact(tmp.path(), "a", 5000, 2);
+    let entry = store.put(&path, &manifest).await.unwrap();
+    let err = store
+        .pull(&entry.artifact_ref(), &tmp.path().join("c/x"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("1000-byte limit"), "{err}");
+    assert!(common::names(&tmp.path().join("c")).is_empty());
+}
+
+#[tokio::test]
+async fn unwritable_store_is_unavailable_and_reads_need_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("file"), b"x").unwrap();
+    let store = open(
+        tmp.path().join("file/store").to_str().unwrap(),
+        &RegistryOptions::default(),
+    )
+    .unwrap();
+    let err = store.check_writable().await.unwrap_err();
+    assert_eq!(err.reason(), FailureReason::StoreUnavailable);
+    assert!(err.to_string().contains("writable --store"), "{err}");
+    let absent = open(
+        tmp.path().join("absent").to_str().unwrap(),
+        &RegistryOptions::default(),
+    )
+    .unwrap();
+    assert!(absent.lookup(&"a".repeat(64)).await.unwrap().is_none());
+    assert!(
+        !tmp.path().join("absent").exists(),
+        "a read creates nothing"
+    );
+}

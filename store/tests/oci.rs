@@ -1,0 +1,300 @@
+//! The OCI store against a real distribution registry (Debian's docker-registry 2.8): push,
+//! lookup by compile-key tag, pull by manifest digest with streaming verification, corruption in
+//! the registry's own storage, truncation and oversize, credentials, and a registry that is down.
+
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+mod common;
+mod registry;
+
+use kiln_crds::FailureReason;
+use kiln_store::{
+    ARTIFACT_TYPE, BUILD_MANIFEST_MEDIA_TYPE, ENGINE_MEDIA_TYPE, RegistryOptions, open,
+};
+use registry::Registry;
+use sha2::{Digest, Sha256};
+
+fn insecure() -> RegistryOptions {
+    RegistryOptions {
+        insecure: true,
+        ..Default::default()
+    }
+}
+
+/// GET a path of the registry (plain HTTP/1.0, so no client library is between us and it).
+fn http_get(addr: std::net::SocketAddr, path: &str, accept: &str) -> (String, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: {accept}\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).unwrap();
+    let split = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    (
+        String::from_utf8_lossy(&buf[..split]).into_owned(),
+        buf[split + 4..].to_vec(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_lookup_pull_round_trip_with_the_agreed_layout() {
+    let Some(reg) = Registry::start() else { return };
+    let store = open(&reg.url("kiln/artifacts"), &insecure()).unwrap();
+    store.check_writable().await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let (path, manifest) = common::artifact(tmp.path(), "artifact", 3 << 20, 7);
+    let bytes = std::fs::read(&path).unwrap();
+    let key = manifest.compile_key.clone();
+    assert!(
+        store.lookup(&key).await.unwrap().is_none(),
+        "empty registry"
+    );
+
+    let entry = store.put(&path, &manifest).await.unwrap();
+    assert_eq!(entry.manifest, manifest);
+    let found = store.lookup(&key).await.expect("lookup").expect("stored");
+    assert_eq!(found, entry, "lookup by tag finds what was pushed");
+
+    // The layout, read straight from the registry's HTTP API: tag == key, manifest digest ==
+    // sha256 of the served manifest bytes, media types, layer digest == artifact sha256.
+    let (head, body) = http_get(
+        reg.addr,
+        &format!("/v2/kiln/artifacts/manifests/{key}"),
+        "application/vnd.oci.image.manifest.v1+json",
+    );
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+    assert_eq!(
+        entry.manifest_digest,
+        format!("sha256:{}", hex::encode(Sha256::digest(&body)))
+    );
+    let m: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(m["mediaType"], "application/vnd.oci.image.manifest.v1+json");
+    assert_eq!(m["artifactType"], ARTIFACT_TYPE);
+    assert_eq!(m["config"]["mediaType"], BUILD_MANIFEST_MEDIA_TYPE);
+    assert_eq!(m["layers"].as_array().unwrap().len(), 1);
+    assert_eq!(m["layers"][0]["mediaType"], ENGINE_MEDIA_TYPE);
+    assert_eq!(
+        m["layers"][0]["digest"],
+        format!("sha256:{}", hex::encode(Sha256::digest(&bytes)))
+    );
+    assert_eq!(m["layers"][0]["size"], bytes.len() as u64);
+    let config_digest = m["config"]["digest"].as_str().unwrap();
+    let (_, config) = http_get(
+        reg.addr,
+        &format!("/v2/kiln/artifacts/blobs/{config_digest}"),
+        "*/*",
+    );
+    let stored: kiln_crds::BuildManifest = serde_json::from_slice(&config).unwrap();
+    assert_eq!(stored, manifest, "the config blob is the build manifest");
+    let (_, tags) = http_get(reg.addr, "/v2/kiln/artifacts/tags/list", "*/*");
+    let tags: serde_json::Value = serde_json::from_slice(&tags).unwrap();
+    assert_eq!(tags["tags"], serde_json::json!([key]));
+
+    // Pull by digest into a cache dir.
+    let cache = tmp.path().join("cache");
+    let dest = cache.join(&manifest.artifact_digest);
+    let pulled = store.pull(&entry.artifact_ref(), &dest).await.unwrap();
+    assert_eq!(pulled, manifest);
+    assert_eq!(std::fs::read(&dest).unwrap(), bytes);
+    assert_eq!(
+        common::names(&cache),
+        vec![manifest.artifact_digest.clone()]
+    );
+
+    // Pushing the same key again (another Job, a retry) is harmless: same entry, one tag.
+    let (again, _) = common::artifact(tmp.path(), "again", 3 << 20, 7);
+    assert_eq!(store.put(&again, &manifest).await.unwrap(), entry);
+    assert_eq!(store.lookup(&key).await.unwrap(), Some(entry.clone()));
+
+    // A reference whose manifest digest the registry does not hold is refused, nothing written.
+    let mut missing = entry.artifact_ref();
+    missing.manifest_digest = format!("sha256:{}", "1".repeat(64));
+    let err = store
+        .pull(&missing, &cache.join("missing"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.reason(), FailureReason::StoreUnavailable, "{err}");
+    assert!(err.to_string().contains("no such manifest"), "{err}");
+    // A reference naming other artifact bytes than the manifest is refused.
+    let mut other = entry.artifact_ref();
+    other.artifact_digest = "2".repeat(64);
+    let err = store.pull(&other, &cache.join("other")).await.unwrap_err();
+    assert_eq!(err.reason(), FailureReason::HashMismatch, "{err}");
+    assert_eq!(
+        common::names(&cache),
+        vec![manifest.artifact_digest.clone()]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_truncation_or_extra_bytes_in_the_registry_never_reach_dest() {
+    let Some(reg) = Registry::start() else { return };
+    let store = open(&reg.url("kiln"), &insecure()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let (path, manifest) = common::artifact(tmp.path(), "artifact", 2 << 20, 9);
+    let bytes = std::fs::read(&path).unwrap();
+    let entry = store.put(&path, &manifest).await.unwrap();
+    let r = entry.artifact_ref();
+    let blob = reg.blob_path(&manifest.artifact_digest);
+    assert_eq!(
+        std::fs::read(&blob).unwrap(),
+        bytes,
+        "blob stored as pushed"
+    );
+    let cache = tmp.path().join("cache");
+    let dest = cache.join("artifact");
+
+    let mut flipped = bytes.clone();
+    flipped[bytes.len() / 2] ^= 0x01;
+    std::fs::write(&blob, &flipped).unwrap();
+    let err = store.pull(&r, &dest).await.unwrap_err();
+    assert_eq!(err.reason(), FailureReason::HashMismatch, "{err}");
+    let got = hex::encode(Sha256::digest(&flipped));
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&manifest.artifact_digest) && msg.contains(&got),
+        "names expected and got: {msg}"
+    );
+    assert!(
+        common::names(&cache).is_empty(),
+        "no partial file: {:?}",
+        common::names(&cache)
+    );
+
+    std::fs::write(&blob, &bytes[..bytes.len() - 4096]).unwrap();
+    let err = store.pull(&r, &dest).await.unwrap_err();
+    assert_eq!(err.reason(), FailureReason::HashMismatch, "{err}");
+    assert!(common::names(&cache).is_empty());
+
+    let mut longer = bytes.clone();
+    longer.extend_from_slice(&[0u8; 4096]);
+    std::fs::write(&blob, &longer).unwrap();
+    let err = store.pull(&r, &dest).await.unwrap_err();
+    assert_eq!(err.reason(), FailureReason::HashMismatch, "{err}");
+    assert!(common::names(&cache).is_empty());
+
+    // Restored, the same reference pulls fine: the failures left nothing behind to trip over.
+    std::fs::write(&blob, &bytes).unwrap();
+    store.pull(&r, &dest).await.unwrap();
+    assert_eq!(std::fs::read(&dest).unwrap(), bytes);
+
+    // The size limit is applied to the verified manifest before any byte is fetched.
+    let small = open(
+        &reg.url("kiln"),
+        &RegistryOptions {
+            max_artifact_bytes: 1 << 20,
+            ..insecure()
+        },
+    )
+    .unwrap();
+    let err = small.pull(&r, &cache.join("too-big")).await.unwrap_err();
+    assert!(err.to_string().contains("limit"), "{err}");
+    assert_eq!(common::names(&cache), vec!["artifact".to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_are_used_and_wrong_ones_are_a_clear_error() {
+    let Some(reg) = Registry::start_with_auth("kiln", "s3cret") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (path, manifest) = common::artifact(tmp.path(), "artifact", 100_000, 3);
+    let good = open(
+        &reg.url("kiln"),
+        &RegistryOptions {
+            username: Some("kiln".into()),
+            password: Some("s3cret".into()),
+            ..insecure()
+        },
+    )
+    .unwrap();
+    good.check_writable().await.unwrap();
+    let entry = good.put(&path, &manifest).await.unwrap();
+    good.pull(&entry.artifact_ref(), &tmp.path().join("pulled"))
+        .await
+        .unwrap();
+
+    let wrong = open(
+        &reg.url("kiln"),
+        &RegistryOptions {
+            username: Some("kiln".into()),
+            password: Some("wrong".into()),
+            ..insecure()
+        },
+    )
+    .unwrap();
+    let err = wrong.lookup(&manifest.compile_key).await.unwrap_err();
+    assert_eq!(err.reason(), FailureReason::StoreUnavailable, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("refused user \"kiln\"") && msg.contains("KILN_REGISTRY_PASSWORD"),
+        "{msg}"
+    );
+    let err = wrong.check_writable().await.unwrap_err();
+    assert!(err.to_string().contains("refused user"), "{err}");
+
+    let anonymous = open(&reg.url("kiln"), &insecure()).unwrap();
+    let err = anonymous
+        .pull(&entry.artifact_ref(), &tmp.path().join("anon"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("requires credentials"), "{err}");
+    assert!(!tmp.path().join("anon").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_that_is_down_is_store_unavailable_naming_it() {
+    let Some(mut reg) = Registry::start() else {
+        return;
+    };
+    let url = reg.url("kiln");
+    let store = open(&url, &insecure()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let (path, manifest) = common::artifact(tmp.path(), "artifact", 10_000, 4);
+    let entry = store.put(&path, &manifest).await.unwrap();
+    reg.stop();
+    let addr = reg.addr.to_string();
+    for err in [
+        store.lookup(&manifest.compile_key).await.unwrap_err(),
+        store.check_writable().await.unwrap_err(),
+        store
+            .pull(&entry.artifact_ref(), &tmp.path().join("x"))
+            .await
+            .unwrap_err(),
+        store.put(&path, &manifest).await.unwrap_err(),
+    ] {
+        assert_eq!(err.reason(), FailureReason::StoreUnavailable, "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&addr) && msg.contains("cannot reach registry"),
+            "{msg}"
+        );
+    }
+    assert!(!tmp.path().join("x").exists());
+}
+
+#[test]
+fn bad_oci_urls_and_half_credentials_are_invalid() {
+    for url in [
+        "oci://",
+        "oci://host:5000",
+        "oci://host:5000/",
+        "oci://Host/UPPER",
+    ] {
+        let err = open(url, &RegistryOptions::default()).err().unwrap();
+        assert_eq!(err.reason(), FailureReason::InvalidSpec, "{url}: {err}");
+    }
+    let err = open(
+        "oci://r:5000/kiln",
+        &RegistryOptions {
+            username: Some("u".into()),
+            ..Default::default()
+        },
+    )
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("set together"), "{err}");
+}

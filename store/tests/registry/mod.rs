@@ -1,0 +1,154 @@
+//! A real distribution registry (Debian's `docker-registry`) for tests: `docker-registry serve`
+//! with a temp config on 127.0.0.1:<free port>, filesystem storage in a temp dir (so a test can
+//! flip a byte in a stored blob), optionally behind htpasswd basic auth. Killed on drop.
+
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BINARY: &str = "/usr/bin/docker-registry";
+
+/// A running registry.
+pub struct Registry {
+    child: Child,
+    /// `127.0.0.1:<port>`.
+    pub addr: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl Registry {
+    /// Starts a registry without auth, or `None` (with the reason printed) when the binary is
+    /// absent and this is not root, so it cannot be installed. As root (CI runs
+    /// scripts/test.sh as root, which installs it) a missing binary fails the test.
+    pub fn start() -> Option<Self> {
+        Self::start_with(None)
+    }
+
+    /// Starts a registry that accepts only `user`/`password` (bcrypt htpasswd via `htpasswd`).
+    pub fn start_with_auth(user: &str, password: &str) -> Option<Self> {
+        Self::start_with(Some((user, password)))
+    }
+
+    fn start_with(auth: Option<(&str, &str)>) -> Option<Self> {
+        if !available() {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let mut config = format!(
+            "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n  secret: kiln-test-secret\n",
+            dir.path().join("data").display()
+        );
+        if let Some((user, password)) = auth {
+            let htpasswd = dir.path().join("htpasswd");
+            let out = Command::new("htpasswd")
+                .args(["-Bbn", user, password])
+                .output()
+                .expect("htpasswd (apache2-utils) is needed; scripts/ensure-test-packages.sh installs it");
+            assert!(out.status.success(), "htpasswd failed: {out:?}");
+            std::fs::write(&htpasswd, &out.stdout).unwrap();
+            config.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: kiln-test\n    path: {}\n",
+                htpasswd.display()
+            ));
+        }
+        let config_path = dir.path().join("config.yml");
+        std::fs::write(&config_path, config).unwrap();
+        let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();
+        let child = Command::new(BINARY)
+            .arg("serve")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start docker-registry");
+        let mut registry = Self { child, addr, dir };
+        registry.wait_ready();
+        Some(registry)
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("docker-registry exited ({status}): {}", self.log());
+            }
+            if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "docker-registry did not listen on {}: {}",
+            self.addr,
+            self.log()
+        );
+    }
+
+    /// The registry's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
+    }
+
+    /// The store URL for repository `repo`.
+    pub fn url(&self, repo: &str) -> String {
+        format!("oci://{}/{repo}", self.addr)
+    }
+
+    /// The file holding blob `sha256:<hex>` in the registry's storage.
+    pub fn blob_path(&self, hex: &str) -> PathBuf {
+        self.dir
+            .path()
+            .join("data/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+
+    /// Storage root.
+    pub fn storage(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Stops the registry (the port is then refused).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn available() -> bool {
+    if Path::new(BINARY).exists() {
+        return true;
+    }
+    // Root can install it (scripts/test.sh does), so absence there is a failure, not a skip.
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    if root {
+        panic!(
+            "{BINARY} is missing; run scripts/ensure-test-packages.sh (scripts/test.sh does) to install Debian's docker-registry"
+        );
+    }
+    eprintln!(
+        "SKIPPED: {BINARY} is missing and this is not root; install Debian's docker-registry (scripts/ensure-test-packages.sh) to run the registry tests"
+    );
+    false
+}
