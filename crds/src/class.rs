@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use sha2::{Digest, Sha256};
 
 use crate::kiln_node::HardwareFacts;
@@ -53,6 +54,41 @@ pub fn fact_labels(facts: &HardwareFacts) -> BTreeMap<String, String> {
         labels.insert(CUDA_DRIVER_MAJOR.into(), major.to_string());
     }
     labels
+}
+
+/// The labels a node is classified by: the facts its agent probed (from its KilnNode) under the
+/// node's own labels, so a node without GPU Feature Discovery labels still classifies by CPU
+/// arch and x86-64 level, and a label set by an administrator wins. The operator and the agent
+/// both call this, so they agree on every node's class.
+pub fn node_class_labels(
+    node_labels: &BTreeMap<String, String>,
+    facts: Option<&HardwareFacts>,
+) -> BTreeMap<String, String> {
+    let mut labels = facts.map(fact_labels).unwrap_or_default();
+    labels.extend(node_labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+    labels
+}
+
+/// Whether `labels` satisfy a Kubernetes label selector (matchLabels and matchExpressions with
+/// In, NotIn, Exists, DoesNotExist). An unknown operator matches nothing: fail closed.
+pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let labels_ok = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let exprs_ok = selector.match_expressions.iter().flatten().all(|e| {
+        let value = labels.get(&e.key);
+        let values = e.values.as_deref().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    labels_ok && exprs_ok
 }
 
 /// `NVIDIA-H100-80GB-HBM3-MIG-1g.10gb` → `NVIDIA-H100-80GB-HBM3`; `…-SHARED` likewise.

@@ -3,9 +3,11 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+use crate::compiled_target::FallbackPolicy;
 use crate::conditions::Condition;
 use crate::reason::FailureReason;
 
@@ -155,4 +157,22 @@ pub struct NodeTargetStatus {
     /// Largest absolute error of any output against its golden value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parity_max_abs_error: Option<f64>,
+    /// The revision the target asks for, when the node serves another one (a fallback) or none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_revision: Option<i64>,
+    /// The fallback policy applied, when the row is `Degraded` or `Failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<FallbackPolicy>,
+    /// Seconds to pull and verify the artifact into the node cache (0 when it was cached).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_seconds: Option<f64>,
+    /// Bytes pulled for the artifact (0 when it was cached).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_bytes: Option<i64>,
+    /// When the agent first saw the desired revision's artifact for its class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision_seen_at: Option<Time>,
+    /// When the served artifact became ready on this node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_since: Option<Time>,
 }

@@ -32,3 +32,8 @@ pub fn default_class_keys() -> Vec<String> {
         .map(|k| (*k).to_string())
         .collect()
 }
+
+/// The pod readiness gate and condition type the agent sets on serving pods.
+pub const WARM_CONDITION: &str = "kiln.dev/warm";
+/// Pod annotation naming the CompiledTarget (same namespace) a serving pod waits for.
+pub const TARGET_ANNOTATION: &str = "kiln.dev/target";

@@ -57,6 +57,19 @@ pub async fn fetch_inputs(spec: &Spec, fetcher: &Fetcher) -> Result<Inputs> {
             .await?;
         assets.insert(asset.name.clone(), path);
     }
+    let (fixture, fixture_digest) = fetch_fixture(spec, fetcher).await?;
+    Ok(Inputs {
+        model,
+        assets,
+        fixture,
+        fixture_digest,
+    })
+}
+
+/// Fetches, verifies and parses the warmup fixture version the target names; returns it with
+/// its sha256. The node agent runs exactly this before every warmup.
+pub async fn fetch_fixture(spec: &Spec, fetcher: &Fetcher) -> Result<(FixtureFile, String)> {
+    let m = &spec.model.spec;
     let version = &spec.target.spec.warmup.fixture_version;
     let declared = m
         .fixture(version)
@@ -77,12 +90,7 @@ pub async fn fetch_inputs(spec: &Spec, fetcher: &Fetcher) -> Result<Inputs> {
             declared.uri, fixture.version
         )));
     }
-    Ok(Inputs {
-        model,
-        assets,
-        fixture,
-        fixture_digest: declared.sha256.clone(),
-    })
+    Ok((fixture, declared.sha256.clone()))
 }
 
 /// The compile key of `spec` for a class.

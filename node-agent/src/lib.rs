@@ -15,6 +15,7 @@ pub mod make_fixtures;
 pub mod metrics;
 pub mod probe;
 pub mod ready;
+pub mod run;
 pub mod spec;
 pub mod store;
 pub mod tensor;

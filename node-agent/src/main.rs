@@ -1,5 +1,5 @@
-//! kiln-agent: `local` (whole pipeline, no cluster), `compile` (the compile Job's worker),
-//! `fixtures`, `probe`, `bench-verify`, `bench-pull`.
+//! kiln-agent: `run` (the DaemonSet), `local` (whole pipeline, no cluster), `compile` (the
+//! compile Job's worker), `fixtures`, `probe`, `bench-verify`, `bench-pull`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,9 +15,9 @@ use prometheus_client::registry::Registry;
     about = "kiln node agent: compile, verify, load, warm, report ready"
 )]
 struct Cli {
-    /// Log format on stderr.
-    #[arg(long, env = "KILN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
-    log_format: LogFormat,
+    /// Log format on stderr (default: json for `run`, plain otherwise).
+    #[arg(long, env = "KILN_LOG_FORMAT", value_enum, global = true)]
+    log_format: Option<LogFormat>,
     #[command(subcommand)]
     command: Command,
 }
@@ -36,6 +36,34 @@ enum Output {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The node agent (DaemonSet): pull, verify, load and warm the artifact of every
+    /// CompiledTarget that selects this node; report on its KilnNode and pod readiness gates.
+    Run {
+        /// This node's name (downward API `spec.nodeName`).
+        #[arg(long, env = "NODE_NAME")]
+        node_name: String,
+        /// Node cache directory (a hostPath): verified artifacts, fixtures, the known-good index.
+        #[arg(long, env = "KILN_CACHE", default_value = "/var/lib/kiln/cache")]
+        cache: PathBuf,
+        /// Artifact store: a path or file:///path (filesystem store), or
+        /// oci://HOST[:PORT]/REPOSITORY (pulled by digest only).
+        #[arg(long, env = "KILN_STORE", default_value = "/var/lib/kiln/store")]
+        store: String,
+        #[command(flatten)]
+        registry: RegistryArgs,
+        /// Base directory for relative file:// URIs of fixtures.
+        #[arg(long, env = "KILN_SOURCE_BASE", default_value = ".")]
+        source_base: PathBuf,
+        /// Address for /metrics, /healthz and /readyz.
+        #[arg(long, env = "KILN_LISTEN", default_value = "0.0.0.0:8080")]
+        listen: std::net::SocketAddr,
+        /// Seconds before an artifact that failed is tried again.
+        #[arg(long, env = "KILN_RETRY_SECONDS", default_value_t = 60)]
+        retry_seconds: u64,
+        /// Seconds between passes when nothing changes.
+        #[arg(long, env = "KILN_RESYNC_SECONDS", default_value_t = 30)]
+        resync_seconds: u64,
+    },
     /// Run the whole pipeline on this machine for one ModelArtifact + CompiledTarget YAML.
     /// Without FILE, runs the embedded example (SqueezeNet from the ONNX test data).
     Local {
@@ -172,10 +200,45 @@ impl RegistryArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    let default_format = match cli.command {
+        Command::Run { .. } => LogFormat::Json,
+        _ => LogFormat::Plain,
+    };
+    init_tracing(cli.log_format.unwrap_or(default_format));
     // reqwest is built without a default crypto provider; kiln uses ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
     match cli.command {
+        Command::Run {
+            node_name,
+            cache,
+            store,
+            registry,
+            source_base,
+            listen,
+            retry_seconds,
+            resync_seconds,
+        } => {
+            let Some(runtime) = runtime() else {
+                return ExitCode::FAILURE;
+            };
+            let config = kiln_agent::run::Config {
+                node_name,
+                cache,
+                store,
+                registry: registry.options(),
+                source_base,
+                listen,
+                retry: std::time::Duration::from_secs(retry_seconds),
+                resync: std::time::Duration::from_secs(resync_seconds),
+            };
+            match runtime.block_on(kiln_agent::run::run(config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), "kiln-agent run failed");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Local {
             file,
             store,

@@ -1,6 +1,7 @@
 //! The agent's Prometheus metrics, in one prometheus-client registry: the same registry the
 //! DaemonSet serves on `/metrics` and `local --metrics-file` dumps. Labels are bounded: class,
-//! backend, reason, result — never object names or error text.
+//! backend, reason, policy, result — never error text. The one exception is the per-target ready
+//! gauge (see [`TargetLabels`]).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -36,6 +37,29 @@ pub struct ClassLabel {
     pub class: String,
 }
 
+/// One target on this node. Target namespace and name as labels are bounded: an agent exports
+/// one series per CompiledTarget that selects its node (a handful — each is a model loaded on the
+/// node), series are removed when a target stops selecting the node, and "is model X ready on
+/// node Y" is the question operators page on.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetLabels {
+    /// CompiledTarget namespace.
+    pub namespace: String,
+    /// CompiledTarget name.
+    pub target: String,
+    /// Class whose artifact is served (or wanted).
+    pub class: String,
+}
+
+/// Why a fallback was taken and which policy took it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FallbackLabels {
+    /// The failure reason of the artifact asked for.
+    pub reason: String,
+    /// `PreviousKnownGood` or `Class`.
+    pub policy: String,
+}
+
 /// Every metric the agent records. Cheap to clone; clones share the series.
 #[derive(Clone)]
 pub struct Metrics {
@@ -53,6 +77,13 @@ struct Inner {
     fixture_latency: Family<ClassLabel, Histogram>,
     parity_max_abs_error: Family<ClassLabel, Gauge<f64, AtomicU64>>,
     ready: Family<ClassLabel, Gauge>,
+    pull_bytes: Counter,
+    pull_seconds: Histogram,
+    compat_rejections: Family<ReasonLabel, Counter>,
+    target_ready: Family<TargetLabels, Gauge>,
+    fallbacks: Family<FallbackLabels, Counter>,
+    fail_closed: Family<ReasonLabel, Counter>,
+    revision_ready_seconds: Histogram,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -76,6 +107,13 @@ impl Metrics {
             }),
             parity_max_abs_error: Family::default(),
             ready: Family::default(),
+            pull_bytes: Counter::default(),
+            pull_seconds: seconds_histogram(),
+            compat_rejections: Family::default(),
+            target_ready: Family::default(),
+            fallbacks: Family::default(),
+            fail_closed: Family::default(),
+            revision_ready_seconds: seconds_histogram(),
         };
         let r = registry.sub_registry_with_prefix("kiln_agent");
         r.register(
@@ -128,6 +166,41 @@ impl Metrics {
             "1 when the engine is verified, loaded and warmed",
             inner.ready.clone(),
         );
+        r.register(
+            "artifact_pull_bytes",
+            "Artifact bytes pulled and verified into the node cache",
+            inner.pull_bytes.clone(),
+        );
+        r.register(
+            "artifact_pull_seconds",
+            "Time to pull and verify an artifact into the node cache",
+            inner.pull_seconds.clone(),
+        );
+        r.register(
+            "compatibility_rejections",
+            "Artifacts refused before loading because they do not fit this device or runtime",
+            inner.compat_rejections.clone(),
+        );
+        r.register(
+            "target_ready",
+            "1 when the target is served on this node (Ready, or Degraded on a fallback)",
+            inner.target_ready.clone(),
+        );
+        r.register(
+            "fallbacks",
+            "Fallbacks taken after the asked-for artifact failed, by reason and policy",
+            inner.fallbacks.clone(),
+        );
+        r.register(
+            "fail_closed",
+            "Targets left not ready on this node (no fallback served), by reason",
+            inner.fail_closed.clone(),
+        );
+        r.register(
+            "revision_ready_seconds",
+            "Time from first seeing a target revision to serving it ready",
+            inner.revision_ready_seconds.clone(),
+        );
         // Every reason appears at zero, so alerts and rate() see the series before the first failure.
         for reason in FailureReason::ALL {
             let label = ReasonLabel {
@@ -135,6 +208,7 @@ impl Metrics {
             };
             let _ = inner.failures.get_or_create(&label);
             let _ = inner.verify_failures.get_or_create(&label);
+            let _ = inner.fail_closed.get_or_create(&label);
         }
         Self {
             inner: Arc::new(inner),
@@ -211,6 +285,63 @@ impl Metrics {
             .ready
             .get_or_create(&class_label(class))
             .set(i64::from(ready));
+    }
+}
+
+impl Metrics {
+    /// Counts an artifact pulled into the node cache.
+    pub fn pulled(&self, bytes: u64, seconds: f64) {
+        self.inner.pull_bytes.inc_by(bytes);
+        self.inner.pull_seconds.observe(seconds);
+    }
+
+    /// Counts an artifact refused as incompatible.
+    pub fn compat_rejection(&self, reason: FailureReason) {
+        self.inner
+            .compat_rejections
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str().into(),
+            })
+            .inc();
+    }
+
+    /// Sets whether a target is served on this node.
+    pub fn target_ready(&self, labels: &TargetLabels, ready: bool) {
+        self.inner
+            .target_ready
+            .get_or_create(labels)
+            .set(i64::from(ready));
+    }
+
+    /// Drops the series of a target that no longer selects this node.
+    pub fn forget_target(&self, labels: &TargetLabels) {
+        self.inner.target_ready.remove(labels);
+    }
+
+    /// Counts a fallback.
+    pub fn fallback(&self, reason: FailureReason, policy: &str) {
+        self.inner
+            .fallbacks
+            .get_or_create(&FallbackLabels {
+                reason: reason.as_str().into(),
+                policy: policy.into(),
+            })
+            .inc();
+    }
+
+    /// Counts a target left not ready.
+    pub fn fail_closed(&self, reason: FailureReason) {
+        self.inner
+            .fail_closed
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str().into(),
+            })
+            .inc();
+    }
+
+    /// Records the time from first seeing a revision to serving it.
+    pub fn revision_ready(&self, seconds: f64) {
+        self.inner.revision_ready_seconds.observe(seconds);
     }
 }
 

@@ -9,7 +9,7 @@ use kiln_crds::BuildManifest;
 use kiln_crds::class::ClassFacts;
 use kiln_crds::compiled_target::Warmup;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Engine};
 use crate::error::{Error, Result};
 use crate::fixtures::FixtureFile;
 use crate::metrics::Metrics;
@@ -77,19 +77,42 @@ pub fn load_warm(
     metrics: &Metrics,
 ) -> Result<Ready> {
     check_compatible(manifest, backend, class)?;
+    let (engine, load_seconds) = load(backend, artifact, class_id, metrics)?;
+    let report = warm_engine(engine.as_ref(), fixture, warmup, class_id, metrics)?;
+    Ok(Ready {
+        load_seconds,
+        warmup: report,
+    })
+}
+
+/// Loads a verified, compatible artifact; returns the engine and the seconds it took.
+pub fn load(
+    backend: &dyn Backend,
+    artifact: &Path,
+    class_id: &str,
+    metrics: &Metrics,
+) -> Result<(Box<dyn Engine>, f64)> {
     let started = Instant::now();
     let engine = backend.load(artifact)?;
     let load_seconds = started.elapsed().as_secs_f64();
     metrics.load(class_id, load_seconds);
-    let report = warm(engine.as_ref(), fixture, warmup)?;
+    Ok((engine, load_seconds))
+}
+
+/// Runs the warmup fixtures through a loaded engine with parity and the latency budget.
+pub fn warm_engine(
+    engine: &dyn Engine,
+    fixture: &FixtureFile,
+    warmup: &Warmup,
+    class_id: &str,
+    metrics: &Metrics,
+) -> Result<WarmupReport> {
+    let report = warm(engine, fixture, warmup)?;
     metrics.warmup(
         class_id,
         report.total_seconds,
         &report.latencies,
         report.parity_max_abs_error,
     );
-    Ok(Ready {
-        load_seconds,
-        warmup: report,
-    })
+    Ok(report)
 }

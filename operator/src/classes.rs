@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kiln_crds::KilnNode;
-use kiln_crds::class::{ClassFacts, class_facts, class_id, fact_labels};
+pub use kiln_crds::class::selector_matches;
+use kiln_crds::class::{ClassFacts, class_facts, class_id, node_class_labels};
 use kiln_crds::labels::{DEFAULT_CLASS_KEYS, NODE_CLASS};
 use sha2::{Digest, Sha256};
 
@@ -26,12 +27,10 @@ impl NodeView {
     /// Merges a Node with its KilnNode (same name), when the agent has reported one.
     pub fn new(node: &Node, kiln_node: Option<&KilnNode>) -> Self {
         let labels = node.metadata.labels.clone().unwrap_or_default();
-        let mut class_labels = kiln_node
+        let facts = kiln_node
             .and_then(|k| k.status.as_ref())
-            .and_then(|s| s.hardware.as_ref())
-            .map(fact_labels)
-            .unwrap_or_default();
-        class_labels.extend(labels.clone());
+            .and_then(|s| s.hardware.as_ref());
+        let class_labels = node_class_labels(&labels, facts);
         Self {
             name: node.metadata.name.clone().unwrap_or_default(),
             labels,
@@ -64,28 +63,6 @@ pub fn class_label_key(keys: &[String]) -> String {
     let encoded = set.into_iter().collect::<Vec<_>>().join("\n");
     let hash = hex::encode(&Sha256::digest(encoded.as_bytes())[..4]);
     format!("{NODE_CLASS}-{hash}")
-}
-
-/// Whether `labels` satisfy a Kubernetes label selector (matchLabels and matchExpressions with
-/// In, NotIn, Exists, DoesNotExist). An unknown operator matches nothing: fail closed.
-pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let labels_ok = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    let exprs_ok = selector.match_expressions.iter().flatten().all(|e| {
-        let value = labels.get(&e.key);
-        let values = e.values.as_deref().unwrap_or_default();
-        match e.operator.as_str() {
-            "In" => value.is_some_and(|v| values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            _ => false,
-        }
-    });
-    labels_ok && exprs_ok
 }
 
 /// The nodes `selector` picks (all when none), grouped into classes by `keys`, ordered by id.

@@ -1,0 +1,390 @@
+//! The node cache (a hostPath): verified artifacts by digest, each beside its build manifest, and
+//! an index of which revisions passed on this node. Nothing is used without re-hashing it first,
+//! a partial file never sits under a final name, and eviction keeps the last K known-good
+//! artifacts per target and whatever is in use.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use kiln_crds::BuildManifest;
+use serde::{Deserialize, Serialize};
+
+use crate::digest::sha256_file;
+use crate::error::{Error, Result};
+use crate::fetch::sync_dir;
+
+const ARTIFACT: &str = "artifact";
+const MANIFEST: &str = "manifest.json";
+const INDEX: &str = "index.json";
+
+/// A revision that passed verify, load and warmup on this node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KnownGood {
+    /// Revision number.
+    pub revision: i64,
+    /// Class whose artifact passed.
+    pub class: String,
+    /// Compile key.
+    pub compile_key: String,
+    /// sha256 of the artifact.
+    pub digest: String,
+    /// Unix seconds of the pass.
+    pub passed_at: i64,
+}
+
+/// What survives an agent restart: per target (`namespace/name`), its known-good entries, oldest
+/// first. Only a hint: every entry is re-verified before it is used.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Index {
+    /// Target → known-good entries.
+    pub targets: BTreeMap<String, Vec<KnownGood>>,
+}
+
+/// The cache directory: `artifacts/<digest>/{artifact,manifest.json}`, `blobs/` (fixtures),
+/// `tmp/` (partial pulls; emptied at start), `index.json`.
+pub struct Cache {
+    root: PathBuf,
+    index: Index,
+}
+
+impl Cache {
+    /// Opens (creating) the cache at `root`, discards partial pulls a previous run left and
+    /// reads the index (an unreadable index is dropped: entries are hints, not truth).
+    pub fn open(root: &Path) -> Result<Self> {
+        for dir in ["artifacts", "blobs", "tmp"] {
+            let d = root.join(dir);
+            std::fs::create_dir_all(&d)
+                .map_err(|e| Error::store(&d, format!("{e}; pass a writable --cache")))?;
+        }
+        let tmp = root.join("tmp");
+        if let Ok(entries) = std::fs::read_dir(&tmp) {
+            for e in entries.flatten() {
+                let _ =
+                    std::fs::remove_dir_all(e.path()).or_else(|_| std::fs::remove_file(e.path()));
+            }
+        }
+        let index = match std::fs::read(root.join(INDEX)) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "node cache index unreadable; starting with none");
+                Index::default()
+            }),
+            Err(_) => Index::default(),
+        };
+        Ok(Self {
+            root: root.to_path_buf(),
+            index,
+        })
+    }
+
+    /// Directory of verified fixture blobs.
+    pub fn blobs(&self) -> PathBuf {
+        self.root.join("blobs")
+    }
+
+    fn dir(&self, digest: &str) -> Result<PathBuf> {
+        if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::InvalidSpec(format!(
+                "artifact digest {digest:?} is not 64 hex characters"
+            )));
+        }
+        Ok(self.root.join("artifacts").join(digest))
+    }
+
+    /// The cached artifact with `digest`, re-hashed now; a copy that no longer matches is
+    /// deleted and reported as `HashMismatch`. `Ok(None)` when it is not cached.
+    pub fn verified(&self, digest: &str) -> Result<Option<(PathBuf, BuildManifest)>> {
+        let dir = self.dir(digest)?;
+        let manifest = match std::fs::read(dir.join(MANIFEST)) {
+            Ok(bytes) => match serde_json::from_slice::<BuildManifest>(&bytes) {
+                Ok(m) => m,
+                Err(_) => {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    return Ok(None);
+                }
+            },
+            Err(_) => return Ok(None),
+        };
+        let path = dir.join(ARTIFACT);
+        let (got, size) = sha256_file(&path).map_err(|e| Error::store(&path, e))?;
+        if got != digest || size != manifest.artifact_size || manifest.artifact_digest != digest {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(Error::HashMismatch {
+                what: format!("cached artifact {}", path.display()),
+                message: format!(
+                    "sha256 {got} ({size} bytes), expected {digest} ({} bytes); removed from the node cache",
+                    manifest.artifact_size
+                ),
+            });
+        }
+        Ok(Some((path, manifest)))
+    }
+
+    /// A staging directory inside the cache for a pull: the store writes `<dir>/artifact`
+    /// there (temp file, verify, rename), then [`Cache::install`] moves the directory into place.
+    pub fn staging(&self) -> Result<tempfile::TempDir> {
+        let tmp = self.root.join("tmp");
+        tempfile::TempDir::new_in(&tmp).map_err(|e| Error::store(&tmp, e))
+    }
+
+    /// Where the store must put the artifact inside a staging directory.
+    pub fn staged_artifact(staging: &tempfile::TempDir) -> PathBuf {
+        staging.path().join(ARTIFACT)
+    }
+
+    /// Moves a staging directory whose artifact the store verified into place under
+    /// `manifest.artifact_digest`, beside its manifest, everything fsynced before the rename.
+    /// Returns the cached artifact's path.
+    pub fn install(&self, staging: tempfile::TempDir, manifest: &BuildManifest) -> Result<PathBuf> {
+        let dest = self.dir(&manifest.artifact_digest)?;
+        let staged = staging.path().join(ARTIFACT);
+        let size = std::fs::metadata(&staged)
+            .map_err(|e| Error::store(&staged, e))?
+            .len();
+        if size != manifest.artifact_size {
+            return Err(Error::HashMismatch {
+                what: format!("pulled artifact {}", staged.display()),
+                message: format!(
+                    "{size} bytes, the build manifest says {}; nothing was cached",
+                    manifest.artifact_size
+                ),
+            });
+        }
+        let json = serde_json::to_vec_pretty(manifest).map_err(|e| Error::store(&dest, e))?;
+        let mpath = staging.path().join(MANIFEST);
+        std::fs::write(&mpath, json)
+            .and_then(|()| std::fs::File::open(&mpath)?.sync_all())
+            .map_err(|e| Error::store(&mpath, e))?;
+        sync_dir(staging.path());
+        let staged_dir = staging.keep();
+        if dest.exists() {
+            let _ = std::fs::remove_dir_all(&dest);
+        }
+        std::fs::rename(&staged_dir, &dest).map_err(|e| {
+            let _ = std::fs::remove_dir_all(&staged_dir);
+            Error::store(&dest, e)
+        })?;
+        sync_dir(&self.root.join("artifacts"));
+        Ok(dest.join(ARTIFACT))
+    }
+
+    /// This target's known-good entries whose artifact is still cached.
+    pub fn known_good(&self, target: &str) -> Vec<KnownGood> {
+        self.index
+            .targets
+            .get(target)
+            .into_iter()
+            .flatten()
+            .filter(|k| self.dir(&k.digest).is_ok_and(|d| d.join(MANIFEST).exists()))
+            .cloned()
+            .collect()
+    }
+
+    /// Records a pass and persists the index (temp file, fsync, rename).
+    pub fn record_pass(&mut self, target: &str, entry: KnownGood) -> Result<()> {
+        let list = self.index.targets.entry(target.to_string()).or_default();
+        list.retain(|k| !(k.revision == entry.revision && k.digest == entry.digest));
+        list.push(entry);
+        self.save()
+    }
+
+    fn save(&self) -> Result<()> {
+        let path = self.root.join(INDEX);
+        let tmp = self.root.join("tmp").join(INDEX);
+        let json = serde_json::to_vec_pretty(&self.index).map_err(|e| Error::store(&path, e))?;
+        std::fs::write(&tmp, json)
+            .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| Error::store(&path, e))?;
+        sync_dir(&self.root);
+        Ok(())
+    }
+
+    /// Applies [`plan_eviction`]: keeps `keep[target]` entries per live target, drops the
+    /// entries of targets that are gone, deletes unreferenced artifacts not in `in_use`.
+    /// Returns the digests deleted.
+    pub fn evict(
+        &mut self,
+        keep: &BTreeMap<String, usize>,
+        in_use: &BTreeSet<String>,
+    ) -> Result<Vec<String>> {
+        let present: BTreeSet<String> = std::fs::read_dir(self.root.join("artifacts"))
+            .map_err(|e| Error::store(self.root.join("artifacts"), e))?
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        let (index, delete) = plan_eviction(&self.index, keep, in_use, &present);
+        if index != self.index {
+            self.index = index;
+            self.save()?;
+        }
+        for digest in &delete {
+            let dir = self.root.join("artifacts").join(digest);
+            std::fs::remove_dir_all(&dir).map_err(|e| Error::store(&dir, e))?;
+        }
+        Ok(delete)
+    }
+}
+
+/// Eviction as a pure function: per live target the newest `keep[target]` entries (by
+/// revision, then pass time) stay; entries of targets not in `keep` go; an artifact directory in
+/// `present` stays only while a kept entry references it or it is in `in_use`.
+pub fn plan_eviction(
+    index: &Index,
+    keep: &BTreeMap<String, usize>,
+    in_use: &BTreeSet<String>,
+    present: &BTreeSet<String>,
+) -> (Index, Vec<String>) {
+    let mut kept = Index::default();
+    for (target, entries) in &index.targets {
+        let Some(&k) = keep.get(target) else { continue };
+        let mut sorted = entries.clone();
+        sorted.sort_by_key(|e| (e.revision, e.passed_at));
+        let start = sorted.len().saturating_sub(k);
+        kept.targets.insert(target.clone(), sorted.split_off(start));
+    }
+    let referenced: BTreeSet<&str> = kept
+        .targets
+        .values()
+        .flatten()
+        .map(|e| e.digest.as_str())
+        .collect();
+    let delete = present
+        .iter()
+        .filter(|d| !referenced.contains(d.as_str()) && !in_use.contains(*d))
+        .cloned()
+        .collect();
+    (kept, delete)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(revision: i64, digest: &str, passed_at: i64) -> KnownGood {
+        KnownGood {
+            revision,
+            class: "c".into(),
+            compile_key: "k".into(),
+            digest: digest.into(),
+            passed_at,
+        }
+    }
+
+    fn set(items: &[&str]) -> BTreeSet<String> {
+        items.iter().map(|s| (*s).to_string()).collect()
+    }
+
+    #[test]
+    fn keeps_the_last_k_per_target_and_what_is_in_use() {
+        let index = Index {
+            targets: BTreeMap::from([
+                (
+                    "ns/a".to_string(),
+                    vec![entry(3, "a3", 30), entry(1, "a1", 10), entry(2, "a2", 20)],
+                ),
+                ("ns/b".to_string(), vec![entry(1, "b1", 5)]),
+                ("ns/gone".to_string(), vec![entry(1, "g1", 5)]),
+            ]),
+        };
+        let keep = BTreeMap::from([("ns/a".to_string(), 2), ("ns/b".to_string(), 3)]);
+        // a1 is still served (say the newer ones are being warmed): never deleted.
+        let present = set(&["a1", "a2", "a3", "b1", "g1", "stray", "pulled-now"]);
+        let (kept, delete) = plan_eviction(&index, &keep, &set(&["a1", "pulled-now"]), &present);
+        assert_eq!(
+            kept.targets["ns/a"],
+            vec![entry(2, "a2", 20), entry(3, "a3", 30)]
+        );
+        assert_eq!(kept.targets["ns/b"], vec![entry(1, "b1", 5)]);
+        assert!(!kept.targets.contains_key("ns/gone"));
+        assert_eq!(delete, vec!["g1".to_string(), "stray".to_string()]);
+    }
+
+    #[test]
+    fn a_digest_shared_by_two_targets_stays_while_either_keeps_it() {
+        let index = Index {
+            targets: BTreeMap::from([
+                ("ns/a".to_string(), vec![entry(1, "x", 1), entry(2, "y", 2)]),
+                ("ns/b".to_string(), vec![entry(1, "x", 1)]),
+            ]),
+        };
+        let keep = BTreeMap::from([("ns/a".to_string(), 1), ("ns/b".to_string(), 1)]);
+        let (_, delete) = plan_eviction(&index, &keep, &set(&[]), &set(&["x", "y"]));
+        assert!(delete.is_empty(), "{delete:?}");
+    }
+
+    fn manifest_for(bytes: &[u8]) -> BuildManifest {
+        let digest = crate::digest::sha256_bytes(bytes);
+        serde_json::from_value(serde_json::json!({
+            "manifestVersion": 1, "compileKey": "0".repeat(64), "artifactDigest": digest,
+            "artifactSize": bytes.len(), "mediaType": "x", "backend": "tract",
+            "backendVersion": "0", "toolVersion": "0", "precision": "fp32", "profiles": {},
+            "class": {}, "host": {"arch": "amd64", "cpuLevel": "x", "cores": 1, "memoryBytes": 1},
+            "flags": {}, "inputs": {}, "outputs": [], "unsupportedOperators": [],
+            "parityMaxAbsError": null, "compileSeconds": 0.0, "converterLog": []
+        }))
+        .expect("manifest")
+    }
+
+    /// What a pull does: the artifact lands in a staging directory, then is installed.
+    fn insert(cache: &Cache, bytes: &[u8]) -> (PathBuf, BuildManifest) {
+        let m = manifest_for(bytes);
+        let staging = cache.staging().expect("staging");
+        std::fs::write(Cache::staged_artifact(&staging), bytes).expect("write");
+        (cache.install(staging, &m).expect("install"), m)
+    }
+
+    #[test]
+    fn install_restart_reverifies_and_corruption_is_removed() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().join("cache");
+        let mut cache = Cache::open(&root).expect("open");
+        let (path, m) = insert(&cache, b"engine bytes");
+        assert_eq!(std::fs::read(&path).expect("read"), b"engine bytes");
+        cache
+            .record_pass("ns/a", entry(1, &m.artifact_digest, 1))
+            .expect("record");
+        // A partial pull left by a crash is removed at start, and the index survives.
+        std::fs::write(root.join("tmp").join("partial"), b"half").expect("partial");
+        let cache = Cache::open(&root).expect("reopen");
+        assert!(!root.join("tmp").join("partial").exists());
+        assert_eq!(cache.known_good("ns/a").len(), 1);
+        assert!(cache.verified(&m.artifact_digest).expect("ok").is_some());
+        // A flipped byte: HashMismatch and the copy is gone.
+        std::fs::write(&path, b"engine bytez").expect("corrupt");
+        let err = cache.verified(&m.artifact_digest).expect_err("corrupt");
+        assert_eq!(err.reason(), kiln_crds::FailureReason::HashMismatch);
+        assert!(cache.verified(&m.artifact_digest).expect("gone").is_none());
+        assert!(cache.known_good("ns/a").is_empty());
+        // A pull whose size disagrees with its manifest is never installed.
+        let staging = cache.staging().expect("staging");
+        std::fs::write(Cache::staged_artifact(&staging), b"short").expect("write");
+        let err = cache.install(staging, &m).expect_err("size");
+        assert_eq!(err.reason(), kiln_crds::FailureReason::HashMismatch);
+        assert!(cache.verified(&m.artifact_digest).expect("none").is_none());
+    }
+
+    #[test]
+    fn evict_deletes_only_unreferenced_artifacts() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut cache = Cache::open(dir.path()).expect("open");
+        let mut digests = Vec::new();
+        for (i, body) in [b"one".as_slice(), b"two", b"three"].iter().enumerate() {
+            let (_, m) = insert(&cache, body);
+            cache
+                .record_pass("ns/a", entry(i as i64 + 1, &m.artifact_digest, i as i64))
+                .expect("record");
+            digests.push(m.artifact_digest);
+        }
+        let keep = BTreeMap::from([("ns/a".to_string(), 1)]);
+        let deleted = cache
+            .evict(&keep, &BTreeSet::from([digests[0].clone()]))
+            .expect("evict");
+        assert_eq!(deleted, vec![digests[1].clone()]);
+        assert!(cache.verified(&digests[0]).expect("in use").is_some());
+        assert!(cache.verified(&digests[2]).expect("kept").is_some());
+        assert_eq!(cache.known_good("ns/a"), vec![entry(3, &digests[2], 2)]);
+        let reopened = Cache::open(dir.path()).expect("reopen");
+        assert_eq!(reopened.known_good("ns/a").len(), 1);
+    }
+}

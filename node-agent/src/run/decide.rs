@@ -1,0 +1,292 @@
+//! Which artifact a node serves for a target: the one the target asks for now, and what follows
+//! when it fails under the target's fallback policy. Pure: target status and cache entries in,
+//! decision out; no client, no disk.
+
+use kiln_crds::compiled_target::{CompiledTargetStatus, Fallback, FallbackPolicy};
+
+use super::cache::KnownGood;
+
+/// One class's artifact of one revision: what the agent pulls, verifies, loads and warms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pick {
+    /// Revision number.
+    pub revision: i64,
+    /// Class id whose artifact this is.
+    pub class: String,
+    /// Compile key (the store's index).
+    pub compile_key: String,
+    /// sha256 of the artifact (lowercase hex, no prefix).
+    pub digest: String,
+    /// Digest of the stored build manifest (`sha256:<hex>`), what the store pulls by.
+    pub manifest_digest: String,
+}
+
+/// The artifact `class` must serve now: the pinned revision when the target pins one, else the
+/// current revision. Its artifact comes from the revision's list; for the current revision,
+/// `status.classes` also counts (the operator fills it first). `Err` says what is missing, for a
+/// `Pending` row.
+pub fn wanted(
+    status: Option<&CompiledTargetStatus>,
+    pinned: Option<i64>,
+    class: &str,
+) -> Result<Pick, String> {
+    let status = status.ok_or("the target has no status yet; waiting for the operator")?;
+    let newest = status.revisions.iter().map(|r| r.number).max();
+    let revision = pinned
+        .or(status.revision)
+        .or(newest)
+        .ok_or("the target has no revision yet; waiting for a compiled artifact")?;
+    let listed = status
+        .revisions
+        .iter()
+        .find(|r| r.number == revision)
+        .and_then(|r| r.artifacts.iter().find(|a| a.class == class))
+        .filter(|a| !a.manifest_digest.is_empty())
+        .map(|a| Pick {
+            revision,
+            class: class.to_string(),
+            compile_key: a.compile_key.clone(),
+            digest: strip(&a.digest),
+            manifest_digest: a.manifest_digest.clone(),
+        });
+    if let Some(pick) = listed {
+        return Ok(pick);
+    }
+    if Some(revision) == status.revision
+        && let Some(c) = status.classes.iter().find(|c| c.class == class)
+        && let (Some(key), Some(digest), Some(manifest)) =
+            (&c.compile_key, &c.artifact_digest, &c.manifest_digest)
+    {
+        return Ok(Pick {
+            revision,
+            class: class.to_string(),
+            compile_key: key.clone(),
+            digest: strip(digest),
+            manifest_digest: manifest.clone(),
+        });
+    }
+    if pinned == Some(revision) && !status.revisions.iter().any(|r| r.number == revision) {
+        return Err(format!(
+            "rollout.pinnedRevision {revision} is not among the target's revisions"
+        ));
+    }
+    Err(format!(
+        "revision {revision} has no pullable artifact (digest and manifest digest) for class {class} yet; waiting for its compile"
+    ))
+}
+
+fn strip(digest: &str) -> String {
+    digest.strip_prefix("sha256:").unwrap_or(digest).to_string()
+}
+
+/// What to do after the wanted artifact failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Not ready; the pod gate goes False with the reason.
+    FailClosed,
+    /// Serve this cached revision that passed on this node, once its bytes re-verify.
+    Previous(KnownGood),
+    /// Try the fallback class's artifact of the same revision.
+    Class(Pick),
+}
+
+/// The fallback for `failed` under `fallback`. `known_good` are this target's cached entries
+/// that passed on this node (any order); `status`/`pinned` as in [`wanted`].
+pub fn after_failure(
+    fallback: &Fallback,
+    failed: &Pick,
+    known_good: &[KnownGood],
+    status: Option<&CompiledTargetStatus>,
+    pinned: Option<i64>,
+) -> Next {
+    match fallback.policy {
+        FallbackPolicy::FailClosed => Next::FailClosed,
+        FallbackPolicy::PreviousKnownGood => known_good
+            .iter()
+            .filter(|k| !(k.revision == failed.revision && k.digest == failed.digest))
+            // A newer revision that once passed is not "previous": after a rollback (pin) the
+            // node must not jump forward to what was rolled back.
+            .filter(|k| k.revision <= failed.revision)
+            .max_by_key(|k| (k.revision, k.passed_at))
+            .cloned()
+            .map_or(Next::FailClosed, Next::Previous),
+        FallbackPolicy::Class => match &fallback.class {
+            // The fallback class itself failed (or this node is in it): nothing left to try.
+            Some(class) if *class != failed.class => {
+                let mut pick = wanted(status, pinned.or(Some(failed.revision)), class);
+                if let Ok(p) = &mut pick {
+                    p.revision = failed.revision;
+                }
+                pick.map_or(Next::FailClosed, Next::Class)
+            }
+            _ => Next::FailClosed,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A target status as the operator writes it, in YAML.
+    fn status(yaml: &str) -> CompiledTargetStatus {
+        serde_saphyr::from_str(yaml).expect("status fixture")
+    }
+
+    const TWO_REVISIONS: &str = r#"
+revision: 2
+classes:
+  - {class: cpu-a, compileKey: k2cpu, artifactDigest: "sha256:d2cpu", manifestDigest: "sha256:m-k2cpu"}
+  - {class: gpu-b, compileKey: k2gpu, artifactDigest: d2gpu, manifestDigest: "sha256:m-k2gpu"}
+revisions:
+  - number: 1
+    knownGood: true
+    artifacts:
+      - {class: cpu-a, compileKey: k1cpu, digest: d1cpu, manifestDigest: "sha256:m-k1cpu"}
+      - {class: gpu-b, compileKey: k1gpu, digest: d1gpu, manifestDigest: "sha256:m-k1gpu"}
+  - number: 2
+    artifacts:
+      - {class: gpu-b, compileKey: k2gpu, digest: d2gpu, manifestDigest: "sha256:m-k2gpu"}
+  - number: 3
+    artifacts:
+      # Written before the store reported its manifest digest: not pullable yet.
+      - {class: gpu-b, compileKey: k3gpu, digest: d3gpu}
+"#;
+
+    fn pick(revision: i64, class: &str, key: &str, digest: &str) -> Pick {
+        Pick {
+            revision,
+            class: class.into(),
+            compile_key: key.into(),
+            digest: digest.into(),
+            manifest_digest: format!("sha256:m-{key}"),
+        }
+    }
+
+    fn good(revision: i64, digest: &str, passed_at: i64) -> KnownGood {
+        KnownGood {
+            revision,
+            class: "gpu-b".into(),
+            compile_key: format!("k-{digest}"),
+            digest: digest.into(),
+            passed_at,
+        }
+    }
+
+    #[test]
+    fn current_revision_from_the_revision_list_then_from_classes() {
+        let s = status(TWO_REVISIONS);
+        assert_eq!(
+            wanted(Some(&s), None, "gpu-b"),
+            Ok(pick(2, "gpu-b", "k2gpu", "d2gpu"))
+        );
+        // Revision 2 lists no cpu artifact yet; status.classes has it (prefix stripped).
+        assert_eq!(
+            wanted(Some(&s), None, "cpu-a"),
+            Ok(pick(2, "cpu-a", "k2cpu", "d2cpu"))
+        );
+        let err = wanted(Some(&s), None, "tpu-c").expect_err("no such class");
+        assert!(err.contains("tpu-c") && err.contains("revision 2"), "{err}");
+        assert!(wanted(None, None, "gpu-b").is_err());
+        // No manifest digest yet: waiting, not pulling by anything weaker.
+        let err = wanted(Some(&s), Some(3), "gpu-b").expect_err("no manifest digest");
+        assert!(err.contains("revision 3"), "{err}");
+        assert!(wanted(Some(&status("{}")), None, "gpu-b").is_err());
+    }
+
+    #[test]
+    fn a_pinned_revision_wins_and_must_exist() {
+        let s = status(TWO_REVISIONS);
+        assert_eq!(
+            wanted(Some(&s), Some(1), "cpu-a"),
+            Ok(pick(1, "cpu-a", "k1cpu", "d1cpu"))
+        );
+        let err = wanted(Some(&s), Some(7), "cpu-a").expect_err("unknown pin");
+        assert!(err.contains("pinnedRevision 7"), "{err}");
+    }
+
+    fn policy(p: FallbackPolicy, class: Option<&str>) -> Fallback {
+        Fallback {
+            policy: p,
+            class: class.map(String::from),
+        }
+    }
+
+    #[test]
+    fn fail_closed_never_serves_anything_else() {
+        let s = status(TWO_REVISIONS);
+        let failed = pick(2, "gpu-b", "k2gpu", "d2gpu");
+        let cached = [good(1, "d1gpu", 10)];
+        assert_eq!(
+            after_failure(
+                &policy(FallbackPolicy::FailClosed, None),
+                &failed,
+                &cached,
+                Some(&s),
+                None
+            ),
+            Next::FailClosed
+        );
+    }
+
+    #[test]
+    fn previous_known_good_takes_the_newest_earlier_pass_and_never_the_failed_one() {
+        let s = status(TWO_REVISIONS);
+        let pkg = policy(FallbackPolicy::PreviousKnownGood, None);
+        let failed = pick(3, "gpu-b", "k3", "d3");
+        let cached = [
+            good(1, "d1gpu", 10),
+            good(2, "d2gpu", 20),
+            good(3, "d3", 5), // passed once, now fails (e.g. a changed fixture): not a fallback
+            good(4, "d4", 30), // newer than what is asked for (a rollback pin): not a fallback
+        ];
+        assert_eq!(
+            after_failure(&pkg, &failed, &cached, Some(&s), None),
+            Next::Previous(good(2, "d2gpu", 20))
+        );
+        // Same revision passed twice (re-rolled with another fixture): the later pass wins.
+        let twice = [good(1, "a", 10), good(1, "b", 40)];
+        assert_eq!(
+            after_failure(&pkg, &failed, &twice, Some(&s), None),
+            Next::Previous(good(1, "b", 40))
+        );
+        // Nothing cached passed here: fail closed.
+        assert_eq!(
+            after_failure(&pkg, &failed, &[good(3, "d3", 1)], Some(&s), None),
+            Next::FailClosed
+        );
+        assert_eq!(
+            after_failure(&pkg, &failed, &[], Some(&s), None),
+            Next::FailClosed
+        );
+    }
+
+    #[test]
+    fn class_fallback_uses_the_named_class_artifact_of_the_same_revision() {
+        let s = status(TWO_REVISIONS);
+        let to_cpu = policy(FallbackPolicy::Class, Some("cpu-a"));
+        let failed = pick(2, "gpu-b", "k2gpu", "d2gpu");
+        assert_eq!(
+            after_failure(&to_cpu, &failed, &[], Some(&s), None),
+            Next::Class(pick(2, "cpu-a", "k2cpu", "d2cpu"))
+        );
+        // With a pin, the pinned revision's cpu artifact.
+        let failed1 = pick(1, "gpu-b", "k1gpu", "d1gpu");
+        assert_eq!(
+            after_failure(&to_cpu, &failed1, &[], Some(&s), Some(1)),
+            Next::Class(pick(1, "cpu-a", "k1cpu", "d1cpu"))
+        );
+        // The fallback class's own artifact failed: nothing further.
+        let cpu_failed = pick(2, "cpu-a", "k2cpu", "d2cpu");
+        assert_eq!(
+            after_failure(&to_cpu, &cpu_failed, &[], Some(&s), None),
+            Next::FailClosed
+        );
+        // The named class has no artifact: fail closed.
+        let to_tpu = policy(FallbackPolicy::Class, Some("tpu-c"));
+        assert_eq!(
+            after_failure(&to_tpu, &failed, &[], Some(&s), None),
+            Next::FailClosed
+        );
+    }
+}

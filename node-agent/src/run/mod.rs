@@ -1,0 +1,240 @@
+//! `kiln-agent run`, the DaemonSet: watches only what concerns its node (its Node and KilnNode by
+//! name, pods by `spec.nodeName`, CompiledTargets), probes the hardware, and runs a pass (see
+//! `agent.rs`) on every change and every `--resync` seconds, until SIGTERM.
+
+pub mod agent;
+pub mod cache;
+pub mod decide;
+pub mod gate;
+pub mod http;
+pub mod target;
+pub mod writes;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kiln_crds::{CompiledTarget, KilnNode};
+use kube::runtime::reflector::{self, Store as Reader};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use prometheus_client::registry::Registry;
+use tokio::sync::Notify;
+
+use crate::backend;
+use crate::fetch::Fetcher;
+use crate::metrics::Metrics;
+use crate::probe;
+
+/// Everything `run` takes from the command line.
+pub struct Config {
+    /// This node's name (downward API).
+    pub node_name: String,
+    /// Node cache directory (hostPath).
+    pub cache: PathBuf,
+    /// Store URL: a path, `file:///path` or `oci://HOST[:PORT]/REPOSITORY`.
+    pub store: String,
+    /// How to reach an `oci://` store's registry.
+    pub registry: crate::store::RegistryOptions,
+    /// Base directory for relative `file://` URIs of fixtures.
+    pub source_base: PathBuf,
+    /// Where `/metrics`, `/healthz`, `/readyz` listen.
+    pub listen: SocketAddr,
+    /// Seconds before a failed artifact is tried again.
+    pub retry: Duration,
+    /// Seconds between passes when nothing changes.
+    pub resync: Duration,
+}
+
+/// Runs until SIGTERM/SIGINT.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let client = Client::try_default().await?;
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let registry = Arc::new(registry);
+    let health = Arc::new(http::Health::default());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    {
+        let (registry, health, stop) = (registry.clone(), health.clone(), stopped());
+        let listen = config.listen;
+        tokio::spawn(async move {
+            if let Err(e) = http::serve(listen, registry, health, stop).await {
+                tracing::error!(error = %e, %listen, "metrics endpoint failed");
+            }
+        });
+    }
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        let _ = stop_tx.send(true);
+    });
+
+    let store = kiln_store::open(&config.store, &config.registry)?;
+    let cache = cache::Cache::open(&config.cache)?;
+    let fetcher = Fetcher::new(cache.blobs(), metrics.clone())?;
+    let hardware = tokio::task::block_in_place(|| probe::probe(backend::runtimes()));
+    tracing::info!(node = %config.node_name, cpu = %hardware.cpu_level, gpus = hardware.accelerators.len(), "probed this node");
+    let kiln_nodes: Api<KilnNode> = Api::all(client.clone());
+    writes::ensure_kiln_node(&kiln_nodes, &config.node_name).await?;
+
+    // Watches: what concerns this node only, except CompiledTargets (any may select it).
+    let changed = Arc::new(Notify::new());
+    let own = watcher::Config::default().fields(&format!("metadata.name={}", config.node_name));
+    let on_node = watcher::Config::default().fields(&format!("spec.nodeName={}", config.node_name));
+    let (nodes, w) = reflector::store();
+    spawn_watch(
+        reflector(w, Api::<Node>::all(client.clone()), own.clone()),
+        changed.clone(),
+    );
+    let (pods, w) = reflector::store();
+    spawn_watch(
+        reflector(w, Api::<Pod>::all(client.clone()), on_node),
+        changed.clone(),
+    );
+    let (targets, w) = reflector::store();
+    spawn_watch(
+        reflector(
+            w,
+            Api::<CompiledTarget>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+        changed.clone(),
+    );
+    // The agent's own KilnNode: a deletion is noticed and it is written again.
+    let (_own_kiln_node, w) = reflector::store::<KilnNode>();
+    spawn_watch(reflector(w, kiln_nodes.clone(), own), changed.clone());
+    wait_ready(&nodes, &pods, &targets).await?;
+
+    let mut agent = agent::Agent {
+        node: config.node_name.clone(),
+        client,
+        nodes,
+        targets,
+        pods,
+        store,
+        cache,
+        fetcher,
+        source_base: config.source_base.clone(),
+        retry: config.retry,
+        metrics,
+        hardware,
+        probed_at: Instant::now(),
+        states: BTreeMap::new(),
+        published: None,
+    };
+    // A restarted agent starts from the rows it last reported, so serving pods do not flap; no
+    // row is trusted, though: the first pass prepares every target again (re-verifying cached
+    // artifacts) while a served row keeps serving, and a failure there takes effect as usual.
+    if let Some(status) = kiln_nodes
+        .get_opt(&config.node_name)
+        .await?
+        .and_then(|k| k.status)
+    {
+        for row in &status.targets {
+            agent
+                .states
+                .entry((row.namespace.clone(), row.name.clone()))
+                .or_default()
+                .row = row.clone();
+        }
+        agent.published = Some(status);
+    }
+    agent.publish().await;
+    health
+        .ready
+        .store(agent.published.is_some(), Ordering::Relaxed);
+    let stop = stopped();
+    tokio::pin!(stop);
+    loop {
+        // A pass in flight is dropped at shutdown: status stays as last written, and the next
+        // agent re-verifies everything before it reports again.
+        tokio::select! {
+            () = agent.pass() => {}
+            () = &mut stop => break,
+        }
+        health
+            .ready
+            .store(agent.published.is_some(), Ordering::Relaxed);
+        tokio::select! {
+            () = changed.notified() => {}
+            () = tokio::time::sleep(config.resync) => {}
+            () = &mut stop => break,
+        }
+    }
+    Ok(())
+}
+
+fn reflector<K>(
+    writer: reflector::store::Writer<K>,
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl Stream<Item = Result<Arc<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    reflector::reflector(writer, watcher(api, config))
+        .default_backoff()
+        .touched_objects()
+        .map(|r| r.map(Arc::new))
+}
+
+/// Drives a watch; every event wakes the pass loop. Errors are retried by the backoff.
+fn spawn_watch<K: Send + 'static>(
+    stream: impl Stream<Item = Result<Arc<K>, watcher::Error>> + Send + 'static,
+    changed: Arc<Notify>,
+) {
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            if let Err(e) = item {
+                tracing::warn!(error = %e, "watch error; retrying");
+            }
+            changed.notify_one();
+        }
+    });
+}
+
+async fn wait_ready(
+    nodes: &Reader<Node>,
+    pods: &Reader<Pod>,
+    targets: &Reader<CompiledTarget>,
+) -> anyhow::Result<()> {
+    let all = async {
+        nodes.wait_until_ready().await?;
+        pods.wait_until_ready().await?;
+        targets.wait_until_ready().await
+    };
+    tokio::time::timeout(Duration::from_secs(120), all)
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!("watches did not sync within 120 s; check RBAC and the apiserver")
+        })??;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
