@@ -87,6 +87,13 @@ start() {
   joins=$(join_dirs)
   (
     for d in $joins; do echo "$BASHPID" >"$d/cgroup.procs"; done
+    # Close every inherited descriptor beyond stdio: a component that kept the caller's
+    # `flock /tmp/kiln-e2e.lock` descriptor would hold the e2e lock for as long as it runs.
+    local fd
+    for fd in /proc/$BASHPID/fd/*; do
+      fd=${fd##*/}
+      if ((fd > 2)); then eval "exec $fd>&-" 2>/dev/null || true; fi
+    done
     exec setsid nsenter --net="/run/netns/$NETNS" "$bin" "$@"
   ) >>"$LOGS/$name.log" 2>&1 </dev/null &
   echo "$! $(readlink -f "$bin")" >"$PIDS/$name.pid"
