@@ -358,7 +358,10 @@ pub struct ClassStatus {
     /// Nodes in the class.
     #[serde(default)]
     pub nodes: i32,
-    /// `Pending`, `Compiling`, `Compiled`, `Failed`, `Ready`, `Degraded`.
+    /// `Compiling`, `Retrying`, `Failed` (compile attempts exhausted), then, with the artifact
+    /// stored: `Compiled` (no node reported yet), `Warming`, `Failing` (nodes failed it and none
+    /// is still working), `Degraded` (nodes serve a fallback), `Ready`
+    /// (`rollout.promoteAtReadyPercent` of the class's nodes ready on the current revision).
     #[serde(default)]
     pub phase: String,
     /// Compile key of the class's artifact.
@@ -373,16 +376,16 @@ pub struct ClassStatus {
     /// Digest (`sha256:<hex>`) of the stored manifest that agents pull the artifact by.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest_digest: Option<String>,
-    /// Nodes that report ready.
+    /// Nodes whose agent reports the current revision ready (verified, loaded, warmed).
     #[serde(default)]
     pub ready_nodes: i32,
-    /// Nodes that report a failure.
+    /// Nodes whose agent reports a failure (fail-closed, or serving a fallback).
     #[serde(default)]
     pub failed_nodes: i32,
-    /// The first few failing nodes.
+    /// The first five failing nodes, sorted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failing_nodes: Vec<String>,
-    /// Failure reason, when failing.
+    /// Failure reason, when failing: the compile's, or the most common among failing nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<FailureReason>,
     /// What went wrong and what to fix.

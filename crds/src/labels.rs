@@ -37,3 +37,50 @@ pub fn default_class_keys() -> Vec<String> {
 pub const WARM_CONDITION: &str = "kiln.dev/warm";
 /// Pod annotation naming the CompiledTarget (same namespace) a serving pod waits for.
 pub const TARGET_ANNOTATION: &str = "kiln.dev/target";
+
+/// Domain of the per-target node readiness labels: `<namespace>.ready.kiln.dev/<name>`.
+pub const READY_DOMAIN: &str = "ready.kiln.dev";
+
+/// The node label that says a node serves CompiledTarget `namespace/name`; its value is the
+/// revision served. The operator sets it from KilnNode reports; serving pods require it with node
+/// affinity (`Exists`, or `In` a revision). A name over 63 characters (the label name limit) is
+/// replaced by `t-<first 12 hex of sha256(name)>`.
+pub fn ready_label(namespace: &str, name: &str) -> String {
+    use sha2::{Digest, Sha256};
+    if name.len() <= 63 {
+        format!("{namespace}.{READY_DOMAIN}/{name}")
+    } else {
+        let hash = hex::encode(Sha256::digest(name.as_bytes()));
+        format!("{namespace}.{READY_DOMAIN}/t-{}", &hash[..12])
+    }
+}
+
+/// Whether `key` is a readiness label of some target ([`ready_label`]'s shape).
+pub fn is_ready_label(key: &str) -> bool {
+    key.split_once('/')
+        .is_some_and(|(prefix, _)| prefix.ends_with(&format!(".{READY_DOMAIN}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_label_is_a_valid_label_key_for_any_target_name() {
+        assert_eq!(
+            ready_label("ml", "squeezenet"),
+            "ml.ready.kiln.dev/squeezenet"
+        );
+        let long = "a".repeat(64);
+        let key = ready_label("ml", &long);
+        // sha256("a" * 64) starts with ffe054fe7ae0.
+        assert_eq!(key, "ml.ready.kiln.dev/t-ffe054fe7ae0");
+        let exactly = "b".repeat(63);
+        assert_eq!(
+            ready_label("ml", &exactly),
+            format!("ml.ready.kiln.dev/{exactly}")
+        );
+        assert!(is_ready_label(&key) && is_ready_label("ml.ready.kiln.dev/x"));
+        assert!(!is_ready_label(NODE_CLASS) && !is_ready_label("ready.kiln.dev/x"));
+    }
+}

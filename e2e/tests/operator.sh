@@ -1,45 +1,11 @@
 #!/usr/bin/env bash
-# kiln-operator against the real cluster: the operator runs as a process on the host with the
-# token of its ServiceAccount (deploy/operator-rbac.yaml, so missing RBAC fails the test); the
-# real node plus two fake GPU nodes (H100, L4) form three classes; the real node's compile Job
-# runs the real `kiln-agent compile` from an image built by build-image. The model reaches the
-# Job through a read-only hostPath (--sources-host-path) that relative file:// URIs resolve
-# against; the store is a hostPath shared by the Jobs and the operator.
+# kiln-operator against the real cluster (set-up in operator-lib.sh): the real node plus two fake
+# GPU nodes (H100, L4) form three classes; the real node's compile Job runs the real
+# `kiln-agent compile`; Jobs, status, restarts, two replicas, bad input, deletion, metrics.
 source "$(dirname "$0")/lib.sh"
-REPO=$(cd "$E2E_DIR/.." && pwd)
-test_namespace
-NS=$TEST_NS
-WORK=$(mktemp -d /var/tmp/kiln-e2e-operator.XXXXXX)
-chmod 755 "$WORK"
-OP_PIDS=()
-cleanup() {
-  local p
-  for p in "${OP_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  kubectl delete node "fake-h100-$NS" "fake-l4-$NS" --ignore-not-found --wait=false >/dev/null 2>&1 || true
-  kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
-  kubectl -n kiln-system delete lease "kiln-operator-$NS" --ignore-not-found >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-# bin NAME: the newer of target/release/NAME and target/debug/NAME.
-bin() {
-  local b newest=
-  for b in "$REPO/target/release/$1" "$REPO/target/debug/$1"; do
-    [[ -x $b && ( -z $newest || $b -nt $newest ) ]] && newest=$b
-  done
-  [[ -n $newest ]] || fail "$1 not built; run cargo build --bins"
-  echo "$newest"
-}
-OPERATOR=$(bin kiln-operator)
-AGENT=$(bin kiln-agent)
-
-# The agent image: the stripped binary at /bin/kiln-agent.
-strip -o "$WORK/kiln-agent" "$AGENT"
-# CA certificates: the agent's HTTPS client loads the system roots even for file:// work.
-"$E2E_DIR/build-image" --name kiln-e2e/agent:test --out "$WORK/agent.tar" \
-  --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt "$WORK/kiln-agent" >/dev/null
-"$E2E_DIR/cluster" load-image "$WORK/agent.tar" >/dev/null
+source "$(dirname "$0")/operator-lib.sh"
+# shellcheck disable=SC2034 # read by cleanup (operator-lib.sh)
+CLEANUP_NODES=("fake-h100-$NS" "fake-l4-$NS")
 
 # The operator image, built the same way, runs in the cluster (the in-cluster Deployment comes
 # with the Helm chart; here the process on the host is the one under test).
@@ -53,62 +19,6 @@ kubectl -n "$NS" wait --for=jsonpath='{.status.phase}'=Succeeded pod/operator-im
   fail "operator image did not run: $(kubectl -n "$NS" describe pod operator-image | tail -20)"
 kubectl -n "$NS" logs operator-image | grep -q '^kiln-operator ' || fail "operator image printed no version"
 echo "operator image built by build-image runs in the cluster: $(kubectl -n "$NS" logs operator-image)"
-
-# Store (written by the compile Jobs as uid 65532) and sources (read-only in the Jobs).
-install -d -m 755 -o 65532 -g 65532 "$WORK/store"
-install -d -m 755 "$WORK/sources"
-cp "$REPO/examples/squeezenet/model.onnx" "$REPO/examples/squeezenet/fixture-v1.safetensors" "$WORK/sources/"
-chmod 644 "$WORK/sources/"*
-
-kubectl apply -f "$REPO/crds/" >/dev/null
-kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
-kubectl apply -f "$REPO/deploy/operator-rbac.yaml" >/dev/null
-# A kubeconfig with the operator's ServiceAccount token: the operator gets only what RBAC grants.
-TOKEN=$(kubectl -n kiln-system create token kiln-operator --duration=2h)
-SERVER=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
-kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$WORK/ca.crt"
-cat >"$WORK/kubeconfig" <<KC
-apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "$SERVER", certificate-authority: "$WORK/ca.crt"}}]
-users: [{name: op, user: {token: "$TOKEN"}}]
-contexts: [{name: c, context: {cluster: c, user: op}}]
-current-context: c
-KC
-
-# start_operator N: replica N, metrics on 127.0.0.1:1808N, log in $WORK/operator-N.log.
-start_operator() {
-  KUBECONFIG=$WORK/kubeconfig "$OPERATOR" \
-    --store "$WORK/store" --agent-image kiln-e2e/agent:test --agent-image-pull-policy Never \
-    --sources-host-path "$WORK/sources" --listen "127.0.0.1:1808$1" --retry-backoff-seconds 2 \
-    --lease-name "kiln-operator-$NS" --lease-namespace kiln-system --identity "replica-$1" \
-    >>"$WORK/operator-$1.log" 2>&1 &
-  OP_PIDS+=($!)
-  eval "OP_$1=$!"
-}
-show_logs() {
-  tail -n 20 "$WORK"/operator-*.log >&2 || true
-  kubectl -n "$NS" get compiledtargets -o json 2>/dev/null |
-    jq -r '.items[] | .metadata.name as $n | (.status.conditions[]? | "\($n) \(.type)=\(.status) \(.reason): \(.message)"), (.status.classes[]? | "\($n) class \(.class) \(.phase) \(.reason // "") \(.message // "")")' >&2 || true
-  dump "$NS" >&2
-}
-# fd 3 is the test's stderr even inside wait_for's redirections.
-exec 3>&2
-die() { show_logs 2>&3; echo "FAIL: $*" >&3; exit 1; }
-
-# wait_for DESC SECONDS CMD...: poll until CMD succeeds.
-wait_for() {
-  local desc=$1 secs=$2 i; shift 2
-  for ((i = 0; i < secs * 2; i++)); do
-    "$@" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  die "timed out after ${secs}s: $desc"
-}
-jobs_of() { kubectl -n "$NS" get jobs -l app.kubernetes.io/managed-by=kiln-operator -o json | jq -r --arg t "$1" '[.items[] | select(.metadata.ownerReferences[0].name == $t)] | length'; }
-count_is() { [[ $(jobs_of "$1") == "$2" ]]; }
-cond() { kubectl -n "$NS" get compiledtarget "$1" -o jsonpath="{.status.conditions[?(@.type==\"$2\")].$3}"; }
-cond_is() { [[ $(cond "$1" "$2" status) == "$3" && $(cond "$1" "$2" reason) == "$4" ]]; }
 
 # Two fake GPU nodes (they run nothing).
 for spec in "h100 NVIDIA-H100-80GB-HBM3-MIG-1g.10gb 9 0" "l4 NVIDIA-L4 8 9"; do
@@ -192,16 +102,16 @@ count_is squeezenet-cpu 3 || die "restart: $(jobs_of squeezenet-cpu) Jobs"
 echo "   lease held by $(holder); 3 + 3 Jobs"
 kubectl -n "$NS" delete compiledtarget second --wait=false >/dev/null
 
-echo "== without the GPU nodes, the target is one class, compiled: revision 1, Ready"
+echo "== without the GPU nodes, the target is one class, compiled: revision 1; not Ready until nodes report"
 kubectl delete node "fake-h100-$NS" "fake-l4-$NS" >/dev/null
-wait_for "Ready=True" 60 cond_is squeezenet-cpu Ready True Compiled
+wait_for "Compiled=True" 60 cond_is squeezenet-cpu Compiled True Compiled
+wait_for "Ready=False WaitingForNodes" 30 cond_is squeezenet-cpu Ready False WaitingForNodes
 rev=$(kubectl -n "$NS" get compiledtarget squeezenet-cpu -o json | jq -r '.status.revisions[-1] | "\(.number) \(.artifacts[0].digest)"')
 [[ $rev == "1 $DIGEST" ]] || die "revision: $rev"
 wait_for "the GPU classes' Jobs deleted" 60 count_is squeezenet-cpu 1
 kubectl -n "$NS" get compiledtarget squeezenet-cpu
 
 echo "== steady state: no writes"
-writes() { curl -fsS "http://127.0.0.1:1808$1/metrics" | awk '/^kiln_operator_api_writes_total/ {s += $2} END {print s + 0}'; }
 w1=$(( $(writes 1) + $(writes 2) )); sleep 10; w2=$(( $(writes 1) + $(writes 2) ))
 [[ $w1 == "$w2" ]] || die "writes at steady state: $w1 -> $w2"
 
@@ -261,7 +171,7 @@ fi
 [[ $out == *Unsupported* ]] || die "unknown backend refused for another reason: $out"
 w1=$(( $(writes 1) + $(writes 2) )); sleep 5; w2=$(( $(writes 1) + $(writes 2) ))
 [[ $w1 == "$w2" ]] || die "bad input hot-loops: writes $w1 -> $w2"
-kill -0 "$OP_1" && kill -0 "$OP_2" || die "an operator replica died"
+{ kill -0 "$OP_1" && kill -0 "$OP_2"; } || die "an operator replica died"
 
 echo "== deleting the target removes its Jobs and keeps the stored artifact"
 kubectl -n "$NS" delete compiledtarget squeezenet-cpu >/dev/null

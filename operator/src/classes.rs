@@ -8,11 +8,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kiln_crds::KilnNode;
 pub use kiln_crds::class::selector_matches;
 use kiln_crds::class::{ClassFacts, class_facts, class_id, node_class_labels};
+use kiln_crds::kiln_node::NodeTargetStatus;
 use kiln_crds::labels::{DEFAULT_CLASS_KEYS, NODE_CLASS};
 use sha2::{Digest, Sha256};
 
 /// A node as class discovery sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct NodeView {
     /// Node name.
     pub name: String,
@@ -21,6 +22,8 @@ pub struct NodeView {
     /// Class labels: the node's labels over the facts its KilnNode reports, so that a node
     /// without GPU Feature Discovery labels still classifies by CPU arch and x86-64 level.
     pub class_labels: BTreeMap<String, String>,
+    /// The node's KilnNode rows for the target being planned (the controller fills these in).
+    pub targets: Vec<NodeTargetStatus>,
 }
 
 impl NodeView {
@@ -35,6 +38,7 @@ impl NodeView {
             name: node.metadata.name.clone().unwrap_or_default(),
             labels,
             class_labels,
+            targets: Vec::new(),
         }
     }
 }
@@ -124,6 +128,7 @@ mod tests {
             name: name.into(),
             class_labels: labels.clone(),
             labels,
+            targets: Vec::new(),
         }
     }
 

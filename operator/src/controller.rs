@@ -23,6 +23,7 @@ use crate::job::JobSettings;
 use crate::metrics::Metrics;
 use crate::observe;
 use crate::plan::{self, Inputs, ModelLookup, Settings, Stored};
+use crate::readiness;
 
 /// Field manager for everything the operator applies.
 pub const MANAGER: &str = "kiln-operator";
@@ -51,10 +52,16 @@ pub struct Context {
     pub recorder: Recorder,
     /// Class count each target had at its last reconcile, for the classes gauge.
     pub class_counts: std::sync::Mutex<BTreeMap<String, i64>>,
-    /// Node labels this replica set recently: many targets share a node, and until the watch
-    /// delivers the patched Node each of them would patch it again.
-    pub labelled: std::sync::Mutex<BTreeMap<(String, String, String), Instant>>,
+    /// Node labels this replica wrote recently, (node, key) → value (`None`: removed): many
+    /// targets share a node, and until the watch delivers the patched Node each of them would
+    /// patch it again.
+    pub labelled: std::sync::Mutex<LabelMemo>,
+    /// Ready nodes per class each target had at its last reconcile, for the ready-nodes gauge.
+    pub ready_counts: std::sync::Mutex<BTreeMap<String, BTreeMap<String, i64>>>,
 }
+
+/// (node, label key) → (value written, when).
+pub type LabelMemo = BTreeMap<(String, String), (Option<String>, Instant)>;
 
 /// How long a node label this replica set is trusted over a cache that does not show it yet.
 const LABEL_MEMO: Duration = Duration::from_secs(30);
@@ -94,17 +101,26 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
                 ModelLookup::Found(Box::new((*m).clone()))
             }),
     };
+    let name = target.name_any();
     let nodes: Vec<NodeView> = ctx
         .nodes
         .state()
         .iter()
         .map(|n| {
-            NodeView::new(
-                n,
-                ctx.kiln_nodes
-                    .get(&ObjectRef::new(&n.name_any()))
-                    .as_deref(),
-            )
+            let kiln_node = ctx.kiln_nodes.get(&ObjectRef::new(&n.name_any()));
+            let mut view = NodeView::new(n, kiln_node.as_deref());
+            view.targets = kiln_node
+                .as_ref()
+                .and_then(|k| k.status.as_ref())
+                .map(|s| {
+                    s.targets
+                        .iter()
+                        .filter(|r| r.namespace == ns && r.name == name)
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            view
         })
         .collect();
     let jobs = owned_jobs(target, ctx, &ns, &uid).await;
@@ -232,33 +248,8 @@ async fn apply(
             Err(e) => return Err(e.into()),
         }
     }
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
     for (node, key, value) in &plan.node_labels {
-        let memo = (node.clone(), key.clone(), value.clone());
-        // Claim the label before patching, so that concurrent reconciles of targets sharing
-        // the node do not all patch it; a failed patch gives the claim back.
-        let claimed = ctx
-            .labelled
-            .lock()
-            .map(|mut m| {
-                m.retain(|_, t| t.elapsed() < LABEL_MEMO);
-                m.insert(memo.clone(), Instant::now()).is_none()
-            })
-            .unwrap_or(true);
-        if !claimed {
-            continue;
-        }
-        let patch = serde_json::json!({"metadata": {"labels": {key: value}}});
-        if let Err(e) = nodes
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            if let Ok(mut m) = ctx.labelled.lock() {
-                m.remove(&memo);
-            }
-            return Err(e.into());
-        }
-        ctx.metrics.write("node");
+        set_label(ctx, node, key, value.as_deref()).await?;
     }
     if let ModelLookup::Found(model) = model {
         for new in &plan.create {
@@ -283,7 +274,8 @@ async fn apply(
     let old = target.status.clone().unwrap_or_default();
     for row in &plan.status.classes {
         let was = old.classes.iter().find(|c| c.class == row.class);
-        if row.phase == "Compiled" && was.is_none_or(|w| w.phase != "Compiled") {
+        let had_artifact = was.is_some_and(|w| w.artifact_digest == row.artifact_digest);
+        if row.artifact_digest.is_some() && !had_artifact {
             if was.and_then(|w| w.job.as_ref()).is_some() {
                 ctx.metrics.job(&row.class, "succeeded", "");
             } else {
@@ -291,11 +283,30 @@ async fn apply(
             }
         }
     }
+    for r in plan.status.revisions.iter().filter(|r| r.known_good) {
+        if !old
+            .revisions
+            .iter()
+            .any(|o| o.number == r.number && o.known_good)
+        {
+            ctx.metrics.promoted();
+        }
+    }
     let key = format!("{ns}/{}", target.name_any());
     let count = i64::from(plan.status.class_count.unwrap_or(0));
     if let Ok(mut counts) = ctx.class_counts.lock() {
-        let before = counts.insert(key, count).unwrap_or(0);
+        let before = counts.insert(key.clone(), count).unwrap_or(0);
         ctx.metrics.classes(count - before);
+    }
+    let ready: BTreeMap<String, i64> = plan
+        .status
+        .classes
+        .iter()
+        .map(|c| (c.class.clone(), i64::from(c.ready_nodes)))
+        .collect();
+    if let Ok(mut counts) = ctx.ready_counts.lock() {
+        let before = counts.insert(key, ready.clone()).unwrap_or_default();
+        ready_deltas(ctx, &before, &ready);
     }
     if plan.status != old {
         let api: Api<CompiledTarget> = Api::namespaced(ctx.client.clone(), ns);
@@ -339,20 +350,115 @@ async fn apply(
     })
 }
 
+/// Sets (`Some`) or removes (`None`) one node label, unless this replica already wrote that
+/// value recently (the cache may not show it yet).
+async fn set_label(ctx: &Context, node: &str, key: &str, value: Option<&str>) -> Result<(), Error> {
+    let memo = (node.to_string(), key.to_string());
+    let want = value.map(str::to_string);
+    // Claim the write before patching, so that concurrent reconciles of targets sharing the
+    // node do not all patch it; a failed patch gives the claim back.
+    let claimed = ctx
+        .labelled
+        .lock()
+        .map(|mut m| {
+            m.retain(|_, (_, t)| t.elapsed() < LABEL_MEMO);
+            let fresh = m.get(&memo).is_some_and(|(v, _)| *v == want);
+            if !fresh {
+                m.insert(memo.clone(), (want.clone(), Instant::now()));
+            }
+            !fresh
+        })
+        .unwrap_or(true);
+    if !claimed {
+        return Ok(());
+    }
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let patch = serde_json::json!({"metadata": {"labels": {key: value}}});
+    match nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            ctx.metrics.write("node");
+            Ok(())
+        }
+        // The node is gone, and its labels with it.
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => {
+            if let Ok(mut m) = ctx.labelled.lock() {
+                m.remove(&memo);
+            }
+            Err(e.into())
+        }
+    }
+}
+
+/// Moves the ready-nodes gauge from one target's `before` counts per class to `after`.
+fn ready_deltas(ctx: &Context, before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>) {
+    let classes: std::collections::BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+    for class in classes {
+        let delta = after.get(class).unwrap_or(&0) - before.get(class).unwrap_or(&0);
+        if delta != 0 {
+            ctx.metrics.ready_nodes(class, delta);
+        }
+    }
+}
+
+/// Removes the readiness labels of targets that no longer exist, and forgets their metrics.
+pub async fn sweep(ctx: &Context, targets: &Store<CompiledTarget>) {
+    let live: BTreeMap<String, String> = targets
+        .state()
+        .iter()
+        .map(|t| {
+            let ns = t.namespace().unwrap_or_default();
+            (
+                kiln_crds::labels::ready_label(&ns, &t.name_any()),
+                format!("{ns}/{}", t.name_any()),
+            )
+        })
+        .collect();
+    let nodes: Vec<NodeView> = ctx
+        .nodes
+        .state()
+        .iter()
+        .map(|n| NodeView::new(n, None))
+        .collect();
+    let keys = live.keys().cloned().collect();
+    for (node, key) in readiness::stale_labels(&nodes, &keys) {
+        tracing::info!(%node, %key, "removing the readiness label of a deleted target");
+        if let Err(err) = set_label(ctx, &node, &key, None).await {
+            tracing::warn!(%node, %key, %err, "cannot remove a stale readiness label");
+        }
+    }
+    let names: std::collections::BTreeSet<&String> = live.values().collect();
+    if let Ok(mut counts) = ctx.class_counts.lock() {
+        let gone: i64 = counts
+            .iter()
+            .filter(|(k, _)| !names.contains(k))
+            .map(|(_, v)| *v)
+            .sum();
+        counts.retain(|k, _| names.contains(k));
+        ctx.metrics.classes(-gone);
+    }
+    if let Ok(mut counts) = ctx.ready_counts.lock() {
+        let gone: Vec<String> = counts
+            .keys()
+            .filter(|k| !names.contains(k))
+            .cloned()
+            .collect();
+        for k in gone {
+            if let Some(before) = counts.remove(&k) {
+                ready_deltas(ctx, &before, &BTreeMap::new());
+            }
+        }
+    }
+}
+
 /// Logs, counts, and retries a failed reconcile with a fixed delay (no hot loop).
 pub fn error_policy(target: Arc<CompiledTarget>, err: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(target = %target.name_any(), category = err.category(), %err, "reconcile failed");
     ctx.metrics.error(err.category());
     Action::requeue(Duration::from_secs(15))
-}
-
-/// Every target, for watches (Nodes, KilnNodes) that can change any target's classes.
-pub fn all_targets(targets: &Store<CompiledTarget>) -> Vec<ObjectRef<CompiledTarget>> {
-    targets
-        .state()
-        .iter()
-        .map(|t| ObjectRef::from_obj(t.as_ref()))
-        .collect()
 }
 
 /// Targets in `ns` that reference the model `name`.

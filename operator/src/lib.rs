@@ -10,5 +10,7 @@ pub mod metrics;
 pub mod model;
 pub mod observe;
 pub mod plan;
+pub mod readiness;
 pub mod run;
 pub mod telemetry;
+pub mod triggers;

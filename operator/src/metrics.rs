@@ -41,6 +41,15 @@ struct Inner {
     cache_hits: Counter,
     classes: Gauge,
     writes: Family<CategoryLabel, Counter>,
+    ready_nodes: Family<ClassLabel, Gauge>,
+    promotions: Counter,
+}
+
+/// A node class.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabel {
+    /// Class id (bounded by the fleet's hardware variety).
+    pub class: String,
 }
 
 impl Metrics {
@@ -53,6 +62,8 @@ impl Metrics {
             cache_hits: Counter::default(),
             classes: Gauge::default(),
             writes: Family::default(),
+            ready_nodes: Family::default(),
+            promotions: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("kiln_operator");
         r.register(
@@ -84,6 +95,16 @@ impl Metrics {
             "api_writes",
             "Writes the operator sent to the API, by kind",
             inner.writes.clone(),
+        );
+        r.register(
+            "ready_nodes",
+            "Nodes ready on their target's current revision, summed over targets, by class",
+            inner.ready_nodes.clone(),
+        );
+        r.register(
+            "revision_promotions",
+            "Revisions promoted to known-good (rollout.promoteAtReadyPercent of every class ready)",
+            inner.promotions.clone(),
         );
         Self {
             inner: Arc::new(inner),
@@ -125,6 +146,21 @@ impl Metrics {
     /// Adjusts the class gauge by `delta`.
     pub fn classes(&self, delta: i64) {
         self.inner.classes.inc_by(delta);
+    }
+
+    /// Adjusts the ready nodes of `class` by `delta`.
+    pub fn ready_nodes(&self, class: &str, delta: i64) {
+        self.inner
+            .ready_nodes
+            .get_or_create(&ClassLabel {
+                class: class.into(),
+            })
+            .inc_by(delta);
+    }
+
+    /// A revision became known-good.
+    pub fn promoted(&self) {
+        self.inner.promotions.inc();
     }
 
     /// One write of `kind` (`job`, `status`, `node`, `event`, `delete`).

@@ -17,7 +17,8 @@ use kiln_crds::{
     compile_key,
 };
 
-use crate::classes::{Class, NodeView, class_label_key, group, missing_keys};
+use crate::classes::{Class, NodeView, class_label_key, group, missing_keys, selector_matches};
+use crate::readiness::{self, ClassNodes, NodeReport};
 
 /// Operator-wide settings the plan depends on.
 #[derive(Clone, Debug)]
@@ -150,8 +151,9 @@ pub struct Plan {
     pub create: Vec<NewJob>,
     /// Jobs to delete (stale keys or classes, replaced attempts).
     pub delete: Vec<String>,
-    /// (node, label key, class id) to set.
-    pub node_labels: Vec<(String, String, String)>,
+    /// (node, label key, value): set to `Some(value)`, remove on `None`. Class labels and the
+    /// target's readiness label ([`kiln_crds::labels::ready_label`]).
+    pub node_labels: Vec<(String, String, Option<String>)>,
     /// Events for transitions.
     pub events: Vec<Event>,
     /// Reconcile again after this long (backoff), if set.
@@ -309,6 +311,61 @@ fn elapsed(since: &Time, now: &Time) -> Duration {
     Duration::from_secs(u64::try_from(secs).unwrap_or(0))
 }
 
+/// What every node the target selects reports for it, keyed by node name. With classes, a row
+/// is read against its node's class (another class's artifact is a fallback).
+fn node_reports(
+    inputs: &Inputs<'_>,
+    classes: Option<&[Keyed]>,
+    current: Option<i64>,
+) -> BTreeMap<String, NodeReport> {
+    let view = |name: &str| inputs.nodes.iter().find(|n| n.name == name);
+    match classes {
+        Some(classes) => classes
+            .iter()
+            .flat_map(|k| k.class.nodes.iter().map(move |n| (n, k.class.id.as_str())))
+            .filter_map(|(n, class)| {
+                let rows = &view(n)?.targets;
+                Some((n.clone(), readiness::report(rows, current, Some(class))))
+            })
+            .collect(),
+        None => inputs
+            .nodes
+            .iter()
+            .filter(|n| {
+                inputs
+                    .target
+                    .spec
+                    .node_selector
+                    .as_ref()
+                    .is_none_or(|s| selector_matches(s, &n.labels))
+            })
+            .map(|n| (n.name.clone(), readiness::report(&n.targets, current, None)))
+            .collect(),
+    }
+}
+
+/// The target's readiness label on every node: the served revision where a node serves one.
+fn readiness_labels(inputs: &Inputs<'_>, reports: &BTreeMap<String, NodeReport>, out: &mut Plan) {
+    let t = &inputs.target.metadata;
+    let key = kiln_crds::labels::ready_label(
+        t.namespace.as_deref().unwrap_or_default(),
+        t.name.as_deref().unwrap_or_default(),
+    );
+    out.node_labels
+        .extend(readiness::label_changes(&key, inputs.nodes, reports));
+}
+
+/// "3 of 4 node(s) failing: HashMismatch on node-a: <message>".
+fn failing_message(a: &ClassNodes, total: usize) -> String {
+    let (node, said) = a.example.clone().unwrap_or_default();
+    format!(
+        "{} of {total} node(s) failing ({}): {} on {node}: {said}",
+        a.failed,
+        a.failing.join(", "),
+        a.reason.map_or("unknown reason", |r| r.as_str()),
+    )
+}
+
 /// Decides.
 pub fn plan(inputs: &Inputs<'_>) -> Plan {
     let t = inputs.target;
@@ -358,6 +415,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             &message,
             "waiting for the spec to be fixed",
         );
+        readiness_labels(inputs, &node_reports(inputs, None, old.revision), &mut out);
         finish(&old, status, &mut out);
         return out;
     }
@@ -394,6 +452,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             "waiting for matching nodes",
         );
         status.class_count = Some(0);
+        readiness_labels(inputs, &node_reports(inputs, None, old.revision), &mut out);
         finish(&old, status, &mut out);
         return out;
     }
@@ -426,7 +485,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 .and_then(|n| n.labels.get(&label_key));
             if current != Some(&k.class.id) {
                 out.node_labels
-                    .push((node.clone(), label_key.clone(), k.class.id.clone()));
+                    .push((node.clone(), label_key.clone(), Some(k.class.id.clone())));
             }
         }
         let prev = old
@@ -586,6 +645,75 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         _ => newest,
     };
     let total = keyed.len();
+
+    // Nodes: what their agents report for the current revision, per class.
+    let current = status.revision;
+    let percent = t_spec.rollout.promote_at_ready_percent;
+    let reports = node_reports(inputs, Some(&keyed), current);
+    readiness_labels(inputs, &reports, &mut out);
+    let mut unmet = Vec::new();
+    let (mut ready_nodes, mut selected, mut fallbacks, mut waiting) = (0, 0, 0, 0);
+    for (row, k) in status.classes.iter_mut().zip(&keyed) {
+        let a = readiness::aggregate(&k.class, &reports);
+        let n = k.class.nodes.len();
+        row.ready_nodes = i32::try_from(a.ready).unwrap_or(i32::MAX);
+        row.failed_nodes = i32::try_from(a.failed).unwrap_or(i32::MAX);
+        row.failing_nodes = a.failing.clone();
+        (ready_nodes, selected, fallbacks) =
+            (ready_nodes + a.ready, selected + n, fallbacks + a.fallback);
+        let meets = a.meets(percent, n);
+        if row.artifact_digest.is_some() {
+            row.phase = if meets {
+                "Ready"
+            } else if a.fallback > 0 {
+                "Degraded"
+            } else if a.failed > 0 && a.waiting == 0 {
+                "Failing"
+            } else if a.unreported == n {
+                "Compiled"
+            } else {
+                "Warming"
+            }
+            .into();
+            if a.failed > 0 {
+                row.reason = a.reason;
+                row.message = Some(failing_message(&a, n));
+            }
+        }
+        if !meets {
+            waiting += a.waiting;
+            unmet.push((row.class.clone(), a, n));
+        }
+    }
+    // Promotion: every class has the threshold of its nodes ready on the current revision.
+    if unmet.is_empty()
+        && let Some(r) = status
+            .revisions
+            .iter_mut()
+            .find(|r| Some(r.number) == current && !r.known_good)
+    {
+        r.known_good = true;
+        out.events.push(Event {
+            warning: false,
+            reason: "RevisionPromoted".into(),
+            note: format!(
+                "revision {} is known-good: ready on {ready_nodes} of {selected} node(s) (each class at least {percent}%)",
+                r.number
+            ),
+        });
+    }
+    let (degraded_reason, degraded_message) = if fallbacks > 0 {
+        (
+            "Fallback",
+            format!(
+                "{fallbacks} node(s) serve a fallback instead of revision {}",
+                current.unwrap_or_default()
+            ),
+        )
+    } else {
+        ("AsSpecified", String::new())
+    };
+
     if !stalled.is_empty() {
         let first = &stalled[0];
         let reason = first.reason.map_or("CompileFailed", |r| r.as_str());
@@ -606,32 +734,93 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             "stopped: compile attempts exhausted",
         );
         set(&mut status, COMPILED, false, reason, &message);
-        let degraded = newest.is_some();
+        if newest.is_some() {
+            set(
+                &mut status,
+                DEGRADED,
+                true,
+                "PreviousRevision",
+                "serving the previous revision; the current spec does not compile",
+            );
+        } else {
+            set(
+                &mut status,
+                DEGRADED,
+                fallbacks > 0,
+                degraded_reason,
+                &degraded_message,
+            );
+        }
+    } else if compiled == total {
+        let revision = current.unwrap_or_default();
+        set(
+            &mut status,
+            COMPILED,
+            true,
+            "Compiled",
+            &format!("{total} class(es) compiled; revision {revision}"),
+        );
         set(
             &mut status,
             DEGRADED,
-            degraded,
-            if degraded {
-                "PreviousRevision"
-            } else {
-                "AsSpecified"
-            },
-            if degraded {
-                "serving the previous revision; the current spec does not compile"
-            } else {
-                ""
-            },
+            fallbacks > 0,
+            degraded_reason,
+            &degraded_message,
         );
-    } else if compiled == total {
-        let message = format!(
-            "{total} class(es) compiled; revision {}",
-            status.revision.unwrap_or_default()
+        let summary = format!(
+            "revision {revision} ready on {ready_nodes} of {selected} node(s); each class needs {percent}%"
         );
-        set(&mut status, READY, true, "Compiled", &message);
-        set(&mut status, STALLED, false, "Compiled", "");
-        set(&mut status, RECONCILING, false, "Compiled", "");
-        set(&mut status, COMPILED, true, "Compiled", &message);
-        set(&mut status, DEGRADED, false, "AsSpecified", "");
+        if unmet.is_empty() {
+            set(&mut status, READY, true, "Ready", &summary);
+            set(&mut status, STALLED, false, "Ready", "");
+            set(&mut status, RECONCILING, false, "Ready", "");
+        } else {
+            let detail: Vec<String> = unmet
+                .iter()
+                .take(3)
+                .map(|(class, a, n)| {
+                    let mut s = format!("{class}: {} of {n} ready", a.ready);
+                    if a.failed > 0 {
+                        s = format!("{s}, {}", failing_message(a, *n));
+                    }
+                    s
+                })
+                .collect();
+            let message = format!("{summary}; {}", detail.join("; "));
+            if waiting > 0 {
+                // Still moving: agents pulling, loading, warming, or not reporting yet.
+                let reason = if unmet.iter().all(|(_, a, n)| a.unreported == *n) {
+                    "WaitingForNodes"
+                } else {
+                    "Warming"
+                };
+                set(&mut status, READY, false, reason, &message);
+                set(&mut status, STALLED, false, reason, "");
+                set(&mut status, RECONCILING, true, reason, &message);
+            } else {
+                // Every node has settled and too few are ready: nothing changes until someone acts.
+                let mut counts: BTreeMap<FailureReason, usize> = BTreeMap::new();
+                for (_, a, _) in &unmet {
+                    if let Some(r) = a.reason {
+                        *counts.entry(r).or_default() += a.failed;
+                    }
+                }
+                let top = counts.values().copied().max().unwrap_or(0);
+                let reason = counts
+                    .iter()
+                    .find(|(_, n)| **n == top)
+                    .map_or("NodesFailed", |(r, _)| r.as_str());
+                set(&mut status, READY, false, reason, &message);
+                set(&mut status, STALLED, true, reason, &message);
+                set(
+                    &mut status,
+                    RECONCILING,
+                    false,
+                    reason,
+                    "stopped: nodes failed the artifact",
+                );
+            }
+        }
     } else {
         let (reason, message) = if let Some(r) = retrying.first() {
             (
@@ -657,7 +846,13 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         set(&mut status, STALLED, false, reason, "");
         set(&mut status, RECONCILING, true, reason, &message);
         set(&mut status, COMPILED, false, reason, &message);
-        set(&mut status, DEGRADED, false, "AsSpecified", "");
+        set(
+            &mut status,
+            DEGRADED,
+            fallbacks > 0,
+            degraded_reason,
+            &degraded_message,
+        );
     }
     let asked_before = |j: &NewJob| {
         old.classes
@@ -681,16 +876,17 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
 /// Events for condition and class-phase transitions, then the status.
 fn finish(old: &CompiledTargetStatus, status: CompiledTargetStatus, out: &mut Plan) {
     for c in &status.conditions {
-        if c.type_ != READY && c.type_ != STALLED {
+        if c.type_ != READY && c.type_ != STALLED && c.type_ != DEGRADED {
             continue;
         }
         let before = old.conditions.iter().find(|o| o.type_ == c.type_);
-        // A new target starting out not stalled is not news.
-        let quiet_start = before.is_none() && c.type_ == STALLED && c.status != "True";
+        // A new target starting out not stalled and not degraded is not news.
+        let quiet_start = before.is_none() && c.type_ != READY && c.status != "True";
         if !quiet_start && before.map(|b| (&b.status, &b.reason)) != Some((&c.status, &c.reason)) {
-            // Going Stalled (and the not-Ready that comes with it) is a warning; the rest is news.
+            // Going Stalled (and the not-Ready that comes with it) or Degraded is a warning; the
+            // rest is news.
             let bad = conditions::is_true(&status.conditions, STALLED) && c.status != "True"
-                || c.type_ == STALLED && c.status == "True";
+                || (c.type_ == STALLED || c.type_ == DEGRADED) && c.status == "True";
             out.events.push(Event {
                 warning: bad,
                 reason: format!(
@@ -707,22 +903,34 @@ fn finish(old: &CompiledTargetStatus, status: CompiledTargetStatus, out: &mut Pl
     }
     for row in &status.classes {
         let before = old.classes.iter().find(|o| o.class == row.class);
-        if before.map(|b| &b.phase) != Some(&row.phase) && row.phase != "Compiling" {
-            out.events.push(Event {
-                warning: row.phase == "Failed" || row.phase == "Retrying",
-                reason: format!("Class{}", row.phase),
-                note: format!(
-                    "class {}: {}",
-                    row.class,
-                    match (&row.artifact_digest, &row.reason) {
-                        (Some(d), _) => format!("artifact sha256:{d}"),
-                        (None, Some(r)) => format!("{r}: {}", row.message.as_deref().unwrap_or("")),
-                        _ => row.phase.clone(),
-                    }
-                )
+        let note = |what: String| -> String {
+            format!("class {}: {what}", row.class)
                 .chars()
                 .take(1024)
-                .collect(),
+                .collect()
+        };
+        if let Some(d) = &row.artifact_digest
+            && before.and_then(|b| b.artifact_digest.as_ref()) != Some(d)
+        {
+            out.events.push(Event {
+                warning: false,
+                reason: "ClassCompiled".into(),
+                note: note(format!("artifact sha256:{d}")),
+            });
+        }
+        // Compiling, Warming and Compiled are steps on the way, not news.
+        let newsworthy = ["Ready", "Degraded", "Failing", "Failed", "Retrying"];
+        if before.map(|b| &b.phase) != Some(&row.phase) && newsworthy.contains(&row.phase.as_str())
+        {
+            out.events.push(Event {
+                warning: row.phase != "Ready",
+                reason: format!("Class{}", row.phase),
+                note: note(match &row.reason {
+                    Some(r) if row.phase != "Ready" => {
+                        format!("{r}: {}", row.message.as_deref().unwrap_or(""))
+                    }
+                    _ => format!("{} of {} node(s) ready", row.ready_nodes, row.nodes),
+                }),
             });
         }
     }

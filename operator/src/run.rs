@@ -23,6 +23,10 @@ use crate::http::Health;
 use crate::job::{JobSettings, MANAGED_BY};
 use crate::metrics::Metrics;
 use crate::plan::Settings;
+use crate::triggers::Triggers;
+
+/// How often readiness labels of deleted targets are looked for (in the caches; no API reads).
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Leader election settings.
 pub struct Election {
@@ -181,21 +185,24 @@ where
             n.spec = None;
         })
         .reflect(nodes_w)
-        .filter_map(changed(|n: &Node| hash_of(&n.metadata.labels)));
+        .filter_map(changed(
+            |n: &Node| hash_of(&n.metadata.labels),
+            |n: &mut Node| n.metadata.labels = None,
+        ));
     let (kiln_nodes, kiln_w) = reflector::store::<KilnNode>();
     let kiln_stream = watcher(Api::<KilnNode>::all(client.clone()), wc.clone())
         .default_backoff()
         .modify(|n| {
             n.managed_fields_mut().clear();
             if let Some(s) = n.status.as_mut() {
-                s.targets.clear();
                 s.conditions.clear();
             }
         })
         .reflect(kiln_w)
-        .filter_map(changed(|k: &KilnNode| {
-            hash_of(&k.status.as_ref().and_then(|s| s.hardware.as_ref()))
-        }));
+        .filter_map(changed(
+            |k: &KilnNode| hash_of(&k.status),
+            |k: &mut KilnNode| k.status = None,
+        ));
     let (models, models_w) = reflector::store::<ModelArtifact>();
     let model_stream = watcher(Api::<ModelArtifact>::all(client.clone()), wc.clone())
         .default_backoff()
@@ -236,16 +243,19 @@ where
         recorder: Recorder::new(client.clone(), reporter),
         class_counts: std::sync::Mutex::new(BTreeMap::new()),
         labelled: std::sync::Mutex::new(BTreeMap::new()),
+        ready_counts: std::sync::Mutex::new(BTreeMap::new()),
     });
 
     let targets_api = Api::<CompiledTarget>::all(client.clone());
     let target_ctl = Controller::new(targets_api, wc.clone());
     let targets = target_ctl.store();
     let (t1, t2, t3) = (targets.clone(), targets.clone(), targets.clone());
+    let triggers = Arc::new(Triggers::default());
+    let (g1, g2) = (triggers.clone(), triggers);
     let target_ctl = target_ctl
         .owns_stream(job_stream)
-        .watches_stream(node_stream, move |_: Node| controller::all_targets(&t1))
-        .watches_stream(kiln_stream, move |_: KilnNode| controller::all_targets(&t2))
+        .watches_stream(node_stream, move |n: Node| g1.node(&n, &t1))
+        .watches_stream(kiln_stream, move |k: KilnNode| g2.kiln_node(&k, &t2))
         .watches_stream(model_stream, move |m: ModelArtifact| {
             controller::targets_of_model(&t3, &m.namespace().unwrap_or_default(), &m.name_any())
         })
@@ -279,6 +289,22 @@ where
         }
     };
     tokio::spawn(ready);
+    // Readiness labels of deleted targets (no finalizer: this also catches deletions while no
+    // operator ran) and their metrics go in a sweep over the caches; it writes only stale labels.
+    let sweeper = {
+        let (ctx, targets, mut stop) = (ctx.clone(), targets.clone(), Box::pin(stopped()));
+        async move {
+            let _ = futures::join!(targets.wait_until_ready(), ctx.nodes.wait_until_ready());
+            loop {
+                controller::sweep(&ctx, &targets).await;
+                tokio::select! {
+                    () = tokio::time::sleep(SWEEP_EVERY) => {}
+                    () = &mut stop => return,
+                }
+            }
+        }
+    };
+    tokio::spawn(sweeper);
     futures::join!(
         controller::drain(target_ctl.run(controller::reconcile, controller::error_policy, ctx)),
         controller::drain(model_ctl)
@@ -296,10 +322,12 @@ fn hash_of<T: serde::Serialize>(value: &T) -> u64 {
 }
 
 /// A watch-event filter that passes an object when `fingerprint` changes and always when it is
-/// deleted. (kube's predicate filters drop deletions, and a deleted node changes classes.)
+/// deleted, stripped by `gone`. (kube's predicate filters drop deletions, and a deleted node
+/// changes classes.)
 #[allow(clippy::type_complexity)]
 fn changed<K>(
     fingerprint: impl Fn(&K) -> u64 + Send + 'static,
+    gone: impl Fn(&mut K) + Send + 'static,
 ) -> impl FnMut(
     Result<watcher::Event<K>, watcher::Error>,
 ) -> std::future::Ready<Option<Result<K, watcher::Error>>>
@@ -310,8 +338,10 @@ where
     move |event| {
         let out = match event {
             Err(e) => Some(Err(e)),
-            Ok(watcher::Event::Delete(obj)) => {
+            Ok(watcher::Event::Delete(mut obj)) => {
                 seen.remove(&obj.meta().name.clone().unwrap_or_default());
+                // Downstream sees a deleted object as one that lost what it contributed.
+                gone(&mut obj);
                 Some(Ok(obj))
             }
             Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::conditions::is_true;
-use kiln_crds::{CompiledTarget, FailureReason, ModelArtifact};
+use kiln_crds::kiln_node::NodePhase;
+use kiln_crds::{CompiledTarget, FailureReason, KilnNode, ModelArtifact};
 use kiln_operator::classes::NodeView;
 use kiln_operator::plan::{
     Inputs, JobState, JobView, ModelLookup, Plan, Settings, Stored, plan, wanted_keys,
@@ -38,8 +39,13 @@ fn nodes() -> Vec<NodeView> {
             name: n.name,
             class_labels: n.labels.clone(),
             labels: n.labels,
+            targets: Vec::new(),
         })
         .collect()
+}
+
+fn kiln_nodes() -> Vec<KilnNode> {
+    serde_saphyr::from_str(include_str!("fixtures/kilnnodes.yaml")).expect("kilnnodes.yaml")
 }
 
 fn at(secs: i64) -> Time {
@@ -50,6 +56,9 @@ struct World {
     target: CompiledTarget,
     model: ModelLookup,
     nodes: Vec<NodeView>,
+    /// What agents report; the harness hands each node its rows for the target, as the
+    /// controller does.
+    kiln_nodes: Vec<KilnNode>,
     jobs: Vec<JobView>,
     stored: BTreeMap<String, Stored>,
     settings: Settings,
@@ -61,14 +70,74 @@ impl World {
             target: target(),
             model: model(),
             nodes: nodes(),
+            kiln_nodes: Vec::new(),
             jobs: Vec::new(),
             stored: BTreeMap::new(),
             settings: Settings::default(),
         }
     }
 
-    fn plan(&self, now: i64) -> Plan {
+    fn plan(&mut self, now: i64) -> Plan {
+        let (ns, name) = (
+            self.target.metadata.namespace.clone().unwrap_or_default(),
+            self.target.metadata.name.clone().unwrap_or_default(),
+        );
+        for n in &mut self.nodes {
+            n.targets = self
+                .kiln_nodes
+                .iter()
+                .filter(|k| k.metadata.name.as_deref() == Some(&n.name))
+                .flat_map(|k| k.status.iter().flat_map(|s| s.targets.iter()))
+                .filter(|r| r.namespace == ns && r.name == name)
+                .cloned()
+                .collect();
+        }
         plan(&self.inputs(now))
+    }
+
+    /// Sets the phase (and reason) of `node`'s row for the target.
+    fn report(
+        &mut self,
+        node: &str,
+        revision: i64,
+        phase: NodePhase,
+        reason: Option<FailureReason>,
+    ) {
+        let k = self
+            .kiln_nodes
+            .iter_mut()
+            .find(|k| k.metadata.name.as_deref() == Some(node))
+            .expect("kiln node");
+        let row = k
+            .status
+            .as_mut()
+            .and_then(|s| s.targets.iter_mut().find(|r| r.namespace == "ml"))
+            .expect("row");
+        row.revision = revision;
+        row.phase = phase;
+        row.reason = reason;
+        row.message = reason.map(|r| format!("{} on {node}", r.as_str()));
+    }
+
+    /// Stores an artifact for every key the plan wants.
+    fn store_all(&mut self) {
+        for (i, k) in self.keys().into_iter().enumerate() {
+            self.stored.insert(
+                k,
+                Stored {
+                    digest: format!("d{i}"),
+                    manifest_digest: format!("sha256:m{i}"),
+                },
+            );
+        }
+    }
+
+    fn label(&self, node: &str) -> Option<&str> {
+        self.nodes
+            .iter()
+            .find(|n| n.name == node)
+            .and_then(|n| n.labels.get("ml.ready.kiln.dev/squeezenet-cpu"))
+            .map(String::as_str)
     }
 
     fn inputs(&self, now: i64) -> Inputs<'_> {
@@ -102,7 +171,10 @@ impl World {
         self.jobs.retain(|j| !p.delete.contains(&j.name));
         for (node, key, value) in &p.node_labels {
             if let Some(n) = self.nodes.iter_mut().find(|n| &n.name == node) {
-                n.labels.insert(key.clone(), value.clone());
+                match value {
+                    Some(v) => n.labels.insert(key.clone(), v.clone()),
+                    None => n.labels.remove(key),
+                };
             }
         }
         self.target.status = Some(p.status.clone());
@@ -130,7 +202,7 @@ fn condition<'a>(p: &'a Plan, type_: &str) -> &'a kiln_crds::Condition {
 
 #[test]
 fn one_job_per_class_pinned_by_class_label_and_mig_does_not_split() {
-    let w = World::new();
+    let mut w = World::new();
     let p = w.plan(0);
     assert_eq!(
         p.create.len(),
@@ -259,9 +331,21 @@ fn a_stored_key_is_reused_without_a_job_and_all_stored_makes_a_revision() {
         "each revision artifact records the manifest digest agents pull by: {:?}",
         p.status.revisions[0].artifacts
     );
-    assert!(is_true(&p.status.conditions, "Ready") && is_true(&p.status.conditions, "Compiled"));
-    assert!(
-        p.events.iter().any(|e| e.reason == "Ready"),
+    assert!(is_true(&p.status.conditions, "Compiled"));
+    let ready = condition(&p, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "WaitingForNodes"),
+        "compiled is not ready: no node has reported"
+    );
+    assert!(is_true(&p.status.conditions, "Reconciling"));
+    assert!(p.status.classes.iter().all(|c| c.phase == "Compiled"));
+    assert_eq!(
+        p.events
+            .iter()
+            .filter(|e| e.reason == "ClassCompiled")
+            .count(),
+        2,
         "{:?}",
         p.events
     );
@@ -484,4 +568,301 @@ fn a_job_missing_from_a_lagging_cache_is_asked_for_again_not_counted_as_an_attem
     assert!(again.create.iter().all(|j| j.attempt == 1));
     assert!(again.events.is_empty(), "{:?}", again.events);
     assert_eq!(Some(&again.status), w.target.status.as_ref());
+}
+
+fn row<'a>(p: &'a Plan, prefix: &str) -> &'a kiln_crds::compiled_target::ClassStatus {
+    p.status
+        .classes
+        .iter()
+        .find(|c| c.class.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no class {prefix}"))
+}
+
+/// A world whose revision 1 is compiled for every class, with the agents' reports of
+/// kilnnodes.yaml.
+fn compiled_world() -> World {
+    let mut w = World::new();
+    w.store_all();
+    let p = w.plan(0);
+    assert_eq!(p.status.revision, Some(1));
+    w.apply(&p);
+    w.kiln_nodes = kiln_nodes();
+    w
+}
+
+#[test]
+fn node_reports_aggregate_per_class_and_label_the_nodes_that_serve() {
+    let mut w = compiled_world();
+    let p = w.plan(10);
+    let cpu = row(&p, "amd64-");
+    assert_eq!(
+        (cpu.phase.as_str(), cpu.ready_nodes, cpu.failed_nodes),
+        ("Ready", 1, 0)
+    );
+    let h100 = row(&p, "nvidia-h100");
+    assert_eq!(
+        (h100.phase.as_str(), h100.ready_nodes, h100.failed_nodes),
+        ("Failing", 1, 1)
+    );
+    assert_eq!(h100.failing_nodes, ["h100-1"]);
+    assert_eq!(h100.reason, Some(FailureReason::HashMismatch));
+    assert!(
+        h100.message
+            .as_deref()
+            .is_some_and(|m| m.contains("h100-1") && m.contains("sha256 9f3c")),
+        "{:?}",
+        h100.message
+    );
+    assert_eq!(row(&p, "nvidia-l4").phase, "Warming");
+    // The other namespace's target of the same name is not this one.
+    assert_eq!(cpu.failing_nodes, Vec::<String>::new());
+    let ready = condition(&p, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "Warming")
+    );
+    assert!(
+        ready.message.contains("ready on 2 of 4 node(s)"),
+        "{}",
+        ready.message
+    );
+    assert!(is_true(&p.status.conditions, "Reconciling"));
+    let key = "ml.ready.kiln.dev/squeezenet-cpu";
+    let mut labels = p.node_labels.clone();
+    labels.sort();
+    assert_eq!(
+        labels,
+        [
+            ("cpu-0".to_string(), key.to_string(), Some("1".to_string())),
+            ("h100-0".to_string(), key.to_string(), Some("1".to_string())),
+        ]
+    );
+    assert!(
+        !p.status.revisions[0].known_good,
+        "2 of 4 ready is below 100%"
+    );
+    assert!(
+        p.events
+            .iter()
+            .any(|e| e.warning && e.reason == "ClassFailing"),
+        "{:?}",
+        p.events
+    );
+    w.apply(&p);
+    let again = w.plan(20);
+    assert!(
+        again.node_labels.is_empty(),
+        "labels written once: {:?}",
+        again.node_labels
+    );
+    assert_eq!(Some(&again.status), w.target.status.as_ref(), "no write");
+    assert!(again.events.is_empty(), "{:?}", again.events);
+}
+
+#[test]
+fn every_node_settled_below_the_threshold_is_stalled_with_the_nodes_reason() {
+    let mut w = compiled_world();
+    w.report("l4-0", 1, NodePhase::Ready, None);
+    let p = w.plan(10);
+    let stalled = condition(&p, "Stalled");
+    assert_eq!(
+        (stalled.status.as_str(), stalled.reason.as_str()),
+        ("True", "HashMismatch")
+    );
+    assert!(stalled.message.contains("h100-1"), "{}", stalled.message);
+    assert_eq!(condition(&p, "Ready").status, "False");
+    assert_eq!(condition(&p, "Reconciling").status, "False");
+    assert!(!p.status.revisions[0].known_good);
+    w.apply(&p);
+
+    // The node recovers: Ready, promoted, Stalled cleared.
+    w.report("h100-1", 1, NodePhase::Ready, None);
+    let p = w.plan(20);
+    let ready = condition(&p, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "Ready")
+    );
+    assert!(
+        ready.message.contains("ready on 4 of 4"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(condition(&p, "Stalled").status, "False");
+    assert!(p.status.revisions[0].known_good);
+    assert!(
+        p.status
+            .classes
+            .iter()
+            .all(|c| c.phase == "Ready" && c.failed_nodes == 0)
+    );
+    assert!(p.events.iter().any(|e| e.reason == "RevisionPromoted"));
+    assert!(p.events.iter().any(|e| e.reason == "Ready" && !e.warning));
+    assert_eq!(
+        p.node_labels,
+        [(
+            "h100-1".to_string(),
+            "ml.ready.kiln.dev/squeezenet-cpu".to_string(),
+            Some("1".to_string())
+        )],
+        "l4-0 was labelled when it became ready"
+    );
+}
+
+#[test]
+fn promotion_and_ready_follow_promote_at_ready_percent_per_class() {
+    let mut w = compiled_world();
+    w.target.spec.rollout.promote_at_ready_percent = 50;
+    let p = w.plan(10);
+    // cpu 1/1, h100 1/2 meet 50%; the warming L4 (0/1) does not.
+    assert_eq!(condition(&p, "Ready").status, "False");
+    assert!(!p.status.revisions[0].known_good);
+    assert_eq!(row(&p, "nvidia-h100").phase, "Ready", "1 of 2 is 50%");
+    w.apply(&p);
+    w.report("l4-0", 1, NodePhase::Ready, None);
+    let p = w.plan(20);
+    assert!(
+        is_true(&p.status.conditions, "Ready"),
+        "{:?}",
+        condition(&p, "Ready")
+    );
+    assert!(p.status.revisions[0].known_good);
+    assert_eq!(row(&p, "nvidia-h100").failed_nodes, 1, "still counted");
+    w.apply(&p);
+    // A later failure does not take known-good back.
+    w.report(
+        "l4-0",
+        1,
+        NodePhase::Failed,
+        Some(FailureReason::LoadFailed),
+    );
+    let p = w.plan(30);
+    assert!(p.status.revisions[0].known_good);
+    assert_eq!(condition(&p, "Ready").status, "False");
+    assert_eq!(
+        p.node_labels,
+        [(
+            "l4-0".to_string(),
+            "ml.ready.kiln.dev/squeezenet-cpu".to_string(),
+            None
+        )],
+        "fail-closed: the label goes"
+    );
+}
+
+#[test]
+fn a_node_on_a_fallback_keeps_its_label_on_the_revision_it_serves_and_degrades_the_target() {
+    let mut w = compiled_world();
+    for n in ["h100-1", "l4-0"] {
+        w.report(n, 1, NodePhase::Ready, None);
+    }
+    let p = w.plan(10);
+    assert!(p.status.revisions[0].known_good);
+    w.apply(&p);
+    // A new spec compiles to revision 2.
+    w.target.spec.profiles[0].dims.insert("batch".into(), 2);
+    w.target.metadata.generation = Some(2);
+    w.store_all();
+    let p = w.plan(20);
+    assert_eq!(p.status.revision, Some(2));
+    let ready = condition(&p, "Ready");
+    assert_eq!(ready.status, "False", "nodes are still on revision 1");
+    assert!(
+        p.node_labels.is_empty(),
+        "still serving 1: {:?}",
+        p.node_labels
+    );
+    w.apply(&p);
+    for n in ["cpu-0", "h100-0", "l4-0"] {
+        w.report(n, 2, NodePhase::Ready, None);
+    }
+    // PreviousKnownGood: revision 2 failed parity on h100-1, which serves 1.
+    w.report(
+        "h100-1",
+        1,
+        NodePhase::Degraded,
+        Some(FailureReason::ParityExceeded),
+    );
+    let p = w.plan(30);
+    let degraded = condition(&p, "Degraded");
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", "Fallback")
+    );
+    assert!(p.events.iter().any(|e| e.warning && e.reason == "Degraded"));
+    let h100 = row(&p, "nvidia-h100");
+    assert_eq!((h100.phase.as_str(), h100.failed_nodes), ("Degraded", 1));
+    assert_eq!(h100.reason, Some(FailureReason::ParityExceeded));
+    let mut labels = p.node_labels.clone();
+    labels.sort();
+    let key = "ml.ready.kiln.dev/squeezenet-cpu".to_string();
+    assert_eq!(
+        labels,
+        [
+            ("cpu-0".to_string(), key.clone(), Some("2".to_string())),
+            ("h100-0".to_string(), key.clone(), Some("2".to_string())),
+            ("l4-0".to_string(), key.clone(), Some("2".to_string())),
+        ],
+        "h100-1 keeps label value 1"
+    );
+    assert!(
+        !p.status
+            .revisions
+            .iter()
+            .any(|r| r.number == 2 && r.known_good)
+    );
+}
+
+#[test]
+fn nodes_the_target_no_longer_selects_lose_its_label() {
+    let mut w = compiled_world();
+    let p = w.plan(10);
+    w.apply(&p);
+    assert_eq!(w.label("h100-0"), Some("1"));
+    w.target.spec.node_selector = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                "kubernetes.io/hostname".to_string(),
+                "cpu-0".to_string(),
+            )])),
+            ..Default::default()
+        },
+    );
+    let p = w.plan(20);
+    w.apply(&p);
+    assert_eq!((w.label("cpu-0"), w.label("h100-0")), (Some("1"), None));
+    // A target whose spec goes invalid still removes labels of nodes that stop serving.
+    w.model = ModelLookup::Missing;
+    w.report(
+        "cpu-0",
+        1,
+        NodePhase::Failed,
+        Some(FailureReason::LoadFailed),
+    );
+    let p = w.plan(30);
+    w.apply(&p);
+    assert_eq!(w.label("cpu-0"), None);
+}
+
+#[test]
+fn readiness_labels_of_deleted_targets_are_stale() {
+    let mut w = World::new();
+    let key_of = kiln_crds::labels::ready_label;
+    w.nodes[0].labels.insert(key_of("ml", "gone"), "3".into());
+    w.nodes[0]
+        .labels
+        .insert(key_of("ml", "squeezenet-cpu"), "1".into());
+    w.nodes[1]
+        .labels
+        .insert(key_of("ml", &"x".repeat(80)), "1".into());
+    let live = std::collections::BTreeSet::from([key_of("ml", "squeezenet-cpu")]);
+    let mut stale = kiln_operator::readiness::stale_labels(&w.nodes, &live);
+    stale.sort();
+    assert_eq!(
+        stale,
+        [
+            ("cpu-0".to_string(), "ml.ready.kiln.dev/gone".to_string()),
+            ("h100-0".to_string(), key_of("ml", &"x".repeat(80))),
+        ]
+    );
 }

@@ -1,0 +1,102 @@
+# shellcheck shell=bash
+# Shared set-up of the operator tests (operator.sh, operator-nodes.sh): the operator runs as a
+# process on the host with the token of its ServiceAccount (deploy/operator-rbac.yaml, so missing
+# RBAC fails the test); compile Jobs run the real `kiln-agent compile` from an image built by
+# build-image; the model reaches the Job through a read-only hostPath (--sources-host-path) that
+# relative file:// URIs resolve against; the store is a hostPath shared by the Jobs and the operator.
+# Sourced after lib.sh; sets REPO, NS, WORK, OPERATOR, AGENT and the helpers below.
+REPO=$(cd "$E2E_DIR/.." && pwd)
+test_namespace
+NS=$TEST_NS
+WORK=$(mktemp -d /var/tmp/kiln-e2e-operator.XXXXXX)
+chmod 755 "$WORK"
+OP_PIDS=()
+CLEANUP_NODES=()
+cleanup() {
+  local p
+  for p in "${OP_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  if ((${#CLEANUP_NODES[@]})); then
+    kubectl delete node "${CLEANUP_NODES[@]}" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+    kubectl delete kilnnode "${CLEANUP_NODES[@]}" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+  fi
+  kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
+  kubectl -n kiln-system delete lease "kiln-operator-$NS" --ignore-not-found >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# bin NAME: the newer of target/release/NAME and target/debug/NAME.
+bin() {
+  local b newest=
+  for b in "$REPO/target/release/$1" "$REPO/target/debug/$1"; do
+    [[ -x $b && ( -z $newest || $b -nt $newest ) ]] && newest=$b
+  done
+  [[ -n $newest ]] || fail "$1 not built; run cargo build --bins"
+  echo "$newest"
+}
+OPERATOR=$(bin kiln-operator)
+AGENT=$(bin kiln-agent)
+
+# The agent image: the stripped binary at /bin/kiln-agent.
+strip -o "$WORK/kiln-agent" "$AGENT"
+# CA certificates: the agent's HTTPS client loads the system roots even for file:// work.
+"$E2E_DIR/build-image" --name kiln-e2e/agent:test --out "$WORK/agent.tar" \
+  --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt "$WORK/kiln-agent" >/dev/null
+"$E2E_DIR/cluster" load-image "$WORK/agent.tar" >/dev/null
+
+# Store (written by the compile Jobs as uid 65532) and sources (read-only in the Jobs).
+install -d -m 755 -o 65532 -g 65532 "$WORK/store"
+install -d -m 755 "$WORK/sources"
+cp "$REPO/examples/squeezenet/model.onnx" "$REPO/examples/squeezenet/fixture-v1.safetensors" "$WORK/sources/"
+chmod 644 "$WORK/sources/"*
+
+kubectl apply -f "$REPO/crds/" >/dev/null
+kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
+kubectl apply -f "$REPO/deploy/operator-rbac.yaml" >/dev/null
+# A kubeconfig with the operator's ServiceAccount token: the operator gets only what RBAC grants.
+TOKEN=$(kubectl -n kiln-system create token kiln-operator --duration=2h)
+SERVER=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$WORK/ca.crt"
+cat >"$WORK/kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "$SERVER", certificate-authority: "$WORK/ca.crt"}}]
+users: [{name: op, user: {token: "$TOKEN"}}]
+contexts: [{name: c, context: {cluster: c, user: op}}]
+current-context: c
+KC
+
+# start_operator N: replica N, metrics on 127.0.0.1:1808N, log in $WORK/operator-N.log.
+start_operator() {
+  KUBECONFIG=$WORK/kubeconfig "$OPERATOR" \
+    --store "$WORK/store" --agent-image kiln-e2e/agent:test --agent-image-pull-policy Never \
+    --sources-host-path "$WORK/sources" --listen "127.0.0.1:1808$1" --retry-backoff-seconds 2 \
+    --lease-name "kiln-operator-$NS" --lease-namespace kiln-system --identity "replica-$1" \
+    >>"$WORK/operator-$1.log" 2>&1 &
+  OP_PIDS+=($!)
+  eval "OP_$1=$!"
+}
+show_logs() {
+  tail -n 20 "$WORK"/operator-*.log >&2 || true
+  kubectl -n "$NS" get compiledtargets -o json 2>/dev/null |
+    jq -r '.items[] | .metadata.name as $n | (.status.conditions[]? | "\($n) \(.type)=\(.status) \(.reason): \(.message)"), (.status.classes[]? | "\($n) class \(.class) \(.phase) \(.reason // "") \(.message // "")")' >&2 || true
+  dump "$NS" >&2
+}
+# fd 3 is the test's stderr even inside wait_for's redirections.
+exec 3>&2
+die() { show_logs 2>&3; echo "FAIL: $*" >&3; exit 1; }
+
+# wait_for DESC SECONDS CMD...: poll until CMD succeeds.
+wait_for() {
+  local desc=$1 secs=$2 i; shift 2
+  for ((i = 0; i < secs * 2; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  die "timed out after ${secs}s: $desc"
+}
+jobs_of() { kubectl -n "$NS" get jobs -l app.kubernetes.io/managed-by=kiln-operator -o json | jq -r --arg t "$1" '[.items[] | select(.metadata.ownerReferences[0].name == $t)] | length'; }
+count_is() { [[ $(jobs_of "$1") == "$2" ]]; }
+cond() { kubectl -n "$NS" get compiledtarget "$1" -o jsonpath="{.status.conditions[?(@.type==\"$2\")].$3}"; }
+cond_is() { [[ $(cond "$1" "$2" status) == "$3" && $(cond "$1" "$2" reason) == "$4" ]]; }
+writes() { curl -fsS "http://127.0.0.1:1808$1/metrics" | awk '/^kiln_operator_api_writes_total/ {s += $2} END {print s + 0}'; }

@@ -1,0 +1,122 @@
+//! Which CompiledTargets a Node or KilnNode change concerns. A change to what classes are made
+//! of (labels, hardware facts) concerns every target; a change to one target's readiness label or
+//! to a node's report rows concerns only the targets named. Keeps one agent's status write from
+//! reconciling the whole fleet of targets.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::Node;
+use kiln_crds::labels::{is_ready_label, ready_label};
+use kiln_crds::{CompiledTarget, KilnNode};
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+/// A KilnNode's hardware fingerprint and, per target it reports on, its rows' fingerprint.
+type Seen = (u64, BTreeMap<(String, String), u64>);
+
+/// What the last event of each object looked like.
+#[derive(Default)]
+pub struct Triggers {
+    nodes: Mutex<HashMap<String, BTreeMap<String, String>>>,
+    kiln_nodes: Mutex<HashMap<String, Seen>>,
+}
+
+fn every(targets: &Store<CompiledTarget>) -> Vec<ObjectRef<CompiledTarget>> {
+    targets
+        .state()
+        .iter()
+        .map(|t| ObjectRef::from_obj(t.as_ref()))
+        .collect()
+}
+
+fn fingerprint<T: serde::Serialize>(value: &T) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(value)
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
+}
+
+impl Triggers {
+    /// Targets a Node event concerns (a deleted Node arrives with no labels).
+    pub fn node(
+        &self,
+        node: &Node,
+        targets: &Store<CompiledTarget>,
+    ) -> Vec<ObjectRef<CompiledTarget>> {
+        let labels = node.labels().clone();
+        let before = self
+            .nodes
+            .lock()
+            .map(|mut m| m.insert(node.name_any(), labels.clone()))
+            .unwrap_or(None);
+        let Some(before) = before else {
+            return every(targets);
+        };
+        let changed: BTreeSet<&String> = labels
+            .iter()
+            .filter(|(k, v)| before.get(*k) != Some(v))
+            .map(|(k, _)| k)
+            .chain(before.keys().filter(|k| !labels.contains_key(*k)))
+            .collect();
+        if changed.iter().any(|k| !is_ready_label(k)) {
+            return every(targets);
+        }
+        targets
+            .state()
+            .iter()
+            .filter(|t| {
+                changed.contains(&ready_label(
+                    &t.namespace().unwrap_or_default(),
+                    &t.name_any(),
+                ))
+            })
+            .map(|t| ObjectRef::from_obj(t.as_ref()))
+            .collect()
+    }
+
+    /// Targets a KilnNode event concerns (a deleted KilnNode arrives with no status).
+    pub fn kiln_node(
+        &self,
+        node: &KilnNode,
+        targets: &Store<CompiledTarget>,
+    ) -> Vec<ObjectRef<CompiledTarget>> {
+        let status = node.status.as_ref();
+        let hardware = fingerprint(&status.and_then(|s| s.hardware.as_ref()));
+        // Per target, a fingerprint of the node's rows for it: only targets whose rows changed.
+        let mut named: BTreeMap<(String, String), Vec<&kiln_crds::kiln_node::NodeTargetStatus>> =
+            BTreeMap::new();
+        for r in status.map(|s| s.targets.as_slice()).unwrap_or_default() {
+            named
+                .entry((r.namespace.clone(), r.name.clone()))
+                .or_default()
+                .push(r);
+        }
+        let named: BTreeMap<(String, String), u64> = named
+            .into_iter()
+            .map(|(k, rows)| (k, fingerprint(&rows)))
+            .collect();
+        let before = self
+            .kiln_nodes
+            .lock()
+            .map(|mut m| m.insert(node.name_any(), (hardware, named.clone())))
+            .unwrap_or(None);
+        match before {
+            Some((h, before)) if h == hardware => {
+                let changed: BTreeSet<&(String, String)> = named
+                    .iter()
+                    .filter(|(k, v)| before.get(*k) != Some(v))
+                    .map(|(k, _)| k)
+                    .chain(before.keys().filter(|k| !named.contains_key(*k)))
+                    .collect();
+                changed
+                    .into_iter()
+                    .map(|(ns, name)| ObjectRef::new(name).within(ns))
+                    .collect()
+            }
+            _ => every(targets),
+        }
+    }
+}
