@@ -4,7 +4,8 @@
 # RBAC fails the test); compile Jobs run the real `kiln-agent compile` from an image built by
 # build-image; the model reaches the Job through a read-only hostPath (--sources-host-path) that
 # relative file:// URIs resolve against; the store is a hostPath shared by the Jobs and the operator.
-# Sourced after lib.sh; sets REPO, NS, WORK, OPERATOR, AGENT and the helpers below.
+# Sourced after lib.sh; sets REPO, NS, WORK, OPERATOR, AGENT (KILN_E2E_OPERATOR_BIN and
+# KILN_E2E_AGENT_BIN override the binaries) and the helpers below.
 REPO=$(cd "$E2E_DIR/.." && pwd)
 test_namespace
 NS=$TEST_NS
@@ -34,8 +35,8 @@ bin() {
   [[ -n $newest ]] || fail "$1 not built; run cargo build --bins"
   echo "$newest"
 }
-OPERATOR=$(bin kiln-operator)
-AGENT=$(bin kiln-agent)
+OPERATOR=${KILN_E2E_OPERATOR_BIN:-$(bin kiln-operator)}
+AGENT=${KILN_E2E_AGENT_BIN:-$(bin kiln-agent)}
 
 # The agent image: the stripped binary at /bin/kiln-agent.
 strip -o "$WORK/kiln-agent" "$AGENT"
