@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs (idempotently, from Debian) what the Rust tests need beyond the toolchain:
 # docker-registry (the distribution registry, for kiln-store's OCI tests and bench-pull) and
-# apache2-utils (htpasswd, bcrypt password files for the registry's basic-auth test).
+# apache2-utils (htpasswd, bcrypt password files for the registry's basic-auth test) and
+# prometheus (promtool, which checks both components' metrics exposition).
 # Does nothing when everything is present; needs root (apt-get) only when something is missing.
 set -euo pipefail
 
@@ -9,6 +10,7 @@ need=()
 command -v docker-registry >/dev/null || [[ -x /usr/bin/docker-registry ]] || need+=(docker-registry)
 command -v htpasswd >/dev/null || need+=(apache2-utils)
 command -v curl >/dev/null || need+=(curl)
+command -v promtool >/dev/null || need+=(prometheus)
 ((${#need[@]})) || exit 0
 if [[ $EUID -ne 0 ]]; then
   echo "ensure-test-packages: missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2

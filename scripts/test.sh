@@ -11,15 +11,9 @@ set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 
 export CARGO_TERM_COLOR=never
-# promtool checks both components' exposition in the workspace tests; install it as root when
-# missing (as non-root the tests say they skip that check and why).
-if ! command -v promtool >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "== installing promtool (Debian package prometheus)"
-  apt-get update -q
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus
-fi
-# docker-registry (kiln-store's OCI tests run a real distribution registry) and htpasswd; as root
-# a missing registry fails those tests, so install them here.
+# docker-registry (kiln-store's OCI tests run a real distribution registry), htpasswd and
+# promtool (both components' exposition is checked with it); as root a missing one fails those
+# tests, so install them here (as non-root the tests say they skip and why).
 scripts/ensure-test-packages.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

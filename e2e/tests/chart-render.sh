@@ -111,9 +111,10 @@ for obj in (one(oci, "Deployment", "kiln-operator"), one(oci, "DaemonSet", "kiln
     ps = obj["spec"]["template"]["spec"]
     oe = env(ps["containers"][0])
     check(oe.get("KILN_STORE") == "oci://10.0.0.1:5000/kiln" and oe.get("KILN_REGISTRY_INSECURE") == "true", "oci store env")
-    check(oe.get("KILN_REGISTRY_USERNAME") == {"secretKeyRef": {"name": "regcred", "key": "username"}}, "username from Secret")
-    check(oe.get("KILN_REGISTRY_PASSWORD") == {"secretKeyRef": {"name": "regcred", "key": "password"}}, "password from Secret")
+    check(oe.get("KILN_REGISTRY_USERNAME") == {"secretKeyRef": {"name": "regcred", "key": "username", "optional": True}}, "username from Secret")
+    check(oe.get("KILN_REGISTRY_PASSWORD") == {"secretKeyRef": {"name": "regcred", "key": "password", "optional": True}}, "password from Secret")
     check(not any(v["name"] == "store" for v in ps.get("volumes", [])), "no store hostPath with a registry")
+check(env(one(oci, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0]).get("KILN_REGISTRY_SECRET") == "regcred", "compile Jobs told the Secret")
 
 # ServiceAccounts and least-privilege RBAC.
 check(sorted(s["metadata"]["name"] for s in get(fs, "ServiceAccount")) == ["kiln-agent", "kiln-compile", "kiln-operator"], "three ServiceAccounts")

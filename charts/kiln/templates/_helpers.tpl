@@ -70,10 +70,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- with .Values.store.existingSecret }}
 - name: KILN_REGISTRY_USERNAME
   valueFrom:
-    secretKeyRef: {name: {{ . }}, key: {{ $.Values.store.usernameKey }}}
+    secretKeyRef: {name: {{ . }}, key: username, optional: true}
 - name: KILN_REGISTRY_PASSWORD
   valueFrom:
-    secretKeyRef: {name: {{ . }}, key: {{ $.Values.store.passwordKey }}}
+    secretKeyRef: {name: {{ . }}, key: password, optional: true}
 {{- end }}
 {{- end }}
 {{- end }}
