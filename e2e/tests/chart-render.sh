@@ -2,7 +2,7 @@
 # charts/kiln without a cluster: the real `helm lint` and `helm template` over the value
 # combinations that change what is rendered; the rendered objects checked for what the chart
 # promises (CRDs byte-equal to crdgen's and kept, flags and mounts per component, GPU access
-# only when asked, RBAC equal to deploy/*-rbac.yaml and without secrets or wildcards, every
+# only when asked, RBAC equal to deploy/{operator,agent}-rbac.yaml and without secrets or wildcards, every
 # values.yaml key commented); the alert rules through the real `promtool check rules`, naming
 # only metrics the operator and agent register.
 source "$(dirname "$0")/lib.sh"
@@ -129,7 +129,9 @@ def rules(docs, kind, name):
 deploy = [d for d in yaml.safe_load_all(open(f"{repo}/deploy/operator-rbac.yaml")) if d]
 check(rules(fs, "ClusterRole", "kiln-operator") == rules(deploy, "ClusterRole", "kiln-operator"), "operator ClusterRole != deploy/operator-rbac.yaml")
 check(rules(fs, "Role", "kiln-operator-leader") == rules(deploy, "Role", "kiln-operator-leader"), "leader Role != deploy/operator-rbac.yaml")
+agent_deploy = [d for d in yaml.safe_load_all(open(f"{repo}/deploy/agent-rbac.yaml")) if d]
 agent_rules = rules(fs, "ClusterRole", "kiln-agent")
+check(agent_rules == rules(agent_deploy, "ClusterRole", "kiln-agent"), "agent ClusterRole != deploy/agent-rbac.yaml")
 check(not any(v in r["verbs"] for r in agent_rules for v in ("delete", "deletecollection", "update")), "agent deletes or updates nothing")
 check(not any(r["resources"] == ["pods"] and set(r["verbs"]) - {"get", "list", "watch"} for r in agent_rules), "agent writes pods only via pods/status")
 

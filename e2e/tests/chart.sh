@@ -3,8 +3,9 @@
 # the store on a hostPath. Helm creates the CRDs (Established, keep policy); the operator
 # Deployment becomes Available under its chart RBAC, leads through its Lease, and reconciles the
 # example model into a compile Job that stores the artifact; its /metrics, through the metrics
-# Service, passes promtool; the agent DaemonSet's pod runs on the node with its ServiceAccount,
-# NODE_NAME and hostPath cache; `helm uninstall` removes the release and keeps the CRDs.
+# Service, passes promtool; the agent DaemonSet's pod becomes Ready on the node with its
+# ServiceAccount, NODE_NAME and hostPath cache, reports its KilnNode, and its /metrics passes
+# promtool; `helm uninstall` removes the release and keeps the CRDs.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/kiln-lib.sh"
 test_namespace
@@ -14,6 +15,7 @@ WORK=$(mktemp -d /var/tmp/kiln-e2e-chart.XXXXXX)
 chmod 755 "$WORK"
 cleanup() {
   helm uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
+  kubectl delete kilnnode "$(kubectl get nodes -o jsonpath='{.items[0].metadata.name}')" --ignore-not-found >/dev/null 2>&1 || true
   kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
   rm -rf "$WORK"
 }
@@ -76,20 +78,19 @@ m=$(kubectl get --raw "/api/v1/namespaces/$NS/services/kiln-operator-metrics:met
 grep -q '^kiln_operator_compile_jobs_total{.*result="succeeded"' <<<"$m" || die "no succeeded compile in /metrics"
 promtool check metrics <<<"$m" || die "promtool rejects the operator's in-cluster exposition"
 
-echo "== agent DaemonSet pod on the node"
-kubectl -n "$NS" get ds kiln-agent -o json |
-  jq -e '.status.desiredNumberScheduled == 1 and .status.currentNumberScheduled == 1' >/dev/null || die "agent not scheduled"
+echo "== agent DaemonSet: Ready on the node, its KilnNode reported, metrics pass promtool"
+kubectl -n "$NS" rollout status ds/kiln-agent --timeout=120s >/dev/null || die "agent DaemonSet not ready"
 AGENT=$(kubectl -n "$NS" get pod -l app.kubernetes.io/component=agent -o jsonpath='{.items[0].metadata.name}')
-started() {
-  kubectl -n "$NS" get pod "$AGENT" -o json |
-    jq -e '.status.containerStatuses[0] | (.state.running // .state.terminated // .lastState.terminated) != null'
-}
-wait_for "agent container started" 60 started
 kubectl -n "$NS" get pod "$AGENT" -o json | jq -e --arg n "$REAL" '
   .spec.nodeName == $n and .spec.serviceAccountName == "kiln-agent" and .spec.containers[0].args == ["run"] and
   (.spec.containers[0].env[] | select(.name == "NODE_NAME") | .valueFrom.fieldRef.fieldPath == "spec.nodeName") and
   (.spec.volumes[] | select(.name == "cache") | .hostPath.path != null)' >/dev/null || die "agent pod spec"
-echo "   $AGENT on $REAL"
+wait_for "KilnNode $REAL with hardware facts" 60 \
+  bash -c "kubectl get kilnnode $REAL -o json | jq -e '.status.hardware.cores > 0'"
+m=$(kubectl get --raw "/api/v1/namespaces/$NS/services/kiln-agent-metrics:metrics/proxy/metrics") ||
+  die "no agent /metrics through the Service"
+promtool check metrics <<<"$m" || die "promtool rejects the agent's in-cluster exposition"
+echo "   $AGENT Ready on $REAL; KilnNode $REAL: $(kubectl get kilnnode "$REAL" -o json | jq -c '.status.hardware | {arch, cpuLevel, cores}')"
 
 echo "== helm uninstall keeps the CRDs"
 kubectl -n "$NS" delete compiledtarget squeezenet-cpu --wait=true --timeout=60s >/dev/null

@@ -57,8 +57,9 @@ if [[ -n $target ]]; then
   target=$(jq --arg ns "$TEST_NS" '.metadata.namespace = $ns' <<<"$target")
   kubectl create -f - <<<"$target" >/dev/null || fail "valid CompiledTarget from $sample rejected"
   echo "valid CompiledTarget accepted"
-  kubectl -n "$TEST_NS" get compiledtargets | grep -q 'MODEL.*BACKEND' || fail "printer columns missing"
-  kubectl -n "$TEST_NS" get compiledtargets | grep -q "$(jq -r .spec.modelRef.name <<<"$target").*tract" ||
+  # Not grep -q: it exits at the first match, kubectl gets SIGPIPE and pipefail fails the line.
+  kubectl -n "$TEST_NS" get compiledtargets | grep 'MODEL.*BACKEND' >/dev/null || fail "printer columns missing"
+  kubectl -n "$TEST_NS" get compiledtargets | grep "$(jq -r .spec.modelRef.name <<<"$target").*tract" >/dev/null ||
     fail "printer columns do not show model and backend"
   echo "kubectl get compiledtargets shows MODEL and BACKEND"
   WHY="fallback policy Class without class" PATTERN='fallback.class is required' expect_reject create -f - \
