@@ -5,8 +5,15 @@ REPO=$(cd "$E2E_DIR/.." && pwd)
 # Tag of the images built here; the chart runs them with imagePullPolicy Never.
 KILN_TAG=e2e
 
-# kiln_bin NAME: the newer of target/release/NAME and target/debug/NAME.
+# kiln_bin NAME: $KILN_E2E_OPERATOR_BIN / $KILN_E2E_AGENT_BIN when set (the shared target
+# directory may hold another checkout's build), else the newer of target/{release,debug}/NAME.
 kiln_bin() {
+  local override
+  case $1 in
+    kiln-operator) override=${KILN_E2E_OPERATOR_BIN:-} ;;
+    kiln-agent) override=${KILN_E2E_AGENT_BIN:-} ;;
+  esac
+  [[ -z ${override:-} ]] || { echo "$override"; return; }
   local b newest=
   for b in "$REPO/target/release/$1" "$REPO/target/debug/$1"; do
     [[ -x $b && ( -z $newest || $b -nt $newest ) ]] && newest=$b

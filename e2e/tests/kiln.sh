@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# kiln end to end, installed by its Helm chart with the store on the cluster's registry: apply
+# the example model; the compile Job pushes the artifact to the registry; the agent pulls it by
+# digest, verifies, loads, warms and reports its KilnNode row Ready; a serving pod gated on
+# kiln.dev/warm (created right after the apply) becomes Ready only after that row (checked
+# while polling and on the API timestamps); the node readiness label appears; both components'
+# metrics show the path and pass promtool. Prints the time from apply to ready. Then one byte of
+# the artifact blob is flipped in the registry's storage and the agent restarts on a fresh cache
+# (helm upgrade): the pull fails verification (HashMismatch), the node fails closed (row Failed,
+# gate False with the reason, pod not Ready, label removed), counted, and nothing is loaded.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/kiln-lib.sh"
+ensure_busybox
+test_namespace
+NS=$TEST_NS
+REL=$NS
+TARGET=squeezenet-cpu
+REPOSITORY=kiln-e2e/$NS
+WORK=$(mktemp -d /var/tmp/kiln-e2e-kiln.XXXXXX)
+chmod 755 "$WORK"
+REAL=$(kubectl get nodes -o jsonpath='{.items[0].metadata.name}')
+LABEL="$NS.ready.kiln.dev/$TARGET"
+BLOB=
+cleanup() {
+  # The registry's blobs are shared by every repository: put the flipped byte back.
+  [[ -z $BLOB ]] || flip "$BLOB"
+  kubectl -n "$NS" delete compiledtarget --all --wait=true --timeout=60s >/dev/null 2>&1 || true
+  helm uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
+  kubectl label node "$REAL" "$LABEL-" >/dev/null 2>&1 || true
+  kubectl delete kilnnode "$REAL" --ignore-not-found >/dev/null 2>&1 || true
+  kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+die() {
+  kubectl -n "$NS" get all,compiledtargets -o wide >&2 || true
+  kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq '.status.targets' >&2 || true
+  kubectl -n "$NS" logs deploy/kiln-operator --tail=20 >&2 || true
+  kubectl -n "$NS" logs ds/kiln-agent --tail=30 >&2 || true
+  dump "$NS" >&2
+  fail "$*"
+}
+wait_for() {
+  local desc=$1 secs=$2 i; shift 2
+  for ((i = 0; i < secs * 2; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  die "timed out after ${secs}s: $desc"
+}
+epoch() { date -d "$1" +%s; }
+# flip FILE: xor one byte in the middle of FILE (twice restores it).
+flip() {
+  python3 - "$1" <<'PY'
+import os, sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(os.path.getsize(sys.argv[1]) // 2)
+    b = f.read(1)
+    f.seek(-1, 1)
+    f.write(bytes([b[0] ^ 1]))
+PY
+}
+
+kiln_images "$WORK"
+install -d -m 755 "$WORK/sources" "$WORK/cache"
+cp "$REPO/examples/squeezenet/model.onnx" "$REPO/examples/squeezenet/fixture-v1.safetensors" "$WORK/sources/"
+chmod 644 "$WORK/sources/"*
+
+echo "== install: store oci://$REGISTRY_ADDR/$REPOSITORY"
+kiln_fresh_crds
+kiln_install "$REL" "$NS" --set store.url="oci://$REGISTRY_ADDR/$REPOSITORY" --set store.insecure=true \
+  --set sources.hostPath="$WORK/sources" --set agent.cacheHostPath="$WORK/cache" >/dev/null || die "helm install failed"
+kubectl -n "$NS" wait --for=condition=Available deploy/kiln-operator --timeout=120s >/dev/null || die "operator not Available"
+kubectl -n "$NS" rollout status ds/kiln-agent --timeout=120s >/dev/null || die "agent DaemonSet not ready"
+
+echo "== apply the example and a serving pod gated on kiln.dev/warm"
+T_APPLY=$(date +%s.%N)
+kubectl -n "$NS" apply -f "$REPO/examples/squeezenet/kiln.yaml" >/dev/null
+kubectl -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: serve
+  annotations: {kiln.dev/target: $TARGET}
+spec:
+  readinessGates: [{conditionType: kiln.dev/warm}]
+  nodeName: $REAL
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+    - {name: serve, image: $BUSYBOX_IMAGE, imagePullPolicy: Never, command: [sleep, "3600"]}
+YAML
+
+row() { kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq -c --arg ns "$NS" --arg t "$TARGET" '.status.targets[]? | select(.namespace == $ns and .name == $t)'; }
+pod_ready() { kubectl -n "$NS" get pod serve -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}'; }
+# Poll both until the pod is Ready; the pod must never be Ready while the row is not.
+seen_not_ready=0 t_row='' t_pod=''
+for ((i = 0; i < 600; i++)); do
+  phase=$(row | jq -r '.phase // empty')
+  ready=$(pod_ready)
+  now=$(date +%s.%N)
+  [[ $phase == Ready && -z $t_row ]] && t_row=$now
+  if [[ $ready == True ]]; then
+    [[ -n $t_row ]] || die "serving pod Ready while the KilnNode row is ${phase:-absent}"
+    t_pod=$now; break
+  fi
+  [[ -n $ready ]] && seen_not_ready=1
+  [[ $phase == Failed ]] && die "KilnNode row Failed: $(row)"
+  sleep 0.5
+done
+[[ -n $t_pod ]] || die "serving pod not Ready within 300s (row: $(row))"
+((seen_not_ready)) || die "the serving pod was never seen not Ready: the ordering proves nothing"
+ROW=$(row)
+warm=$(kubectl -n "$NS" get pod serve -o json | jq -c '.status.conditions[] | select(.type == "kiln.dev/warm")')
+[[ $(jq -r .status <<<"$warm") == True ]] || die "kiln.dev/warm: $warm"
+ready_since=$(jq -r .readySince <<<"$ROW")
+pod_ready_at=$(kubectl -n "$NS" get pod serve -o jsonpath='{.status.conditions[?(@.type=="Ready")].lastTransitionTime}')
+(($(epoch "$pod_ready_at") >= $(epoch "$ready_since"))) || die "pod Ready at $pod_ready_at before the row's readySince $ready_since"
+echo "   row Ready since $ready_since; kiln.dev/warm True at $(jq -r .lastTransitionTime <<<"$warm"); pod Ready at $pod_ready_at"
+
+echo "== the artifact in the registry is what the node verified"
+CT=$(kubectl -n "$NS" get compiledtarget "$TARGET" -o json)
+KEY=$(jq -r '.status.classes[0].compileKey' <<<"$CT")
+DIGEST=$(jq -r '.status.classes[0].artifactDigest' <<<"$CT")
+[[ $(jq -r .artifactDigest <<<"$ROW") == *"$DIGEST" ]] || die "node verified $(jq -r .artifactDigest <<<"$ROW"), target says $DIGEST"
+manifest=$(curl -fsS -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/$KEY") ||
+  die "no manifest tagged $KEY in $REPOSITORY"
+jq -e --arg d "sha256:$DIGEST" '.artifactType == "application/vnd.kiln.artifact.v1" and .layers[0].digest == $d' <<<"$manifest" >/dev/null ||
+  die "registry manifest: $manifest"
+echo "   $REPOSITORY:${KEY:0:12}… layer sha256:${DIGEST:0:12}… pulled $(jq -r .pullBytes <<<"$ROW") bytes"
+
+echo "== node readiness label"
+label() { kubectl get node "$REAL" -o json | jq -er --arg l "$LABEL" '.metadata.labels[$l] // empty'; }
+wait_for "label $LABEL" 60 label
+[[ $(label) == "$(jq -r .revision <<<"$ROW")" ]] || die "label $LABEL=$(label), row revision $(jq -r .revision <<<"$ROW")"
+echo "   $LABEL=$(label)"
+
+echo "== metrics show the path (and pass promtool)"
+agent_m=$(kubectl get --raw "/api/v1/namespaces/$NS/services/kiln-agent-metrics:metrics/proxy/metrics") || die "agent /metrics"
+op_m=$(kubectl get --raw "/api/v1/namespaces/$NS/services/kiln-operator-metrics:metrics/proxy/metrics") || die "operator /metrics"
+promtool check metrics <<<"$agent_m" || die "promtool rejects the agent's exposition"
+promtool check metrics <<<"$op_m" || die "promtool rejects the operator's exposition"
+positive() { awk -v re="^$1" '$0 ~ re {s += $NF} END {exit !(s > 0)}' <<<"$2" || die "no positive $1 in /metrics"; }
+positive 'kiln_operator_compile_jobs_total\{[^}]*result="succeeded"' "$op_m"
+positive kiln_agent_artifact_pull_bytes "$agent_m"
+positive kiln_agent_load_seconds_count "$agent_m"
+positive kiln_agent_warmup_seconds_count "$agent_m"
+positive kiln_agent_target_ready "$agent_m"
+
+echo "== a flipped byte in the registry's blob, fresh node cache: HashMismatch, fail closed"
+BLOB_PATH=$REGISTRY_DIR/docker/registry/v2/blobs/sha256/${DIGEST:0:2}/$DIGEST/data
+[[ -f $BLOB_PATH ]] || die "no blob at $BLOB_PATH"
+flip "$BLOB_PATH"
+BLOB=$BLOB_PATH
+[[ $(curl -fsS "http://$REGISTRY_ADDR/v2/$REPOSITORY/blobs/sha256:$DIGEST" | sha256sum | cut -d' ' -f1) != "$DIGEST" ]] ||
+  die "the registry still serves the original bytes"
+OLD_AGENT=$(kubectl -n "$NS" get pod -l app.kubernetes.io/component=agent -o jsonpath='{.items[0].metadata.name}')
+install -d -m 755 "$WORK/cache2"
+helm upgrade "$REL" "$REPO/charts/kiln" -n "$NS" --reuse-values --set agent.cacheHostPath="$WORK/cache2" >/dev/null ||
+  die "helm upgrade failed"
+kubectl -n "$NS" rollout status ds/kiln-agent --timeout=120s >/dev/null || die "upgraded agent not ready"
+kubectl -n "$NS" get pod "$OLD_AGENT" >/dev/null 2>&1 && kubectl -n "$NS" wait --for=delete "pod/$OLD_AGENT" --timeout=60s >/dev/null
+row_failed() { [[ $(row | jq -r '"\(.phase) \(.reason)"') == "Failed HashMismatch" ]]; }
+wait_for "row Failed HashMismatch" 120 row_failed
+warm_false() {
+  kubectl -n "$NS" get pod serve -o json |
+    jq -e '(.status.conditions[] | select(.type == "kiln.dev/warm") | .status == "False" and .reason == "HashMismatch")
+      and (.status.conditions[] | select(.type == "Ready") | .status == "False")'
+}
+wait_for "gate False/HashMismatch and pod not Ready" 60 warm_false
+no_label() { ! label; }
+wait_for "label $LABEL removed" 60 no_label
+tampered_m=$(kubectl get --raw "/api/v1/namespaces/$NS/services/kiln-agent-metrics:metrics/proxy/metrics") || die "agent /metrics"
+positive 'kiln_agent_verify_failures_total\{reason="HashMismatch"' "$tampered_m"
+positive 'kiln_agent_fail_closed_total\{reason="HashMismatch"' "$tampered_m"
+awk '/^kiln_agent_load_seconds_count/ {s += $NF} END {exit s != 0}' <<<"$tampered_m" || die "the tampered artifact was loaded"
+[[ -z $(find "$WORK/cache2" -type f -size +1M) ]] || die "a corrupt artifact is in the fresh cache: $(find "$WORK/cache2" -type f -size +1M)"
+echo "   $(row | jq -r .message | cut -c1-150)…"
+
+seen_to_ready=$(awk '/^kiln_agent_revision_ready_seconds_sum/ {print $2}' <<<"$agent_m")
+printf 'apply -> serving pod Ready: %.1fs; agent: revision seen -> ready %.2fs (pull %.3fs, load %.3fs, warmup %.3fs)\n' \
+  "$(awk "BEGIN {print $t_pod - $T_APPLY}")" "$seen_to_ready" "$(jq -r .pullSeconds <<<"$ROW")" \
+  "$(jq -r .loadSeconds <<<"$ROW")" "$(jq -r .warmupSeconds <<<"$ROW")"
+echo "kiln passed"
