@@ -3,7 +3,7 @@
 # combinations that change what is rendered; the rendered objects checked for what the chart
 # promises (CRDs byte-equal to crdgen's and kept, flags and mounts per component, GPU access
 # only when asked, RBAC equal to deploy/{operator,agent}-rbac.yaml and without secrets or wildcards, every
-# values.yaml key commented); the alert rules through the real `promtool check rules`, naming
+# values.yaml key commented); every env var one the binary reads; the alert rules through the real `promtool check rules`, naming
 # only metrics the operator and agent register.
 source "$(dirname "$0")/lib.sh"
 REPO=$(cd "$E2E_DIR/.." && pwd)
@@ -134,6 +134,13 @@ agent_rules = rules(fs, "ClusterRole", "kiln-agent")
 check(agent_rules == rules(agent_deploy, "ClusterRole", "kiln-agent"), "agent ClusterRole != deploy/agent-rbac.yaml")
 check(not any(v in r["verbs"] for r in agent_rules for v in ("delete", "deletecollection", "update")), "agent deletes or updates nothing")
 check(not any(r["resources"] == ["pods"] and set(r["verbs"]) - {"get", "list", "watch"} for r in agent_rules), "agent writes pods only via pods/status")
+
+# Every variable the chart sets is one the binary reads (a typo would be silently ignored).
+for src, kind, name in (("operator/src/main.rs", "Deployment", "kiln-operator"), ("node-agent/src/main.rs", "DaemonSet", "kiln-agent")):
+    declared = set(re.findall(r'env\s*=\s*"(\w+)"', open(f"{repo}/{src}").read()))
+    for docs in (fs, oci):
+        for var in env(one(docs, kind, name)["spec"]["template"]["spec"]["containers"][0]):
+            check(var in declared or var.startswith("NVIDIA_"), f"{name} gets {var}, which {src} does not read")
 
 # Monitoring objects only when asked.
 check(not get(fs, "ServiceMonitor") and not get(fs, "PrometheusRule"), "no monitoring CRs by default")
