@@ -25,6 +25,11 @@ KUBERNETES_SVC_IP=10.96.0.1
 
 KUBECONFIG_PATH=$STATE/admin.kubeconfig
 
+# The cluster's OCI registry (full mode): plain HTTP on the node address, reachable from pods and
+# from the host side of the veth; `oci://$REGISTRY_ADDR/<repo>` is a kiln store URL.
+REGISTRY_ADDR=$NODE_IP:5000
+REGISTRY_DIR=$STATE/registry
+
 log() { printf '[e2e %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 

@@ -32,6 +32,30 @@ setup_netns() {
   "${ns[@]}" sysctl -qw net.ipv4.ip_forward=1
 }
 
+# The cluster's OCI registry: Debian's docker-registry (distribution 2.8) as a host process in the
+# network namespace at $REGISTRY_ADDR, plain HTTP, storage in $REGISTRY_DIR (so a test can flip a
+# byte in a blob: $REGISTRY_DIR/docker/registry/v2/blobs/sha256/<ab>/<hex>/data).
+start_registry() {
+  alive registry && return 0
+  mkdir -p "$REGISTRY_DIR"
+  cat >"$STATE/registry.yml" <<YAML
+version: 0.1
+log:
+  level: warn
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: $REGISTRY_DIR
+  delete:
+    enabled: true
+http:
+  addr: $REGISTRY_ADDR
+  secret: kiln-e2e-registry
+YAML
+  start registry /usr/bin/docker-registry serve "$STATE/registry.yml"
+}
+
 start_etcd() {
   alive etcd && return 0
   mkdir -p "$STATE/etcd"

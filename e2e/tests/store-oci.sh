@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The OCI store end to end: kiln-operator (a host process with its ServiceAccount's token) runs
+# with `--store oci://$REGISTRY_ADDR/<repo>`; the real node's compile Job runs the real
+# `kiln-agent compile` from a build-image image and pushes to the cluster's docker-registry over
+# the pod network, with no hostPath store. Then, straight from the registry's HTTP API: the
+# manifest tagged with the compile key has the digest the target's status records as
+# manifestDigest, kiln's media types, and one layer whose digest is the artifact digest in status
+# and whose bytes hash to it.
+source "$(dirname "$0")/lib.sh"
+REPO=$(cd "$E2E_DIR/.." && pwd)
+test_namespace
+NS=$TEST_NS
+WORK=$(mktemp -d /var/tmp/kiln-e2e-store-oci.XXXXXX)
+chmod 755 "$WORK"
+OP_PID=
+cleanup() {
+  [[ -n $OP_PID ]] && kill "$OP_PID" 2>/dev/null
+  kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+exec 3>&2
+die() {
+  tail -n 30 "$WORK/operator.log" >&3 2>/dev/null || true
+  kubectl -n "$NS" get compiledtargets -o yaml >&3 2>/dev/null || true
+  dump "$NS" >&3
+  echo "FAIL: $*" >&3
+  exit 1
+}
+wait_for() {
+  local desc=$1 secs=$2 i; shift 2
+  for ((i = 0; i < secs * 2; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  die "timed out after ${secs}s: $desc"
+}
+bin() {
+  local b newest=
+  for b in "$REPO/target/release/$1" "$REPO/target/debug/$1"; do
+    [[ -x $b && ( -z $newest || $b -nt $newest ) ]] && newest=$b
+  done
+  [[ -n $newest ]] || fail "$1 not built; run cargo build --bins"
+  echo "$newest"
+}
+OPERATOR=$(bin kiln-operator)
+strip -o "$WORK/kiln-agent" "$(bin kiln-agent)"
+"$E2E_DIR/build-image" --name kiln-e2e/agent:store-oci --out "$WORK/agent.tar" \
+  --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt "$WORK/kiln-agent" >/dev/null
+"$E2E_DIR/cluster" load-image "$WORK/agent.tar" >/dev/null
+
+install -d -m 755 "$WORK/sources"
+cp "$REPO/examples/squeezenet/model.onnx" "$REPO/examples/squeezenet/fixture-v1.safetensors" "$WORK/sources/"
+chmod 644 "$WORK/sources/"*
+kubectl apply -f "$REPO/crds/" >/dev/null
+kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
+kubectl apply -f "$REPO/deploy/operator-rbac.yaml" >/dev/null
+TOKEN=$(kubectl -n kiln-system create token kiln-operator --duration=1h)
+SERVER=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$WORK/ca.crt"
+cat >"$WORK/kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "$SERVER", certificate-authority: "$WORK/ca.crt"}}]
+users: [{name: op, user: {token: "$TOKEN"}}]
+contexts: [{name: c, context: {cluster: c, user: op}}]
+current-context: c
+KC
+
+STORE_REPO="kiln-$NS"
+STORE="oci://$REGISTRY_ADDR/$STORE_REPO"
+KUBECONFIG=$WORK/kubeconfig "$OPERATOR" --store "$STORE" --registry-insecure \
+  --agent-image kiln-e2e/agent:store-oci --agent-image-pull-policy Never \
+  --sources-host-path "$WORK/sources" --listen 127.0.0.1:18091 --no-leader-election \
+  --retry-backoff-seconds 2 >>"$WORK/operator.log" 2>&1 &
+OP_PID=$!
+wait_for "operator /readyz" 60 curl -fsS http://127.0.0.1:18091/readyz
+
+echo "== the compile Job pushes to $STORE; the target records revision 1 with the manifest digest"
+kubectl -n "$NS" apply -f "$REPO/examples/squeezenet/kiln.yaml" >/dev/null
+compiled() {
+  local s
+  s=$(kubectl -n "$NS" get compiledtarget squeezenet-cpu -o jsonpath='{.status.conditions[?(@.type=="Stalled")].status}')
+  [[ $s != True ]] || die "Stalled: $(kubectl -n "$NS" get compiledtarget squeezenet-cpu -o jsonpath='{.status.conditions[?(@.type=="Stalled")].message}')"
+  [[ -n $(kubectl -n "$NS" get compiledtarget squeezenet-cpu -o jsonpath='{.status.revisions[0].artifacts[0].manifestDigest}') ]]
+}
+wait_for "squeezenet-cpu revision 1" 240 compiled
+status=$(kubectl -n "$NS" get compiledtarget squeezenet-cpu -o json)
+KEY=$(jq -r '.status.classes[0].compileKey' <<<"$status")
+DIGEST=$(jq -r '.status.classes[0].artifactDigest' <<<"$status")
+MDIGEST=$(jq -r '.status.classes[0].manifestDigest' <<<"$status")
+[[ $MDIGEST == sha256:* ]] || die "no manifestDigest in status: $MDIGEST"
+[[ $(jq -r '.status.revisions[-1].artifacts[0].manifestDigest' <<<"$status") == "$MDIGEST" ]] ||
+  die "revision does not record the manifest digest"
+job=$(kubectl -n "$NS" get jobs -o json | jq -r '.items[0]')
+jq -e --arg s "$STORE" '.spec.template.spec.containers[0].env[] | select(.name == "KILN_STORE") | .value == $s' <<<"$job" >/dev/null ||
+  die "the Job's KILN_STORE is not $STORE"
+jq -e '[.spec.template.spec.volumes[] | select(.hostPath != null and .name == "store")] | length == 0' <<<"$job" >/dev/null ||
+  die "a registry store must not mount a hostPath store"
+echo "   key $KEY -> manifest $MDIGEST, artifact sha256:$DIGEST"
+
+echo "== the registry holds exactly that, by tag and by digest"
+api=http://$REGISTRY_ADDR/v2/$STORE_REPO
+accept='Accept: application/vnd.oci.image.manifest.v1+json'
+curl -fsS -H "$accept" "$api/manifests/$KEY" >"$WORK/manifest.json" || die "no manifest tagged $KEY"
+[[ sha256:$(sha256sum <"$WORK/manifest.json" | cut -d' ' -f1) == "$MDIGEST" ]] || die "tag $KEY is not manifest $MDIGEST"
+curl -fsS -H "$accept" "$api/manifests/$MDIGEST" | cmp -s - "$WORK/manifest.json" || die "manifest by digest differs"
+jq -e --arg d "sha256:$DIGEST" '.artifactType == "application/vnd.kiln.artifact.v1"
+  and .config.mediaType == "application/vnd.kiln.build-manifest.v1+json"
+  and (.layers | length) == 1 and .layers[0].mediaType == "application/vnd.kiln.engine.v1.tar"
+  and .layers[0].digest == $d' "$WORK/manifest.json" >/dev/null || die "layout: $(cat "$WORK/manifest.json")"
+[[ $(curl -fsS "$api/blobs/sha256:$DIGEST" | sha256sum | cut -d' ' -f1) == "$DIGEST" ]] || die "layer bytes do not hash to $DIGEST"
+config=$(jq -r .config.digest "$WORK/manifest.json")
+curl -fsS "$api/blobs/$config" | jq -e --arg k "$KEY" --arg d "$DIGEST" '.compileKey == $k and .artifactDigest == $d and .backend == "tract"' >/dev/null ||
+  die "build manifest in the config blob disagrees"
+[[ -f $REGISTRY_DIR/docker/registry/v2/blobs/sha256/${DIGEST:0:2}/$DIGEST/data ]] || die "blob not under $REGISTRY_DIR"
+[[ $(curl -fsS "$api/tags/list" | jq -c .tags) == "[\"$KEY\"]" ]] || die "tags: $(curl -fsS "$api/tags/list")"
+echo "store-oci e2e passed"
