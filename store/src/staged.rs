@@ -116,8 +116,23 @@ where
     let dest_owned = dest.to_path_buf();
     let writer = tokio::task::spawn_blocking(move || -> Result<Staged> {
         let mut staged = Staged::create(&dest_owned, expected)?;
+        let started = std::time::Instant::now();
+        let mut reported = 0;
         while let Some(chunk) = rx.blocking_recv() {
             staged.write(&chunk)?;
+            // Progress in tenths, for logs of long pulls.
+            let tenth = staged.written * 10 / staged.expected.size.max(1);
+            if tenth > reported {
+                reported = tenth;
+                tracing::info!(
+                    what = %staged.expected.what,
+                    bytes = staged.written,
+                    total = staged.expected.size,
+                    percent = tenth * 10,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "pulling"
+                );
+            }
         }
         Ok(staged)
     });
