@@ -57,7 +57,8 @@ enum Command {
         /// Address for /metrics, /healthz and /readyz.
         #[arg(long, env = "KILN_LISTEN", default_value = "0.0.0.0:8080")]
         listen: std::net::SocketAddr,
-        /// Seconds before an artifact that failed is tried again.
+        /// Seconds before an artifact that failed is tried again; doubles per failure in a row, up
+        /// to 10 minutes.
         #[arg(long, env = "KILN_RETRY_SECONDS", default_value_t = 60)]
         retry_seconds: u64,
         /// Seconds between passes when nothing changes.

@@ -71,8 +71,8 @@ pub struct Agent {
 pub struct State {
     /// The row reported in the KilnNode.
     pub row: NodeTargetStatus,
-    /// Last attempt: (generation, pick), when, and whether it ended serving something.
-    attempt: Option<(Option<i64>, Pick, Instant, bool)>,
+    /// Last attempt: (generation, pick), when, and how many failed in a row (0: it serves).
+    attempt: Option<(Option<i64>, Pick, Instant, u32)>,
     /// When the current pick was first seen.
     seen: Option<(Pick, Time, Instant)>,
     /// Metric labels of the row, to remove them when they change.
@@ -149,19 +149,22 @@ impl Agent {
                 }
             };
             let generation = t.metadata.generation;
-            if let Some((g, p, at, ok)) = &state.attempt
-                && *g == generation
-                && *p == pick
-                && (*ok || at.elapsed() < self.retry)
-            {
-                continue;
-            }
+            let failures = match &state.attempt {
+                Some((g, p, at, failures)) if *g == generation && *p == pick => {
+                    if *failures == 0 || at.elapsed() < backoff(self.retry, *failures) {
+                        continue;
+                    }
+                    *failures
+                }
+                _ => 0,
+            };
             if state.seen.as_ref().is_none_or(|(p, _, _)| *p != pick) {
                 state.seen = Some((pick.clone(), now(), Instant::now()));
             }
             let ok = self.attempt(&key, &t, pick.clone(), &facts).await;
             if let Some(state) = self.states.get_mut(&key) {
-                state.attempt = Some((generation, pick, Instant::now(), ok));
+                let failures = if ok { 0 } else { failures + 1 };
+                state.attempt = Some((generation, pick, Instant::now(), failures));
             }
         }
         let gone: Vec<Key> = self
@@ -610,10 +613,33 @@ impl Agent {
     }
 }
 
+/// Wait before the next try of an artifact that failed `failures` times in a row: `retry`,
+/// doubling, at most ten minutes, so a corrupt multi-GiB artifact is not pulled in a loop.
+fn backoff(retry: Duration, failures: u32) -> Duration {
+    retry
+        .saturating_mul(1 << failures.saturating_sub(1).min(10))
+        .min(Duration::from_secs(600).max(retry))
+}
+
 fn policy_name(policy: FallbackPolicy) -> &'static str {
     match policy {
         FallbackPolicy::FailClosed => "FailClosed",
         FallbackPolicy::PreviousKnownGood => "PreviousKnownGood",
         FallbackPolicy::Class => "Class",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_to_ten_minutes() {
+        let r = Duration::from_secs(60);
+        assert_eq!(backoff(r, 1), r);
+        assert_eq!(backoff(r, 2), r * 2);
+        assert_eq!(backoff(r, 4), r * 8);
+        assert_eq!(backoff(r, 30), Duration::from_secs(600));
+        assert_eq!(backoff(Duration::from_secs(5), 2), Duration::from_secs(10));
     }
 }
