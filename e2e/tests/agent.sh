@@ -125,7 +125,7 @@ now() { date +%s.%N; }
 
 echo "== the agent creates its KilnNode with the probed hardware"
 start_agent
-kubectl get kilnnode "$REAL" -o json >"$WORK/kn.json"
+kubectl get kilnnode "$REAL" --show-managed-fields -o json >"$WORK/kn.json"
 jq -e '.status.hardware | (.cpuLevel | length > 0) and .cores > 0 and .memoryBytes > 0 and .runtimes.tract' "$WORK/kn.json" >/dev/null ||
   die "KilnNode hardware: $(jq -c .status.hardware "$WORK/kn.json")"
 jq -e '.metadata.managedFields[] | select(.manager == "kiln-agent" and .subresource == "status")' "$WORK/kn.json" >/dev/null ||
@@ -202,6 +202,11 @@ ready_since=$(row sq .readySince)
 seen_at=$(row sq .revisionSeenAt)
 warm_at=$(warm server-sq lastTransitionTime)
 [[ -n $ready_since && ! $warm_at < $ready_since ]] || die "pod warm at $warm_at, before the row was Ready at $ready_since"
+# Sub-second order from the agent's own JSON log: the row went Ready before the gate went True.
+t_row=$(jq -r --arg t "$NS/sq" 'select(.fields.message == "ready" and .fields.target == $t) | .timestamp' "$WORK/agent-1.log" | head -1)
+t_gate=$(jq -r --arg p "$NS/server-sq" 'select(.fields.message == "set kiln.dev/warm" and .fields.pod == $p and .fields.status == true) | .timestamp' "$WORK/agent-1.log" | head -1)
+[[ -n $t_row && -n $t_gate && $t_row < $t_gate ]] || die "gate True at ${t_gate:-never}, row Ready at ${t_row:-never}"
+echo "   row Ready $t_row < gate True $t_gate"
 (($(row sq .pullBytes) > 0)) || die "no bytes pulled: $(row sq .)"
 [[ -d $WORK/cache/artifacts/$DIGEST && -z $(ls -A "$WORK/cache/tmp") ]] || die "cache layout"
 printf '   revision patched -> row Ready: %.2f s (revisionSeenAt %s, readySince %s; pod warm %s)\n' \
@@ -218,7 +223,8 @@ wait_for "gate True on server-pkg" 30 warm_is server-pkg True Ready
 pkg_warm_at=$(warm server-pkg lastTransitionTime)
 kubectl -n "$NS" patch compiledtarget pkg --type=merge -p '{"spec":{"warmup":{"fixtureVersion":"v2"}}}' >/dev/null
 revisions pkg 2
-wait_for "row pkg Degraded" 120 row_is pkg .phase Degraded
+degraded_for_2() { row_is pkg .phase Degraded && row_is pkg .desiredRevision 2; }
+wait_for "row pkg Degraded, wanting revision 2" 120 degraded_for_2
 [[ $(row pkg .revision) == 1 && $(row pkg .desiredRevision) == 2 && $(row pkg .reason) == ParityExceeded &&
    $(row pkg .fallback) == PreviousKnownGood ]] || die "pkg row: $(row pkg . | jq -c .)"
 warm_is server-pkg True Degraded || die "pkg gate: $(warm server-pkg status) $(warm server-pkg reason)"
@@ -234,7 +240,7 @@ start_agent
 wait_for "row sq re-verified from the cache" 60 row_is sq .pullBytes 0
 row_is sq .phase Ready || die "sq after restart: $(row sq . | jq -c .)"
 [[ $(row sq .readySince) == "$ready_since" ]] || die "readySince changed across restart"
-wait_for "pkg Degraded again" 60 row_is pkg .phase Degraded
+wait_for "pkg Degraded again" 60 degraded_for_2
 [[ $(metric kiln_agent_artifact_pull_bytes_total) == 0 ]] || die "restarted agent pulled again"
 warm_is server-sq True Ready || die "server-sq gate after restart"
 
@@ -264,5 +270,8 @@ stop_agent
 grep -q '"level":"INFO"' "$WORK/agent-1.log" || die "logs are not JSON"
 
 echo "== metrics show the path"
-grep -hE '^kiln_agent_(artifact_pull_bytes_total|artifact_pull_seconds_count|load_seconds_count|warmup_seconds_count|fixture_latency_seconds_count|parity_max_abs_error|target_ready|revision_ready_seconds_(sum|count)|fallbacks_total|verify_failures_total\{reason="HashMismatch"|fail_closed_total\{reason="HashMismatch"|compatibility_rejections_total)' \
-  "$WORK/metrics-1.txt" "$WORK/metrics-2.txt" | sed 's/^/   /'
+for f in metrics-1 metrics-2; do
+  if [[ $f == metrics-1 ]]; then echo "   first run (Ready, PreviousKnownGood):"; else echo "   after the corruption (fresh cache):"; fi
+  grep -E '^kiln_agent_(artifact_pull_bytes_total|artifact_pull_seconds_count|load_seconds_count|warmup_seconds_count|fixture_latency_seconds_count|parity_max_abs_error|target_ready|revision_ready_seconds_(sum|count)|fallbacks_total|verify_failures_total\{reason="HashMismatch"|fail_closed_total\{reason="HashMismatch")' \
+    "$WORK/$f.txt" | sed 's/^/     /'
+done

@@ -206,7 +206,7 @@ impl Agent {
         tracing::info!(target = %format!("{}/{}", key.0, key.1), revision = pick.revision, class = %pick.class, digest = %pick.digest, "preparing");
         let err = match self.prepare(key, t, &pick, facts, false).await {
             Ok(p) => {
-                self.served(key, p, None);
+                self.served(key, p, t.metadata.generation, None);
                 return true;
             }
             Err(e) => e,
@@ -218,6 +218,7 @@ impl Agent {
         let next = after_failure(
             &t.spec.fallback,
             &pick,
+            t.metadata.generation,
             &self.cache.known_good(&target_key),
             t.status.as_ref(),
             t.spec.rollout.pinned_revision,
@@ -255,7 +256,12 @@ impl Agent {
         match fell_back {
             Some(p) => {
                 self.metrics.fallback(reason, policy_name(policy));
-                self.served(key, p, Some((pick, policy, reason, err.to_string())));
+                self.served(
+                    key,
+                    p,
+                    t.metadata.generation,
+                    Some((pick, policy, reason, err.to_string())),
+                );
                 true
             }
             None => {
@@ -404,6 +410,7 @@ impl Agent {
         &mut self,
         key: &Key,
         p: Prepared,
+        generation: Option<i64>,
         failed: Option<(Pick, FallbackPolicy, FailureReason, String)>,
     ) {
         let (seen_time, seen_instant) = self
@@ -455,6 +462,7 @@ impl Agent {
                     compile_key: p.pick.compile_key.clone(),
                     digest: p.pick.digest.clone(),
                     passed_at: k8s_openapi::jiff::Timestamp::now().as_second(),
+                    generation,
                 };
                 if let Err(e) = self
                     .cache

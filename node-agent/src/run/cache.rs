@@ -31,6 +31,9 @@ pub struct KnownGood {
     pub digest: String,
     /// Unix seconds of the pass.
     pub passed_at: i64,
+    /// The target's generation (its warmup spec) the pass was under.
+    #[serde(default)]
+    pub generation: Option<i64>,
 }
 
 /// What survives an agent restart: per target (`namespace/name`), its known-good entries, oldest
@@ -183,6 +186,7 @@ impl Cache {
     /// Records a pass and persists the index (temp file, fsync, rename).
     pub fn record_pass(&mut self, target: &str, entry: KnownGood) -> Result<()> {
         let list = self.index.targets.entry(target.to_string()).or_default();
+        // One entry per artifact of a revision: the latest generation it passed under.
         list.retain(|k| !(k.revision == entry.revision && k.digest == entry.digest));
         list.push(entry);
         self.save()
@@ -268,6 +272,7 @@ mod tests {
             compile_key: "k".into(),
             digest: digest.into(),
             passed_at,
+            generation: Some(1),
         }
     }
 

@@ -90,11 +90,14 @@ pub enum Next {
     Class(Pick),
 }
 
-/// The fallback for `failed` under `fallback`. `known_good` are this target's cached entries
-/// that passed on this node (any order); `status`/`pinned` as in [`wanted`].
+/// The fallback for `failed`, tried under the target's `generation`, under `fallback`.
+/// `known_good` are this target's cached entries that passed on this node (any order);
+/// `status`/`pinned` as in [`wanted`]. The same artifact that passed under an earlier generation
+/// (say, before the warmup fixture changed) counts as previous: the node stays on it.
 pub fn after_failure(
     fallback: &Fallback,
     failed: &Pick,
+    generation: Option<i64>,
     known_good: &[KnownGood],
     status: Option<&CompiledTargetStatus>,
     pinned: Option<i64>,
@@ -103,7 +106,11 @@ pub fn after_failure(
         FallbackPolicy::FailClosed => Next::FailClosed,
         FallbackPolicy::PreviousKnownGood => known_good
             .iter()
-            .filter(|k| !(k.revision == failed.revision && k.digest == failed.digest))
+            .filter(|k| {
+                !(k.revision == failed.revision
+                    && k.digest == failed.digest
+                    && k.generation == generation)
+            })
             // A newer revision that once passed is not "previous": after a rollback (pin) the
             // node must not jump forward to what was rolled back.
             .filter(|k| k.revision <= failed.revision)
@@ -170,6 +177,14 @@ revisions:
             compile_key: format!("k-{digest}"),
             digest: digest.into(),
             passed_at,
+            generation: Some(1),
+        }
+    }
+
+    fn good_at(generation: i64, revision: i64, digest: &str, passed_at: i64) -> KnownGood {
+        KnownGood {
+            generation: Some(generation),
+            ..good(revision, digest, passed_at)
         }
     }
 
@@ -221,6 +236,7 @@ revisions:
             after_failure(
                 &policy(FallbackPolicy::FailClosed, None),
                 &failed,
+                Some(2),
                 &cached,
                 Some(&s),
                 None
@@ -237,26 +253,39 @@ revisions:
         let cached = [
             good(1, "d1gpu", 10),
             good(2, "d2gpu", 20),
-            good(3, "d3", 5), // passed once, now fails (e.g. a changed fixture): not a fallback
-            good(4, "d4", 30), // newer than what is asked for (a rollback pin): not a fallback
+            good_at(2, 3, "d3", 5), // passed under this very spec, now fails: not a fallback
+            good(4, "d4", 30),      // newer than what is asked for (a rollback pin): not a fallback
         ];
         assert_eq!(
-            after_failure(&pkg, &failed, &cached, Some(&s), None),
+            after_failure(&pkg, &failed, Some(2), &cached, Some(&s), None),
             Next::Previous(good(2, "d2gpu", 20))
         );
         // Same revision passed twice (re-rolled with another fixture): the later pass wins.
         let twice = [good(1, "a", 10), good(1, "b", 40)];
         assert_eq!(
-            after_failure(&pkg, &failed, &twice, Some(&s), None),
+            after_failure(&pkg, &failed, Some(2), &twice, Some(&s), None),
             Next::Previous(good(1, "b", 40))
         );
         // Nothing cached passed here: fail closed.
         assert_eq!(
-            after_failure(&pkg, &failed, &[good(3, "d3", 1)], Some(&s), None),
+            after_failure(
+                &pkg,
+                &failed,
+                Some(2),
+                &[good_at(2, 3, "d3", 1)],
+                Some(&s),
+                None
+            ),
             Next::FailClosed
         );
+        // The warmup spec changed (generation 2) and revision 3 fails it: the node stays on
+        // revision 3 as it passed under generation 1.
         assert_eq!(
-            after_failure(&pkg, &failed, &[], Some(&s), None),
+            after_failure(&pkg, &failed, Some(2), &[good(3, "d3", 1)], Some(&s), None),
+            Next::Previous(good(3, "d3", 1))
+        );
+        assert_eq!(
+            after_failure(&pkg, &failed, Some(2), &[], Some(&s), None),
             Next::FailClosed
         );
     }
@@ -267,25 +296,25 @@ revisions:
         let to_cpu = policy(FallbackPolicy::Class, Some("cpu-a"));
         let failed = pick(2, "gpu-b", "k2gpu", "d2gpu");
         assert_eq!(
-            after_failure(&to_cpu, &failed, &[], Some(&s), None),
+            after_failure(&to_cpu, &failed, Some(2), &[], Some(&s), None),
             Next::Class(pick(2, "cpu-a", "k2cpu", "d2cpu"))
         );
         // With a pin, the pinned revision's cpu artifact.
         let failed1 = pick(1, "gpu-b", "k1gpu", "d1gpu");
         assert_eq!(
-            after_failure(&to_cpu, &failed1, &[], Some(&s), Some(1)),
+            after_failure(&to_cpu, &failed1, Some(2), &[], Some(&s), Some(1)),
             Next::Class(pick(1, "cpu-a", "k1cpu", "d1cpu"))
         );
         // The fallback class's own artifact failed: nothing further.
         let cpu_failed = pick(2, "cpu-a", "k2cpu", "d2cpu");
         assert_eq!(
-            after_failure(&to_cpu, &cpu_failed, &[], Some(&s), None),
+            after_failure(&to_cpu, &cpu_failed, Some(2), &[], Some(&s), None),
             Next::FailClosed
         );
         // The named class has no artifact: fail closed.
         let to_tpu = policy(FallbackPolicy::Class, Some("tpu-c"));
         assert_eq!(
-            after_failure(&to_tpu, &failed, &[], Some(&s), None),
+            after_failure(&to_tpu, &failed, Some(2), &[], Some(&s), None),
             Next::FailClosed
         );
     }
