@@ -284,6 +284,10 @@ pub struct Rollout {
     pub promote_at_ready_percent: u32,
 }
 
+fn is_zero(n: &i32) -> bool {
+    *n == 0
+}
+
 fn default_history() -> u32 {
     3
 }
@@ -333,6 +337,9 @@ pub struct CompiledTargetStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The value of the `kiln.dev/retry` annotation last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_retry: Option<String>,
     /// The revision nodes should serve now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<i64>,
@@ -394,6 +401,10 @@ pub struct ClassStatus {
     /// Compile attempts made for the current key.
     #[serde(default)]
     pub attempts: i32,
+    /// Attempts made before the last `kiln.dev/retry`; only later ones count against
+    /// `compile.maxAttempts`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retry_base: i32,
 }
 
 /// A numbered set of artifacts, one per class.

@@ -38,6 +38,10 @@ pub const WARM_CONDITION: &str = "kiln.dev/warm";
 /// Pod annotation naming the CompiledTarget (same namespace) a serving pod waits for.
 pub const TARGET_ANNOTATION: &str = "kiln.dev/target";
 
+/// CompiledTarget annotation: setting it to a new value (any) clears `Stalled` after exhausted
+/// compile attempts and grants `compile.maxAttempts` more.
+pub const RETRY_ANNOTATION: &str = "kiln.dev/retry";
+
 /// Domain of the per-target node readiness labels: `<namespace>.ready.kiln.dev/<name>`.
 pub const READY_DOMAIN: &str = "ready.kiln.dev";
 

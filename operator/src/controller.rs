@@ -133,6 +133,7 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
         nodes: &nodes,
         jobs: &jobs,
         stored: &empty,
+        compiles_elsewhere: running_elsewhere(ctx, &uid),
         settings: &ctx.settings,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
@@ -152,6 +153,16 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
 
     let plan = plan::plan(&inputs);
     apply(target, &model, plan, ctx, &ns).await
+}
+
+/// Compile Jobs of other targets still running (for the concurrency limit).
+fn running_elsewhere(ctx: &Context, uid: &str) -> usize {
+    ctx.jobs
+        .state()
+        .iter()
+        .filter(|j| !j.owner_references().iter().any(|o| o.uid == uid))
+        .filter(|j| j.metadata.deletion_timestamp.is_none() && observe::outcome(j).is_none())
+        .count()
 }
 
 /// The target's Jobs from the cache, with failures classified (reading the pod only for a failure

@@ -78,6 +78,9 @@ struct Cli {
     /// Compile attempts per class when a target sets none.
     #[arg(long, env = "KILN_MAX_ATTEMPTS", default_value_t = 3)]
     max_attempts: u32,
+    /// Compile Jobs running at once across all targets; more wait in phase `Queued`.
+    #[arg(long, env = "KILN_MAX_CONCURRENT_COMPILES", default_value_t = 4)]
+    max_concurrent_compiles: usize,
     /// Wait after a failed attempt, in seconds; doubles per attempt up to 5 minutes.
     #[arg(long, env = "KILN_RETRY_BACKOFF_SECONDS", default_value_t = 10)]
     retry_backoff_seconds: u64,
@@ -134,6 +137,7 @@ fn main() -> ExitCode {
             backend_versions,
             default_max_attempts: cli.max_attempts,
             backoff_base: Duration::from_secs(cli.retry_backoff_seconds),
+            max_concurrent_compiles: cli.max_concurrent_compiles,
             ..Settings::default()
         },
         job_settings: JobSettings {

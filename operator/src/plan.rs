@@ -33,6 +33,8 @@ pub struct Settings {
     pub backoff_max: Duration,
     /// Revisions kept in status beyond the target's known-good history.
     pub revision_history: usize,
+    /// Compile Jobs running at once across all targets; more wait (phase `Queued`).
+    pub max_concurrent_compiles: usize,
 }
 
 impl Default for Settings {
@@ -43,6 +45,7 @@ impl Default for Settings {
             backoff_base: Duration::from_secs(10),
             backoff_max: Duration::from_secs(300),
             revision_history: 10,
+            max_concurrent_compiles: 4,
         }
     }
 }
@@ -108,6 +111,8 @@ pub struct Inputs<'a> {
     pub jobs: &'a [JobView],
     /// Compile key → stored artifact, for the keys [`wanted_keys`] returned.
     pub stored: &'a BTreeMap<String, Stored>,
+    /// Compile Jobs running for other targets (they share `max_concurrent_compiles`).
+    pub compiles_elsewhere: usize,
     /// Settings.
     pub settings: &'a Settings,
     /// Now, for condition transition times and backoff.
@@ -159,6 +164,10 @@ pub struct Plan {
     /// Reconcile again after this long (backoff), if set.
     pub requeue: Option<Duration>,
 }
+
+/// How often a target with queued compiles looks for a free slot (Jobs of other targets do not
+/// trigger its reconcile).
+const QUEUE_POLL: Duration = Duration::from_secs(10);
 
 /// A class with its compile key.
 struct Keyed {
@@ -376,6 +385,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
     let mut status = CompiledTargetStatus {
         observed_generation: generation,
         conditions: old.conditions.clone(),
+        observed_retry: old.observed_retry.clone(),
         revision: old.revision,
         class_count: None,
         classes: Vec::new(),
@@ -474,8 +484,30 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         out.delete.push(j.name.clone());
     }
 
-    let (mut compiled, mut compiling, mut stalled, mut retrying) =
-        (0usize, Vec::new(), Vec::new(), Vec::new());
+    let (mut compiled, mut compiling, mut stalled, mut retrying, mut queued) =
+        (0usize, Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // A new value of the retry annotation grants every class `max_attempts` more.
+    let retry = t
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(kiln_crds::labels::RETRY_ANNOTATION));
+    let retry_now = retry.is_some() && retry != old.observed_retry.as_ref();
+    if retry_now {
+        status.observed_retry = retry.cloned();
+    }
+    let max_running = inputs.settings.max_concurrent_compiles.max(1);
+    let mut running = inputs.compiles_elsewhere
+        + inputs
+            .jobs
+            .iter()
+            // Jobs of keys no class wants are deleted in this plan.
+            .filter(|j| {
+                j.state == JobState::Active
+                    && !j.deleting
+                    && wanted.contains_key(j.compile_key.as_str())
+            })
+            .count();
     for k in &keyed {
         for node in &k.class.nodes {
             let current = inputs
@@ -497,6 +529,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             nodes: i32::try_from(k.class.nodes.len()).unwrap_or(i32::MAX),
             compile_key: Some(k.key.clone()),
             attempts: prev.map(|p| p.attempts).unwrap_or(0),
+            retry_base: prev.map(|p| p.retry_base).unwrap_or(0),
             ..Default::default()
         };
         let jobs: Vec<&JobView> = inputs
@@ -572,15 +605,19 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             row.message = p.message.clone();
         }
         row.attempts = i32::try_from(attempts).unwrap_or(i32::MAX);
-        if attempts >= max_attempts {
+        if retry_now {
+            row.retry_base = row.attempts;
+        }
+        let base = u32::try_from(row.retry_base).unwrap_or(0);
+        if attempts.saturating_sub(base) >= max_attempts {
             row.phase = "Failed".into();
             row.job = latest.map(|j| j.name.clone());
             stalled.push(row.clone());
             status.classes.push(row);
             continue;
         }
-        if attempts > 0 {
-            let wait = backoff(inputs.settings, attempts);
+        if attempts > base {
+            let wait = backoff(inputs.settings, attempts - base);
             let waited = latest
                 .and_then(|j| j.finished_at.as_ref())
                 .map(|f| elapsed(f, &now));
@@ -594,6 +631,17 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 continue;
             }
         }
+        if running >= max_running {
+            row.phase = "Queued".into();
+            row.message = Some(format!(
+                "waiting for a compile slot: {running} of {max_running} concurrent compiles running (--max-concurrent-compiles)"
+            ));
+            out.requeue = Some(out.requeue.map_or(QUEUE_POLL, |r| r.min(QUEUE_POLL)));
+            queued.push(k.class.id.clone());
+            status.classes.push(row);
+            continue;
+        }
+        running += 1;
         let attempt = attempts + 1;
         let job = job_name(name, &k.key, attempt);
         out.create.push(NewJob {
@@ -718,7 +766,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         let first = &stalled[0];
         let reason = first.reason.map_or("CompileFailed", |r| r.as_str());
         let message = format!(
-            "{} of {total} class(es) failed after {max_attempts} attempt(s); {}: {}: {}. Fix the cause, then change the spec to retry",
+            "{} of {total} class(es) failed after {max_attempts} attempt(s); {}: {}: {}. Fix the cause, then change the spec or set annotation kiln.dev/retry to a new value",
             stalled.len(),
             first.class,
             reason,
@@ -833,11 +881,29 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                     r.message.as_deref().unwrap_or("")
                 ),
             )
+        } else if compiling.is_empty() {
+            (
+                "Queued",
+                format!(
+                    "{compiled} of {total} class(es) compiled; {} queued: {}",
+                    queued.join(", "),
+                    status
+                        .classes
+                        .iter()
+                        .find_map(|c| c.message.clone().filter(|_| c.phase == "Queued"))
+                        .unwrap_or_default()
+                ),
+            )
         } else {
+            let waiting = if queued.is_empty() {
+                String::new()
+            } else {
+                format!("; queued (compile slots full): {}", queued.join(", "))
+            };
             (
                 "Compiling",
                 format!(
-                    "{compiled} of {total} class(es) compiled; compiling {}",
+                    "{compiled} of {total} class(es) compiled; compiling {}{waiting}",
                     compiling.join(", ")
                 ),
             )
@@ -853,6 +919,16 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             degraded_reason,
             &degraded_message,
         );
+    }
+    if retry_now && old.classes.iter().any(|c| c.phase == "Failed") {
+        out.events.push(Event {
+            warning: false,
+            reason: "RetryRequested".into(),
+            note: format!(
+                "annotation kiln.dev/retry={}: failed classes get {max_attempts} more attempt(s)",
+                retry.map(String::as_str).unwrap_or_default()
+            ),
+        });
     }
     let asked_before = |j: &NewJob| {
         old.classes

@@ -61,6 +61,8 @@ struct World {
     kiln_nodes: Vec<KilnNode>,
     jobs: Vec<JobView>,
     stored: BTreeMap<String, Stored>,
+    /// Compile Jobs other targets run.
+    elsewhere: usize,
     settings: Settings,
 }
 
@@ -73,6 +75,7 @@ impl World {
             kiln_nodes: Vec::new(),
             jobs: Vec::new(),
             stored: BTreeMap::new(),
+            elsewhere: 0,
             settings: Settings::default(),
         }
     }
@@ -147,6 +150,7 @@ impl World {
             nodes: &self.nodes,
             jobs: &self.jobs,
             stored: &self.stored,
+            compiles_elsewhere: self.elsewhere,
             settings: &self.settings,
             now: at(now),
         }
@@ -865,4 +869,84 @@ fn readiness_labels_of_deleted_targets_are_stale() {
             ("h100-0".to_string(), key_of("ml", &"x".repeat(80))),
         ]
     );
+}
+
+#[test]
+fn the_retry_annotation_clears_stalled_and_grants_max_attempts_more() {
+    let mut w = World::new();
+    w.nodes.retain(|n| n.name == "cpu-0");
+    w.target.spec.compile.max_attempts = Some(1);
+    let p = w.plan(0);
+    w.apply(&p);
+    let key = w.keys()[0].clone();
+    let failed = JobState::Failed {
+        reason: FailureReason::SourceUnavailable,
+        message: "model source: connection refused".into(),
+    };
+    w.finish(&key, failed.clone(), 10);
+    let p = w.plan(11);
+    assert_eq!(condition(&p, "Stalled").status, "True");
+    assert!(condition(&p, "Stalled").message.contains("kiln.dev/retry"));
+    w.apply(&p);
+
+    w.target.metadata.annotations = Some(BTreeMap::from([(
+        "kiln.dev/retry".to_string(),
+        "2026-11-21T13:40".to_string(),
+    )]));
+    let p = w.plan(12);
+    assert_eq!(p.create.len(), 1, "retried at once, no backoff");
+    assert_eq!(p.create[0].attempt, 2, "a new Job name");
+    assert_eq!(condition(&p, "Stalled").status, "False");
+    assert!(is_true(&p.status.conditions, "Reconciling"));
+    assert_eq!(p.status.observed_retry.as_deref(), Some("2026-11-21T13:40"));
+    assert_eq!(p.status.classes[0].retry_base, 1);
+    assert!(p.events.iter().any(|e| e.reason == "RetryRequested"));
+    w.apply(&p);
+    w.finish(&key, failed, 20);
+    let p = w.plan(21);
+    assert_eq!(
+        condition(&p, "Stalled").status,
+        "True",
+        "the same annotation value does not retry twice"
+    );
+    assert!(p.create.is_empty());
+    w.apply(&p);
+    let again = w.plan(100);
+    assert_eq!(Some(&again.status), w.target.status.as_ref(), "quiet");
+}
+
+#[test]
+fn compiles_beyond_the_concurrency_limit_wait_queued() {
+    let mut w = World::new();
+    w.settings.max_concurrent_compiles = 4;
+    w.elsewhere = 2;
+    let p = w.plan(0);
+    assert_eq!(p.create.len(), 2, "2 running elsewhere + 2 here = 4");
+    let queued: Vec<_> = p
+        .status
+        .classes
+        .iter()
+        .filter(|c| c.phase == "Queued")
+        .collect();
+    assert_eq!(queued.len(), 1);
+    assert!(
+        queued[0]
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("4 of 4 concurrent compiles")),
+        "{:?}",
+        queued[0].message
+    );
+    assert!(condition(&p, "Reconciling").message.contains("queued"));
+    assert!(p.requeue.is_some(), "looks for a slot again");
+    w.apply(&p);
+    // Unchanged world: still queued, nothing new.
+    let p = w.plan(5);
+    assert!(p.create.is_empty());
+    w.apply(&p);
+    // A slot frees up elsewhere: the queued class gets its Job.
+    w.elsewhere = 1;
+    let p = w.plan(10);
+    assert_eq!(p.create.len(), 1);
+    assert!(p.status.classes.iter().all(|c| c.phase == "Compiling"));
 }
