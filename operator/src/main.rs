@@ -103,7 +103,18 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let _guard = match telemetry::init(cli.log_format) {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kiln-operator: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The span exporter runs on the runtime; the guard, declared after it, flushes first.
+    let _guard = match runtime.block_on(async { telemetry::init(cli.log_format) }) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("kiln-operator: cannot set up logging/tracing: {e}");
@@ -165,16 +176,6 @@ fn main() -> ExitCode {
                 format!("{}-{}", host.trim(), std::process::id())
             }),
         }),
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("kiln-operator: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
     };
     match runtime.block_on(run(config)) {
         Ok(()) => ExitCode::SUCCESS,

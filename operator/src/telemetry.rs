@@ -1,5 +1,6 @@
 //! Logs (plain or JSON on stderr) and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, tracing spans
-//! exported over OTLP/HTTP (protobuf). The returned guard flushes spans on drop.
+//! exported over OTLP/HTTP (protobuf) by a batch processor on the tokio runtime. The returned
+//! guard flushes spans on drop.
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -27,7 +28,8 @@ impl Drop for Guard {
     }
 }
 
-/// Installs the global subscriber.
+/// Installs the global subscriber. Call it inside the tokio runtime (the exporter runs there), and
+/// drop the guard while the runtime is still up.
 pub fn init(format: LogFormat) -> anyhow::Result<Guard> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let fmt = match format {
@@ -46,7 +48,13 @@ pub fn init(format: LogFormat) -> anyhow::Result<Guard> {
                 .build()?;
             Some(
                 SdkTracerProvider::builder()
-                    .with_batch_exporter(exporter)
+                    .with_span_processor(
+                        opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
+                            exporter,
+                            opentelemetry_sdk::runtime::Tokio,
+                        )
+                        .build(),
+                    )
                     .with_resource(
                         opentelemetry_sdk::Resource::builder()
                             .with_service_name("kiln-operator")
