@@ -72,6 +72,7 @@ start_operator() {
   KUBECONFIG=$WORK/kubeconfig "$OPERATOR" \
     --store "$WORK/store" --agent-image kiln-e2e/agent:test --agent-image-pull-policy Never \
     --sources-host-path "$WORK/sources" --listen "127.0.0.1:1808$1" --retry-backoff-seconds 2 \
+    --max-concurrent-compiles 20 \
     --lease-name "kiln-operator-$NS" --lease-namespace kiln-system --identity "replica-$1" \
     >>"$WORK/operator-$1.log" 2>&1 &
   OP_PIDS+=($!)

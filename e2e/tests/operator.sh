@@ -20,7 +20,7 @@ kubectl -n "$NS" wait --for=jsonpath='{.status.phase}'=Succeeded pod/operator-im
 kubectl -n "$NS" logs operator-image | grep -q '^kiln-operator ' || fail "operator image printed no version"
 echo "operator image built by build-image runs in the cluster: $(kubectl -n "$NS" logs operator-image)"
 
-# Two fake GPU nodes (they run nothing).
+# Two fake GPU nodes (they run nothing; their Jobs stay pending, hence --max-concurrent-compiles 20).
 for spec in "h100 NVIDIA-H100-80GB-HBM3-MIG-1g.10gb 9 0" "l4 NVIDIA-L4 8 9"; do
   read -r short product major minor <<<"$spec"
   kubectl apply -f - >/dev/null <<YAML
