@@ -40,6 +40,10 @@ pub struct Context {
     pub models: Store<ModelArtifact>,
     /// Watched compile Jobs (only those the operator labels as its own).
     pub jobs: Store<Job>,
+    /// True once the four caches above have listed. Wait on this, never on the stores: a store's
+    /// `wait_until_ready` wakes only its most recent waiter (kube-runtime 5.0's `DelayedInit` is
+    /// a oneshot receiver with one waker slot), so concurrent waiters can hang for good.
+    pub synced: tokio::sync::watch::Receiver<bool>,
     /// The artifact store, read-only from here.
     pub store: Arc<dyn kiln_store::Store>,
     /// Plan settings.
@@ -71,12 +75,7 @@ const LABEL_MEMO: Duration = Duration::from_secs(30);
 pub async fn reconcile(target: Arc<CompiledTarget>, ctx: Arc<Context>) -> Result<Action, Error> {
     // No decision from a partial view: a Job not yet in the cache would be created twice. The
     // caches fill while the controller polls its streams, so this waits only at startup.
-    let _ = futures::join!(
-        ctx.nodes.wait_until_ready(),
-        ctx.kiln_nodes.wait_until_ready(),
-        ctx.models.wait_until_ready(),
-        ctx.jobs.wait_until_ready()
-    );
+    let _ = ctx.synced.clone().wait_for(|synced| *synced).await;
     let started = Instant::now();
     let result = reconcile_inner(&target, &ctx).await;
     ctx.metrics.reconciled(started.elapsed().as_secs_f64());

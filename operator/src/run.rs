@@ -230,12 +230,14 @@ where
         controller: "kiln-operator".into(),
         instance: std::env::var("POD_NAME").ok(),
     };
+    let (synced_tx, synced_rx) = tokio::sync::watch::channel(false);
     let ctx = Arc::new(Context {
         client: client.clone(),
         nodes: nodes.clone(),
         kiln_nodes: kiln_nodes.clone(),
         models: models.clone(),
         jobs: jobs.clone(),
+        synced: synced_rx,
         store,
         settings: config.settings.clone(),
         job_settings: config.job_settings.clone(),
@@ -246,9 +248,20 @@ where
         ready_counts: std::sync::Mutex::new(BTreeMap::new()),
     });
 
-    let targets_api = Api::<CompiledTarget>::all(client.clone());
-    let target_ctl = Controller::new(targets_api, wc.clone());
-    let targets = target_ctl.store();
+    // Our own reflector rather than `Controller::new`'s, to learn when it has listed without
+    // waiting on the store, which the controller itself waits on (see `Context::synced`).
+    let (targets, targets_w) = reflector::store::<CompiledTarget>();
+    let (listed_tx, targets_listed) = tokio::sync::watch::channel(false);
+    let target_stream = watcher(Api::<CompiledTarget>::all(client.clone()), wc.clone())
+        .default_backoff()
+        .reflect(targets_w)
+        .inspect(move |event| {
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                let _ = listed_tx.send(true);
+            }
+        })
+        .applied_objects();
+    let target_ctl = Controller::for_stream(target_stream, targets.clone());
     let (t1, t2, t3) = (targets.clone(), targets.clone(), targets.clone());
     let triggers = Arc::new(Triggers::default());
     let (g1, g2) = (triggers.clone(), triggers);
@@ -284,6 +297,7 @@ where
                 models.wait_until_ready(),
                 jobs.wait_until_ready()
             );
+            let _ = synced_tx.send(true);
             health.ready.store(true, Ordering::Relaxed);
             tracing::info!("caches synced; reconciling");
         }
@@ -293,8 +307,10 @@ where
     // operator ran) and their metrics go in a sweep over the caches; it writes only stale labels.
     let sweeper = {
         let (ctx, targets, mut stop) = (ctx.clone(), targets.clone(), Box::pin(stopped()));
+        let (mut synced, mut listed) = (ctx.synced.clone(), targets_listed);
         async move {
-            let _ = futures::join!(targets.wait_until_ready(), ctx.nodes.wait_until_ready());
+            let _ = synced.wait_for(|s| *s).await;
+            let _ = listed.wait_for(|s| *s).await;
             loop {
                 controller::sweep(&ctx, &targets).await;
                 tokio::select! {

@@ -102,6 +102,7 @@ async fn child_exports_a_reconcile_span() {
         kiln_nodes: ready_store(),
         models: ready_store(),
         jobs: ready_store(),
+        synced: tokio::sync::watch::channel(true).1,
         store,
         settings: Settings::default(),
         job_settings: JobSettings {
