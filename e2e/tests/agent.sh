@@ -32,24 +32,6 @@ show_logs() {
   dump "$NS" >&2
 }
 die() { show_logs 2>&3; echo "FAIL: $*" >&3; exit 1; }
-# wait_for DESC SECONDS CMD...: poll every 0.2 s until CMD succeeds.
-wait_for() {
-  local desc=$1 secs=$2 i; shift 2
-  for ((i = 0; i < secs * 5; i++)); do
-    "$@" >/dev/null 2>&1 && return 0
-    sleep 0.2
-  done
-  die "timed out after ${secs}s: $desc"
-}
-
-bin() {
-  local b newest=
-  for b in "$REPO/target/release/$1" "$REPO/target/debug/$1"; do
-    [[ -x $b && ( -z $newest || $b -nt $newest ) ]] && newest=$b
-  done
-  [[ -n $newest ]] || fail "$1 not built; run cargo build --bins"
-  echo "$newest"
-}
 # A private copy: another build may replace target/*/kiln-agent while the test runs.
 cp "${KILN_E2E_AGENT_BIN:-$(bin kiln-agent)}" "$WORK/kiln-agent"
 AGENT=$WORK/kiln-agent
@@ -87,17 +69,7 @@ kubectl apply -f "$REPO/crds/" >/dev/null
 kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
 kubectl apply -f "$REPO/deploy/agent-rbac.yaml" >/dev/null
 kubectl delete kilnnode "$REAL" --ignore-not-found >/dev/null
-TOKEN=$(kubectl -n kiln-system create token kiln-agent --duration=2h)
-SERVER=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
-kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$WORK/ca.crt"
-cat >"$WORK/kubeconfig" <<KC
-apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "$SERVER", certificate-authority: "$WORK/ca.crt"}}]
-users: [{name: agent, user: {token: "$TOKEN"}}]
-contexts: [{name: c, context: {cluster: c, user: agent}}]
-current-context: c
-KC
+sa_kubeconfig kiln-system kiln-agent "$WORK"
 
 RUN=0
 start_agent() {

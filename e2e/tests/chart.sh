@@ -26,15 +26,6 @@ die() {
   dump "$NS" >&2
   fail "$*"
 }
-# wait_for DESC SECONDS CMD...: poll until CMD succeeds.
-wait_for() {
-  local desc=$1 secs=$2 i; shift 2
-  for ((i = 0; i < secs * 2; i++)); do
-    "$@" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  die "timed out after ${secs}s: $desc"
-}
 
 kiln_images "$WORK"
 # Store written by the compile Jobs (uid 65532); sources read-only.

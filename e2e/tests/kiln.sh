@@ -40,14 +40,6 @@ die() {
   dump "$NS" >&2
   fail "$*"
 }
-wait_for() {
-  local desc=$1 secs=$2 i; shift 2
-  for ((i = 0; i < secs * 2; i++)); do
-    "$@" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  die "timed out after ${secs}s: $desc"
-}
 epoch() { date -d "$1" +%s; }
 # flip FILE: xor one byte in the middle of FILE (twice restores it).
 flip() {

@@ -39,3 +39,42 @@ dump() {
   kubectl -n "$1" get all -o wide 2>&1 || true
   kubectl -n "$1" get events --sort-by=.lastTimestamp 2>&1 | tail -20 || true
 }
+
+# wait_for DESC SECONDS CMD...: polls CMD every 0.2 s until it succeeds; otherwise calls the
+# test's `die` (which shows its own logs).
+wait_for() {
+  local desc=$1 secs=$2 i; shift 2
+  for ((i = 0; i < secs * 5; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  die "timed out after ${secs}s: $desc"
+}
+
+# bin NAME: the newer of target/release/NAME and target/debug/NAME (REPO set by the test).
+bin() {
+  local b newest=
+  for b in "$REPO/target/release/$1" "$REPO/target/debug/$1"; do
+    [[ -x $b && ( -z $newest || $b -nt $newest ) ]] && newest=$b
+  done
+  [[ -n $newest ]] || fail "$1 not built; run cargo build --bins"
+  echo "$newest"
+}
+
+# sa_kubeconfig NAMESPACE SERVICEACCOUNT DIR: writes DIR/kubeconfig (and DIR/ca.crt) holding a
+# 2-hour token of that ServiceAccount, so a component run as a host process gets only what its
+# RBAC grants.
+sa_kubeconfig() {
+  local ns=$1 sa=$2 dir=$3 token server
+  token=$(kubectl -n "$ns" create token "$sa" --duration=2h)
+  server=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+  kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$dir/ca.crt"
+  cat >"$dir/kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "$server", certificate-authority: "$dir/ca.crt"}}]
+users: [{name: $sa, user: {token: "$token"}}]
+contexts: [{name: c, context: {cluster: c, user: $sa}}]
+current-context: c
+KC
+}

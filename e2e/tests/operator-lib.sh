@@ -26,15 +26,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# bin NAME: the newer of target/release/NAME and target/debug/NAME.
-bin() {
-  local b newest=
-  for b in "$REPO/target/release/$1" "$REPO/target/debug/$1"; do
-    [[ -x $b && ( -z $newest || $b -nt $newest ) ]] && newest=$b
-  done
-  [[ -n $newest ]] || fail "$1 not built; run cargo build --bins"
-  echo "$newest"
-}
 OPERATOR=${KILN_E2E_OPERATOR_BIN:-$(bin kiln-operator)}
 AGENT=${KILN_E2E_AGENT_BIN:-$(bin kiln-agent)}
 
@@ -55,17 +46,7 @@ kubectl apply -f "$REPO/crds/" >/dev/null
 kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
 kubectl apply -f "$REPO/deploy/operator-rbac.yaml" >/dev/null
 # A kubeconfig with the operator's ServiceAccount token: the operator gets only what RBAC grants.
-TOKEN=$(kubectl -n kiln-system create token kiln-operator --duration=2h)
-SERVER=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
-kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$WORK/ca.crt"
-cat >"$WORK/kubeconfig" <<KC
-apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "$SERVER", certificate-authority: "$WORK/ca.crt"}}]
-users: [{name: op, user: {token: "$TOKEN"}}]
-contexts: [{name: c, context: {cluster: c, user: op}}]
-current-context: c
-KC
+sa_kubeconfig kiln-system kiln-operator "$WORK"
 
 # start_operator N: replica N, metrics on 127.0.0.1:1808N, log in $WORK/operator-N.log.
 start_operator() {
@@ -88,15 +69,6 @@ show_logs() {
 exec 3>&2
 die() { show_logs 2>&3; echo "FAIL: $*" >&3; exit 1; }
 
-# wait_for DESC SECONDS CMD...: poll until CMD succeeds.
-wait_for() {
-  local desc=$1 secs=$2 i; shift 2
-  for ((i = 0; i < secs * 2; i++)); do
-    "$@" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  die "timed out after ${secs}s: $desc"
-}
 jobs_of() { kubectl -n "$NS" get jobs -l app.kubernetes.io/managed-by=kiln-operator -o json | jq -r --arg t "$1" '[.items[] | select(.metadata.ownerReferences[0].name == $t)] | length'; }
 count_is() { [[ $(jobs_of "$1") == "$2" ]]; }
 cond() { kubectl -n "$NS" get compiledtarget "$1" -o jsonpath="{.status.conditions[?(@.type==\"$2\")].$3}"; }

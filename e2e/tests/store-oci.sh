@@ -27,22 +27,6 @@ die() {
   echo "FAIL: $*" >&3
   exit 1
 }
-wait_for() {
-  local desc=$1 secs=$2 i; shift 2
-  for ((i = 0; i < secs * 2; i++)); do
-    "$@" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  die "timed out after ${secs}s: $desc"
-}
-bin() {
-  local b newest=
-  for b in "$REPO/target/release/$1" "$REPO/target/debug/$1"; do
-    [[ -x $b && ( -z $newest || $b -nt $newest ) ]] && newest=$b
-  done
-  [[ -n $newest ]] || fail "$1 not built; run cargo build --bins"
-  echo "$newest"
-}
 OPERATOR=$(bin kiln-operator)
 strip -o "$WORK/kiln-agent" "$(bin kiln-agent)"
 "$E2E_DIR/build-image" --name kiln-e2e/agent:store-oci --out "$WORK/agent.tar" \
@@ -55,17 +39,7 @@ chmod 644 "$WORK/sources/"*
 kubectl apply -f "$REPO/crds/" >/dev/null
 kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
 kubectl apply -f "$REPO/deploy/operator-rbac.yaml" >/dev/null
-TOKEN=$(kubectl -n kiln-system create token kiln-operator --duration=1h)
-SERVER=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
-kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$WORK/ca.crt"
-cat >"$WORK/kubeconfig" <<KC
-apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "$SERVER", certificate-authority: "$WORK/ca.crt"}}]
-users: [{name: op, user: {token: "$TOKEN"}}]
-contexts: [{name: c, context: {cluster: c, user: op}}]
-current-context: c
-KC
+sa_kubeconfig kiln-system kiln-operator "$WORK"
 
 STORE_REPO="kiln-$NS"
 STORE="oci://$REGISTRY_ADDR/$STORE_REPO"
