@@ -15,7 +15,7 @@ set -uo pipefail
 E2E=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 source "$E2E/lib/common.sh"
 ARTIFACTS=${KILN_E2E_ARTIFACTS:-/tmp/kiln-e2e-test}
-CLUSTER_TESTS=(up-idempotent network-isolation node-ready pod-logs dynamic-image job daemonset-token service-clusterip crd kiln-crds registry operator operator-nodes agent store-oci helm chart-render chart kiln)
+CLUSTER_TESTS=(up-idempotent network-isolation node-ready pod-logs dynamic-image job daemonset-token service-clusterip crd kiln-crds registry operator compile-exec operator-nodes agent store-oci helm chart-render chart kiln)
 
 passed=0 failed=0 skipped=0
 failures=()

@@ -23,6 +23,10 @@ pub struct CompileKeyInput {
     pub backend_version: String,
     /// Digest of the compiler image, for foreign backends.
     pub compiler_image: Option<String>,
+    /// Compiler command in that image (absent from the encoding when empty, so keys of
+    /// built-in backends are unchanged).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub compiler_command: Vec<String>,
     /// Precision.
     pub precision: String,
     /// Profile name → symbol → value.
@@ -56,6 +60,7 @@ impl CompileKeyInput {
             backend: target.backend.kind.as_str().to_string(),
             backend_version: backend_version.to_string(),
             compiler_image: target.backend.image.clone(),
+            compiler_command: target.backend.command.clone(),
             precision: target.precision.as_str().to_string(),
             profiles: target
                 .profiles
@@ -97,6 +102,7 @@ mod tests {
             backend: "tract".into(),
             backend_version: "0.23.9".into(),
             compiler_image: None,
+            compiler_command: Vec::new(),
             precision: "fp32".into(),
             profiles: BTreeMap::from([("p1".into(), BTreeMap::from([("batch".into(), 1)]))]),
             class: BTreeMap::from([
@@ -135,6 +141,17 @@ assetDigests: {pre: cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
     }
 
     #[test]
+    fn built_in_backends_encode_no_compiler_command() {
+        // Keys stored before `exec` existed must stay valid: the field is left out when empty.
+        let encoded = serde_json::to_string(&sample()).expect("encode");
+        assert!(!encoded.contains("compilerCommand"), "{encoded}");
+        let mut exec = sample();
+        exec.compiler_command = vec!["cp".into()];
+        let encoded = serde_json::to_string(&exec).expect("encode");
+        assert!(encoded.contains(r#""compilerCommand":["cp"]"#), "{encoded}");
+    }
+
+    #[test]
     fn key_changes_when_any_input_changes() {
         let base = compile_key(&sample());
         type Edit = Box<dyn Fn(&mut CompileKeyInput)>;
@@ -161,6 +178,14 @@ assetDigests: {pre: cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
             (
                 "compiler image",
                 Box::new(|i| i.compiler_image = Some("sha256:1".into())),
+            ),
+            (
+                "compiler command",
+                Box::new(|i| i.compiler_command = vec!["onnxsim".into()]),
+            ),
+            (
+                "compiler argument",
+                Box::new(|i| i.compiler_command = vec!["onnxsim".into(), "--fold".into()]),
             ),
             ("precision", Box::new(|i| i.precision = "fp16".into())),
             (

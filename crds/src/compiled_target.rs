@@ -78,16 +78,29 @@ pub struct ModelRef {
 /// Engine backend and its version.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.kind != 'exec' || has(self.image)").message("backend kind exec needs backend.image, the compiler image"))]
+#[x_kube(validation = Rule::new("self.kind != 'exec' || (has(self.image) && has(self.command) && size(self.command) > 0)").message("backend kind exec needs backend.image (the compiler image) and backend.command (what to run in it)"))]
+#[x_kube(validation = Rule::new("self.kind == 'exec' || (!has(self.image) && !has(self.command))").message("backend.image and backend.command are for kind exec; drop them or set kind: exec"))]
+#[x_kube(validation = Rule::new("!has(self.image) || self.image.matches('^[^@]+@sha256:[0-9a-f]{64}$')").message("pin backend.image by digest (name@sha256:<64 hex>): the compile key must name the exact compiler"))]
 pub struct Backend {
     /// `tract` (built in), `onnxruntime`, `tensorrt`, or `exec` (any compiler image).
     pub kind: BackendKind,
-    /// Backend version to require; empty takes the agent's built-in version.
+    /// Backend version to require; empty takes the agent's built-in version. For `exec` this is
+    /// the version of the runtime that loads the result (tract).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
-    /// Compiler image for foreign backends (pin it by digest).
+    /// Compiler image for kind `exec`, pinned by digest (`name@sha256:…`); part of the compile
+    /// key. kiln injects `kiln-agent` into it (init container, emptyDir at `/kiln/tools`), which
+    /// verifies the inputs, runs `command`, then builds, parity-checks and stores the result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Kind `exec`: the compiler command, run in `image` without a shell (argv). It reads the
+    /// verified ONNX source at `$KILN_MODEL` and writes an ONNX model to `$KILN_ARTIFACT`; it
+    /// also gets `$KILN_WORK` (scratch), `$KILN_PRECISION`, `$KILN_PROFILES` and `$KILN_FLAGS`
+    /// (JSON). Output and exit status go to the build manifest and, on failure, to status.
+    /// Part of the compile key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub command: Vec<String>,
     /// Backend-specific compile flags; part of the compile key.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub flags: BTreeMap<String, String>,
@@ -115,6 +128,15 @@ impl BackendKind {
             Self::Onnxruntime => "onnxruntime",
             Self::Tensorrt => "tensorrt",
             Self::Exec => "exec",
+        }
+    }
+
+    /// The runtime that loads this backend's artifacts on a node: a foreign (`exec`) compiler
+    /// emits ONNX that kiln builds and serves with tract.
+    pub fn runtime(self) -> Self {
+        match self {
+            Self::Exec => Self::Tract,
+            other => other,
         }
     }
 }

@@ -7,6 +7,7 @@ pub mod compile_key;
 pub mod compiled_target;
 pub mod conditions;
 pub mod exposition;
+pub mod inject;
 pub mod kiln_node;
 pub mod labels;
 pub mod manifest;

@@ -10,6 +10,7 @@ pub mod error;
 pub mod example;
 pub mod fetch;
 pub mod fixtures;
+pub mod install;
 pub mod local;
 pub mod make_fixtures;
 pub mod metrics;

@@ -1,5 +1,6 @@
 //! kiln-agent: `run` (the DaemonSet), `local` (whole pipeline, no cluster), `compile` (the
-//! compile Job's worker), `fixtures`, `probe`, `bench-verify`, `bench-pull`.
+//! compile Job's worker), `install` (its init container for foreign compiler images),
+//! `fixtures`, `probe`, `bench-verify`, `bench-pull`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -138,6 +139,13 @@ enum Command {
         )]
         termination_log: PathBuf,
     },
+    /// Init container of a compile Job with a foreign compiler image: copy this binary, its
+    /// dynamic loader and libraries into DIR (an emptyDir the compiler container mounts) and
+    /// check that the copy runs.
+    Install {
+        /// Target directory (created if missing).
+        dir: PathBuf,
+    },
     /// Print this machine's hardware facts and class labels as JSON.
     Probe,
     /// Measure a verified pull of a large artifact from a local docker-registry into a cache
@@ -275,6 +283,16 @@ fn main() -> ExitCode {
             },
             &termination_log,
         ),
+        Command::Install { dir } => match kiln_agent::install::install(&dir) {
+            Ok(installed) => {
+                println!("{}", serde_json::to_string(&installed).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("kiln-agent install: {}: {e}", e.reason());
+                ExitCode::FAILURE
+            }
+        },
         Command::Probe => {
             let facts = probe::probe(backend::runtimes());
             let labels = probe::labels(&facts);

@@ -29,6 +29,8 @@ struct Case {
     batch: i64,
     /// Extra YAML under `spec.warmup` of the target.
     warmup_extra: String,
+    /// `spec.backend.kind` of the target.
+    backend_kind: &'static str,
     backend_extra: String,
     min: i64,
     max: i64,
@@ -49,6 +51,7 @@ impl Case {
             fixture_sha: String::new(),
             batch: 4,
             warmup_extra: String::new(),
+            backend_kind: "tract",
             backend_extra: String::new(),
             min: 1,
             max: 8,
@@ -108,7 +111,7 @@ kind: CompiledTarget
 metadata: {{name: mlp-cpu}}
 spec:
   modelRef: {{name: mlp}}
-  backend: {{kind: tract{}}}
+  backend: {{kind: {}{}}}
   profiles: [{{name: p, dims: {{batch: {}}}}}]
   warmup:
     iterations: 5
@@ -121,6 +124,7 @@ spec:
             self.min,
             self.max,
             self.fixture_sha,
+            self.backend_kind,
             self.backend_extra,
             self.batch,
             self.warmup_extra
@@ -522,6 +526,18 @@ fn cel_rules_apply_in_local_mode_too() {
     (case.min, case.max) = (8, 1);
     case.run().fails_with("InvalidSpec", &["min <= max"]);
     let mut case = Case::mlp(4);
+    case.backend_kind = "exec";
+    case.backend_extra = format!(", image: \"c@sha256:{}\"", "0".repeat(64));
+    case.run().fails_with("InvalidSpec", &["backend.command"]);
+    let mut case = Case::mlp(4);
+    case.backend_kind = "exec";
+    case.backend_extra = ", image: \"c:latest\", command: [cp]".into();
+    case.run()
+        .fails_with("InvalidSpec", &["pin backend.image by digest"]);
+    let mut case = Case::mlp(4);
+    case.backend_extra = ", command: [cp]".into();
+    case.run().fails_with("InvalidSpec", &["are for kind exec"]);
+    let mut case = Case::mlp(4);
     case.model_sha = "ABC".into();
     case.run()
         .fails_with("InvalidSpec", &["spec.source.sha256", "64 lowercase hex"]);
@@ -749,4 +765,160 @@ fn https_source_is_fetched_verified_and_cached() {
     untrusted
         .run()
         .fails_with("SourceUnavailable", &["127.0.0.1"]);
+}
+
+impl Case {
+    /// The MLP with `backend.kind: exec` running `sh -c SCRIPT` as the compiler.
+    fn exec(script: &str) -> Self {
+        let mut case = Case::mlp(4);
+        case.backend_kind = "exec";
+        case.backend_extra = format!(
+            ", image: \"registry.example/compiler@sha256:{}\", command: [sh, -c, {}]",
+            "c".repeat(64),
+            serde_json::to_string(script).expect("quote")
+        );
+        case
+    }
+
+    /// The stored build manifest of a successful run.
+    fn manifest(&self, run: &Run) -> Value {
+        let key = run.outcome["compileKey"].as_str().expect("key");
+        let path = self
+            .store()
+            .join("artifacts")
+            .join(key)
+            .join("manifest.json");
+        serde_json::from_slice(&std::fs::read(&path).expect("manifest")).expect("manifest json")
+    }
+}
+
+#[test]
+fn exec_compiler_output_is_built_parity_checked_stored_and_served() {
+    let script = r#"echo "optimising $(basename "$KILN_MODEL") at $KILN_PRECISION in $(pwd)"
+echo "profiles $KILN_PROFILES flags $KILN_FLAGS"
+echo "credentials ${KILN_REGISTRY_PASSWORD:-withheld}" >&2
+cp "$KILN_MODEL" "$KILN_ARTIFACT""#;
+    let case = Case::exec(script);
+    let run = case.run_with_env(&[("KILN_REGISTRY_PASSWORD", Path::new("hunter2"))]);
+    assert!(run.success, "{}", run.stderr);
+    assert_eq!(run.outcome["ready"], true);
+    let manifest = case.manifest(&run);
+    assert_eq!(manifest["backend"], "exec");
+    let log = manifest["converterLog"].to_string();
+    assert!(
+        log.contains("at fp32 in ") && log.contains("exec-work"),
+        "{log}"
+    );
+    assert!(
+        log.contains(r#"profiles {\"p\":{\"x\":[4,16]}} flags {}"#),
+        "{log}"
+    );
+    assert!(
+        log.contains("credentials withheld"),
+        "registry credentials never reach the compiler: {log}"
+    );
+    assert!(!log.contains("hunter2") && !run.stderr.contains("hunter2"));
+    // The compiler's lines are logged as they come.
+    assert!(run.stderr.contains("optimising"), "{}", run.stderr);
+    // Same model through tract: another key (the compiler is in it), same numbers.
+    let mut tract = Case::exec("");
+    tract.backend_kind = "tract";
+    tract.backend_extra.clear();
+    let tract_run = tract.run();
+    assert!(tract_run.success, "{}", tract_run.stderr);
+    assert_ne!(run.outcome["compileKey"], tract_run.outcome["compileKey"]);
+    // Run again: reused, the compiler is not started.
+    let again = case.run();
+    assert_eq!(again.outcome["cacheHit"], true, "{}", again.stderr);
+    assert!(!again.stderr.contains("optimising"));
+}
+
+#[test]
+fn exec_compiler_failure_is_compile_failed_with_its_last_output() {
+    let case = Case::exec("echo loading; echo 'fatal: opset 13 not supported' >&2; exit 3");
+    case.run().fails_with(
+        "CompileFailed",
+        &[
+            "exited with status 3",
+            "fatal: opset 13 not supported",
+            "loading",
+        ],
+    );
+    assert!(case.stored().is_empty());
+
+    let case = Case::exec("echo done");
+    case.run().fails_with(
+        "CompileFailed",
+        &["wrote no model to $KILN_ARTIFACT", "done"],
+    );
+    assert!(case.stored().is_empty());
+
+    let case = Case::exec("echo 'not onnx' > \"$KILN_ARTIFACT\"");
+    case.run().fails_with(
+        "CompileFailed",
+        &["the model backend.command wrote cannot be built"],
+    );
+    assert!(case.stored().is_empty());
+
+    let mut case = Case::exec("");
+    case.backend_extra = format!(
+        ", image: \"c@sha256:{}\", command: [/no/such/compiler]",
+        "c".repeat(64)
+    );
+    case.run().fails_with(
+        "CompileFailed",
+        &["cannot start backend.command \"/no/such/compiler\""],
+    );
+}
+
+#[test]
+fn exec_compiler_that_changes_the_numbers_fails_parity_and_stores_nothing() {
+    let drift = data("mlp-drift.onnx");
+    let case = Case::exec(&format!("cp '{}' \"$KILN_ARTIFACT\"", drift.display()));
+    case.run().fails_with("ParityExceeded", &["output y"]);
+    assert!(
+        case.stored().is_empty(),
+        "a compile that fails parity is never stored"
+    );
+}
+
+#[test]
+fn install_copies_a_self_contained_agent_that_runs_through_its_own_loader() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tools = dir.path().join("tools");
+    let out = Command::new(AGENT)
+        .arg("install")
+        .arg(&tools)
+        .output()
+        .expect("install");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let installed: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let libs: Vec<&str> = installed["libraries"]
+        .as_array()
+        .expect("libraries")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(libs.contains(&"libc.so.6"), "{libs:?}");
+    for lib in &libs {
+        assert!(tools.join("lib").join(lib).is_file(), "{lib}");
+    }
+    // The copy runs with an empty environment through the copied loader, and does real work.
+    let argv = kiln_crds::inject::agent_command(&tools.display().to_string(), &["probe"]);
+    let probe = Command::new(&argv[0])
+        .args(&argv[1..])
+        .env_clear()
+        .output()
+        .expect("run the copy");
+    assert!(
+        probe.status.success(),
+        "{}",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    let facts: Value = serde_json::from_slice(&probe.stdout).expect("probe json");
+    assert!(facts["hardware"].is_object(), "{facts}");
 }

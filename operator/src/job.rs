@@ -1,5 +1,6 @@
 //! The compile Job for one (CompiledTarget, class): pinned to the class by node label, owned by
-//! the target, running `kiln-agent compile` with the objects it needs in its environment, as a
+//! the target, running `kiln-agent compile` (for a foreign compiler image, a copy injected by an
+//! init container) with the objects it needs in its environment, as a
 //! non-root user on a read-only root filesystem, with the operator's store (a hostPath mount for a
 //! filesystem store; the URL and registry settings for an OCI store). Pure: builds the object,
 //! sends nothing.
@@ -14,6 +15,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kiln_crds::inject::{TOOLS_DIR, agent_command};
 use kiln_crds::{CompiledTarget, ModelArtifact};
 use kube::Resource;
 
@@ -181,6 +183,68 @@ pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &J
             )])),
             ..Default::default()
         });
+    // A foreign compiler image gets kiln-agent injected: an init container running the agent
+    // image copies it (with its loader and libraries) into an emptyDir, and the compile
+    // container runs that copy in the compiler image.
+    let (image, pull_policy, command, init_containers) = match &t.backend.image {
+        Some(compiler) => {
+            mounts.push(VolumeMount {
+                name: "kiln-tools".into(),
+                mount_path: TOOLS_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            });
+            volumes.push(Volume {
+                name: "kiln-tools".into(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    size_limit: Some(Quantity("512Mi".into())),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            // Foreign tools write caches under $HOME; the root filesystem is read-only.
+            env.push(self::env("HOME", "/tmp"));
+            let install = Container {
+                name: "kiln-tools".into(),
+                image: Some(s.image.clone()),
+                image_pull_policy: Some(s.image_pull_policy.clone()),
+                command: Some(vec!["/bin/kiln-agent".into()]),
+                args: Some(vec!["install".into(), TOOLS_DIR.into()]),
+                resources: Some(ResourceRequirements {
+                    requests: Some(BTreeMap::from([
+                        ("cpu".to_string(), Quantity("50m".into())),
+                        ("memory".to_string(), Quantity("32Mi".into())),
+                    ])),
+                    limits: Some(BTreeMap::from([(
+                        "memory".to_string(),
+                        Quantity("128Mi".into()),
+                    )])),
+                    ..Default::default()
+                }),
+                volume_mounts: Some(vec![VolumeMount {
+                    name: "kiln-tools".into(),
+                    mount_path: TOOLS_DIR.into(),
+                    ..Default::default()
+                }]),
+                termination_message_policy: Some("FallbackToLogsOnError".into()),
+                security_context: Some(restricted()),
+                ..Default::default()
+            };
+            (
+                compiler.clone(),
+                // Pinned by digest (admission enforces it): a local copy is that exact image.
+                "IfNotPresent".to_string(),
+                agent_command(TOOLS_DIR, &[]),
+                Some(vec![install]),
+            )
+        }
+        None => (
+            s.image.clone(),
+            s.image_pull_policy.clone(),
+            vec!["/bin/kiln-agent".into()],
+            None,
+        ),
+    };
     Job {
         metadata: ObjectMeta {
             name: Some(new.name.clone()),
@@ -222,31 +286,37 @@ pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &J
                         }),
                         ..Default::default()
                     }),
+                    init_containers,
                     containers: vec![Container {
                         name: "compile".into(),
-                        image: Some(s.image.clone()),
-                        image_pull_policy: Some(s.image_pull_policy.clone()),
-                        command: Some(vec!["/bin/kiln-agent".into()]),
+                        image: Some(image),
+                        image_pull_policy: Some(pull_policy),
+                        command: Some(command),
                         args: Some(vec!["compile".into()]),
                         env: Some(env),
                         resources: Some(resources),
                         volume_mounts: Some(mounts),
                         termination_message_policy: Some("FallbackToLogsOnError".into()),
-                        security_context: Some(SecurityContext {
-                            allow_privilege_escalation: Some(false),
-                            read_only_root_filesystem: Some(true),
-                            capabilities: Some(Capabilities {
-                                drop: Some(vec!["ALL".into()]),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        }),
+                        security_context: Some(restricted()),
                         ..Default::default()
                     }],
                     volumes: Some(volumes),
                     ..Default::default()
                 }),
             },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// No privilege escalation, no capabilities, read-only root filesystem.
+fn restricted() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
             ..Default::default()
         }),
         ..Default::default()

@@ -203,12 +203,14 @@ fn invalid(
             ));
         }
     };
+    // A foreign (`exec`) compiler's output is built and served by the built-in runtime.
     let backend = t.backend.kind.as_str();
-    if !settings.backend_versions.contains_key(backend) {
+    let runtime = t.backend.kind.runtime().as_str();
+    if !settings.backend_versions.contains_key(runtime) {
         return Some((
             "BackendUnavailable",
             format!(
-                "backend {backend:?} is not available to this operator's compile workers (available: {}); use one of those",
+                "backend {backend:?} is not available to this operator's compile workers (available: {}, and exec with a compiler image); use one of those",
                 settings
                     .backend_versions
                     .keys()
@@ -257,7 +259,7 @@ pub fn key_for(
         .or_else(|| {
             settings
                 .backend_versions
-                .get(t.backend.kind.as_str())
+                .get(t.backend.kind.runtime().as_str())
                 .cloned()
         })
         .unwrap_or_default();

@@ -1,8 +1,11 @@
 //! The compile Job's store wiring: a filesystem store is a hostPath mount; an OCI store is the
-//! URL, the insecure flag and credentials from a Secret, with no host mount at all.
+//! URL, the insecure flag and credentials from a Secret, with no host mount at all. And the
+//! image wiring: the agent image for built-in backends, the compiler image with the agent
+//! injected by an init container for `exec`.
 
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
+use kiln_crds::inject::{TOOLS_DIR, agent_command};
 use kiln_crds::{CompiledTarget, ModelArtifact};
 use kiln_operator::job::{JobSettings, JobStore, STORE_MOUNT, build};
 use kiln_operator::plan::NewJob;
@@ -129,4 +132,106 @@ fn oci_store_passes_url_insecure_and_secret_credentials_without_host_mounts() {
         Some("false")
     );
     assert!(env.iter().all(|e| e.name != "KILN_REGISTRY_USERNAME"));
+}
+
+#[test]
+fn built_in_backend_runs_the_agent_image_with_no_init_container() {
+    let (target, model) = objects();
+    let job = build(
+        &target,
+        &model,
+        &new_job(),
+        &settings(JobStore::HostPath("/s".into())),
+    );
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    assert!(pod.init_containers.is_none());
+    let c = &pod.containers[0];
+    assert_eq!(c.image.as_deref(), Some("kiln/agent:test"));
+    assert_eq!(
+        c.command.as_deref(),
+        Some(&["/bin/kiln-agent".to_string()][..])
+    );
+}
+
+#[test]
+fn foreign_compiler_image_gets_the_agent_injected_by_an_init_container() {
+    let (mut target, model) = objects();
+    let compiler = format!("registry.example/onnxsim@sha256:{}", "e".repeat(64));
+    target.spec.backend.kind = kiln_crds::compiled_target::BackendKind::Exec;
+    target.spec.backend.image = Some(compiler.clone());
+    target.spec.backend.command = vec!["onnxsim".into(), "--fold".into()];
+    let job = build(
+        &target,
+        &model,
+        &new_job(),
+        &settings(JobStore::Registry {
+            url: "oci://r/kiln".into(),
+            insecure: false,
+            secret: Some("creds".into()),
+        }),
+    );
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let volumes = pod.volumes.unwrap();
+    let tools = volumes
+        .iter()
+        .find(|v| v.name == "kiln-tools")
+        .expect("tools volume");
+    assert!(
+        tools.empty_dir.is_some(),
+        "the agent travels in an emptyDir"
+    );
+
+    // The init container runs the agent image and installs into the shared directory.
+    let init = pod.init_containers.expect("init container");
+    assert_eq!(init.len(), 1);
+    assert_eq!(init[0].image.as_deref(), Some("kiln/agent:test"));
+    assert_eq!(
+        init[0].args.as_deref(),
+        Some(&["install".to_string(), TOOLS_DIR.to_string()][..])
+    );
+    let init_mount = &init[0].volume_mounts.as_ref().unwrap()[0];
+    assert_eq!(
+        (init_mount.name.as_str(), init_mount.mount_path.as_str()),
+        ("kiln-tools", TOOLS_DIR)
+    );
+    assert_ne!(
+        init_mount.read_only,
+        Some(true),
+        "the init container writes the tools"
+    );
+
+    // The compile container is the compiler image running the injected copy through its own
+    // loader, with the tools read-only and the same restrictions as the built-in path.
+    let c = &pod.containers[0];
+    assert_eq!(c.image.as_deref(), Some(compiler.as_str()));
+    assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
+    assert_eq!(c.command.clone().unwrap(), agent_command(TOOLS_DIR, &[]));
+    assert_eq!(c.command.as_ref().unwrap()[0], "/kiln/tools/ld.so");
+    assert_eq!(c.args.as_deref(), Some(&["compile".to_string()][..]));
+    let mount = c
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| m.name == "kiln-tools")
+        .expect("tools mounted in the compiler container");
+    assert_eq!(mount.read_only, Some(true));
+    for sc in [
+        c.security_context.as_ref(),
+        init[0].security_context.as_ref(),
+    ] {
+        let sc = sc.unwrap();
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+    }
+    assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
+    // The worker still gets the whole spec (the command is read from it) and the credentials.
+    let env = c.env.clone().unwrap();
+    assert!(
+        value(&env, "KILN_COMPILE_SPEC")
+            .unwrap()
+            .contains("onnxsim")
+    );
+    assert_eq!(value(&env, "HOME").as_deref(), Some("/tmp"));
+    assert!(env.iter().any(|e| e.name == "KILN_REGISTRY_PASSWORD"));
 }

@@ -950,3 +950,48 @@ fn compiles_beyond_the_concurrency_limit_wait_queued() {
     assert_eq!(p.create.len(), 1);
     assert!(p.status.classes.iter().all(|c| c.phase == "Compiling"));
 }
+
+#[test]
+fn an_exec_compiler_image_compiles_per_class_under_its_own_keys() {
+    let mut built_in = World::new();
+    let tract_keys: Vec<String> = built_in
+        .plan(0)
+        .create
+        .into_iter()
+        .map(|j| j.compile_key)
+        .collect();
+    let mut w = World::new();
+    w.target.spec.backend.kind = kiln_crds::compiled_target::BackendKind::Exec;
+    w.target.spec.backend.image = Some(format!("r.example/onnxsim@sha256:{}", "e".repeat(64)));
+    w.target.spec.backend.command = vec!["onnxsim".into()];
+    let p = w.plan(0);
+    assert_eq!(p.create.len(), 3, "one Job per class, as for tract");
+    assert!(!is_true(&p.status.conditions, "Stalled"));
+    for j in &p.create {
+        assert!(
+            !tract_keys.contains(&j.compile_key),
+            "the compiler is part of the key"
+        );
+    }
+    // Another command is another key; the same command is the same key.
+    let again: Vec<String> = w
+        .plan(0)
+        .create
+        .into_iter()
+        .map(|j| j.compile_key)
+        .collect();
+    w.target.spec.backend.command = vec!["onnxsim".into(), "--fold".into()];
+    let other: Vec<String> = w
+        .plan(0)
+        .create
+        .into_iter()
+        .map(|j| j.compile_key)
+        .collect();
+    let first: Vec<String> = p.create.iter().map(|j| j.compile_key.clone()).collect();
+    assert_eq!(first, again);
+    assert!(first.iter().all(|k| !other.contains(k)));
+    // exec builds with tract: without tract in the operator's worker versions it is unavailable.
+    w.settings.backend_versions.clear();
+    let stalled = w.plan(0);
+    assert_eq!(condition(&stalled, "Stalled").reason, "BackendUnavailable");
+}

@@ -9,6 +9,7 @@ use kiln_crds::compiled_target::{BackendKind, Precision};
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
 
+pub mod exec;
 pub mod tract;
 
 /// Input name → concrete shape.
@@ -63,21 +64,20 @@ pub trait Engine: Send + Sync {
     fn profiles(&self) -> Vec<(String, Shapes)>;
 }
 
-/// The backend for a CompiledTarget's backend kind, if this binary carries it.
-pub fn for_kind(kind: BackendKind) -> Result<Box<dyn Backend>> {
-    match kind {
-        BackendKind::Tract => Ok(Box::new(tract::Tract)),
-        other => Err(Error::InvalidSpec(format!(
-            "backend {} is not built into kiln-agent; use backend.kind: tract here, or run {} compiles in a compiler image",
-            other.as_str(),
-            other.as_str()
-        ))),
-    }
-}
-
 /// The backend a target asks for, refusing a version other than the one this binary carries.
 pub fn for_target(spec: &kiln_crds::compiled_target::Backend) -> Result<Box<dyn Backend>> {
-    let backend = for_kind(spec.kind)?;
+    let backend: Box<dyn Backend> = match spec.kind {
+        BackendKind::Tract => Box::new(tract::Tract),
+        BackendKind::Exec => Box::new(exec::Exec {
+            command: spec.command.clone(),
+        }),
+        other => {
+            return Err(Error::InvalidSpec(format!(
+                "backend {} is not built into kiln-agent; use backend.kind: tract, or kind: exec with a compiler image that writes ONNX",
+                other.as_str()
+            )));
+        }
+    };
     if let Some(wanted) = &spec.version
         && wanted != &backend.version()
     {

@@ -3,6 +3,7 @@
 
 * mlp.onnx — Gemm(16→32) → Relu → Gemm(32→10) → Softmax, seeded random weights, symbolic batch,
   and a metadata string with a single quote (tract's NNEF writer cannot reload those).
+* mlp-drift.onnx — mlp.onnx with one output bias moved by 1.0 (same interface, other numbers).
 * unsupported.onnx — one standard ONNX operator tract does not implement (for the
   UnsupportedOperator path).
 
@@ -37,6 +38,18 @@ helper.set_model_props(mlp, {"note": "it's a test model"})
 onnx.checker.check_model(mlp)
 onnx.save(mlp, os.path.join(here, "mlp.onnx"))
 
+# mlp-drift.onnx: the same graph with one output bias moved by 1.0, what a broken converter
+# could emit (same inputs and outputs, different numbers): the exec backend's ParityExceeded case.
+drift = onnx.ModelProto()
+drift.CopyFrom(mlp)
+b2_drift = numpy_helper.to_array(b2).copy()
+b2_drift[0] += 1.0
+for i, init in enumerate(drift.graph.initializer):
+    if init.name == "b2":
+        drift.graph.initializer[i].CopyFrom(numpy_helper.from_array(b2_drift, "b2"))
+onnx.checker.check_model(drift)
+onnx.save(drift, os.path.join(here, "mlp-drift.onnx"))
+
 graph = helper.make_graph(
     [helper.make_node("Col2Im", ["x", "image_shape", "block_shape"], ["y"])],
     "unsupported",
@@ -50,4 +63,4 @@ graph = helper.make_graph(
 unsupported = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="kiln-tests")
 onnx.checker.check_model(unsupported)
 onnx.save(unsupported, os.path.join(here, "unsupported.onnx"))
-print("wrote mlp.onnx and unsupported.onnx with onnx", onnx.__version__)
+print("wrote mlp.onnx, mlp-drift.onnx and unsupported.onnx with onnx", onnx.__version__)

@@ -1,0 +1,195 @@
+//! The `exec` backend: a foreign compiler (any program in any image: an ONNX optimiser,
+//! quantiser, converter) turns the verified source into an ONNX model; kiln then builds that
+//! model with tract exactly as the built-in backend does, so the artifact, its parity check
+//! against the source's fixtures and its loading on the nodes are kiln's own.
+//!
+//! The contract, for the image author: `backend.command` runs without a shell, in a fresh
+//! working directory, with
+//! * `KILN_MODEL` — the verified source model (read-only input),
+//! * `KILN_ARTIFACT` — where to write the resulting ONNX model,
+//! * `KILN_WORK` — scratch space (its working directory),
+//! * `KILN_PRECISION`, `KILN_PROFILES` (profile → input → shape, JSON), `KILN_FLAGS` (JSON).
+//!
+//! Exit status 0 and a non-empty `KILN_ARTIFACT` mean success; anything else is
+//! `CompileFailed` with the last lines of its output. Its output is logged line by line and kept
+//! in the build manifest. Registry credentials are not passed on.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use kiln_crds::compiled_target::Precision;
+
+use super::tract::Tract;
+use super::{Backend, CompileRequest, Compiled, Engine, InputInfo, Shapes};
+use crate::error::{Error, Result};
+
+/// Lines of compiler output kept for the build manifest.
+const LOG_LINES: usize = 200;
+/// Lines quoted in a failure message (the operator shows it in a condition).
+const TAIL_LINES: usize = 12;
+/// Environment the compiler must not see.
+const WITHHELD: &[&str] = &["KILN_REGISTRY_USERNAME", "KILN_REGISTRY_PASSWORD"];
+
+/// A compiler command (run in `backend.image` in a compile Job, on this machine in local mode).
+pub struct Exec {
+    /// argv of the compiler.
+    pub command: Vec<String>,
+}
+
+impl Exec {
+    /// Runs the compiler; returns its output lines, or `CompileFailed` with their tail.
+    fn run_compiler(
+        &self,
+        req: &CompileRequest<'_>,
+        work: &Path,
+        onnx: &Path,
+    ) -> Result<Vec<String>> {
+        let (program, args) = self
+            .command
+            .split_first()
+            .ok_or_else(|| Error::InvalidSpec("backend kind exec needs backend.command".into()))?;
+        let profiles = serde_json::to_string(req.profiles).unwrap_or_default();
+        let flags = serde_json::to_string(req.flags).unwrap_or_default();
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .current_dir(work)
+            .env("KILN_MODEL", req.model)
+            .env("KILN_ARTIFACT", onnx)
+            .env("KILN_WORK", work)
+            .env("KILN_PRECISION", req.precision.as_str())
+            .env("KILN_PROFILES", profiles)
+            .env("KILN_FLAGS", flags)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for var in WITHHELD {
+            cmd.env_remove(var);
+        }
+        tracing::info!(command = ?self.command, "running the compiler");
+        let mut child = cmd.spawn().map_err(|e| {
+            Error::CompileFailed(format!(
+                "cannot start backend.command {program:?}: {e}; it must be an executable in backend.image (PATH is {:?})",
+                std::env::var("PATH").unwrap_or_default()
+            ))
+        })?;
+        let log = std::sync::Mutex::new(VecDeque::with_capacity(LOG_LINES));
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let status = std::thread::scope(|s| {
+            for stream in [
+                stdout.map(|o| Box::new(o) as Box<dyn Read + Send>),
+                stderr.map(|e| Box::new(e) as Box<dyn Read + Send>),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let log = &log;
+                s.spawn(move || {
+                    for line in BufReader::new(stream).lines() {
+                        let Ok(line) = line else { break };
+                        tracing::info!(target: "compiler", "{line}");
+                        let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+                        if log.len() == LOG_LINES {
+                            log.pop_front();
+                        }
+                        log.push_back(line);
+                    }
+                });
+            }
+            child.wait()
+        });
+        let log: Vec<String> = log.into_inner().unwrap_or_else(|p| p.into_inner()).into();
+        let tail = || {
+            let from = log.len().saturating_sub(TAIL_LINES);
+            if log.is_empty() {
+                "(no output)".to_string()
+            } else {
+                log[from..].join(" | ")
+            }
+        };
+        let status =
+            status.map_err(|e| Error::CompileFailed(format!("waiting for {program:?}: {e}")))?;
+        if !status.success() {
+            return Err(Error::CompileFailed(format!(
+                "backend.command {program:?} {}; its last output: {}",
+                describe(status),
+                tail()
+            )));
+        }
+        match std::fs::metadata(onnx) {
+            Ok(m) if m.len() > 0 => Ok(log),
+            _ => Err(Error::CompileFailed(format!(
+                "backend.command {program:?} exited 0 but wrote no model to $KILN_ARTIFACT ({}); its last output: {}",
+                onnx.display(),
+                tail()
+            ))),
+        }
+    }
+}
+
+fn describe(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(signal)) => format!("was killed by signal {signal}"),
+        _ => "failed".to_string(),
+    }
+}
+
+impl Backend for Exec {
+    fn name(&self) -> &'static str {
+        "exec"
+    }
+
+    /// The runtime that loads the result: tract.
+    fn version(&self) -> String {
+        Tract.version()
+    }
+
+    fn media_type(&self) -> &'static str {
+        Tract.media_type()
+    }
+
+    fn compile(&self, req: &CompileRequest<'_>) -> Result<Compiled> {
+        let parent = req.out.parent().unwrap_or(Path::new("."));
+        let work = parent.join("exec-work");
+        std::fs::create_dir_all(&work).map_err(|e| Error::store(&work, e))?;
+        let onnx = parent.join("compiled.onnx");
+        let mut log = self.run_compiler(req, &work, &onnx)?;
+        // The compiler's ONNX, built per profile by tract: fp32 graph (the compiler applied the
+        // precision), no flags (they were the compiler's).
+        let built = Tract
+            .compile(&CompileRequest {
+                model: &onnx,
+                profiles: req.profiles,
+                precision: Precision::Fp32,
+                flags: &BTreeMap::new(),
+                out: req.out,
+            })
+            .map_err(|e| match e {
+                Error::CompileFailed(m) => Error::CompileFailed(format!(
+                    "the model backend.command wrote cannot be built: {m}"
+                )),
+                other => other,
+            })?;
+        log.extend(built.log);
+        Ok(Compiled {
+            outputs: built.outputs,
+            log,
+        })
+    }
+
+    fn load(&self, artifact: &Path) -> Result<Box<dyn Engine>> {
+        Tract.load(artifact)
+    }
+
+    fn reference(&self, model: &Path, shapes: &Shapes) -> Result<Box<dyn Engine>> {
+        Tract.reference(model, shapes)
+    }
+
+    fn inputs(&self, model: &Path) -> Result<Vec<InputInfo>> {
+        Tract.inputs(model)
+    }
+}
