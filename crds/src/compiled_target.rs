@@ -93,8 +93,8 @@ pub struct Backend {
     /// verifies the inputs, runs `command`, then builds, parity-checks and stores the result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-    /// Kind `exec`: the compiler command, run in `image` without a shell (argv). It reads the
-    /// verified ONNX source at `$KILN_MODEL` and writes an ONNX model to `$KILN_ARTIFACT`; it
+    /// Kind `exec`: the compiler command, run in `image` without a shell (argv). It reads (a copy of)
+    /// the verified ONNX source at `$KILN_MODEL` and writes an ONNX model to `$KILN_ARTIFACT`; it
     /// also gets `$KILN_WORK` (scratch), `$KILN_PRECISION`, `$KILN_PROFILES` and `$KILN_FLAGS`
     /// (JSON). Output and exit status go to the build manifest and, on failure, to status.
     /// Part of the compile key.

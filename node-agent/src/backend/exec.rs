@@ -5,7 +5,7 @@
 //!
 //! The contract, for the image author: `backend.command` runs without a shell, in a fresh
 //! working directory, with
-//! * `KILN_MODEL` — the verified source model (read-only input),
+//! * `KILN_MODEL` — a read-only copy of the verified source model (`$KILN_WORK/model.onnx`),
 //! * `KILN_ARTIFACT` — where to write the resulting ONNX model,
 //! * `KILN_WORK` — scratch space (its working directory),
 //! * `KILN_PRECISION`, `KILN_PROFILES` (profile → input → shape, JSON), `KILN_FLAGS` (JSON).
@@ -50,12 +50,22 @@ impl Exec {
             .command
             .split_first()
             .ok_or_else(|| Error::InvalidSpec("backend kind exec needs backend.command".into()))?;
+        // A private, read-only copy named like what it is: tools that go by the extension
+        // find `.onnx`, and nothing the compiler does reaches the verified blob cache.
+        let model = work.join("model.onnx");
+        std::fs::copy(req.model, &model)
+            .and_then(|_| {
+                let mut perms = std::fs::metadata(&model)?.permissions();
+                perms.set_readonly(true);
+                std::fs::set_permissions(&model, perms)
+            })
+            .map_err(|e| Error::store(&model, e))?;
         let profiles = serde_json::to_string(req.profiles).unwrap_or_default();
         let flags = serde_json::to_string(req.flags).unwrap_or_default();
         let mut cmd = Command::new(program);
         cmd.args(args)
             .current_dir(work)
-            .env("KILN_MODEL", req.model)
+            .env("KILN_MODEL", &model)
             .env("KILN_ARTIFACT", onnx)
             .env("KILN_WORK", work)
             .env("KILN_PRECISION", req.precision.as_str())
