@@ -5,11 +5,15 @@
 //! `DIR/ld.so --library-path DIR/lib DIR/kiln-agent …` ([`agent_command`]): nothing of the image's
 //! libc is used, and nothing leaks into the compiler it starts (no `LD_LIBRARY_PATH`).
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use kiln_crds::inject::agent_command;
 
 use crate::error::{Error, Result};
+
+/// Bytes read from the start of the executable to find its interpreter.
+const HEAD: usize = 64 * 1024;
 
 /// What `install` copied.
 #[derive(Debug, serde::Serialize)]
@@ -31,8 +35,12 @@ pub fn install(dir: &Path) -> Result<Installed> {
             dir.display()
         ))
     };
-    let exe = std::fs::read("/proc/self/exe").map_err(|e| failed("reading /proc/self/exe", &e))?;
-    let loader = interpreter(&exe).ok_or_else(|| {
+    // The program headers and the interpreter path sit at the start of the file.
+    let mut head = Vec::with_capacity(HEAD);
+    std::fs::File::open("/proc/self/exe")
+        .and_then(|f| f.take(HEAD as u64).read_to_end(&mut head))
+        .map_err(|e| failed("reading /proc/self/exe", &e))?;
+    let loader = interpreter(&head).ok_or_else(|| {
         failed(
             "this kiln-agent has no ELF interpreter",
             &"a static build needs no loader; build kiln-agent dynamically (the default) for injection",
@@ -55,8 +63,8 @@ pub fn install(dir: &Path) -> Result<Installed> {
     }
     copy(Path::new(&loader), &dir.join("ld.so"), 0o755).map_err(|e| failed(&loader, &e))?;
     let agent = dir.join("kiln-agent");
-    std::fs::write(&agent, &exe).map_err(|e| failed("writing kiln-agent", &e))?;
-    set_mode(&agent, 0o755).map_err(|e| failed("chmod kiln-agent", &e))?;
+    copy(Path::new("/proc/self/exe"), &agent, 0o755)
+        .map_err(|e| failed("copying kiln-agent", &e))?;
     let argv = agent_command(&dir.display().to_string(), &["--version"]);
     let out = std::process::Command::new(&argv[0])
         .args(&argv[1..])
