@@ -336,7 +336,8 @@ pub struct CompileSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 20))]
     pub max_attempts: Option<u32>,
-    /// Deadline of one compile Job, in seconds.
+    /// Deadline of one compile Job, in seconds; also bounds an `exec` compiler (killed with
+    /// everything it started: `Timeout`), in `local` mode too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub active_deadline_seconds: Option<i64>,

@@ -47,6 +47,9 @@ pub enum Error {
     /// Steady-state latency above budget.
     #[error("latency budget exceeded: {0}")]
     LatencyBudgetExceeded(String),
+    /// A step ran past its deadline.
+    #[error("timeout: {0}")]
+    Timeout(String),
     /// The store could not be used.
     #[error("store {location} unavailable: {message}")]
     StoreUnavailable { location: String, message: String },
@@ -67,6 +70,7 @@ impl Error {
             Self::WarmupFailed(_) => FailureReason::WarmupFailed,
             Self::ParityExceeded(_) => FailureReason::ParityExceeded,
             Self::LatencyBudgetExceeded(_) => FailureReason::LatencyBudgetExceeded,
+            Self::Timeout(_) => FailureReason::Timeout,
             Self::StoreUnavailable { .. } => FailureReason::StoreUnavailable,
         }
     }

@@ -922,3 +922,32 @@ fn install_copies_a_self_contained_agent_that_runs_through_its_own_loader() {
     let facts: Value = serde_json::from_slice(&probe.stdout).expect("probe json");
     assert!(facts["hardware"].is_object(), "{facts}");
 }
+
+#[test]
+fn exec_compiler_past_its_deadline_is_killed_with_what_it_started() {
+    // A background child keeps the compiler's output open: if it survived, the run would wait
+    // for its 60 s. Both the deadline and the normal exit take the whole process group down.
+    let mut case = Case::exec("echo started; sleep 60 & sleep 60");
+    case.warmup_extra = "\n  compile: {activeDeadlineSeconds: 1}".into();
+    let started = std::time::Instant::now();
+    case.run().fails_with(
+        "Timeout",
+        &["compile.activeDeadlineSeconds (1s)", "started"],
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "the run waited for the compiler's children: {:?}",
+        started.elapsed()
+    );
+    assert!(case.stored().is_empty());
+
+    let case = Case::exec("sleep 60 & cp \"$KILN_MODEL\" \"$KILN_ARTIFACT\"");
+    let started = std::time::Instant::now();
+    let run = case.run();
+    assert!(run.success, "{}", run.stderr);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "a straggler kept the run waiting: {:?}",
+        started.elapsed()
+    );
+}

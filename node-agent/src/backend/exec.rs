@@ -11,13 +11,16 @@
 //! * `KILN_PRECISION`, `KILN_PROFILES` (profile → input → shape, JSON), `KILN_FLAGS` (JSON).
 //!
 //! Exit status 0 and a non-empty `KILN_ARTIFACT` mean success; anything else is
-//! `CompileFailed` with the last lines of its output. Its output is logged line by line and kept
+//! `CompileFailed` with the last lines of its output; past `compile.activeDeadlineSeconds` it is
+//! killed with everything it started (`Timeout`). Its output is logged line by line and kept
 //! in the build manifest. Registry credentials are not passed on.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use kiln_crds::compiled_target::Precision;
 
@@ -77,6 +80,9 @@ impl Exec {
         for var in WITHHELD {
             cmd.env_remove(var);
         }
+        // Its own process group: on a deadline, and after it exits, whatever it started goes
+        // too (a straggler holding its output open would otherwise hang the log readers).
+        cmd.process_group(0);
         tracing::info!(command = ?self.command, "running the compiler");
         let mut child = cmd.spawn().map_err(|e| {
             Error::CompileFailed(format!(
@@ -108,7 +114,13 @@ impl Exec {
                     }
                 });
             }
-            child.wait()
+            let status = wait(&mut child, req.timeout);
+            if let Ok(pid) = i32::try_from(child.id())
+                && let Some(pid) = rustix::process::Pid::from_raw(pid)
+            {
+                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            }
+            status
         });
         let log: Vec<String> = log.into_inner().unwrap_or_else(|p| p.into_inner()).into();
         let tail = || {
@@ -119,8 +131,21 @@ impl Exec {
                 log[from..].join(" | ")
             }
         };
-        let status =
-            status.map_err(|e| Error::CompileFailed(format!("waiting for {program:?}: {e}")))?;
+        let status = match status {
+            Ok(Some(status)) => status,
+            Ok(None) => {
+                return Err(Error::Timeout(format!(
+                    "backend.command {program:?} still ran after compile.activeDeadlineSeconds ({}s) and was killed; its last output: {}",
+                    req.timeout.map_or(0, |t| t.as_secs()),
+                    tail()
+                )));
+            }
+            Err(e) => {
+                return Err(Error::CompileFailed(format!(
+                    "waiting for {program:?}: {e}"
+                )));
+            }
+        };
         if !status.success() {
             return Err(Error::CompileFailed(format!(
                 "backend.command {program:?} {}; its last output: {}",
@@ -136,6 +161,28 @@ impl Exec {
                 tail()
             ))),
         }
+    }
+}
+
+/// Waits for `child` up to `timeout`; `None` when it ran past it (it is then killed and reaped).
+fn wait(
+    child: &mut std::process::Child,
+    timeout: Option<Duration>,
+) -> std::io::Result<Option<std::process::ExitStatus>> {
+    let Some(timeout) = timeout else {
+        return child.wait().map(Some);
+    };
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if Instant::now() >= deadline {
+            child.kill()?;
+            child.wait()?;
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -177,6 +224,7 @@ impl Backend for Exec {
                 precision: Precision::Fp32,
                 flags: &BTreeMap::new(),
                 out: req.out,
+                timeout: None,
             })
             .map_err(|e| match e {
                 Error::CompileFailed(m) => Error::CompileFailed(format!(

@@ -27,6 +27,8 @@ pub struct CompileRequest<'a> {
     pub flags: &'a BTreeMap<String, String>,
     /// Where to write the artifact.
     pub out: &'a Path,
+    /// How long a foreign compiler may run (`spec.compile.activeDeadlineSeconds`).
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// What a compile reports.
