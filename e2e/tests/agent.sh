@@ -33,7 +33,7 @@ show_logs() {
 }
 die() { show_logs 2>&3; echo "FAIL: $*" >&3; exit 1; }
 # A private copy: another build may replace target/*/kiln-agent while the test runs.
-cp "${KILN_E2E_AGENT_BIN:-$(bin kiln-agent)}" "$WORK/kiln-agent"
+cp "$(bin kiln-agent)" "$WORK/kiln-agent"
 AGENT=$WORK/kiln-agent
 "$AGENT" run --help | grep -q -- --node-name || fail "$AGENT has no 'run' subcommand; rebuild"
 

@@ -135,9 +135,10 @@ check(agent_rules == rules(agent_deploy, "ClusterRole", "kiln-agent"), "agent Cl
 check(not any(v in r["verbs"] for r in agent_rules for v in ("delete", "deletecollection", "update")), "agent deletes or updates nothing")
 check(not any(r["resources"] == ["pods"] and set(r["verbs"]) - {"get", "list", "watch"} for r in agent_rules), "agent writes pods only via pods/status")
 
-# Every variable the chart sets is one the binary reads (a typo would be silently ignored).
+# Every variable the chart sets is one the binary reads (a typo would be silently ignored); the
+# registry flags both take are declared once, in kiln-store.
 for src, kind, name in (("operator/src/main.rs", "Deployment", "kiln-operator"), ("node-agent/src/main.rs", "DaemonSet", "kiln-agent")):
-    declared = set(re.findall(r'env\s*=\s*"(\w+)"', open(f"{repo}/{src}").read()))
+    declared = set(re.findall(r'env\s*=\s*"(\w+)"', open(f"{repo}/{src}").read() + open(f"{repo}/store/src/lib.rs").read()))
     for docs in (fs, oci):
         for var in env(one(docs, kind, name)["spec"]["template"]["spec"]["containers"][0]):
             check(var in declared or var.startswith("NVIDIA_"), f"{name} gets {var}, which {src} does not read")

@@ -10,9 +10,8 @@ source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/operator-lib.sh"
 
 ensure_busybox
-tar=${TMPDIR:-/tmp}/kiln-e2e-busybox.tar
-digest=$(tar -xOf "$tar" index.json | jq -r '.manifests[0].digest')
-[[ $digest == sha256:* ]] || die "no manifest digest in $tar"
+digest=$(tar -xOf "$BUSYBOX_TAR" index.json | jq -r '.manifests[0].digest')
+[[ $digest == sha256:* ]] || die "no manifest digest in $BUSYBOX_TAR"
 COMPILER="docker.io/$BUSYBOX_IMAGE"
 COMPILER="${COMPILER%:*}@$digest"
 
@@ -31,8 +30,8 @@ exec_target() {
 }
 
 echo "== an exec target compiles in $COMPILER with kiln-agent injected"
-yq_model=$(awk '/^---/ {exit} {print}' "$REPO/examples/squeezenet/kiln.yaml")
-kubectl -n "$NS" apply -f - <<<"$yq_model" >/dev/null
+# The example's ModelArtifact alone (the document before the first ---).
+awk '/^---/ {exit} {print}' "$REPO/examples/squeezenet/kiln.yaml" | kubectl -n "$NS" apply -f - >/dev/null
 # shellcheck disable=SC2016 # expanded by sh in the compiler container
 exec_target sq-exec 2 "$COMPILER" 'echo "compiling $(basename "$KILN_MODEL") for $KILN_PROFILES in busybox"; cp "$KILN_MODEL" "$KILN_ARTIFACT"' |
   kubectl -n "$NS" apply -f - >/dev/null

@@ -8,6 +8,8 @@ E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$E2E_DIR/lib/common.sh"
 
 BUSYBOX_IMAGE=kiln-e2e/busybox:test
+# Its OCI tarball (index.json names the manifest digest).
+BUSYBOX_TAR=${TMPDIR:-/tmp}/kiln-e2e-busybox.tar
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 skip() { echo "SKIP: $*" >&2; exit 77; }
@@ -15,9 +17,8 @@ skip() { echo "SKIP: $*" >&2; exit 77; }
 # ensure_busybox: Debian's static busybox, packaged by build-image and loaded
 # into the node (idempotent: import of the same digest is a no-op).
 ensure_busybox() {
-  local tar=${TMPDIR:-/tmp}/kiln-e2e-busybox.tar
-  [[ -f $tar ]] || "$E2E_DIR/build-image" --name "$BUSYBOX_IMAGE" --out "$tar" --link-applets "$(command -v busybox)" 2>/dev/null
-  "$E2E_DIR/cluster" load-image "$tar" >/dev/null 2>&1
+  [[ -f $BUSYBOX_TAR ]] || "$E2E_DIR/build-image" --name "$BUSYBOX_IMAGE" --out "$BUSYBOX_TAR" --link-applets "$(command -v busybox)" 2>/dev/null
+  "$E2E_DIR/cluster" load-image "$BUSYBOX_TAR" >/dev/null 2>&1
 }
 
 # test_namespace: a fresh namespace, deleted when the test exits.
@@ -51,14 +52,33 @@ wait_for() {
   die "timed out after ${secs}s: $desc"
 }
 
-# bin NAME: the newer of target/release/NAME and target/debug/NAME (REPO set by the test).
+# bin NAME: $KILN_E2E_OPERATOR_BIN / $KILN_E2E_AGENT_BIN for kiln-operator / kiln-agent when set
+# (a shared target directory may hold another checkout's build), else the newer of
+# target/release/NAME and target/debug/NAME (REPO set by the test).
 bin() {
+  local override=
+  case $1 in
+    kiln-operator) override=${KILN_E2E_OPERATOR_BIN:-} ;;
+    kiln-agent) override=${KILN_E2E_AGENT_BIN:-} ;;
+  esac
+  [[ -z $override ]] || { echo "$override"; return; }
   local b newest=
   for b in "$REPO/target/release/$1" "$REPO/target/debug/$1"; do
     [[ -x $b && ( -z $newest || $b -nt $newest ) ]] && newest=$b
   done
   [[ -n $newest ]] || fail "$1 not built; run cargo build --bins"
   echo "$newest"
+}
+
+# kiln_image NAME IMAGE DIR: the stripped binary NAME (see bin) at /bin/NAME, with CA
+# certificates (the HTTPS clients load the system roots even for file:// work), built by
+# build-image in DIR and loaded into the node as IMAGE.
+kiln_image() {
+  local name=$1 image=$2 dir=$3
+  strip -o "$dir/$name" "$(bin "$name")"
+  "$E2E_DIR/build-image" --name "$image" --out "$dir/$name.tar" \
+    --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt "$dir/$name" >/dev/null
+  "$E2E_DIR/cluster" load-image "$dir/$name.tar" >/dev/null
 }
 
 # sa_kubeconfig NAMESPACE SERVICEACCOUNT DIR: writes DIR/kubeconfig (and DIR/ca.crt) holding a

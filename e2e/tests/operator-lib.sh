@@ -4,7 +4,7 @@
 # RBAC fails the test); compile Jobs run the real `kiln-agent compile` from an image built by
 # build-image; the model reaches the Job through a read-only hostPath (--sources-host-path) that
 # relative file:// URIs resolve against; the store is a hostPath shared by the Jobs and the operator.
-# Sourced after lib.sh; sets REPO, NS, WORK, OPERATOR, AGENT (KILN_E2E_OPERATOR_BIN and
+# Sourced after lib.sh; sets REPO, NS, WORK, OPERATOR (`bin`: KILN_E2E_OPERATOR_BIN and
 # KILN_E2E_AGENT_BIN override the binaries) and the helpers below.
 REPO=$(cd "$E2E_DIR/.." && pwd)
 test_namespace
@@ -26,15 +26,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-OPERATOR=${KILN_E2E_OPERATOR_BIN:-$(bin kiln-operator)}
-AGENT=${KILN_E2E_AGENT_BIN:-$(bin kiln-agent)}
+OPERATOR=$(bin kiln-operator)
 
 # The agent image: the stripped binary at /bin/kiln-agent.
-strip -o "$WORK/kiln-agent" "$AGENT"
-# CA certificates: the agent's HTTPS client loads the system roots even for file:// work.
-"$E2E_DIR/build-image" --name kiln-e2e/agent:test --out "$WORK/agent.tar" \
-  --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt "$WORK/kiln-agent" >/dev/null
-"$E2E_DIR/cluster" load-image "$WORK/agent.tar" >/dev/null
+kiln_image kiln-agent kiln-e2e/agent:test "$WORK"
 
 # Store (written by the compile Jobs as uid 65532) and sources (read-only in the Jobs).
 install -d -m 755 -o 65532 -g 65532 "$WORK/store"

@@ -9,10 +9,7 @@ CLEANUP_NODES=("fake-h100-$NS" "fake-l4-$NS")
 
 # The operator image, built the same way, runs in the cluster (the in-cluster Deployment comes
 # with the Helm chart; here the process on the host is the one under test).
-strip -o "$WORK/kiln-operator" "$OPERATOR"
-"$E2E_DIR/build-image" --name kiln-e2e/operator:test --out "$WORK/operator.tar" \
-  --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt "$WORK/kiln-operator" >/dev/null
-"$E2E_DIR/cluster" load-image "$WORK/operator.tar" >/dev/null
+kiln_image kiln-operator kiln-e2e/operator:test "$WORK"
 kubectl -n "$NS" run operator-image --image=kiln-e2e/operator:test --image-pull-policy=Never \
   --restart=Never --command -- /bin/kiln-operator --version >/dev/null
 kubectl -n "$NS" wait --for=jsonpath='{.status.phase}'=Succeeded pod/operator-image --timeout=60s >/dev/null ||

@@ -7,47 +7,17 @@
 # manifestDigest, kiln's media types, and one layer whose digest is the artifact digest in status
 # and whose bytes hash to it.
 source "$(dirname "$0")/lib.sh"
-REPO=$(cd "$E2E_DIR/.." && pwd)
-test_namespace
-NS=$TEST_NS
-WORK=$(mktemp -d /var/tmp/kiln-e2e-store-oci.XXXXXX)
-chmod 755 "$WORK"
-OP_PID=
-cleanup() {
-  [[ -n $OP_PID ]] && kill "$OP_PID" 2>/dev/null
-  kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-exec 3>&2
-die() {
-  tail -n 30 "$WORK/operator.log" >&3 2>/dev/null || true
-  kubectl -n "$NS" get compiledtargets -o yaml >&3 2>/dev/null || true
-  dump "$NS" >&3
-  echo "FAIL: $*" >&3
-  exit 1
-}
-OPERATOR=$(bin kiln-operator)
-strip -o "$WORK/kiln-agent" "$(bin kiln-agent)"
-"$E2E_DIR/build-image" --name kiln-e2e/agent:store-oci --out "$WORK/agent.tar" \
-  --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt "$WORK/kiln-agent" >/dev/null
-"$E2E_DIR/cluster" load-image "$WORK/agent.tar" >/dev/null
-
-install -d -m 755 "$WORK/sources"
-cp "$REPO/examples/squeezenet/model.onnx" "$REPO/examples/squeezenet/fixture-v1.safetensors" "$WORK/sources/"
-chmod 644 "$WORK/sources/"*
-kubectl apply -f "$REPO/crds/" >/dev/null
-kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
-kubectl apply -f "$REPO/deploy/operator-rbac.yaml" >/dev/null
-sa_kubeconfig kiln-system kiln-operator "$WORK"
+# Set-up shared with the operator tests (agent image, sources, CRDs, RBAC, kubeconfig); this
+# test starts its own operator, on the registry store instead of the hostPath one.
+source "$(dirname "$0")/operator-lib.sh"
 
 STORE_REPO="kiln-$NS"
 STORE="oci://$REGISTRY_ADDR/$STORE_REPO"
 KUBECONFIG=$WORK/kubeconfig "$OPERATOR" --store "$STORE" --registry-insecure \
-  --agent-image kiln-e2e/agent:store-oci --agent-image-pull-policy Never \
+  --agent-image kiln-e2e/agent:test --agent-image-pull-policy Never \
   --sources-host-path "$WORK/sources" --listen 127.0.0.1:18091 --no-leader-election \
-  --retry-backoff-seconds 2 >>"$WORK/operator.log" 2>&1 &
-OP_PID=$!
+  --retry-backoff-seconds 2 >>"$WORK/operator-oci.log" 2>&1 &
+OP_PIDS+=($!)
 wait_for "operator /readyz" 60 curl -fsS http://127.0.0.1:18091/readyz
 
 echo "== the compile Job pushes to $STORE; the target records revision 1 with the manifest digest"

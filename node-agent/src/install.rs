@@ -15,14 +15,10 @@ use crate::error::{Error, Result};
 /// Bytes read from the start of the executable to find its interpreter.
 const HEAD: usize = 64 * 1024;
 
-/// What `install` copied.
+/// What `install` copied besides `kiln-agent` and `ld.so`.
 #[derive(Debug, serde::Serialize)]
 pub struct Installed {
-    /// The binary.
-    pub agent: PathBuf,
-    /// Its dynamic loader.
-    pub loader: PathBuf,
-    /// Libraries, by file name.
+    /// Libraries in `lib/`, by file name.
     pub libraries: Vec<String>,
 }
 
@@ -62,8 +58,7 @@ pub fn install(dir: &Path) -> Result<Installed> {
         names.push(name);
     }
     copy(Path::new(&loader), &dir.join("ld.so"), 0o755).map_err(|e| failed(&loader, &e))?;
-    let agent = dir.join("kiln-agent");
-    copy(Path::new("/proc/self/exe"), &agent, 0o755)
+    copy(Path::new("/proc/self/exe"), &dir.join("kiln-agent"), 0o755)
         .map_err(|e| failed("copying kiln-agent", &e))?;
     let argv = agent_command(&dir.display().to_string(), &["--version"]);
     let out = std::process::Command::new(&argv[0])
@@ -77,21 +72,13 @@ pub fn install(dir: &Path) -> Result<Installed> {
             &String::from_utf8_lossy(&out.stderr).trim().to_string(),
         ));
     }
-    Ok(Installed {
-        agent,
-        loader: dir.join("ld.so"),
-        libraries: names,
-    })
+    Ok(Installed { libraries: names })
 }
 
 fn copy(from: &Path, to: &Path, mode: u32) -> std::io::Result<()> {
-    std::fs::copy(from, to)?;
-    set_mode(to, mode)
-}
-
-fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    std::fs::copy(from, to)?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(mode))
 }
 
 /// The `PT_INTERP` path of a little-endian ELF64 executable.

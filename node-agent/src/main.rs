@@ -51,7 +51,7 @@ enum Command {
         #[arg(long, env = "KILN_STORE", default_value = "/var/lib/kiln/store")]
         store: String,
         #[command(flatten)]
-        registry: RegistryArgs,
+        registry: kiln_store::RegistryArgs,
         /// Base directory for relative file:// URIs of fixtures.
         #[arg(long, env = "KILN_SOURCE_BASE", default_value = ".")]
         source_base: PathBuf,
@@ -127,7 +127,7 @@ enum Command {
         #[arg(long, env = "KILN_STORE")]
         store: String,
         #[command(flatten)]
-        registry: RegistryArgs,
+        registry: kiln_store::RegistryArgs,
         /// Base directory for relative file:// URIs.
         #[arg(long, env = "KILN_SOURCE_BASE", default_value = ".")]
         source_base: PathBuf,
@@ -180,31 +180,6 @@ enum Command {
         #[arg(long, env = "KILN_BENCH_RUNS", default_value_t = 3)]
         runs: usize,
     },
-}
-
-/// How to reach an `oci://` store's registry.
-#[derive(clap::Args, Clone, Debug)]
-struct RegistryArgs {
-    /// Talk plain HTTP to the registry (test clusters only).
-    #[arg(long, env = "KILN_REGISTRY_INSECURE")]
-    registry_insecure: bool,
-    /// Registry user name.
-    #[arg(long, env = "KILN_REGISTRY_USERNAME")]
-    registry_username: Option<String>,
-    /// Registry password.
-    #[arg(long, env = "KILN_REGISTRY_PASSWORD", hide_env_values = true)]
-    registry_password: Option<String>,
-}
-
-impl RegistryArgs {
-    fn options(&self) -> kiln_store::RegistryOptions {
-        kiln_store::RegistryOptions {
-            insecure: self.registry_insecure,
-            username: self.registry_username.clone().filter(|u| !u.is_empty()),
-            password: self.registry_password.clone().filter(|p| !p.is_empty()),
-            ..Default::default()
-        }
-    }
 }
 
 fn main() -> ExitCode {

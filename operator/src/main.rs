@@ -27,15 +27,8 @@ struct Cli {
     /// `oci://HOST[:PORT]/REPOSITORY`.
     #[arg(long, env = "KILN_STORE", default_value = "/var/lib/kiln/store")]
     store: String,
-    /// Talk plain HTTP to the registry (test clusters only).
-    #[arg(long, env = "KILN_REGISTRY_INSECURE")]
-    registry_insecure: bool,
-    /// Registry user name.
-    #[arg(long, env = "KILN_REGISTRY_USERNAME")]
-    registry_username: Option<String>,
-    /// Registry password.
-    #[arg(long, env = "KILN_REGISTRY_PASSWORD", hide_env_values = true)]
-    registry_password: Option<String>,
+    #[command(flatten)]
+    registry: kiln_store::RegistryArgs,
     /// Secret (keys `username`, `password`) that compile Jobs read registry credentials from;
     /// it must exist in each target's namespace, where the Jobs run.
     #[arg(long, env = "KILN_REGISTRY_SECRET")]
@@ -129,13 +122,7 @@ fn main() -> ExitCode {
         };
         backend_versions.insert(name.trim().to_string(), version.trim().to_string());
     }
-    let options = kiln_store::RegistryOptions {
-        insecure: cli.registry_insecure,
-        username: cli.registry_username.filter(|u| !u.is_empty()),
-        password: cli.registry_password.filter(|p| !p.is_empty()),
-        ..Default::default()
-    };
-    let store = match kiln_store::open(&cli.store, &options) {
+    let store = match kiln_store::open(&cli.store, &cli.registry.options()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("kiln-operator: --store: {e}");
@@ -158,7 +145,7 @@ fn main() -> ExitCode {
                 Some(path) => JobStore::HostPath(path.display().to_string()),
                 None => JobStore::Registry {
                     url: cli.store.trim().to_string(),
-                    insecure: cli.registry_insecure,
+                    insecure: cli.registry.registry_insecure,
                     secret: cli.registry_secret.filter(|s| !s.is_empty()),
                 },
             },

@@ -23,9 +23,8 @@ pub use staged::{sha256_file, sync_dir};
 /// Default cap on one artifact's size (a pull refuses anything larger before writing a byte).
 pub const DEFAULT_MAX_ARTIFACT_BYTES: u64 = 256 << 30;
 
-/// How to reach a registry, from env or flags (`KILN_REGISTRY_INSECURE`,
-/// `KILN_REGISTRY_USERNAME`, `KILN_REGISTRY_PASSWORD`). Ignored by the filesystem store except
-/// for the size cap.
+/// How to reach a registry (from [`RegistryArgs`]). Ignored by the filesystem store except for
+/// the size cap.
 #[derive(Clone, Debug)]
 pub struct RegistryOptions {
     /// Plain HTTP instead of HTTPS.
@@ -49,17 +48,29 @@ impl Default for RegistryOptions {
     }
 }
 
-impl RegistryOptions {
-    /// Options from the environment: `KILN_REGISTRY_INSECURE` (`true`/`1`),
-    /// `KILN_REGISTRY_USERNAME`, `KILN_REGISTRY_PASSWORD` (empty means unset).
-    pub fn from_env() -> Self {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        Self {
-            insecure: var("KILN_REGISTRY_INSECURE")
-                .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes")),
-            username: var("KILN_REGISTRY_USERNAME"),
-            password: var("KILN_REGISTRY_PASSWORD"),
-            ..Self::default()
+/// The registry flags both binaries take, each also read from its environment variable (the
+/// names the chart and the compile Jobs set).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct RegistryArgs {
+    /// Talk plain HTTP to the registry (test clusters only).
+    #[arg(long, env = "KILN_REGISTRY_INSECURE")]
+    pub registry_insecure: bool,
+    /// Registry user name.
+    #[arg(long, env = "KILN_REGISTRY_USERNAME")]
+    pub registry_username: Option<String>,
+    /// Registry password.
+    #[arg(long, env = "KILN_REGISTRY_PASSWORD", hide_env_values = true)]
+    pub registry_password: Option<String>,
+}
+
+impl RegistryArgs {
+    /// The options these flags give (an empty user name or password means none).
+    pub fn options(&self) -> RegistryOptions {
+        RegistryOptions {
+            insecure: self.registry_insecure,
+            username: self.registry_username.clone().filter(|u| !u.is_empty()),
+            password: self.registry_password.clone().filter(|p| !p.is_empty()),
+            ..RegistryOptions::default()
         }
     }
 }
