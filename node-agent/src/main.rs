@@ -331,7 +331,7 @@ fn run_local(
     };
     let outcome = runtime.block_on(local::run(&file, &store, &metrics));
     if let Some(path) = metrics_file
-        && let Err(e) = std::fs::write(&path, metrics::exposition(&registry, None).0)
+        && let Err(e) = std::fs::write(&path, kiln_serve::exposition(&registry, None).0)
     {
         eprintln!(
             "kiln-agent: cannot write metrics to {}: {e}",

@@ -350,13 +350,3 @@ fn class_label(class: &str) -> ClassLabel {
         class: class.into(),
     }
 }
-
-/// The exposition of `registry` for a scraper that sent `accept` (`None` for a file), and its
-/// `Content-Type`: OpenMetrics when asked for, else Prometheus text 0.0.4
-/// ([`kiln_crds::exposition`]), which `promtool check metrics` accepts.
-pub fn exposition(registry: &Registry, accept: Option<&str>) -> (String, &'static str) {
-    let mut out = String::new();
-    // Encoding into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
-    kiln_crds::exposition::negotiate(accept, &out)
-}

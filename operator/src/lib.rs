@@ -4,7 +4,6 @@
 pub mod classes;
 pub mod controller;
 pub mod error;
-pub mod http;
 pub mod job;
 pub mod metrics;
 pub mod model;

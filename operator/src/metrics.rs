@@ -173,12 +173,3 @@ impl Metrics {
             .inc();
     }
 }
-
-/// The exposition of `registry` for a scraper that sent `accept`, and its `Content-Type`:
-/// OpenMetrics when asked for, else Prometheus text 0.0.4 ([`kiln_crds::exposition`]).
-pub fn exposition(registry: &Registry, accept: Option<&str>) -> (String, &'static str) {
-    let mut out = String::new();
-    // Encoding into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
-    kiln_crds::exposition::negotiate(accept, &out)
-}

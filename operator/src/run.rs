@@ -19,11 +19,11 @@ use kube::{Client, ResourceExt};
 use prometheus_client::registry::Registry;
 
 use crate::controller::{self, Context};
-use crate::http::Health;
 use crate::job::{JobSettings, MANAGED_BY};
 use crate::metrics::Metrics;
 use crate::plan::Settings;
 use crate::triggers::Triggers;
+use kiln_serve::Health;
 
 /// How often readiness labels of deleted targets are looked for (in the caches; no API reads).
 const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -58,7 +58,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let registry = Arc::new(registry);
-    let health = Arc::new(Health::default());
+    let health = Arc::new(Health::new("caches not synced"));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -156,7 +156,7 @@ async fn http_task(
     health: Arc<Health>,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    if let Err(e) = crate::http::serve(addr, registry, health, stop).await {
+    if let Err(e) = kiln_serve::serve(addr, registry, health, stop).await {
         tracing::error!(%e, %addr, "cannot serve metrics and probes");
     }
 }

@@ -6,8 +6,8 @@ use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use kiln_operator::http::{Health, serve};
 use kiln_operator::metrics::Metrics;
+use kiln_serve::{Health, serve};
 use prometheus_client::registry::Registry;
 
 /// `promtool check metrics` on `text`; `Err` with the reason when promtool is absent and this
@@ -101,7 +101,7 @@ async fn metrics_endpoint_passes_promtool_and_negotiates_openmetrics() {
     let server = tokio::spawn(serve(
         ([127, 0, 0, 1], port).into(),
         Arc::new(registry),
-        Arc::new(Health::default()),
+        Arc::new(Health::new("caches not synced")),
         async {
             let _ = stop_rx.await;
         },

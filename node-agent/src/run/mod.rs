@@ -6,7 +6,6 @@ pub mod agent;
 pub mod cache;
 pub mod decide;
 pub mod gate;
-pub mod http;
 pub mod target;
 pub mod writes;
 
@@ -57,7 +56,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let registry = Arc::new(registry);
-    let health = Arc::new(http::Health::default());
+    let health = Arc::new(kiln_serve::Health::new(
+        "watches not synced or KilnNode not written",
+    ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -69,7 +70,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let (registry, health, stop) = (registry.clone(), health.clone(), stopped());
         let listen = config.listen;
         tokio::spawn(async move {
-            if let Err(e) = http::serve(listen, registry, health, stop).await {
+            if let Err(e) = kiln_serve::serve(listen, registry, health, stop).await {
                 tracing::error!(error = %e, %listen, "metrics endpoint failed");
             }
         });

@@ -1,5 +1,8 @@
-//! `/metrics`, `/healthz` (the process serves) and `/readyz` (caches synced and, with leader
-//! election, either leading or standing by). Plain hyper: three GET routes need no framework.
+//! `/metrics`, `/healthz` (the process serves) and `/readyz` for both kiln components. Plain
+//! hyper: three GET routes need no framework. What "ready" means is the component's: the
+//! operator's caches synced (leading or standing by); the agent's watches synced and its KilnNode
+//! written — never that a model is ready (tying a DaemonSet's `/readyz` to targets would stall
+//! its rollout on every fail-closed node).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -12,10 +15,30 @@ use hyper::{Request, Response, StatusCode};
 use prometheus_client::registry::Registry;
 
 /// What the probes report.
-#[derive(Default)]
 pub struct Health {
-    /// Set once the watch caches have their first full list.
+    /// Set once the component is ready (see the module doc).
     pub ready: AtomicBool,
+    /// `/readyz` body until then: what it waits for.
+    not_ready: &'static str,
+}
+
+impl Health {
+    /// Not ready yet; `/readyz` answers 503 with `waiting_for` until [`Health::ready`] is set.
+    pub fn new(waiting_for: &'static str) -> Self {
+        Self {
+            ready: AtomicBool::new(false),
+            not_ready: waiting_for,
+        }
+    }
+}
+
+/// The registry's exposition for a scraper that sent `accept`: Prometheus text 0.0.4 unless it
+/// asks for OpenMetrics ([`kiln_crds::exposition::negotiate`]). Returns body and content type.
+pub fn exposition(registry: &Registry, accept: Option<&str>) -> (String, &'static str) {
+    let mut out = String::new();
+    // Encoding into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    kiln_crds::exposition::negotiate(accept, &out)
 }
 
 /// Serves until `shutdown` resolves.
@@ -56,7 +79,7 @@ async fn route(
                 .headers()
                 .get(hyper::header::ACCEPT)
                 .and_then(|v| v.to_str().ok());
-            let (body, content_type) = crate::metrics::exposition(&registry, accept);
+            let (body, content_type) = exposition(&registry, accept);
             (StatusCode::OK, body, content_type)
         }
         "/healthz" => (StatusCode::OK, "ok\n".into(), "text/plain"),
@@ -65,7 +88,7 @@ async fn route(
         }
         "/readyz" => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "caches not synced\n".into(),
+            format!("{}\n", health.not_ready),
             "text/plain",
         ),
         _ => (StatusCode::NOT_FOUND, "not found\n".into(), "text/plain"),
