@@ -400,6 +400,13 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 condition(type_, ok, reason, msg, generation, now.clone()),
             );
         };
+    // kstatus: a stalled target is neither ready nor reconciling; `why` says what stopped it.
+    let set_stalled =
+        |status: &mut CompiledTargetStatus, reason: &str, message: &str, why: &str| {
+            set(status, READY, false, reason, message);
+            set(status, STALLED, true, reason, message);
+            set(status, RECONCILING, false, reason, why);
+        };
     // Nothing can be compiled: no Jobs (every existing one is stale) and Stalled with the reason.
     let stall = |status: &mut CompiledTargetStatus,
                  out: &mut Plan,
@@ -412,9 +419,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             .filter(|j| !j.deleting)
             .map(|j| j.name.clone())
             .collect();
-        set(status, READY, false, reason, message);
-        set(status, STALLED, true, reason, message);
-        set(status, RECONCILING, false, reason, waiting);
+        set_stalled(status, reason, message, waiting);
         set(status, COMPILED, false, reason, message);
         set(status, DEGRADED, false, "AsSpecified", "");
     };
@@ -774,13 +779,10 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             reason,
             first.message.as_deref().unwrap_or("no message")
         );
-        set(&mut status, READY, false, reason, &message);
-        set(&mut status, STALLED, true, reason, &message);
-        set(
+        set_stalled(
             &mut status,
-            RECONCILING,
-            false,
             reason,
+            &message,
             "stopped: compile attempts exhausted",
         );
         set(&mut status, COMPILED, false, reason, &message);
@@ -860,13 +862,10 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                     .iter()
                     .find(|(_, n)| **n == top)
                     .map_or("NodesFailed", |(r, _)| r.as_str());
-                set(&mut status, READY, false, reason, &message);
-                set(&mut status, STALLED, true, reason, &message);
-                set(
+                set_stalled(
                     &mut status,
-                    RECONCILING,
-                    false,
                     reason,
+                    &message,
                     "stopped: nodes failed the artifact",
                 );
             }
