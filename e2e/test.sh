@@ -28,7 +28,9 @@ record() {
     0) passed=$((passed + 1)); printf 'PASS %-28s %4ss\n' "$name" "$secs" ;;
     77) skipped=$((skipped + 1)); printf 'SKIP %-28s %4ss\n' "$name" "$secs" ;;
     *) failed=$((failed + 1)); failures+=("$name")
-       printf 'FAIL %-28s %4ss (exit %s)\n' "$name" "$secs" "$rc"
+       # The test's own verdict first: the tail below may be cut short where it is shown.
+       printf 'FAIL %-28s %4ss (exit %s) %s\n' "$name" "$secs" "$rc" \
+         "$(grep -m1 '^FAIL: ' "$ARTIFACTS/$name.log" | cut -c7-200)"
        sed 's/^/    | /' "$ARTIFACTS/$name.log" | tail -n 60 ;;
   esac
 }

@@ -69,6 +69,35 @@ pub fn node_class_labels(
     labels
 }
 
+/// The class keys an agent's hardware report can supply ([`fact_labels`]).
+pub const FACT_KEYS: [&str; 6] = [
+    GPU_PRODUCT,
+    GPU_COMPUTE_MAJOR,
+    GPU_COMPUTE_MINOR,
+    CUDA_DRIVER_MAJOR,
+    ARCH,
+    CPU_LEVEL,
+];
+
+/// The class `keys` a node's class still waits on: those its agent's report could supply but
+/// its labels lack, while no report has arrived (`reported` false). Until the report comes, the
+/// node's class is unknown, not merely smaller: a CPU node classified by its labels alone would be
+/// `amd64` now and `amd64 x86-64-v4` seconds later, and the first compile would be wasted. A node
+/// carrying every such key as a label classifies without its agent; once the agent has reported,
+/// a key it did not supply (no GPU) is absent for good.
+pub fn unreported_keys<'a>(
+    keys: impl IntoIterator<Item = &'a str>,
+    node_labels: &BTreeMap<String, String>,
+    reported: bool,
+) -> Vec<&'a str> {
+    if reported {
+        return Vec::new();
+    }
+    keys.into_iter()
+        .filter(|k| FACT_KEYS.contains(k) && !node_labels.contains_key(*k))
+        .collect()
+}
+
 /// Whether `labels` satisfy a Kubernetes label selector (matchLabels and matchExpressions with
 /// In, NotIn, Exists, DoesNotExist). An unknown operator matches nothing: fail closed.
 pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
@@ -151,6 +180,52 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).into(), (*v).into()))
             .collect()
+    }
+
+    #[test]
+    fn a_node_waits_for_its_report_only_for_keys_the_report_supplies() {
+        use crate::kiln_node::{Accelerator, HardwareFacts};
+        let gpu = HardwareFacts {
+            arch: "amd64".into(),
+            cpu_level: "x86-64-v4".into(),
+            cuda_driver_version: Some("12.8".into()),
+            accelerators: vec![Accelerator {
+                product: "NVIDIA-H100-80GB-HBM3".into(),
+                compute_major: 9,
+                compute_minor: 0,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let labelled = fact_labels(&gpu);
+        let supplied: Vec<&str> = labelled.keys().map(String::as_str).collect();
+        let mut fact_keys = FACT_KEYS.to_vec();
+        fact_keys.sort_unstable();
+        assert_eq!(supplied, fact_keys, "FACT_KEYS is what a report can supply");
+
+        let keys = crate::labels::DEFAULT_CLASS_KEYS;
+        let cpu = labels(&[(ARCH, "amd64"), ("kubernetes.io/hostname", "n")]);
+        assert_eq!(
+            unreported_keys(keys, &cpu, false),
+            [
+                GPU_PRODUCT,
+                GPU_COMPUTE_MAJOR,
+                GPU_COMPUTE_MINOR,
+                CUDA_DRIVER_MAJOR,
+                CPU_LEVEL
+            ]
+        );
+        assert!(unreported_keys(keys, &cpu, true).is_empty(), "reported");
+        assert!(
+            unreported_keys([ARCH, "example.com/pool"], &cpu, false).is_empty(),
+            "arch is a label and the pool key is no report's to give"
+        );
+        let mut full = cpu.clone();
+        full.extend(labelled);
+        assert!(
+            unreported_keys(keys, &full, false).is_empty(),
+            "fully labelled"
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ kubectl apply -f "$REPO/crds/" >/dev/null
 kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
 kubectl create namespace "$NS" >/dev/null 2>&1 || true
 
-echo "== $M fake nodes, one class each"
+echo "== $M fake nodes, one class each (every class key a label: no agent reports here)"
 for ((i = 0; i < M; i++)); do
   cat <<YAML
 ---
@@ -29,7 +29,7 @@ apiVersion: v1
 kind: Node
 metadata:
   name: bench-gpu-$i
-  labels: {kubernetes.io/arch: amd64, nvidia.com/gpu.product: BENCH-GPU-$i, nvidia.com/gpu.compute.major: "9", nvidia.com/gpu.compute.minor: "0"}
+  labels: {kubernetes.io/arch: amd64, kiln.dev/cpu-level: x86-64-v3, nvidia.com/gpu.product: BENCH-GPU-$i, nvidia.com/gpu.compute.major: "9", nvidia.com/gpu.compute.minor: "0", nvidia.com/cuda.driver-version.major: "12"}
 YAML
 done | kubectl apply -f - >/dev/null
 

@@ -15,6 +15,7 @@ digest=$(tar -xOf "$BUSYBOX_TAR" index.json | jq -r '.manifests[0].digest')
 COMPILER="docker.io/$BUSYBOX_IMAGE"
 COMPILER="${COMPILER%:*}@$digest"
 
+report_hardware "$REAL"
 start_operator 1
 wait_for "operator /readyz" 60 curl -fsS http://127.0.0.1:18081/readyz
 

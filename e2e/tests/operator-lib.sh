@@ -4,21 +4,28 @@
 # RBAC fails the test); compile Jobs run the real `kiln-agent compile` from an image built by
 # build-image; the model reaches the Job through a read-only hostPath (--sources-host-path) that
 # relative file:// URIs resolve against; the store is a hostPath shared by the Jobs and the operator.
-# Sourced after lib.sh; sets REPO, NS, WORK, OPERATOR (`bin`: KILN_E2E_OPERATOR_BIN and
-# KILN_E2E_AGENT_BIN override the binaries) and the helpers below.
+# No agent runs here, so a node is classified by its labels alone only when it carries every
+# class key; `report_hardware` writes a node's KilnNode hardware the way its agent would.
+# Sourced after lib.sh; sets REPO, NS, WORK, OPERATOR, REAL (the real node; `bin`:
+# KILN_E2E_OPERATOR_BIN and KILN_E2E_AGENT_BIN override the binaries) and the helpers below.
 REPO=$(cd "$E2E_DIR/.." && pwd)
 test_namespace
 NS=$TEST_NS
 WORK=$(mktemp -d /var/tmp/kiln-e2e-operator.XXXXXX)
 chmod 755 "$WORK"
+REAL=$(kubectl get nodes -l '!nvidia.com/gpu.product,!kiln-e2e/fake' -o jsonpath='{.items[0].metadata.name}')
 OP_PIDS=()
 CLEANUP_NODES=()
+REPORTED=()
 cleanup() {
   local p
   for p in "${OP_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   if ((${#CLEANUP_NODES[@]})); then
     kubectl delete node "${CLEANUP_NODES[@]}" --ignore-not-found --wait=false >/dev/null 2>&1 || true
     kubectl delete kilnnode "${CLEANUP_NODES[@]}" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+  fi
+  if ((${#REPORTED[@]})); then
+    kubectl delete kilnnode "${REPORTED[@]}" --ignore-not-found --wait=false >/dev/null 2>&1 || true
   fi
   kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
   kubectl -n kiln-system delete lease "kiln-operator-$NS" --ignore-not-found >/dev/null 2>&1 || true
@@ -27,6 +34,22 @@ cleanup() {
 trap cleanup EXIT
 
 OPERATOR=$(bin kiln-operator)
+
+# report_hardware NODE: NODE's KilnNode with the hardware `kiln-agent probe` finds on this host
+# (the real node), written as the agent writes it (server-side apply of the status subresource,
+# field manager kiln-agent).
+report_hardware() {
+  kubectl apply -f - >/dev/null <<YAML
+apiVersion: kiln.dev/v1alpha1
+kind: KilnNode
+metadata: {name: $1}
+spec: {}
+YAML
+  "$(bin kiln-agent)" probe | jq --arg n "$1" \
+    '{apiVersion: "kiln.dev/v1alpha1", kind: "KilnNode", metadata: {name: $n}, status: {hardware}}' |
+    kubectl apply --server-side --field-manager=kiln-agent --subresource=status -f - >/dev/null
+  REPORTED+=("$1")
+}
 
 # The agent image: the stripped binary at /bin/kiln-agent.
 kiln_image kiln-agent kiln-e2e/agent:test "$WORK"

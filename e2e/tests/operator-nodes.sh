@@ -11,7 +11,6 @@ source "$(dirname "$0")/operator-lib.sh"
 FAKES=("fake-a-$NS" "fake-b-$NS" "fake-c-$NS")
 # shellcheck disable=SC2034 # read by cleanup (operator-lib.sh)
 CLEANUP_NODES=("${FAKES[@]}")
-REAL=$(kubectl get nodes -l '!nvidia.com/gpu.product,!kiln-e2e/fake' -o jsonpath='{.items[0].metadata.name}')
 
 # Fake nodes of the real node's architecture; tainted so that nothing is scheduled there.
 for n in "${FAKES[@]}"; do

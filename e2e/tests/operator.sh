@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # kiln-operator against the real cluster (set-up in operator-lib.sh): the real node plus two fake
-# GPU nodes (H100, L4) form three classes; the real node's compile Job runs the real
-# `kiln-agent compile`; Jobs, status, restarts, two replicas, bad input, deletion, metrics.
+# GPU nodes (H100, L4) form three classes; the fake nodes carry every class key as a label and
+# classify at once, the real node only once its hardware is reported (KilnNode); the real node's
+# compile Job runs the real `kiln-agent compile`; Jobs, status, restarts, two replicas, bad input,
+# deletion, metrics.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/operator-lib.sh"
 # shellcheck disable=SC2034 # read by cleanup (operator-lib.sh)
@@ -17,7 +19,9 @@ kubectl -n "$NS" wait --for=jsonpath='{.status.phase}'=Succeeded pod/operator-im
 kubectl -n "$NS" logs operator-image | grep -q '^kiln-operator ' || fail "operator image printed no version"
 echo "operator image built by build-image runs in the cluster: $(kubectl -n "$NS" logs operator-image)"
 
-# Two fake GPU nodes (they run nothing; their Jobs stay pending, hence --max-concurrent-compiles 20).
+# Two fake GPU nodes (they run nothing; their Jobs stay pending, hence --max-concurrent-compiles
+# 20), labelled with every default class key, as GPU Feature Discovery plus an administrator's
+# CPU level would: no agent report needed to classify them.
 for spec in "h100 NVIDIA-H100-80GB-HBM3-MIG-1g.10gb 9 0" "l4 NVIDIA-L4 8 9"; do
   read -r short product major minor <<<"$spec"
   kubectl apply -f - >/dev/null <<YAML
@@ -28,19 +32,32 @@ metadata:
   labels:
     kubernetes.io/arch: amd64
     kubernetes.io/os: linux
+    kiln.dev/cpu-level: x86-64-v3
     nvidia.com/gpu.product: $product
     nvidia.com/gpu.compute.major: "$major"
     nvidia.com/gpu.compute.minor: "$minor"
     nvidia.com/cuda.driver-version.major: "12"
 YAML
 done
-REAL=$(kubectl get nodes -l '!nvidia.com/gpu.product' -o jsonpath='{.items[0].metadata.name}')
+# The real node as if new: no agent report, no class label from earlier tests.
+kubectl delete kilnnode "$REAL" --ignore-not-found >/dev/null
+kubectl label node "$REAL" kiln.dev/class- >/dev/null
 
 start_operator 1
 wait_for "operator /readyz" 60 curl -fsS http://127.0.0.1:18081/readyz
 
-echo "== the example yields one Job per class, pinned by the class label"
+echo "== the example: the labelled GPU classes compile; the real node waits for its hardware report"
 kubectl -n "$NS" apply -f "$REPO/examples/squeezenet/kiln.yaml" >/dev/null
+wait_for "2 compile Jobs" 60 count_is squeezenet-cpu 2
+sleep 2
+count_is squeezenet-cpu 2 || die "$(jobs_of squeezenet-cpu) Jobs before $REAL reported its hardware"
+[[ -z $(kubectl get node "$REAL" -o jsonpath='{.metadata.labels.kiln\.dev/class}') ]] ||
+  die "$REAL has a class before its hardware is known"
+msg=$(cond squeezenet-cpu Ready message)
+[[ $msg == *"($REAL) have no class yet"*kiln.dev/cpu-level* ]] || die "Ready message: $msg"
+echo "   $msg"
+report_hardware "$REAL"
+echo "== once reported: one Job per class, pinned by the class label"
 wait_for "3 compile Jobs" 60 count_is squeezenet-cpu 3
 for node in "$REAL" "fake-h100-$NS" "fake-l4-$NS"; do
   wait_for "class label on $node" 30 kubectl get node "$node" -o jsonpath='{.metadata.labels.kiln\.dev/class}'

@@ -11,6 +11,7 @@ source "$(dirname "$0")/lib.sh"
 # test starts its own operator, on the registry store instead of the hostPath one.
 source "$(dirname "$0")/operator-lib.sh"
 
+report_hardware "$REAL"
 STORE_REPO="kiln-$NS"
 STORE="oci://$REGISTRY_ADDR/$STORE_REPO"
 KUBECONFIG=$WORK/kubeconfig "$OPERATOR" --store "$STORE" --registry-insecure \

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kiln_crds::KilnNode;
 pub use kiln_crds::class::selector_matches;
-use kiln_crds::class::{ClassFacts, class_facts, class_id, node_class_labels};
+use kiln_crds::class::{ClassFacts, class_facts, class_id, node_class_labels, unreported_keys};
 use kiln_crds::kiln_node::NodeTargetStatus;
 use kiln_crds::labels::{DEFAULT_CLASS_KEYS, NODE_CLASS};
 use sha2::{Digest, Sha256};
@@ -22,6 +22,8 @@ pub struct NodeView {
     /// Class labels: the node's labels over the facts its KilnNode reports, so that a node
     /// without GPU Feature Discovery labels still classifies by CPU arch and x86-64 level.
     pub class_labels: BTreeMap<String, String>,
+    /// Whether the node's agent has reported its hardware (KilnNode `status.hardware`).
+    pub reported: bool,
     /// The node's KilnNode rows for the target being planned (the controller fills these in).
     pub targets: Vec<NodeTargetStatus>,
 }
@@ -38,6 +40,7 @@ impl NodeView {
             name: node.metadata.name.clone().unwrap_or_default(),
             labels,
             class_labels,
+            reported: facts.is_some(),
             targets: Vec::new(),
         }
     }
@@ -69,11 +72,19 @@ pub fn class_label_key(keys: &[String]) -> String {
     format!("{NODE_CLASS}-{hash}")
 }
 
+/// Whether `node` waits for its agent's hardware report before it has a class
+/// ([`unreported_keys`]).
+fn awaits_report(keys: &[String], node: &NodeView) -> bool {
+    !unreported_keys(keys.iter().map(String::as_str), &node.labels, node.reported).is_empty()
+}
+
 /// The nodes `selector` picks (all when none), grouped into classes by `keys`, ordered by id.
+/// Nodes still waiting for their agent's report ([`unreported`]) are in no class yet.
 pub fn group(selector: Option<&LabelSelector>, keys: &[String], nodes: &[NodeView]) -> Vec<Class> {
     let mut classes: BTreeMap<String, Class> = BTreeMap::new();
     for node in nodes {
-        if !selector.is_none_or(|s| selector_matches(s, &node.labels)) {
+        if !selector.is_none_or(|s| selector_matches(s, &node.labels)) || awaits_report(keys, node)
+        {
             continue;
         }
         let facts = class_facts(keys.iter().map(String::as_str), &node.class_labels);
@@ -93,6 +104,33 @@ pub fn group(selector: Option<&LabelSelector>, keys: &[String], nodes: &[NodeVie
         c.nodes.sort();
     }
     out
+}
+
+/// Selected nodes whose class waits for their agent's hardware report (sorted by name), with
+/// the class keys the report would supply (in `keys` order, each once).
+pub fn unreported<'a>(
+    selector: Option<&LabelSelector>,
+    keys: &'a [String],
+    nodes: &[NodeView],
+) -> (Vec<String>, Vec<&'a str>) {
+    let (mut names, mut missing) = (Vec::new(), BTreeSet::new());
+    for node in nodes {
+        if !selector.is_none_or(|s| selector_matches(s, &node.labels)) {
+            continue;
+        }
+        let lacking = unreported_keys(keys.iter().map(String::as_str), &node.labels, node.reported);
+        if !lacking.is_empty() {
+            names.push(node.name.clone());
+            missing.extend(lacking);
+        }
+    }
+    names.sort();
+    let keys_in_order = keys
+        .iter()
+        .map(String::as_str)
+        .filter(|k| missing.contains(k))
+        .collect();
+    (names, keys_in_order)
 }
 
 /// Non-default class keys that none of the selected nodes carries: almost always a typo or an
@@ -128,6 +166,7 @@ mod tests {
             name: name.into(),
             class_labels: labels.clone(),
             labels,
+            reported: true,
             targets: Vec::new(),
         }
     }
@@ -200,5 +239,56 @@ mod tests {
         assert_eq!(v.class_labels["kiln.dev/cpu-level"], "x86-64-v3");
         assert_eq!(v.class_labels["kubernetes.io/arch"], "arm64");
         assert!(!v.labels.contains_key("kiln.dev/cpu-level"));
+        assert!(v.reported);
+        assert!(!NodeView::new(&n, None).reported);
+    }
+
+    #[test]
+    fn a_node_without_its_report_is_in_no_class_until_it_comes() {
+        let keys = kiln_crds::labels::default_class_keys();
+        let mut cpu = node("cpu-0", &[("kubernetes.io/arch", "amd64")]);
+        cpu.reported = false;
+        let mut labelled = node(
+            "gpu-0",
+            &[
+                ("kubernetes.io/arch", "amd64"),
+                ("kiln.dev/cpu-level", "x86-64-v3"),
+                ("nvidia.com/gpu.product", "NVIDIA-L4"),
+                ("nvidia.com/gpu.compute.major", "8"),
+                ("nvidia.com/gpu.compute.minor", "9"),
+                ("nvidia.com/cuda.driver-version.major", "12"),
+            ],
+        );
+        labelled.reported = false;
+        let nodes = [cpu.clone(), labelled];
+        let classes = group(None, &keys, &nodes);
+        assert_eq!(classes.len(), 1);
+        assert_eq!(classes[0].nodes, ["gpu-0"], "every class key is a label");
+        let (names, missing) = unreported(None, &keys, &nodes);
+        assert_eq!(names, ["cpu-0"]);
+        assert_eq!(
+            missing,
+            [
+                "nvidia.com/gpu.product",
+                "nvidia.com/gpu.compute.major",
+                "nvidia.com/gpu.compute.minor",
+                "nvidia.com/cuda.driver-version.major",
+                "kiln.dev/cpu-level"
+            ]
+        );
+        // Keys no report supplies do not wait: arch is a label on every node.
+        let arch = vec!["kubernetes.io/arch".to_string()];
+        assert_eq!(group(None, &arch, &nodes).len(), 1);
+        assert!(unreported(None, &arch, &nodes).0.is_empty());
+        // The report arrives: cpu-0 gets its class (facts merged by NodeView::new).
+        cpu.reported = true;
+        cpu.class_labels
+            .insert("kiln.dev/cpu-level".into(), "x86-64-v4".into());
+        let classes = group(None, &keys, &[cpu]);
+        assert!(
+            classes[0].id.starts_with("amd64-x86-64-v4-"),
+            "{}",
+            classes[0].id
+        );
     }
 }

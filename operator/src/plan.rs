@@ -17,7 +17,9 @@ use kiln_crds::{
     compile_key,
 };
 
-use crate::classes::{Class, NodeView, class_label_key, group, missing_keys, selector_matches};
+use crate::classes::{
+    Class, NodeView, class_label_key, group, missing_keys, selector_matches, unreported,
+};
 use crate::readiness::{self, ClassNodes, NodeReport};
 
 /// Operator-wide settings the plan depends on.
@@ -366,6 +368,19 @@ fn readiness_labels(inputs: &Inputs<'_>, reports: &BTreeMap<String, NodeReport>,
         .extend(readiness::label_changes(&key, inputs.nodes, reports));
 }
 
+/// Why `nodes` have no class yet, and what gives them one.
+fn awaiting_message(nodes: &[String], keys: &[&str]) -> String {
+    let mut named = nodes.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+    if nodes.len() > 5 {
+        named.push_str(", …");
+    }
+    format!(
+        "{} selected node(s) ({named}) have no class yet: their kiln-agent has not reported their hardware (no KilnNode) and they lack the class label(s) {}; they are classified once the agent DaemonSet runs on them",
+        nodes.len(),
+        keys.join(", ")
+    )
+}
+
 /// "3 of 4 node(s) failing: HashMismatch on node-a: <message>".
 fn failing_message(a: &ClassNodes, total: usize) -> String {
     let (node, said) = a.example.clone().unwrap_or_default();
@@ -443,6 +458,33 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         &t_spec.class_label_keys,
         inputs.nodes,
     );
+    let (awaiting, awaited_keys) = unreported(
+        t_spec.node_selector.as_ref(),
+        &t_spec.class_label_keys,
+        inputs.nodes,
+    );
+    let awaiting_note = (!awaiting.is_empty()).then(|| awaiting_message(&awaiting, &awaited_keys));
+    if keyed.is_empty()
+        && let Some(message) = &awaiting_note
+    {
+        // Not stalled: agents report within seconds of starting. No class, so no Job yet.
+        let reason = "WaitingForNodeFacts";
+        out.delete = inputs
+            .jobs
+            .iter()
+            .filter(|j| !j.deleting)
+            .map(|j| j.name.clone())
+            .collect();
+        set(&mut status, READY, false, reason, message);
+        set(&mut status, STALLED, false, reason, "");
+        set(&mut status, RECONCILING, true, reason, message);
+        set(&mut status, COMPILED, false, reason, message);
+        set(&mut status, DEGRADED, false, "AsSpecified", "");
+        status.class_count = Some(0);
+        readiness_labels(inputs, &node_reports(inputs, None, old.revision), &mut out);
+        finish(&old, status, &mut out);
+        return out;
+    }
     let stall_for_nodes = if keyed.is_empty() {
         Some((
             "NoMatchingNodes",
@@ -945,6 +987,12 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 j.name, j.class, j.attempt
             ),
         });
+    }
+    // Nodes without a class yet do not hold the classified ones back; Ready names them.
+    if let Some(note) = &awaiting_note
+        && let Some(ready) = status.conditions.iter_mut().find(|c| c.type_ == READY)
+    {
+        ready.message = format!("{}; {note}", ready.message);
     }
     finish(&old, status, &mut out);
     out

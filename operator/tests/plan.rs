@@ -39,6 +39,8 @@ fn nodes() -> Vec<NodeView> {
             name: n.name,
             class_labels: n.labels.clone(),
             labels: n.labels,
+            // As if each node's agent had reported (facts no richer than the labels).
+            reported: true,
             targets: Vec::new(),
         })
         .collect()
@@ -994,4 +996,67 @@ fn an_exec_compiler_image_compiles_per_class_under_its_own_keys() {
     w.settings.backend_versions.clear();
     let stalled = w.plan(0);
     assert_eq!(condition(&stalled, "Stalled").reason, "BackendUnavailable");
+}
+
+#[test]
+fn nodes_wait_for_their_agents_report_before_they_get_a_class_and_a_compile() {
+    let mut w = World::new();
+    for n in &mut w.nodes {
+        n.reported = false;
+    }
+    let p = w.plan(0);
+    assert!(p.create.is_empty(), "no class, no Job: {:?}", p.create);
+    assert!(p.node_labels.is_empty(), "{:?}", p.node_labels);
+    let ready = condition(&p, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "WaitingForNodeFacts")
+    );
+    for part in ["4 selected node(s)", "cpu-0", "l4-0", "kiln.dev/cpu-level"] {
+        assert!(ready.message.contains(part), "{part}: {}", ready.message);
+    }
+    assert!(is_true(&p.status.conditions, "Reconciling"));
+    assert!(!is_true(&p.status.conditions, "Stalled"), "agents come");
+    assert_eq!(p.status.class_count, Some(0));
+    w.apply(&p);
+    let again = w.plan(30);
+    assert_eq!(Some(&again.status), w.target.status.as_ref(), "no write");
+    assert!(again.events.is_empty(), "{:?}", again.events);
+
+    // The GPU nodes' agents report (facts no richer than their labels, which lack the CPU
+    // level): they classify and compile; cpu-0 still waits and Ready says so.
+    for n in w.nodes.iter_mut().filter(|n| n.name != "cpu-0") {
+        n.reported = true;
+    }
+    let p = w.plan(40);
+    assert_eq!(p.create.len(), 2, "{:?}", p.create);
+    assert!(p.node_labels.iter().all(|(n, _, _)| n != "cpu-0"));
+    let ready = condition(&p, "Ready");
+    assert!(
+        ready
+            .message
+            .contains("1 selected node(s) (cpu-0) have no class yet"),
+        "{}",
+        ready.message
+    );
+    w.apply(&p);
+
+    // cpu-0's report: its CPU level joins its class, one more Job, and no other changes.
+    let cpu = w
+        .nodes
+        .iter_mut()
+        .find(|n| n.name == "cpu-0")
+        .expect("cpu-0");
+    cpu.reported = true;
+    cpu.class_labels
+        .insert("kiln.dev/cpu-level".into(), "x86-64-v4".into());
+    let p = w.plan(50);
+    assert_eq!(p.create.len(), 1, "{:?}", p.create);
+    assert!(
+        p.create[0].class.starts_with("amd64-x86-64-v4-"),
+        "{:?}",
+        p.create
+    );
+    assert!(p.delete.is_empty(), "{:?}", p.delete);
+    assert!(!condition(&p, "Ready").message.contains("no class yet"));
 }
