@@ -464,6 +464,16 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         inputs.nodes,
     );
     let awaiting_note = (!awaiting.is_empty()).then(|| awaiting_message(&awaiting, &awaited_keys));
+    let label_key = class_label_key(&t_spec.class_label_keys);
+    // A class label on a node whose class is unknown again (its KilnNode went) is stale.
+    for node in inputs
+        .nodes
+        .iter()
+        .filter(|n| n.labels.contains_key(&label_key) && awaiting.contains(&n.name))
+    {
+        out.node_labels
+            .push((node.name.clone(), label_key.clone(), None));
+    }
     if keyed.is_empty()
         && let Some(message) = &awaiting_note
     {
@@ -521,7 +531,6 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         .max_attempts
         .unwrap_or(inputs.settings.default_max_attempts)
         .max(1);
-    let label_key = class_label_key(&t_spec.class_label_keys);
     let name = t.metadata.name.as_deref().unwrap_or_default();
     let wanted: BTreeMap<&str, &Keyed> = keyed.iter().map(|k| (k.key.as_str(), k)).collect();
     // Jobs for keys no class wants any more (spec changed, class gone) go.

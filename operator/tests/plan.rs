@@ -1059,4 +1059,15 @@ fn nodes_wait_for_their_agents_report_before_they_get_a_class_and_a_compile() {
     );
     assert!(p.delete.is_empty(), "{:?}", p.delete);
     assert!(!condition(&p, "Ready").message.contains("no class yet"));
+    w.apply(&p);
+    assert!(w.nodes[0].labels["kiln.dev/class"].starts_with("amd64-x86-64-v4-"));
+
+    // Its KilnNode goes (facts unknown again): the class label goes with it, and its Job.
+    w.nodes[0].reported = false;
+    let p = w.plan(60);
+    assert_eq!(
+        p.node_labels,
+        [("cpu-0".to_string(), "kiln.dev/class".to_string(), None)]
+    );
+    assert_eq!(p.delete.len(), 1, "{:?}", p.delete);
 }
