@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Benchmark (not a test): kiln-operator against a control-plane-only cluster with N
-# CompiledTargets over M fake node classes. Reports the time until every target has M class rows
-# and M Jobs, the API writes of the operator's kinds during one minute of steady state (want 0),
-# and the operator's peak RSS. No kubelet or controller-manager: Jobs are created, never run.
+# CompiledTargets over M fake node classes and --max-concurrent-compiles L. Reports the time until
+# every target has M class rows, each Compiling (its Job created) or Queued (the compile slots
+# full), with min(L, N*M) Jobs; the API writes of the operator's kinds during one minute of steady
+# state (want 0); and the operator's peak RSS. No kubelet or controller-manager: Jobs are created,
+# never run, so L of them hold the slots for good.
 #
 #   e2e/cluster up --control-plane-only
-#   e2e/cluster run -- e2e/bench/operator-scale.sh [N] [M]      # defaults 1000 10
+#   e2e/cluster run -- e2e/bench/operator-scale.sh [N] [M] [L]  # defaults 1000 10 4 (L: the
+#                                                               # operator's default; N*M: no queue)
 #
 # Needs target/release/kiln-operator (or debug). Leaves its namespace and nodes for inspection;
 # `e2e/cluster down` removes everything.
 set -euo pipefail
 N=${1:-1000}
 M=${2:-10}
+L=${3:-4}
 REPO=$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)
 OP=$REPO/target/release/kiln-operator
 [[ -x $OP ]] || OP=$REPO/target/debug/kiln-operator
@@ -68,26 +72,29 @@ echo "== operator"
 mkdir -p "$WORK/store/artifacts"
 start=$(date +%s.%N)
 "$OP" --store "$WORK/store" --no-leader-election --listen 127.0.0.1:18090 --log-format json \
-  --agent-image kiln-e2e/agent:bench >"$WORK/operator.log" 2>&1 &
+  --agent-image kiln-e2e/agent:bench --max-concurrent-compiles "$L" >"$WORK/operator.log" 2>&1 &
 PID=$!
 trap 'kill $PID 2>/dev/null || true' EXIT
 done_count() {
   kubectl -n "$NS" get compiledtargets -o json |
-    jq --argjson m "$M" '[.items[] | select(.status.classCount == $m and ([.status.classes[]? | select(.job != null)] | length) == $m)] | length'
+    jq --argjson m "$M" '[.items[] | select(.status.classCount == $m and ([.status.classes[]? | select(.phase == "Compiling" or .phase == "Queued")] | length) == $m)] | length'
 }
+want_jobs=$((N * M < L ? N * M : L))
 while :; do
   c=$(done_count)
-  [[ $c -ge $N ]] && break
+  [[ $c -ge $N && $(kubectl -n "$NS" get jobs --no-headers 2>/dev/null | wc -l) -ge $want_jobs ]] && break
   kill -0 $PID || { tail "$WORK/operator.log"; exit 1; }
   sleep 2
 done
 end=$(date +%s.%N)
 jobs=$(kubectl -n "$NS" get jobs --no-headers 2>/dev/null | wc -l)
-printf 'reconciled all: %.1f s for %d targets x %d classes (%d Jobs)\n' "$(echo "$end - $start" | bc)" "$N" "$M" "$jobs"
+printf 'reconciled all: %.1f s for %d targets x %d classes at limit %d (%d Jobs, want %d)\n' \
+  "$(echo "$end - $start" | bc)" "$N" "$M" "$L" "$jobs" "$want_jobs"
 sleep 15 # let the last status writes and Events land
 w1=$(writes); o1=$(curl -fsS http://127.0.0.1:18090/metrics | awk '/^kiln_operator_api_writes_total/ {s += $2} END {print s + 0}')
 sleep 60
 w2=$(writes); o2=$(curl -fsS http://127.0.0.1:18090/metrics | awk '/^kiln_operator_api_writes_total/ {s += $2} END {print s + 0}')
 echo "steady state over 60 s: apiserver writes on jobs/nodes/compiledtargets/modelartifacts/events: $((w2 - w1)); operator's own write counter: $((o2 - o1))"
+echo "Jobs after the minute: $(kubectl -n "$NS" get jobs --no-headers 2>/dev/null | wc -l)"
 echo "operator peak RSS: $(awk '/VmHWM/ {print $2 " " $3}' /proc/$PID/status), now $(awk '/VmRSS/ {print $2 " " $3}' /proc/$PID/status)"
 curl -fsS http://127.0.0.1:18090/metrics | grep -E '^kiln_operator_(reconcile_duration_seconds_(sum|count)|api_writes_total|classes)' || true

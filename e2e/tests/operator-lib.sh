@@ -66,12 +66,13 @@ kubectl apply -f "$REPO/deploy/operator-rbac.yaml" >/dev/null
 # A kubeconfig with the operator's ServiceAccount token: the operator gets only what RBAC grants.
 sa_kubeconfig kiln-system kiln-operator "$WORK"
 
-# start_operator N: replica N, metrics on 127.0.0.1:1808N, log in $WORK/operator-N.log.
+# start_operator N: replica N, metrics on 127.0.0.1:1808N, log in $WORK/operator-N.log;
+# LIMIT overrides --max-concurrent-compiles (20: the fake nodes' Jobs never finish).
 start_operator() {
   KUBECONFIG=$WORK/kubeconfig "$OPERATOR" \
     --store "$WORK/store" --agent-image kiln-e2e/agent:test --agent-image-pull-policy Never \
     --sources-host-path "$WORK/sources" --listen "127.0.0.1:1808$1" --retry-backoff-seconds 2 \
-    --max-concurrent-compiles 20 \
+    --max-concurrent-compiles "${LIMIT:-20}" \
     --lease-name "kiln-operator-$NS" --lease-namespace kiln-system --identity "replica-$1" \
     >>"$WORK/operator-$1.log" 2>&1 &
   OP_PIDS+=($!)

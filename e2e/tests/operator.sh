@@ -116,6 +116,45 @@ count_is squeezenet-cpu 3 || die "restart: $(jobs_of squeezenet-cpu) Jobs"
 echo "   lease held by $(holder); 3 + 3 Jobs"
 kubectl -n "$NS" delete compiledtarget second --wait=false >/dev/null
 
+echo "== the compile limit holds when many targets reconcile at once"
+# Twelve targets of the GPU classes only (their Jobs never run), applied while no operator runs so
+# that all reconcile together at its start. Running now: squeezenet-cpu's two GPU Jobs.
+kill "$OP_1" "$OP_2"; wait "$OP_1" "$OP_2" 2>/dev/null || true
+wait_for "second's Jobs gone" 60 count_is second 0
+# Compile Jobs running as the operator counts them: not finished, not being deleted.
+active() { kubectl -n "$NS" get jobs -l app.kubernetes.io/managed-by=kiln-operator -o json | jq '[.items[] | select(.metadata.deletionTimestamp == null) | select([.status.conditions[]? | select((.type == "Complete" or .type == "Failed") and .status == "True")] | length == 0)] | length'; }
+[[ $(active) == 2 ]] || die "running compile Jobs before the limit test: $(active), want 2"
+for i in $(seq 1 12); do
+  cat <<YAML
+---
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {name: q-$i}
+spec:
+  modelRef: {name: squeezenet}
+  backend: {kind: tract}
+  profiles: [{name: b, dims: {batch: $((i % 7 + 2))}}]
+  nodeSelector: {matchExpressions: [{key: nvidia.com/gpu.product, operator: Exists}]}
+  warmup: {fixtureVersion: v1}
+  compile: {activeDeadlineSeconds: $((600 + i))}
+YAML
+done | kubectl -n "$NS" apply -f - >/dev/null
+LIMIT=5 start_operator 1
+rows() { kubectl -n "$NS" get compiledtargets -o json | jq -r '[.items[] | select(.metadata.name | startswith("q-")) | .status.classes[]?.phase] | group_by(.) | map("\(.[0])=\(length)") | join(" ")'; }
+q_rows() { kubectl -n "$NS" get compiledtargets -o json | jq '[.items[] | select(.metadata.name | startswith("q-")) | .status.classes[]?] | length'; }
+q_rows_are() { [[ $(q_rows) == "$1" ]]; }
+wait_for "24 class rows of the 12 targets" 60 q_rows_are 24
+sleep 3
+[[ $(rows) == "Compiling=3 Queued=21" ]] || die "limit 5 with 2 running: rows $(rows), want Compiling=3 Queued=21"
+[[ $(active) == 5 ]] || die "limit 5: $(active) compile Jobs running"
+msg=$(kubectl -n "$NS" get compiledtargets -o json | jq -r '[.items[].status.classes[]? | select(.phase == "Queued") | .message][0]')
+[[ $msg == *"all 5 concurrent compiles"*--max-concurrent-compiles* ]] || die "Queued row message: $msg"
+echo "   12 targets x 2 classes at limit 5: $(rows), $(active) Jobs running; \"$msg\""
+kubectl -n "$NS" delete compiledtargets $(printf 'q-%s ' $(seq 1 12)) --wait=false >/dev/null
+kill "$OP_1"; wait "$OP_1" 2>/dev/null || true
+start_operator 1
+start_operator 2
+
 echo "== without the GPU nodes, the target is one class, compiled: revision 1; not Ready until nodes report"
 kubectl delete node "fake-h100-$NS" "fake-l4-$NS" >/dev/null
 wait_for "Compiled=True" 60 cond_is squeezenet-cpu Compiled True Compiled

@@ -62,7 +62,17 @@ pub struct Context {
     pub labelled: std::sync::Mutex<LabelMemo>,
     /// Ready nodes per class each target had at its last reconcile, for the ready-nodes gauge.
     pub ready_counts: std::sync::Mutex<BTreeMap<String, BTreeMap<String, i64>>>,
+    /// Compile Jobs this replica created that the Job cache may not show yet. Held from counting
+    /// the running compiles to creating the Jobs, so that reconciles of different targets (they
+    /// run at once) cannot each take the same free slot of `--max-concurrent-compiles`.
+    pub compile_slots: tokio::sync::Mutex<CreatedJobs>,
 }
+
+/// (namespace, Job name) → (owner uid, when created).
+pub type CreatedJobs = BTreeMap<(String, String), (String, Instant)>;
+
+/// How long a Job this replica created counts as running while the cache does not show it.
+const CREATED_MEMO: Duration = Duration::from_secs(60);
 
 /// (node, label key) → (value written, when).
 pub type LabelMemo = BTreeMap<(String, String), (Option<String>, Instant)>;
@@ -132,7 +142,7 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
         nodes: &nodes,
         jobs: &jobs,
         stored: &empty,
-        compiles_elsewhere: running_elsewhere(ctx, &uid),
+        compiles_elsewhere: running_elsewhere(ctx, &uid, None),
         settings: &ctx.settings,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
@@ -150,18 +160,40 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
     }
     inputs.stored = &stored;
 
-    let plan = plan::plan(&inputs);
-    apply(target, &model, plan, ctx, &ns).await
+    let mut plan = plan::plan(&inputs);
+    // A plan that starts compiles is made again under the slot lock, counting the Jobs other
+    // reconciles created meanwhile; the lock is held until this one's Jobs exist.
+    let mut slots = None;
+    if !plan.create.is_empty() {
+        let mut created = ctx.compile_slots.lock().await;
+        inputs.compiles_elsewhere = running_elsewhere(ctx, &uid, Some(&mut created));
+        plan = plan::plan(&inputs);
+        slots = Some(created);
+    }
+    apply(target, &model, plan, ctx, &ns, slots).await
 }
 
-/// Compile Jobs of other targets still running (for the concurrency limit).
-fn running_elsewhere(ctx: &Context, uid: &str) -> usize {
-    ctx.jobs
-        .state()
+/// Compile Jobs of other targets still running (for the concurrency limit): those in the cache,
+/// and those this replica created that the cache does not show yet (`created`, from which what
+/// the cache shows now, or surely would by now, is dropped).
+fn running_elsewhere(ctx: &Context, uid: &str, created: Option<&mut CreatedJobs>) -> usize {
+    let cached = ctx.jobs.state();
+    let in_cache = cached
         .iter()
         .filter(|j| !j.owner_references().iter().any(|o| o.uid == uid))
         .filter(|j| j.metadata.deletion_timestamp.is_none() && observe::outcome(j).is_none())
-        .count()
+        .count();
+    let Some(created) = created else {
+        return in_cache;
+    };
+    if !created.is_empty() {
+        let seen: std::collections::HashSet<(String, String)> = cached
+            .iter()
+            .map(|j| (j.namespace().unwrap_or_default(), j.name_any()))
+            .collect();
+        created.retain(|job, (_, at)| at.elapsed() < CREATED_MEMO && !seen.contains(job));
+    }
+    in_cache + created.values().filter(|(owner, _)| owner != uid).count()
 }
 
 /// The target's Jobs from the cache, with failures classified (reading the pod only for a failure
@@ -249,6 +281,7 @@ async fn apply(
     plan: plan::Plan,
     ctx: &Context,
     ns: &str,
+    mut slots: Option<tokio::sync::MutexGuard<'_, CreatedJobs>>,
 ) -> Result<Action, Error> {
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
     for name in &plan.delete {
@@ -268,6 +301,9 @@ async fn apply(
                 Ok(_) => {
                     ctx.metrics.write("job");
                     ctx.metrics.job(&new.class, "created", "");
+                    if let (Some(created), Some(uid)) = (slots.as_mut(), target.uid()) {
+                        created.insert((ns.to_string(), job.name_any()), (uid, Instant::now()));
+                    }
                 }
                 // Another replica, or this one before a restart, already made it: same name, same Job.
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
@@ -281,6 +317,8 @@ async fn apply(
             }
         }
     }
+    // The Jobs exist (and are remembered until the cache shows them): the next plan counts them.
+    drop(slots);
     let old = target.status.clone().unwrap_or_default();
     for row in &plan.status.classes {
         let was = old.classes.iter().find(|c| c.class == row.class);

@@ -167,9 +167,9 @@ pub struct Plan {
     pub requeue: Option<Duration>,
 }
 
-/// How often a target with queued compiles looks for a free slot (Jobs of other targets do not
-/// trigger its reconcile).
-const QUEUE_POLL: Duration = Duration::from_secs(10);
+/// How often a target with queued compiles looks for a free slot in any case: a finished Job
+/// wakes every queued target, a deleted running one (its target gone) does not.
+const QUEUE_POLL: Duration = Duration::from_secs(30);
 
 /// A class with its compile key.
 struct Keyed {
@@ -691,8 +691,10 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         }
         if running >= max_running {
             row.phase = "Queued".into();
+            // Not the live count: a queued row is rewritten only when its own state changes, not
+            // whenever some other target's compile starts or ends.
             row.message = Some(format!(
-                "waiting for a compile slot: {running} of {max_running} concurrent compiles running (--max-concurrent-compiles)"
+                "waiting for a compile slot: all {max_running} concurrent compiles are running (--max-concurrent-compiles)"
             ));
             out.requeue = Some(out.requeue.map_or(QUEUE_POLL, |r| r.min(QUEUE_POLL)));
             queued.push(k.class.id.clone());

@@ -246,6 +246,7 @@ where
         class_counts: std::sync::Mutex::new(BTreeMap::new()),
         labelled: std::sync::Mutex::new(BTreeMap::new()),
         ready_counts: std::sync::Mutex::new(BTreeMap::new()),
+        compile_slots: tokio::sync::Mutex::new(BTreeMap::new()),
     });
 
     // Our own reflector rather than `Controller::new`'s, to learn when it has listed without
@@ -262,11 +263,16 @@ where
         })
         .applied_objects();
     let target_ctl = Controller::for_stream(target_stream, targets.clone());
-    let (t1, t2, t3) = (targets.clone(), targets.clone(), targets.clone());
+    let (t1, t2, t3, t4) = (
+        targets.clone(),
+        targets.clone(),
+        targets.clone(),
+        targets.clone(),
+    );
     let triggers = Arc::new(Triggers::default());
     let (g1, g2) = (triggers.clone(), triggers);
     let target_ctl = target_ctl
-        .owns_stream(job_stream)
+        .watches_stream(job_stream, move |j: Job| crate::triggers::job(&j, &t4))
         .watches_stream(node_stream, move |n: Node| g1.node(&n, &t1))
         .watches_stream(kiln_stream, move |k: KilnNode| g2.kiln_node(&k, &t2))
         .watches_stream(model_stream, move |m: ModelArtifact| {

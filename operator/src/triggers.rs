@@ -1,11 +1,13 @@
 //! Which CompiledTargets a Node or KilnNode change concerns. A change to what classes are made
 //! of (labels, hardware facts) concerns every target; a change to one target's readiness label or
 //! to a node's report rows concerns only the targets named. Keeps one agent's status write from
-//! reconciling the whole fleet of targets.
+//! reconciling the whole fleet of targets. A compile Job concerns its owner, and once it has
+//! finished, every target waiting for its compile slot.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node;
 use kiln_crds::labels::{is_ready_label, ready_label};
 use kiln_crds::{CompiledTarget, KilnNode};
@@ -118,5 +120,86 @@ impl Triggers {
             }
             _ => every(targets),
         }
+    }
+}
+
+/// Targets a compile Job event concerns: its owner, and once the Job has finished (a compile
+/// slot is free) every target with a class queued for one.
+pub fn job(job: &Job, targets: &Store<CompiledTarget>) -> Vec<ObjectRef<CompiledTarget>> {
+    let ns = job.namespace().unwrap_or_default();
+    let mut refs: Vec<ObjectRef<CompiledTarget>> = job
+        .owner_references()
+        .iter()
+        .filter(|o| o.controller == Some(true) && o.kind == "CompiledTarget")
+        .map(|o| ObjectRef::new(&o.name).within(&ns))
+        .collect();
+    if crate::observe::outcome(job).is_some() {
+        refs.extend(
+            targets
+                .state()
+                .iter()
+                .filter(|t| {
+                    t.status
+                        .as_ref()
+                        .is_some_and(|s| s.classes.iter().any(|c| c.phase == "Queued"))
+                })
+                .map(|t| ObjectRef::from_obj(t.as_ref())),
+        );
+    }
+    refs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::{reflector, watcher};
+
+    fn target(name: &str, phase: &str) -> CompiledTarget {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "kiln.dev/v1alpha1",
+            "kind": "CompiledTarget",
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"modelRef": {"name": "m"}, "backend": {"kind": "tract"}, "profiles": [],
+                     "warmup": {"fixtureVersion": "v1"}},
+            "status": {"classes": [{"class": "c", "nodes": 1, "phase": phase}]},
+        }))
+        .expect("target")
+    }
+
+    fn job(owner: &str, finished: bool) -> Job {
+        let conditions = if finished {
+            serde_json::json!([{"type": "Complete", "status": "True"}])
+        } else {
+            serde_json::json!([])
+        };
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("{owner}-c-1"), "namespace": "ml", "ownerReferences": [{
+                "apiVersion": "kiln.dev/v1alpha1", "kind": "CompiledTarget", "name": owner,
+                "uid": "u", "controller": true}]},
+            "status": {"conditions": conditions},
+        }))
+        .expect("job")
+    }
+
+    #[test]
+    fn a_finished_job_wakes_its_owner_and_every_target_queued_for_a_slot() {
+        let (store, mut writer) = reflector::store::<CompiledTarget>();
+        for t in [
+            target("owner", "Compiling"),
+            target("queued", "Queued"),
+            target("compiled", "Compiled"),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(t));
+        }
+        let names = |refs: Vec<ObjectRef<CompiledTarget>>| {
+            let mut v: Vec<String> = refs.into_iter().map(|r| r.name).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(super::job(&job("owner", false), &store)), ["owner"]);
+        assert_eq!(
+            names(super::job(&job("owner", true), &store)),
+            ["owner", "queued"]
+        );
     }
 }

@@ -125,6 +125,7 @@ async fn child_exports_a_reconcile_span() {
         class_counts: Default::default(),
         labelled: Default::default(),
         ready_counts: Default::default(),
+        compile_slots: Default::default(),
     });
     let mut target: CompiledTarget =
         serde_saphyr::from_str(include_str!("fixtures/target.yaml")).expect("target.yaml");

@@ -935,7 +935,7 @@ fn compiles_beyond_the_concurrency_limit_wait_queued() {
         queued[0]
             .message
             .as_deref()
-            .is_some_and(|m| m.contains("4 of 4 concurrent compiles")),
+            .is_some_and(|m| m.contains("all 4 concurrent compiles")),
         "{:?}",
         queued[0].message
     );
@@ -946,6 +946,16 @@ fn compiles_beyond_the_concurrency_limit_wait_queued() {
     let p = w.plan(5);
     assert!(p.create.is_empty());
     w.apply(&p);
+    // Other targets' compiles come and go while the slots stay full: nothing to write.
+    let before = w.target.status.clone();
+    w.elsewhere = 3;
+    let p = w.plan(7);
+    assert!(p.create.is_empty());
+    assert_eq!(
+        Some(&p.status),
+        before.as_ref(),
+        "a queued row follows its own state only"
+    );
     // A slot frees up elsewhere: the queued class gets its Job.
     w.elsewhere = 1;
     let p = w.plan(10);
