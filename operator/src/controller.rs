@@ -62,17 +62,18 @@ pub struct Context {
     pub labelled: std::sync::Mutex<LabelMemo>,
     /// Ready nodes per class each target had at its last reconcile, for the ready-nodes gauge.
     pub ready_counts: std::sync::Mutex<BTreeMap<String, BTreeMap<String, i64>>>,
-    /// Compile Jobs this replica created that the Job cache may not show yet. Held from counting
-    /// the running compiles to creating the Jobs, so that reconciles of different targets (they
-    /// run at once) cannot each take the same free slot of `--max-concurrent-compiles`.
-    pub compile_slots: tokio::sync::Mutex<CreatedJobs>,
+    /// Compile slots this replica took for Jobs the Job cache may not show yet. Counting the
+    /// running compiles and taking slots happen under this lock, so that reconciles of different
+    /// targets (they run at once) cannot each take the same free slot of
+    /// `--max-concurrent-compiles`; the Jobs are then created outside it.
+    pub compile_slots: std::sync::Mutex<TakenSlots>,
 }
 
-/// (namespace, Job name) → (owner uid, when created).
-pub type CreatedJobs = BTreeMap<(String, String), (String, Instant)>;
+/// (namespace, Job name) → (owner uid, when the slot was taken).
+pub type TakenSlots = BTreeMap<(String, String), (String, Instant)>;
 
-/// How long a Job this replica created counts as running while the cache does not show it.
-const CREATED_MEMO: Duration = Duration::from_secs(60);
+/// How long a slot taken for a Job counts as running while the cache does not show the Job.
+const SLOT_MEMO: Duration = Duration::from_secs(60);
 
 /// (node, label key) → (value written, when).
 pub type LabelMemo = BTreeMap<(String, String), (Option<String>, Instant)>;
@@ -161,39 +162,70 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
     inputs.stored = &stored;
 
     let mut plan = plan::plan(&inputs);
-    // A plan that starts compiles is made again under the slot lock, counting the Jobs other
-    // reconciles created meanwhile; the lock is held until this one's Jobs exist.
-    let mut slots = None;
+    // A plan that starts compiles is made again under the slot lock, counting the slots other
+    // reconciles took meanwhile, and takes its own before the lock goes.
     if !plan.create.is_empty() {
-        let mut created = ctx.compile_slots.lock().await;
-        inputs.compiles_elsewhere = running_elsewhere(ctx, &uid, Some(&mut created));
+        let mut taken = ctx
+            .compile_slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        inputs.compiles_elsewhere = running_elsewhere(ctx, &uid, Some(&mut taken));
         plan = plan::plan(&inputs);
-        slots = Some(created);
+        for new in &plan.create {
+            taken.insert(
+                (ns.clone(), new.name.clone()),
+                (uid.clone(), Instant::now()),
+            );
+        }
     }
-    apply(target, &model, plan, ctx, &ns, slots).await
+    apply(target, &model, plan, ctx, &ns).await
+}
+
+/// The slots a plan took for Jobs not created yet: whatever way `apply` ends, those still listed
+/// when this drops are given back.
+struct PendingSlots<'a> {
+    ctx: &'a Context,
+    ns: &'a str,
+    jobs: Vec<String>,
+}
+
+impl Drop for PendingSlots<'_> {
+    fn drop(&mut self) {
+        if self.jobs.is_empty() {
+            return;
+        }
+        let mut taken = self
+            .ctx
+            .compile_slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for job in &self.jobs {
+            taken.remove(&(self.ns.to_string(), job.clone()));
+        }
+    }
 }
 
 /// Compile Jobs of other targets still running (for the concurrency limit): those in the cache,
-/// and those this replica created that the cache does not show yet (`created`, from which what
-/// the cache shows now, or surely would by now, is dropped).
-fn running_elsewhere(ctx: &Context, uid: &str, created: Option<&mut CreatedJobs>) -> usize {
+/// and the slots this replica took for Jobs the cache does not show yet (`taken`, from which
+/// what the cache shows now, or surely would by now, is dropped).
+fn running_elsewhere(ctx: &Context, uid: &str, taken: Option<&mut TakenSlots>) -> usize {
     let cached = ctx.jobs.state();
     let in_cache = cached
         .iter()
         .filter(|j| !j.owner_references().iter().any(|o| o.uid == uid))
         .filter(|j| j.metadata.deletion_timestamp.is_none() && observe::outcome(j).is_none())
         .count();
-    let Some(created) = created else {
+    let Some(taken) = taken else {
         return in_cache;
     };
-    if !created.is_empty() {
+    if !taken.is_empty() {
         let seen: std::collections::HashSet<(String, String)> = cached
             .iter()
             .map(|j| (j.namespace().unwrap_or_default(), j.name_any()))
             .collect();
-        created.retain(|job, (_, at)| at.elapsed() < CREATED_MEMO && !seen.contains(job));
+        taken.retain(|job, (_, at)| at.elapsed() < SLOT_MEMO && !seen.contains(job));
     }
-    in_cache + created.values().filter(|(owner, _)| owner != uid).count()
+    in_cache + taken.values().filter(|(owner, _)| owner != uid).count()
 }
 
 /// The target's Jobs from the cache, with failures classified (reading the pod only for a failure
@@ -281,9 +313,13 @@ async fn apply(
     plan: plan::Plan,
     ctx: &Context,
     ns: &str,
-    mut slots: Option<tokio::sync::MutexGuard<'_, CreatedJobs>>,
 ) -> Result<Action, Error> {
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    let mut pending = PendingSlots {
+        ctx,
+        ns,
+        jobs: plan.create.iter().map(|j| j.name.clone()).collect(),
+    };
     for name in &plan.delete {
         match jobs.delete(name, &DeleteParams::background()).await {
             Ok(_) => ctx.metrics.write("delete"),
@@ -301,9 +337,6 @@ async fn apply(
                 Ok(_) => {
                     ctx.metrics.write("job");
                     ctx.metrics.job(&new.class, "created", "");
-                    if let (Some(created), Some(uid)) = (slots.as_mut(), target.uid()) {
-                        created.insert((ns.to_string(), job.name_any()), (uid, Instant::now()));
-                    }
                 }
                 // Another replica, or this one before a restart, already made it: same name, same Job.
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
@@ -315,10 +348,10 @@ async fn apply(
                 }
                 Err(e) => return Err(e.into()),
             }
+            // The Job exists: its slot stays taken until the cache shows it.
+            pending.jobs.retain(|name| *name != new.name);
         }
     }
-    // The Jobs exist (and are remembered until the cache shows them): the next plan counts them.
-    drop(slots);
     let old = target.status.clone().unwrap_or_default();
     for row in &plan.status.classes {
         let was = old.classes.iter().find(|c| c.class == row.class);

@@ -246,7 +246,7 @@ where
         class_counts: std::sync::Mutex::new(BTreeMap::new()),
         labelled: std::sync::Mutex::new(BTreeMap::new()),
         ready_counts: std::sync::Mutex::new(BTreeMap::new()),
-        compile_slots: tokio::sync::Mutex::new(BTreeMap::new()),
+        compile_slots: std::sync::Mutex::new(BTreeMap::new()),
     });
 
     // Our own reflector rather than `Controller::new`'s, to learn when it has listed without
