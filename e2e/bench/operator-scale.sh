@@ -58,7 +58,8 @@ YAML
 } >"$WORK/objects.yaml"
 t0=$(date +%s.%N)
 kubectl -n "$NS" apply -f "$WORK/objects.yaml" --server-side >/dev/null
-echo "   applied in $(echo "$(date +%s.%N) - $t0" | bc) s"
+t_targets=$(echo "$(date +%s.%N) - $t0" | bc)
+echo "   applied in $t_targets s"
 
 writes() {
   # Mutating requests on the kinds the operator writes, as the apiserver counts them.
@@ -88,13 +89,36 @@ while :; do
 done
 end=$(date +%s.%N)
 jobs=$(kubectl -n "$NS" get jobs --no-headers 2>/dev/null | wc -l)
+t_operator=$(echo "$end - $start" | bc)
 printf 'reconciled all: %.1f s for %d targets x %d classes at limit %d (%d Jobs, want %d)\n' \
-  "$(echo "$end - $start" | bc)" "$N" "$M" "$L" "$jobs" "$want_jobs"
+  "$t_operator" "$N" "$M" "$L" "$jobs" "$want_jobs"
 sleep 15 # let the last status writes and Events land
 w1=$(writes); o1=$(curl -fsS http://127.0.0.1:18090/metrics | awk '/^kiln_operator_api_writes_total/ {s += $2} END {print s + 0}')
 sleep 60
 w2=$(writes); o2=$(curl -fsS http://127.0.0.1:18090/metrics | awk '/^kiln_operator_api_writes_total/ {s += $2} END {print s + 0}')
 echo "steady state over 60 s: apiserver writes on jobs/nodes/compiledtargets/modelartifacts/events: $((w2 - w1)); operator's own write counter: $((o2 - o1))"
 echo "Jobs after the minute: $(kubectl -n "$NS" get jobs --no-headers 2>/dev/null | wc -l)"
+echo "Job creates answered AlreadyExists (a Job posted again): $(kubectl get --raw /metrics | awk '
+  /^apiserver_request_total\{/ && /verb="POST"/ && /resource="jobs"/ && /code="409"/ { s += $NF }
+  END { printf "%d\n", s }')"
 echo "operator peak RSS: $(awk '/VmHWM/ {print $2 " " $3}' /proc/$PID/status), now $(awk '/VmRSS/ {print $2 " " $3}' /proc/$PID/status)"
 curl -fsS http://127.0.0.1:18090/metrics | grep -E '^kiln_operator_(reconcile_duration_seconds_(sum|count)|api_writes_total|classes)' || true
+kill $PID
+
+# Bound, measured here: one kubectl writing what the operator had to write, the N targets' worth
+# of objects (their apply above, as the N status writes) and the same number of Jobs (copies of
+# one the operator made, unowned and unlabelled, in another namespace). Events are left out, so
+# this is a lower bound.
+echo "== bound: kubectl writes the same objects"
+kubectl create namespace bench-bound >/dev/null 2>&1 || true
+kubectl -n "$NS" get jobs -o json | jq -c '.items[0]
+  | {apiVersion: "batch/v1", kind: "Job", metadata: {name: .metadata.name},
+     spec: (.spec | del(.selector) | .template.metadata.labels = {})}' >"$WORK/job.json"
+jq -c --argjson n "$jobs" '{apiVersion: "v1", kind: "List",
+  items: [. as $job | range(0; $n) | . as $i | $job | .metadata.name = "bound-\($i)"]}' "$WORK/job.json" >"$WORK/jobs.json"
+t0=$(date +%s.%N)
+kubectl -n bench-bound apply --server-side -f "$WORK/jobs.json" >/dev/null
+t_jobs=$(echo "$(date +%s.%N) - $t0" | bc)
+printf 'bound: %.1f s (%.1f s for %d targets + %.1f s for %d Jobs); operator / bound = %.1f\n' \
+  "$(echo "$t_targets + $t_jobs" | bc)" "$t_targets" "$N" "$t_jobs" "$jobs" \
+  "$(echo "$t_operator / ($t_targets + $t_jobs)" | bc -l)"

@@ -69,8 +69,16 @@ pub struct Context {
     pub compile_slots: std::sync::Mutex<TakenSlots>,
 }
 
-/// (namespace, Job name) → (owner uid, when the slot was taken).
-pub type TakenSlots = BTreeMap<(String, String), (String, Instant)>;
+/// (namespace, Job name) → the slot taken for that Job.
+pub type TakenSlots = BTreeMap<(String, String), Taken>;
+
+/// A compile slot taken for a Job: whose it is, what it builds, when.
+pub struct Taken {
+    owner: String,
+    compile_key: String,
+    attempt: u32,
+    at: Instant,
+}
 
 /// How long a slot taken for a Job counts as running while the cache does not show the Job.
 const SLOT_MEMO: Duration = Duration::from_secs(60);
@@ -133,7 +141,32 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
             view
         })
         .collect();
-    let jobs = owned_jobs(target, ctx, &ns, &uid).await;
+    let mut jobs = owned_jobs(target, ctx, &ns, &uid).await;
+    // This target's Jobs created moments ago that the cache does not show yet: running, not
+    // missing (under load the watch lags, and each reconcile would post them again).
+    {
+        let taken = ctx
+            .compile_slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for ((job_ns, name), t) in taken.iter() {
+            if *job_ns == ns
+                && t.owner == uid
+                && t.at.elapsed() < SLOT_MEMO
+                && !jobs.iter().any(|j| j.name == *name)
+                && ctx.jobs.get(&ObjectRef::new(name).within(&ns)).is_none()
+            {
+                jobs.push(plan::JobView {
+                    name: name.clone(),
+                    compile_key: t.compile_key.clone(),
+                    attempt: t.attempt,
+                    state: plan::JobState::Active,
+                    finished_at: None,
+                    deleting: false,
+                });
+            }
+        }
+    }
 
     // Store: only the keys the plan will ask about.
     let empty = BTreeMap::new();
@@ -172,17 +205,20 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
         inputs.compiles_elsewhere = running_elsewhere(ctx, &uid, Some(&mut taken));
         plan = plan::plan(&inputs);
         for new in &plan.create {
-            taken.insert(
-                (ns.clone(), new.name.clone()),
-                (uid.clone(), Instant::now()),
-            );
+            let slot = Taken {
+                owner: uid.clone(),
+                compile_key: new.compile_key.clone(),
+                attempt: new.attempt,
+                at: Instant::now(),
+            };
+            taken.insert((ns.clone(), new.name.clone()), slot);
         }
     }
     apply(target, &model, plan, ctx, &ns).await
 }
 
-/// The slots a plan took for Jobs not created yet: whatever way `apply` ends, those still listed
-/// when this drops are given back.
+/// Slots to give back whatever way `apply` ends: those a plan took for Jobs it did not create,
+/// and those of the Jobs it deleted.
 struct PendingSlots<'a> {
     ctx: &'a Context,
     ns: &'a str,
@@ -223,9 +259,9 @@ fn running_elsewhere(ctx: &Context, uid: &str, taken: Option<&mut TakenSlots>) -
             .iter()
             .map(|j| (j.namespace().unwrap_or_default(), j.name_any()))
             .collect();
-        taken.retain(|job, (_, at)| at.elapsed() < SLOT_MEMO && !seen.contains(job));
+        taken.retain(|job, t| t.at.elapsed() < SLOT_MEMO && !seen.contains(job));
     }
-    in_cache + taken.values().filter(|(owner, _)| owner != uid).count()
+    in_cache + taken.values().filter(|t| t.owner != uid).count()
 }
 
 /// The target's Jobs from the cache, with failures classified (reading the pod only for a failure
@@ -321,6 +357,7 @@ async fn apply(
         jobs: plan.create.iter().map(|j| j.name.clone()).collect(),
     };
     for name in &plan.delete {
+        pending.jobs.push(name.clone()); // a deleted Job holds no slot
         match jobs.delete(name, &DeleteParams::background()).await {
             Ok(_) => ctx.metrics.write("delete"),
             Err(kube::Error::Api(e)) if e.code == 404 => {}
