@@ -142,31 +142,7 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
         })
         .collect();
     let mut jobs = owned_jobs(target, ctx, &ns, &uid).await;
-    // This target's Jobs created moments ago that the cache does not show yet: running, not
-    // missing (under load the watch lags, and each reconcile would post them again).
-    {
-        let taken = ctx
-            .compile_slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for ((job_ns, name), t) in taken.iter() {
-            if *job_ns == ns
-                && t.owner == uid
-                && t.at.elapsed() < SLOT_MEMO
-                && !jobs.iter().any(|j| j.name == *name)
-                && ctx.jobs.get(&ObjectRef::new(name).within(&ns)).is_none()
-            {
-                jobs.push(plan::JobView {
-                    name: name.clone(),
-                    compile_key: t.compile_key.clone(),
-                    attempt: t.attempt,
-                    state: plan::JobState::Active,
-                    finished_at: None,
-                    deleting: false,
-                });
-            }
-        }
-    }
+    jobs.extend(created_not_cached(ctx, &ns, &uid, &jobs));
 
     // Store: only the keys the plan will ask about.
     let empty = BTreeMap::new();
@@ -215,6 +191,38 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
         }
     }
     apply(target, &model, plan, ctx, &ns).await
+}
+
+/// This target's Jobs created moments ago that the cache does not show yet: running, not
+/// missing (under load the watch lags, and each reconcile would post them again).
+fn created_not_cached(
+    ctx: &Context,
+    ns: &str,
+    uid: &str,
+    cached: &[plan::JobView],
+) -> Vec<plan::JobView> {
+    let taken = ctx
+        .compile_slots
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    taken
+        .iter()
+        .filter(|((job_ns, name), t)| {
+            job_ns == ns
+                && t.owner == uid
+                && t.at.elapsed() < SLOT_MEMO
+                && !cached.iter().any(|j| j.name == *name)
+                && ctx.jobs.get(&ObjectRef::new(name).within(ns)).is_none()
+        })
+        .map(|((_, name), t)| plan::JobView {
+            name: name.clone(),
+            compile_key: t.compile_key.clone(),
+            attempt: t.attempt,
+            state: plan::JobState::Active,
+            finished_at: None,
+            deleting: false,
+        })
+        .collect()
 }
 
 /// Slots to give back whatever way `apply` ends: those a plan took for Jobs it did not create,
