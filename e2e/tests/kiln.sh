@@ -85,11 +85,13 @@ YAML
 
 row() { kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq -c --arg ns "$NS" --arg t "$TARGET" '.status.targets[]? | select(.namespace == $ns and .name == $t)'; }
 pod_ready() { kubectl -n "$NS" get pod serve -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}'; }
-# Poll both until the pod is Ready; the pod must never be Ready while the row is not.
+# Poll both until the pod is Ready; the pod must never be Ready while the row is not. The pod is
+# read first: the row turns Ready before the gate, so a row read after a Ready pod must be Ready
+# (read the other way round, the row could turn Ready and the gate True between the two reads).
 seen_not_ready=0 t_row='' t_pod=''
 for ((i = 0; i < 600; i++)); do
-  phase=$(row | jq -r '.phase // empty')
   ready=$(pod_ready)
+  phase=$(row | jq -r '.phase // empty')
   now=$(date +%s.%N)
   [[ $phase == Ready && -z $t_row ]] && t_row=$now
   if [[ $ready == True ]]; then
