@@ -83,6 +83,15 @@ pub struct Taken {
 /// How long a slot taken for a Job counts as running while the cache does not show the Job.
 const SLOT_MEMO: Duration = Duration::from_secs(60);
 
+impl Context {
+    /// The compile slots taken (a panic elsewhere while holding them leaves them usable).
+    fn slots(&self) -> std::sync::MutexGuard<'_, TakenSlots> {
+        self.compile_slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// (node, label key) → (value written, when).
 pub type LabelMemo = BTreeMap<(String, String), (Option<String>, Instant)>;
 
@@ -142,7 +151,7 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
         })
         .collect();
     let mut jobs = owned_jobs(target, ctx, &ns, &uid).await;
-    jobs.extend(created_not_cached(ctx, &ns, &uid, &jobs));
+    jobs.extend(created_not_cached(ctx, &ns, &uid));
 
     // Store: only the keys the plan will ask about.
     let empty = BTreeMap::new();
@@ -174,10 +183,7 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
     // A plan that starts compiles is made again under the slot lock, counting the slots other
     // reconciles took meanwhile, and takes its own before the lock goes.
     if !plan.create.is_empty() {
-        let mut taken = ctx
-            .compile_slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut taken = ctx.slots();
         inputs.compiles_elsewhere = running_elsewhere(ctx, &uid, Some(&mut taken));
         plan = plan::plan(&inputs);
         for new in &plan.create {
@@ -195,23 +201,13 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
 
 /// This target's Jobs created moments ago that the cache does not show yet: running, not
 /// missing (under load the watch lags, and each reconcile would post them again).
-fn created_not_cached(
-    ctx: &Context,
-    ns: &str,
-    uid: &str,
-    cached: &[plan::JobView],
-) -> Vec<plan::JobView> {
-    let taken = ctx
-        .compile_slots
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    taken
+fn created_not_cached(ctx: &Context, ns: &str, uid: &str) -> Vec<plan::JobView> {
+    ctx.slots()
         .iter()
         .filter(|((job_ns, name), t)| {
             job_ns == ns
                 && t.owner == uid
                 && t.at.elapsed() < SLOT_MEMO
-                && !cached.iter().any(|j| j.name == *name)
                 && ctx.jobs.get(&ObjectRef::new(name).within(ns)).is_none()
         })
         .map(|((_, name), t)| plan::JobView {
@@ -238,11 +234,7 @@ impl Drop for PendingSlots<'_> {
         if self.jobs.is_empty() {
             return;
         }
-        let mut taken = self
-            .ctx
-            .compile_slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut taken = self.ctx.slots();
         for job in &self.jobs {
             taken.remove(&(self.ns.to_string(), job.clone()));
         }
