@@ -2,12 +2,21 @@
 # Runs kiln's cluster tests end to end and prints, as its last line,
 # "N passed, N failed, N skipped". Exits nonzero when any test failed.
 #
-#   e2e/test.sh              full cycle: down of a cluster left running, up, cluster
-#                            tests, down + leak check, up --control-plane-only, API
-#                            test, down + leak check
-#   e2e/test.sh --no-lifecycle [TEST...]
-#                            only the cluster tests (or the named ones, e.g.
-#                            pod-logs) against an already running cluster
+#   e2e/test.sh [--group G]...
+#                            full cycle: down of a cluster left running, up, the cluster
+#                            tests of the named groups (default: harness, then kiln), down +
+#                            leak check, up --control-plane-only, API test, down + leak check
+#   e2e/test.sh --no-lifecycle [--group G]... [TEST...]
+#                            only the cluster tests of the named groups and the named tests
+#                            (e.g. pod-logs; default: every group) against an already
+#                            running cluster
+#
+# Groups, by what they prove:
+#   harness  the cluster itself: the upstream components, networking, images, Jobs,
+#            DaemonSet tokens, CRD machinery, the registry and Helm. A failure here says
+#            the e2e/ cluster is broken, not kiln.
+#   kiln     kiln on that cluster: its CRDs, operator, compile Jobs (built-in and exec),
+#            agent, OCI store, Helm chart, and the whole path from apply to ready.
 #
 # Test logs go to $KILN_E2E_ARTIFACTS (default /tmp/kiln-e2e-test); a failing
 # test's output and the component logs it needs are printed inline.
@@ -16,7 +25,9 @@ set -uo pipefail
 E2E=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 source "$E2E/lib/common.sh"
 ARTIFACTS=${KILN_E2E_ARTIFACTS:-/tmp/kiln-e2e-test}
-CLUSTER_TESTS=(up-idempotent network-isolation node-ready pod-logs dynamic-image job daemonset-token service-clusterip crd kiln-crds registry operator compile-exec operator-nodes agent store-oci helm chart-render chart kiln)
+HARNESS_TESTS=(up-idempotent network-isolation node-ready pod-logs dynamic-image job daemonset-token service-clusterip crd registry helm)
+KILN_TESTS=(kiln-crds operator compile-exec operator-nodes agent store-oci chart-render chart kiln)
+GROUPS_ALL=(harness kiln)
 
 passed=0 failed=0 skipped=0
 failures=()
@@ -45,11 +56,41 @@ step() {
   return "$rc"
 }
 
+# group_tests GROUP: the tests of one group, in order.
+group_tests() {
+  case $1 in
+    harness) echo "${HARNESS_TESTS[@]}" ;;
+    kiln) echo "${KILN_TESTS[@]}" ;;
+    *) return 1 ;;
+  esac
+}
+
+# cluster_tests NAME...: run the named tests, in order.
 cluster_tests() {
   local t
   for t in "$@"; do
     step "$t" "$E2E/cluster" run -- "$E2E/tests/$t.sh"
   done
+}
+
+# run_selected: each selected group under its header, then the tests named alone.
+run_selected() {
+  local g
+  for g in "${GROUPS_SEL[@]}"; do
+    echo "== group $g"
+    # shellcheck disable=SC2046 # test names have no spaces
+    cluster_tests $(group_tests "$g")
+  done
+  ((${#TESTS_SEL[@]} == 0)) || cluster_tests "${TESTS_SEL[@]}"
+}
+
+# not_run: count every selected test as failed (the cluster never came up).
+not_run() {
+  local g t
+  for g in "${GROUPS_SEL[@]}"; do
+    for t in $(group_tests "$g"); do record "$t" 1 0 >/dev/null; done
+  done
+  for t in "${TESTS_SEL[@]}"; do record "$t" 1 0 >/dev/null; done
 }
 
 finish() {
@@ -63,9 +104,26 @@ finish() {
   exit
 }
 
-if [[ ${1:-} == --no-lifecycle ]]; then
+usage() {
+  echo "usage: e2e/test.sh [--no-lifecycle] [--group $(IFS='|'; echo "${GROUPS_ALL[*]}")]... [TEST...]" >&2
+  exit 2
+}
+lifecycle=1 GROUPS_SEL=() TESTS_SEL=()
+while (($#)); do
+  case $1 in
+    --no-lifecycle) lifecycle=0 ;;
+    --group)
+      group_tests "${2:-}" >/dev/null || { echo "unknown group: ${2:-} (groups: ${GROUPS_ALL[*]})" >&2; usage; }
+      GROUPS_SEL+=("$2"); shift ;;
+    -*) usage ;;
+    *) [[ -x $E2E/tests/$1.sh ]] || { echo "unknown test: $1 (e2e/tests/*.sh)" >&2; usage; }
+       TESTS_SEL+=("$1") ;;
+  esac
   shift
-  if (($#)); then cluster_tests "$@"; else cluster_tests "${CLUSTER_TESTS[@]}"; fi
+done
+((${#GROUPS_SEL[@]} + ${#TESTS_SEL[@]})) || GROUPS_SEL=("${GROUPS_ALL[@]}")
+if ((!lifecycle)); then
+  run_selected
   finish
 fi
 
@@ -81,9 +139,9 @@ if [[ -d $STATE ]]; then
 fi
 if step up "$E2E/cluster" up; then
   grep -E 'cluster up|built in' "$ARTIFACTS/up.log" | sed 's/^/    /'
-  cluster_tests "${CLUSTER_TESTS[@]}"
+  run_selected
 else
-  for t in "${CLUSTER_TESTS[@]}"; do record "$t" 1 0 >/dev/null; done
+  not_run
   echo "     (cluster tests not run: up failed)"
   mkdir -p "$ARTIFACTS/components"
   cp "$STATE"/logs/*.log "$ARTIFACTS/components/" 2>/dev/null
