@@ -2,6 +2,8 @@
 //! build manifest a compile writes, the compile key, and the label keys shared by the operator
 //! and the agent. Nothing in this crate does I/O.
 
+pub mod apply;
+pub mod backoff;
 pub mod class;
 pub mod compile_key;
 pub mod compiled_target;
@@ -15,6 +17,8 @@ pub mod model_artifact;
 pub mod reason;
 mod schema;
 
+pub use apply::status_apply;
+pub use backoff::backoff;
 pub use compile_key::{CompileKeyInput, compile_key};
 pub use compiled_target::{CompiledTarget, CompiledTargetSpec, CompiledTargetStatus};
 pub use conditions::Condition;

@@ -336,7 +336,7 @@ async fn classify_failure(
         }
     }
     let class = labels
-        .get(crate::job::LABEL_CLASS)
+        .get(kiln_crds::labels::JOB_CLASS)
         .cloned()
         .unwrap_or_default();
     ctx.metrics.job(&class, "failed", reason.as_str());
@@ -428,11 +428,7 @@ async fn apply(
     }
     if plan.status != old {
         let api: Api<CompiledTarget> = Api::namespaced(ctx.client.clone(), ns);
-        let body = serde_json::json!({
-            "apiVersion": CompiledTarget::api_version(&()),
-            "kind": CompiledTarget::kind(&()),
-            "status": plan.status,
-        });
+        let body = kiln_crds::status_apply::<CompiledTarget>(&plan.status);
         api.patch_status(
             &target.name_any(),
             &PatchParams::apply(MANAGER).force(),

@@ -9,7 +9,7 @@ use kiln_crds::conditions::{READY, RECONCILING, STALLED, condition, upsert};
 use kiln_crds::{ModelArtifact, ModelArtifactStatus};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 
 use crate::controller::MANAGER;
 use crate::error::Error;
@@ -75,11 +75,7 @@ pub async fn reconcile(model: Arc<ModelArtifact>, client: Arc<Client>) -> Result
     let new = status(&model, Time(k8s_openapi::jiff::Timestamp::now()));
     if Some(&new) != model.status.as_ref() {
         let api: Api<ModelArtifact> = Api::namespaced((*client).clone(), &ns);
-        let body = serde_json::json!({
-            "apiVersion": ModelArtifact::api_version(&()),
-            "kind": ModelArtifact::kind(&()),
-            "status": new,
-        });
+        let body = kiln_crds::status_apply::<ModelArtifact>(&new);
         api.patch_status(
             &model.name_any(),
             &PatchParams::apply(MANAGER).force(),

@@ -315,8 +315,7 @@ pub fn job_name(target: &str, key: &str, attempt: u32) -> String {
 }
 
 fn backoff(settings: &Settings, attempts: u32) -> Duration {
-    let factor = 1u32 << attempts.saturating_sub(1).min(16);
-    (settings.backoff_base * factor).min(settings.backoff_max)
+    kiln_crds::backoff(settings.backoff_base, settings.backoff_max, attempts)
 }
 
 fn elapsed(since: &Time, now: &Time) -> Duration {
