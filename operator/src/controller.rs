@@ -10,6 +10,7 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kiln_crds::compiled_target::ClassPhase;
 use kiln_crds::{CompiledTarget, KilnNode, ModelArtifact};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -277,7 +278,8 @@ async fn owned_jobs(
             s.classes
                 .iter()
                 .find(|c| {
-                    c.job.as_deref() == Some(name) && (c.phase == "Failed" || c.phase == "Retrying")
+                    c.job.as_deref() == Some(name)
+                        && matches!(c.phase, ClassPhase::Failed | ClassPhase::Retrying)
                 })
                 .and_then(|c| Some((c.reason?, c.message.clone().unwrap_or_default())))
         })

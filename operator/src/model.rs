@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kiln_crds::conditions::{READY, RECONCILING, STALLED, condition, upsert};
-use kiln_crds::{ModelArtifact, ModelArtifactStatus};
+use kiln_crds::conditions::{READY, RECONCILING, STALLED, condition, reasons, upsert};
+use kiln_crds::{FailureReason, ModelArtifact, ModelArtifactStatus};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Client, ResourceExt};
@@ -25,10 +25,10 @@ pub fn status(model: &ModelArtifact, now: Time) -> ModelArtifactStatus {
         None
     };
     let (ready, reason, message) = match problem {
-        Some(p) => (false, "InvalidSpec", p.to_string()),
+        Some(p) => (false, FailureReason::InvalidSpec.as_str(), p.to_string()),
         None => (
             true,
-            "Accepted",
+            reasons::ACCEPTED,
             format!(
                 "source sha256:{}, {} fixture version(s), {} asset(s)",
                 model.spec.source.sha256,

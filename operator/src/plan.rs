@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::class::ClassFacts;
-use kiln_crds::compiled_target::{ClassArtifact, ClassStatus, Revision};
+use kiln_crds::compiled_target::{ClassArtifact, ClassPhase, ClassStatus, Revision};
 use kiln_crds::conditions::{
     self, COMPILED, DEGRADED, READY, RECONCILING, STALLED, condition, upsert,
 };
@@ -595,7 +595,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             .filter(|j| j.compile_key == k.key && !j.deleting)
             .collect();
         if let Some(stored) = inputs.stored.get(&k.key) {
-            row.phase = "Compiled".into();
+            row.phase = ClassPhase::Compiled;
             row.artifact_digest = Some(stored.digest.clone());
             row.manifest_digest = Some(stored.manifest_digest.clone());
             compiled += 1;
@@ -603,7 +603,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             continue;
         }
         if let Some(active) = jobs.iter().find(|j| j.state == JobState::Active) {
-            row.phase = "Compiling".into();
+            row.phase = ClassPhase::Compiling;
             row.job = Some(active.name.clone());
             row.attempts = row
                 .attempts
@@ -619,7 +619,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         // The Job this operator last asked for is not in the cache: under load the watch lags
         // behind the create. Ask for the same Job again (the create is idempotent by name)
         // rather than counting an attempt that never finished.
-        if let Some(p) = prev.filter(|p| p.phase == "Compiling")
+        if let Some(p) = prev.filter(|p| p.phase == ClassPhase::Compiling)
             && let Some(pending) = p.job.as_ref()
             && !jobs.iter().any(|j| &j.name == pending)
         {
@@ -632,7 +632,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 attempt,
                 node_selector: (label_key.clone(), k.class.id.clone()),
             });
-            row.phase = "Compiling".into();
+            row.phase = ClassPhase::Compiling;
             row.job = p.job.clone();
             row.reason = p.reason;
             row.message = p.message.clone();
@@ -667,7 +667,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         }
         let base = u32::try_from(row.retry_base).unwrap_or(0);
         if attempts.saturating_sub(base) >= max_attempts {
-            row.phase = "Failed".into();
+            row.phase = ClassPhase::Failed;
             row.job = latest.map(|j| j.name.clone());
             stalled.push(row.clone());
             status.classes.push(row);
@@ -679,7 +679,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 .and_then(|j| j.finished_at.as_ref())
                 .map(|f| elapsed(f, &now));
             if let Some(waited) = waited.filter(|w| *w < wait) {
-                row.phase = "Retrying".into();
+                row.phase = ClassPhase::Retrying;
                 row.job = latest.map(|j| j.name.clone());
                 let left = wait - waited;
                 out.requeue = Some(out.requeue.map_or(left, |r| r.min(left)));
@@ -689,7 +689,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             }
         }
         if running >= max_running {
-            row.phase = "Queued".into();
+            row.phase = ClassPhase::Queued;
             // Not the live count: a queued row is rewritten only when its own state changes, not
             // whenever some other target's compile starts or ends.
             row.message = Some(format!(
@@ -711,7 +711,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             attempt,
             node_selector: (label_key.clone(), k.class.id.clone()),
         });
-        row.phase = "Compiling".into();
+        row.phase = ClassPhase::Compiling;
         row.job = Some(job);
         row.attempts = i32::try_from(attempt).unwrap_or(i32::MAX);
         compiling.push(k.class.id.clone());
@@ -771,17 +771,16 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         let meets = a.meets(percent, n);
         if row.artifact_digest.is_some() {
             row.phase = if meets {
-                "Ready"
+                ClassPhase::Ready
             } else if a.fallback > 0 {
-                "Degraded"
+                ClassPhase::Degraded
             } else if a.failed > 0 && a.waiting == 0 {
-                "Failing"
+                ClassPhase::Failing
             } else if a.unreported == n {
-                "Compiled"
+                ClassPhase::Compiled
             } else {
-                "Warming"
-            }
-            .into();
+                ClassPhase::Warming
+            };
             if a.failed > 0 {
                 row.reason = a.reason;
                 row.message = Some(failing_message(&a, n));
@@ -943,7 +942,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                     status
                         .classes
                         .iter()
-                        .find_map(|c| c.message.clone().filter(|_| c.phase == "Queued"))
+                        .find_map(|c| c.message.clone().filter(|_| c.phase == ClassPhase::Queued))
                         .unwrap_or_default()
                 ),
             )
@@ -973,7 +972,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             &degraded_message,
         );
     }
-    if retry_now && old.classes.iter().any(|c| c.phase == "Failed") {
+    if retry_now && old.classes.iter().any(|c| c.phase == ClassPhase::Failed) {
         out.events.push(Event {
             warning: false,
             reason: "RetryRequested".into(),
@@ -1054,14 +1053,20 @@ fn finish(old: &CompiledTargetStatus, status: CompiledTargetStatus, out: &mut Pl
             });
         }
         // Compiling, Warming and Compiled are steps on the way, not news.
-        let newsworthy = ["Ready", "Degraded", "Failing", "Failed", "Retrying"];
-        if before.map(|b| &b.phase) != Some(&row.phase) && newsworthy.contains(&row.phase.as_str())
-        {
+        let newsworthy = matches!(
+            row.phase,
+            ClassPhase::Ready
+                | ClassPhase::Degraded
+                | ClassPhase::Failing
+                | ClassPhase::Failed
+                | ClassPhase::Retrying
+        );
+        if before.map(|b| b.phase) != Some(row.phase) && newsworthy {
             out.events.push(Event {
-                warning: row.phase != "Ready",
+                warning: row.phase != ClassPhase::Ready,
                 reason: format!("Class{}", row.phase),
                 note: note(match &row.reason {
-                    Some(r) if row.phase != "Ready" => {
+                    Some(r) if row.phase != ClassPhase::Ready => {
                         format!("{r}: {}", row.message.as_deref().unwrap_or(""))
                     }
                     _ => format!("{} of {} node(s) ready", row.ready_nodes, row.nodes),

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node;
+use kiln_crds::compiled_target::ClassPhase;
 use kiln_crds::labels::{is_ready_label, ready_label};
 use kiln_crds::{CompiledTarget, KilnNode};
 use kube::ResourceExt;
@@ -141,7 +142,7 @@ pub fn job(job: &Job, targets: &Store<CompiledTarget>) -> Vec<ObjectRef<Compiled
                 .filter(|t| {
                     t.status
                         .as_ref()
-                        .is_some_and(|s| s.classes.iter().any(|c| c.phase == "Queued"))
+                        .is_some_and(|s| s.classes.iter().any(|c| c.phase == ClassPhase::Queued))
                 })
                 .map(|t| ObjectRef::from_obj(t.as_ref())),
         );
