@@ -116,8 +116,12 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
         // Jobs go with the target through their owner reference; stored artifacts stay.
         return Ok(Action::await_change());
     }
-    let ns = target.namespace().ok_or(Error::Malformed("namespace"))?;
-    let uid = target.uid().ok_or(Error::Malformed("uid"))?;
+    let malformed = |field| Error::Malformed {
+        kind: "CompiledTarget",
+        field,
+    };
+    let ns = target.namespace().ok_or_else(|| malformed("namespace"))?;
+    let uid = target.uid().ok_or_else(|| malformed("uid"))?;
 
     // Dereference.
     let model = match &target.spec.model_ref.namespace {
@@ -168,7 +172,12 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
     };
     let mut stored = BTreeMap::new();
     for key in plan::wanted_keys(&inputs) {
-        if let Some(entry) = ctx.store.lookup(&key).await.map_err(Error::Store)? {
+        let found = ctx.store.lookup(&key).await;
+        let found = found.map_err(|source| Error::StoreLookup {
+            key: key.clone(),
+            source,
+        })?;
+        if let Some(entry) = found {
             stored.insert(
                 key,
                 Stored {
@@ -363,7 +372,13 @@ async fn apply(
         match jobs.delete(name, &DeleteParams::background()).await {
             Ok(_) => ctx.metrics.write("delete"),
             Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
+            Err(source) => {
+                return Err(Error::DeleteJob {
+                    namespace: ns.to_string(),
+                    name: name.clone(),
+                    source,
+                });
+            }
         }
     }
     for (node, key, value) in &plan.node_labels {
@@ -385,7 +400,13 @@ async fn apply(
                 {
                     return Ok(Action::await_change());
                 }
-                Err(e) => return Err(e.into()),
+                Err(source) => {
+                    return Err(Error::CreateJob {
+                        namespace: ns.to_string(),
+                        name: new.name.clone(),
+                        source,
+                    });
+                }
             }
             // The Job exists: its slot stays taken until the cache shows it.
             pending.jobs.retain(|name| *name != new.name);
@@ -436,7 +457,13 @@ async fn apply(
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(&body),
         )
-        .await?;
+        .await
+        .map_err(|source| Error::ApplyStatus {
+            kind: "CompiledTarget",
+            namespace: ns.to_string(),
+            name: target.name_any(),
+            source,
+        })?;
         ctx.metrics.write("status");
     }
     let reference = target.object_ref(&());
@@ -500,11 +527,15 @@ async fn set_label(ctx: &Context, node: &str, key: &str, value: Option<&str>) ->
         }
         // The node is gone, and its labels with it.
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => {
+        Err(source) => {
             if let Ok(mut m) = ctx.labelled.lock() {
                 m.remove(&memo);
             }
-            Err(e.into())
+            Err(Error::PatchNodeLabel {
+                node: node.to_string(),
+                key: key.to_string(),
+                source,
+            })
         }
     }
 }

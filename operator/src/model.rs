@@ -71,7 +71,10 @@ pub fn status(model: &ModelArtifact, now: Time) -> ModelArtifactStatus {
 
 /// Reconciles one ModelArtifact: writes status only when it changes.
 pub async fn reconcile(model: Arc<ModelArtifact>, client: Arc<Client>) -> Result<Action, Error> {
-    let ns = model.namespace().ok_or(Error::Malformed("namespace"))?;
+    let ns = model.namespace().ok_or(Error::Malformed {
+        kind: "ModelArtifact",
+        field: "namespace",
+    })?;
     let new = status(&model, Time(k8s_openapi::jiff::Timestamp::now()));
     if Some(&new) != model.status.as_ref() {
         let api: Api<ModelArtifact> = Api::namespaced((*client).clone(), &ns);
@@ -81,7 +84,13 @@ pub async fn reconcile(model: Arc<ModelArtifact>, client: Arc<Client>) -> Result
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(&body),
         )
-        .await?;
+        .await
+        .map_err(|source| Error::ApplyStatus {
+            kind: "ModelArtifact",
+            namespace: ns.clone(),
+            name: model.name_any(),
+            source,
+        })?;
     }
     Ok(Action::await_change())
 }
