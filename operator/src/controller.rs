@@ -93,8 +93,16 @@ impl Context {
     }
 }
 
-/// (node, label key) → (value written, when).
-pub type LabelMemo = BTreeMap<(String, String), (Option<String>, Instant)>;
+/// (node, label key) → the value this replica wrote there, and when.
+pub type LabelMemo = BTreeMap<(String, String), Written>;
+
+/// A node label value this replica wrote.
+pub struct Written {
+    /// The value (`None`: removed).
+    value: Option<String>,
+    /// When.
+    at: Instant,
+}
 
 /// How long a node label this replica set is trusted over a cache that does not show it yet.
 const LABEL_MEMO: Duration = Duration::from_secs(30);
@@ -381,8 +389,8 @@ async fn apply(
             }
         }
     }
-    for (node, key, value) in &plan.node_labels {
-        set_label(ctx, node, key, value.as_deref()).await?;
+    for change in &plan.node_labels {
+        set_label(ctx, &change.node, &change.key, change.value.as_deref()).await?;
     }
     if let ModelLookup::Found(model) = model {
         for new in &plan.create {
@@ -504,10 +512,14 @@ async fn set_label(ctx: &Context, node: &str, key: &str, value: Option<&str>) ->
         .labelled
         .lock()
         .map(|mut m| {
-            m.retain(|_, (_, t)| t.elapsed() < LABEL_MEMO);
-            let fresh = m.get(&memo).is_some_and(|(v, _)| *v == want);
+            m.retain(|_, w| w.at.elapsed() < LABEL_MEMO);
+            let fresh = m.get(&memo).is_some_and(|w| w.value == want);
             if !fresh {
-                m.insert(memo.clone(), (want.clone(), Instant::now()));
+                let written = Written {
+                    value: want.clone(),
+                    at: Instant::now(),
+                };
+                m.insert(memo.clone(), written);
             }
             !fresh
         })
@@ -571,7 +583,7 @@ pub async fn sweep(ctx: &Context, targets: &Store<CompiledTarget>) {
         .map(|n| NodeView::new(n, None))
         .collect();
     let keys = live.keys().cloned().collect();
-    for (node, key) in readiness::stale_labels(&nodes, &keys) {
+    for plan::LabelChange { node, key, .. } in readiness::stale_labels(&nodes, &keys) {
         tracing::info!(%node, %key, "removing the readiness label of a deleted target");
         if let Err(err) = set_label(ctx, &node, &key, None).await {
             tracing::warn!(%node, %key, %err, "cannot remove a stale readiness label");

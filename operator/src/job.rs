@@ -269,7 +269,10 @@ pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &J
                 }),
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".into()),
-                    node_selector: Some(BTreeMap::from([new.node_selector.clone()])),
+                    node_selector: Some(BTreeMap::from([(
+                        new.node_selector.key.clone(),
+                        new.node_selector.value.clone(),
+                    )])),
                     tolerations: (!t.compile.tolerations.is_empty())
                         .then(|| t.compile.tolerations.clone()),
                     // The worker needs no API access: everything it reads is in its environment.

@@ -134,8 +134,28 @@ pub struct NewJob {
     pub compile_key: String,
     /// Attempt number, from 1.
     pub attempt: u32,
-    /// Node label the Job is pinned by, and its value (the class id).
-    pub node_selector: (String, String),
+    /// Node label the Job is pinned by: the target's class label key, and the class id.
+    pub node_selector: NodeLabel,
+}
+
+/// One node label, key and value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeLabel {
+    /// Label key.
+    pub key: String,
+    /// Label value.
+    pub value: String,
+}
+
+/// A node label to set or remove.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LabelChange {
+    /// Node name.
+    pub node: String,
+    /// Label key.
+    pub key: String,
+    /// The value to set; `None` removes the label.
+    pub value: Option<String>,
 }
 
 /// An Event to record.
@@ -158,9 +178,9 @@ pub struct Plan {
     pub create: Vec<NewJob>,
     /// Jobs to delete (stale keys or classes, replaced attempts).
     pub delete: Vec<String>,
-    /// (node, label key, value): set to `Some(value)`, remove on `None`. Class labels and the
-    /// target's readiness label ([`kiln_crds::labels::ready_label`]).
-    pub node_labels: Vec<(String, String, Option<String>)>,
+    /// Node labels to set or remove: class labels and the target's readiness label
+    /// ([`kiln_crds::labels::ready_label`]).
+    pub node_labels: Vec<LabelChange>,
     /// Events for transitions.
     pub events: Vec<Event>,
     /// Reconcile again after this long (backoff), if set.
@@ -382,7 +402,10 @@ fn awaiting_message(nodes: &[String], keys: &[&str]) -> String {
 
 /// "3 of 4 node(s) failing: HashMismatch on node-a: <message>".
 fn failing_message(a: &ClassNodes, total: usize) -> String {
-    let (node, said) = a.example.clone().unwrap_or_default();
+    let (node, said) = a
+        .example
+        .as_ref()
+        .map_or(("", ""), |e| (e.node.as_str(), e.message.as_str()));
     format!(
         "{} of {total} node(s) failing ({}): {} on {node}: {said}",
         a.failed,
@@ -470,8 +493,11 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         .iter()
         .filter(|n| n.labels.contains_key(&label_key) && awaiting.contains(&n.name))
     {
-        out.node_labels
-            .push((node.name.clone(), label_key.clone(), None));
+        out.node_labels.push(LabelChange {
+            node: node.name.clone(),
+            key: label_key.clone(),
+            value: None,
+        });
     }
     if keyed.is_empty()
         && let Some(message) = &awaiting_note
@@ -573,8 +599,11 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 .find(|n| &n.name == node)
                 .and_then(|n| n.labels.get(&label_key));
             if current != Some(&k.class.id) {
-                out.node_labels
-                    .push((node.clone(), label_key.clone(), Some(k.class.id.clone())));
+                out.node_labels.push(LabelChange {
+                    node: node.clone(),
+                    key: label_key.clone(),
+                    value: Some(k.class.id.clone()),
+                });
             }
         }
         let prev = old
@@ -630,7 +659,10 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 facts: k.class.facts.clone(),
                 compile_key: k.key.clone(),
                 attempt,
-                node_selector: (label_key.clone(), k.class.id.clone()),
+                node_selector: NodeLabel {
+                    key: label_key.clone(),
+                    value: k.class.id.clone(),
+                },
             });
             row.phase = ClassPhase::Compiling;
             row.job = p.job.clone();
@@ -709,7 +741,10 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             facts: k.class.facts.clone(),
             compile_key: k.key.clone(),
             attempt,
-            node_selector: (label_key.clone(), k.class.id.clone()),
+            node_selector: NodeLabel {
+                key: label_key.clone(),
+                value: k.class.id.clone(),
+            },
         });
         row.phase = ClassPhase::Compiling;
         row.job = Some(job);

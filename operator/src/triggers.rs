@@ -15,8 +15,13 @@ use kiln_crds::{CompiledTarget, KilnNode};
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-/// A KilnNode's hardware fingerprint and, per target it reports on, its rows' fingerprint.
-type Seen = (u64, BTreeMap<(String, String), u64>);
+/// What a KilnNode's last event looked like.
+struct Seen {
+    /// Fingerprint of its hardware facts.
+    hardware: u64,
+    /// Per target it reports on, (namespace, name) → fingerprint of its rows for that target.
+    rows: BTreeMap<(String, String), u64>,
+}
 
 /// What the last event of each object looked like.
 #[derive(Default)]
@@ -104,10 +109,19 @@ impl Triggers {
         let before = self
             .kiln_nodes
             .lock()
-            .map(|mut m| m.insert(node.name_any(), (hardware, named.clone())))
+            .map(|mut m| {
+                let seen = Seen {
+                    hardware,
+                    rows: named.clone(),
+                };
+                m.insert(node.name_any(), seen)
+            })
             .unwrap_or(None);
         match before {
-            Some((h, before)) if h == hardware => {
+            Some(Seen {
+                hardware: h,
+                rows: before,
+            }) if h == hardware => {
                 let changed: BTreeSet<&(String, String)> = named
                     .iter()
                     .filter(|(k, v)| before.get(*k) != Some(v))
