@@ -18,6 +18,7 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
+use crate::admission::{self, JobCache, PendingSlots, TakenSlots};
 use crate::classes::NodeView;
 use crate::error::Error;
 use crate::job::JobSettings;
@@ -63,34 +64,11 @@ pub struct Context {
     pub labelled: std::sync::Mutex<LabelMemo>,
     /// Ready nodes per class each target had at its last reconcile, for the ready-nodes gauge.
     pub ready_counts: std::sync::Mutex<BTreeMap<String, BTreeMap<String, i64>>>,
-    /// Compile slots this replica took for Jobs the Job cache may not show yet. Counting the
-    /// running compiles and taking slots happen under this lock, so that reconciles of different
-    /// targets (they run at once) cannot each take the same free slot of
-    /// `--max-concurrent-compiles`; the Jobs are then created outside it.
+    /// Compile slots this replica took for Jobs the Job cache may not show yet (the slot
+    /// ledger, [`admission`]). Counting the running compiles and taking slots happen under this
+    /// lock, so that reconciles of different targets (they run at once) cannot each take the
+    /// same free slot of `--max-concurrent-compiles`; the Jobs are then created outside it.
     pub compile_slots: std::sync::Mutex<TakenSlots>,
-}
-
-/// (namespace, Job name) → the slot taken for that Job.
-pub type TakenSlots = BTreeMap<(String, String), Taken>;
-
-/// A compile slot taken for a Job: whose it is, what it builds, when.
-pub struct Taken {
-    owner: String,
-    compile_key: String,
-    attempt: u32,
-    at: Instant,
-}
-
-/// How long a slot taken for a Job counts as running while the cache does not show the Job.
-const SLOT_MEMO: Duration = Duration::from_secs(60);
-
-impl Context {
-    /// The compile slots taken (a panic elsewhere while holding them leaves them usable).
-    fn slots(&self) -> std::sync::MutexGuard<'_, TakenSlots> {
-        self.compile_slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
 }
 
 /// (node, label key) → the value this replica wrote there, and when.
@@ -164,7 +142,11 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
         })
         .collect();
     let mut jobs = owned_jobs(target, ctx, &ns, &uid).await;
-    jobs.extend(created_not_cached(ctx, &ns, &uid));
+    let lagging = {
+        let slots = admission::lock(&ctx.compile_slots);
+        admission::created_not_cached(&slots, &ns, &uid, &ctx.jobs, Instant::now())
+    };
+    jobs.extend(lagging);
 
     // Store: only the keys the plan will ask about.
     let empty = BTreeMap::new();
@@ -174,7 +156,7 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
         nodes: &nodes,
         jobs: &jobs,
         stored: &empty,
-        compiles_elsewhere: running_elsewhere(ctx, &uid, None),
+        compiles_elsewhere: ctx.jobs.running_not_owned_by(&uid),
         settings: &ctx.settings,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
@@ -201,85 +183,13 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
     // A plan that starts compiles is made again under the slot lock, counting the slots other
     // reconciles took meanwhile, and takes its own before the lock goes.
     if !plan.create.is_empty() {
-        let mut taken = ctx.slots();
-        inputs.compiles_elsewhere = running_elsewhere(ctx, &uid, Some(&mut taken));
+        let mut slots = admission::lock(&ctx.compile_slots);
+        let now = Instant::now();
+        inputs.compiles_elsewhere = admission::running_elsewhere(&mut slots, &uid, &ctx.jobs, now);
         plan = plan::plan(&inputs);
-        for new in &plan.create {
-            let slot = Taken {
-                owner: uid.clone(),
-                compile_key: new.compile_key.clone(),
-                attempt: new.attempt,
-                at: Instant::now(),
-            };
-            taken.insert((ns.clone(), new.name.clone()), slot);
-        }
+        admission::take(&mut slots, &ns, &uid, &plan.create, now);
     }
     apply(target, &model, plan, ctx, &ns).await
-}
-
-/// This target's Jobs created moments ago that the cache does not show yet: running, not
-/// missing (under load the watch lags, and each reconcile would post them again).
-fn created_not_cached(ctx: &Context, ns: &str, uid: &str) -> Vec<plan::JobView> {
-    ctx.slots()
-        .iter()
-        .filter(|((job_ns, name), t)| {
-            job_ns == ns
-                && t.owner == uid
-                && t.at.elapsed() < SLOT_MEMO
-                && ctx.jobs.get(&ObjectRef::new(name).within(ns)).is_none()
-        })
-        .map(|((_, name), t)| plan::JobView {
-            name: name.clone(),
-            compile_key: t.compile_key.clone(),
-            attempt: t.attempt,
-            state: plan::JobState::Active,
-            finished_at: None,
-            deleting: false,
-        })
-        .collect()
-}
-
-/// Slots to give back whatever way `apply` ends: those a plan took for Jobs it did not create,
-/// and those of the Jobs it deleted.
-struct PendingSlots<'a> {
-    ctx: &'a Context,
-    ns: &'a str,
-    jobs: Vec<String>,
-}
-
-impl Drop for PendingSlots<'_> {
-    fn drop(&mut self) {
-        if self.jobs.is_empty() {
-            return;
-        }
-        let mut taken = self.ctx.slots();
-        for job in &self.jobs {
-            taken.remove(&(self.ns.to_string(), job.clone()));
-        }
-    }
-}
-
-/// Compile Jobs of other targets still running (for the concurrency limit): those in the cache,
-/// and the slots this replica took for Jobs the cache does not show yet (`taken`, from which
-/// what the cache shows now, or surely would by now, is dropped).
-fn running_elsewhere(ctx: &Context, uid: &str, taken: Option<&mut TakenSlots>) -> usize {
-    let cached = ctx.jobs.state();
-    let in_cache = cached
-        .iter()
-        .filter(|j| !j.owner_references().iter().any(|o| o.uid == uid))
-        .filter(|j| j.metadata.deletion_timestamp.is_none() && observe::outcome(j).is_none())
-        .count();
-    let Some(taken) = taken else {
-        return in_cache;
-    };
-    if !taken.is_empty() {
-        let seen: std::collections::HashSet<(String, String)> = cached
-            .iter()
-            .map(|j| (j.namespace().unwrap_or_default(), j.name_any()))
-            .collect();
-        taken.retain(|job, t| t.at.elapsed() < SLOT_MEMO && !seen.contains(job));
-    }
-    in_cache + taken.values().filter(|t| t.owner != uid).count()
 }
 
 /// The target's Jobs from the cache, with failures classified (reading the pod only for a failure
@@ -370,13 +280,9 @@ async fn apply(
     ns: &str,
 ) -> Result<Action, Error> {
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    let mut pending = PendingSlots {
-        ctx,
-        ns,
-        jobs: plan.create.iter().map(|j| j.name.clone()).collect(),
-    };
+    let mut pending = PendingSlots::new(&ctx.compile_slots, ns, &plan.create);
     for name in &plan.delete {
-        pending.jobs.push(name.clone()); // a deleted Job holds no slot
+        pending.deleted(name);
         match jobs.delete(name, &DeleteParams::background()).await {
             Ok(_) => ctx.metrics.write("delete"),
             Err(kube::Error::Api(e)) if e.code == 404 => {}
@@ -416,8 +322,7 @@ async fn apply(
                     });
                 }
             }
-            // The Job exists: its slot stays taken until the cache shows it.
-            pending.jobs.retain(|name| *name != new.name);
+            pending.created(&new.name);
         }
     }
     let old = target.status.clone().unwrap_or_default();
