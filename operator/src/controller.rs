@@ -1,6 +1,8 @@
 //! The CompiledTarget controller. `reconcile` reads like a table of contents: dereference the
-//! model and gather nodes, Jobs and store entries (caches and the store; no writes) → `plan`
-//! (pure) → apply (the only place that writes: Jobs, node labels, status, Events).
+//! model and gather nodes, Jobs and store entries (caches and the store; no writes) →
+//! `plan::draft` (pure) → compile admission under the slot lock ([`admission`], pure) →
+//! `plan::settle` (pure) → apply (the only place that writes: Jobs, node labels, status,
+//! Events).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,7 +20,7 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
-use crate::admission::{self, JobCache, PendingSlots, TakenSlots};
+use crate::admission::{self, Admission, PendingSlots, TakenSlots};
 use crate::classes::NodeView;
 use crate::error::Error;
 use crate::job::JobSettings;
@@ -109,19 +111,47 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
     let ns = target.namespace().ok_or_else(|| malformed("namespace"))?;
     let uid = target.uid().ok_or_else(|| malformed("uid"))?;
 
-    // Dereference.
-    let model = match &target.spec.model_ref.namespace {
+    // Dereference and gather: caches and the store, no writes.
+    let model = model_of(target, ctx, &ns);
+    let nodes = node_views(target, ctx, &ns);
+    let mut jobs = owned_jobs(target, ctx, &ns, &uid).await;
+    jobs.extend(lagging_jobs(ctx, &ns, &uid));
+    let empty = BTreeMap::new();
+    let mut inputs = Inputs {
+        target,
+        model: &model,
+        nodes: &nodes,
+        jobs: &jobs,
+        stored: &empty,
+        // Counted under the slot lock, for admission after the draft.
+        compiles_elsewhere: 0,
+        settings: &ctx.settings,
+        now: Time(k8s_openapi::jiff::Timestamp::now()),
+    };
+    let stored = stored(ctx, plan::wanted_keys(&inputs)).await?;
+    inputs.stored = &stored;
+
+    let plan = decide(&inputs, ctx, &ns, &uid);
+    apply(target, &model, plan, ctx, &ns).await
+}
+
+/// The target's ModelArtifact, from the cache.
+fn model_of(target: &CompiledTarget, ctx: &Context, ns: &str) -> ModelLookup {
+    match &target.spec.model_ref.namespace {
         Some(other) if *other != ns => ModelLookup::Missing,
         _ => ctx
             .models
-            .get(&ObjectRef::new(&target.spec.model_ref.name).within(&ns))
+            .get(&ObjectRef::new(&target.spec.model_ref.name).within(ns))
             .map_or(ModelLookup::Missing, |m| {
                 ModelLookup::Found(Box::new((*m).clone()))
             }),
-    };
+    }
+}
+
+/// Every node, with its hardware facts and its agent's rows for this target.
+fn node_views(target: &CompiledTarget, ctx: &Context, ns: &str) -> Vec<NodeView> {
     let name = target.name_any();
-    let nodes: Vec<NodeView> = ctx
-        .nodes
+    ctx.nodes
         .state()
         .iter()
         .map(|n| {
@@ -140,56 +170,54 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
                 .unwrap_or_default();
             view
         })
-        .collect();
-    let mut jobs = owned_jobs(target, ctx, &ns, &uid).await;
-    let lagging = {
-        let slots = admission::lock(&ctx.compile_slots);
-        admission::created_not_cached(&slots, &ns, &uid, &ctx.jobs, Instant::now())
-    };
-    jobs.extend(lagging);
+        .collect()
+}
 
-    // Store: only the keys the plan will ask about.
-    let empty = BTreeMap::new();
-    let mut inputs = Inputs {
-        target,
-        model: &model,
-        nodes: &nodes,
-        jobs: &jobs,
-        stored: &empty,
-        compiles_elsewhere: ctx.jobs.running_not_owned_by(&uid),
-        settings: &ctx.settings,
-        now: Time(k8s_openapi::jiff::Timestamp::now()),
-    };
+/// The target's Jobs created moments ago that the cache does not show yet (the slot ledger).
+fn lagging_jobs(ctx: &Context, ns: &str, uid: &str) -> Vec<plan::JobView> {
+    let slots = admission::lock(&ctx.compile_slots);
+    admission::created_not_cached(&slots, ns, uid, &ctx.jobs, Instant::now())
+}
+
+/// What the store holds of `keys` (only the keys the plan will ask about).
+async fn stored(ctx: &Context, keys: Vec<String>) -> Result<BTreeMap<String, Stored>, Error> {
     let mut stored = BTreeMap::new();
-    for key in plan::wanted_keys(&inputs) {
+    for key in keys {
         let found = ctx.store.lookup(&key).await;
         let found = found.map_err(|source| Error::StoreLookup {
             key: key.clone(),
             source,
         })?;
         if let Some(entry) = found {
-            stored.insert(
-                key,
-                Stored {
-                    digest: entry.manifest.artifact_digest,
-                    manifest_digest: entry.manifest_digest,
-                },
-            );
+            let entry = Stored {
+                digest: entry.manifest.artifact_digest,
+                manifest_digest: entry.manifest_digest,
+            };
+            stored.insert(key, entry);
         }
     }
-    inputs.stored = &stored;
+    Ok(stored)
+}
 
-    let mut plan = plan::plan(&inputs);
-    // A plan that starts compiles is made again under the slot lock, counting the slots other
-    // reconciles took meanwhile, and takes its own before the lock goes.
-    if !plan.create.is_empty() {
-        let mut slots = admission::lock(&ctx.compile_slots);
-        let now = Instant::now();
-        inputs.compiles_elsewhere = admission::running_elsewhere(&mut slots, &uid, &ctx.jobs, now);
-        plan = plan::plan(&inputs);
-        admission::take(&mut slots, &ns, &uid, &plan.create, now);
+/// The plan, in one pass: draft, compile admission, settle. Counting the running compiles and
+/// taking slots for the new Jobs happen under the slot lock, so that reconciles of other
+/// targets (they run at once) cannot take the same free slot; the Jobs are created after it.
+fn decide(inputs: &Inputs<'_>, ctx: &Context, ns: &str, uid: &str) -> plan::Plan {
+    let draft = plan::draft(inputs);
+    if !draft.may_create() {
+        return plan::settle(draft, Admission::default());
     }
-    apply(target, &model, plan, ctx, &ns).await
+    let mut slots = admission::lock(&ctx.compile_slots);
+    let now = Instant::now();
+    let elsewhere = admission::running_elsewhere(&mut slots, uid, &ctx.jobs, now);
+    let admission = admission::admit(
+        ctx.settings.max_concurrent_compiles,
+        elsewhere + draft.running_here(),
+        draft.candidates(),
+    );
+    let plan = plan::settle(draft, admission);
+    admission::take(&mut slots, ns, uid, &plan.create, now);
+    plan
 }
 
 /// The target's Jobs from the cache, with failures classified (reading the pod only for a failure
