@@ -1,8 +1,8 @@
 //! The CompiledTarget controller. `reconcile` reads like a table of contents: dereference the
 //! model and gather nodes, Jobs and store entries (caches and the store; no writes) →
 //! `plan::draft` (pure) → compile admission under the slot lock ([`admission`], pure) →
-//! `plan::settle` (pure) → apply (the only place that writes: Jobs, node labels, status,
-//! Events).
+//! `plan::settle` (pure) → [`writes::apply`] (the only place that writes: Jobs, node labels,
+//! status, Events).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,13 +14,13 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::compiled_target::ClassPhase;
 use kiln_crds::{CompiledTarget, KilnNode, ModelArtifact};
-use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, LogParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 
-use crate::admission::{self, Admission, PendingSlots, TakenSlots};
+use crate::admission::{self, Admission, TakenSlots};
 use crate::classes::NodeView;
 use crate::error::Error;
 use crate::job::JobSettings;
@@ -28,6 +28,7 @@ use crate::metrics::Metrics;
 use crate::observe;
 use crate::plan::{self, Inputs, ModelLookup, Settings, Stored};
 use crate::readiness;
+use crate::writes::{self, LabelMemo};
 
 /// Field manager for everything the operator applies.
 pub const MANAGER: &str = "kiln-operator";
@@ -72,20 +73,6 @@ pub struct Context {
     /// same free slot of `--max-concurrent-compiles`; the Jobs are then created outside it.
     pub compile_slots: std::sync::Mutex<TakenSlots>,
 }
-
-/// (node, label key) → the value this replica wrote there, and when.
-pub type LabelMemo = BTreeMap<(String, String), Written>;
-
-/// A node label value this replica wrote.
-pub struct Written {
-    /// The value (`None`: removed).
-    value: Option<String>,
-    /// When.
-    at: Instant,
-}
-
-/// How long a node label this replica set is trusted over a cache that does not show it yet.
-const LABEL_MEMO: Duration = Duration::from_secs(30);
 
 /// Reconciles one CompiledTarget.
 #[tracing::instrument(skip_all, fields(target = %target.name_any(), ns = target.namespace().unwrap_or_default()))]
@@ -132,7 +119,7 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
     inputs.stored = &stored;
 
     let plan = decide(&inputs, ctx, &ns, &uid);
-    apply(target, &model, plan, ctx, &ns).await
+    writes::apply(target, &model, plan, ctx, &ns).await
 }
 
 /// The target's ModelArtifact, from the cache.
@@ -300,202 +287,6 @@ async fn classify_failure(
     (reason, message)
 }
 
-async fn apply(
-    target: &CompiledTarget,
-    model: &ModelLookup,
-    plan: plan::Plan,
-    ctx: &Context,
-    ns: &str,
-) -> Result<Action, Error> {
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    let mut pending = PendingSlots::new(&ctx.compile_slots, ns, &plan.create);
-    for name in &plan.delete {
-        pending.deleted(name);
-        match jobs.delete(name, &DeleteParams::background()).await {
-            Ok(_) => ctx.metrics.write("delete"),
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(source) => {
-                return Err(Error::DeleteJob {
-                    namespace: ns.to_string(),
-                    name: name.clone(),
-                    source,
-                });
-            }
-        }
-    }
-    for change in &plan.node_labels {
-        set_label(ctx, &change.node, &change.key, change.value.as_deref()).await?;
-    }
-    if let ModelLookup::Found(model) = model {
-        for new in &plan.create {
-            let job = crate::job::build(target, model, new, &ctx.job_settings);
-            match jobs.create(&PostParams::default(), &job).await {
-                Ok(_) => {
-                    ctx.metrics.write("job");
-                    ctx.metrics.job(&new.class, "created", "");
-                }
-                // Another replica, or this one before a restart, already made it: same name, same Job.
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                // The namespace is going away and the target with it: nothing to do.
-                Err(kube::Error::Api(e))
-                    if e.code == 403 && e.message.contains("being terminated") =>
-                {
-                    return Ok(Action::await_change());
-                }
-                Err(source) => {
-                    return Err(Error::CreateJob {
-                        namespace: ns.to_string(),
-                        name: new.name.clone(),
-                        source,
-                    });
-                }
-            }
-            pending.created(&new.name);
-        }
-    }
-    let old = target.status.clone().unwrap_or_default();
-    for row in &plan.status.classes {
-        let was = old.classes.iter().find(|c| c.class == row.class);
-        let had_artifact = was.is_some_and(|w| w.artifact_digest == row.artifact_digest);
-        if row.artifact_digest.is_some() && !had_artifact {
-            if was.and_then(|w| w.job.as_ref()).is_some() {
-                ctx.metrics.job(&row.class, "succeeded", "");
-            } else {
-                ctx.metrics.cache_hit();
-            }
-        }
-    }
-    for r in plan.status.revisions.iter().filter(|r| r.known_good) {
-        if !old
-            .revisions
-            .iter()
-            .any(|o| o.number == r.number && o.known_good)
-        {
-            ctx.metrics.promoted();
-        }
-    }
-    let key = format!("{ns}/{}", target.name_any());
-    let count = i64::from(plan.status.class_count.unwrap_or(0));
-    if let Ok(mut counts) = ctx.class_counts.lock() {
-        let before = counts.insert(key.clone(), count).unwrap_or(0);
-        ctx.metrics.classes(count - before);
-    }
-    let ready: BTreeMap<String, i64> = plan
-        .status
-        .classes
-        .iter()
-        .map(|c| (c.class.clone(), i64::from(c.ready_nodes)))
-        .collect();
-    if let Ok(mut counts) = ctx.ready_counts.lock() {
-        let before = counts.insert(key, ready.clone()).unwrap_or_default();
-        ready_deltas(ctx, &before, &ready);
-    }
-    if plan.status != old {
-        let api: Api<CompiledTarget> = Api::namespaced(ctx.client.clone(), ns);
-        let body = kiln_crds::status_apply::<CompiledTarget>(&plan.status);
-        api.patch_status(
-            &target.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .map_err(|source| Error::ApplyStatus {
-            kind: "CompiledTarget",
-            namespace: ns.to_string(),
-            name: target.name_any(),
-            source,
-        })?;
-        ctx.metrics.write("status");
-    }
-    let reference = target.object_ref(&());
-    for e in &plan.events {
-        let event = KubeEvent {
-            type_: if e.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: e.reason.clone(),
-            note: Some(e.note.clone()),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        // An Event that cannot be recorded must not fail the reconcile that caused it.
-        match ctx.recorder.publish(&event, &reference).await {
-            Ok(()) => ctx.metrics.write("event"),
-            Err(err) => tracing::warn!(%err, "cannot record event"),
-        }
-    }
-    Ok(match plan.requeue {
-        Some(after) => Action::requeue(after + Duration::from_secs(1)),
-        // Periodic re-check of the store (another cluster may have filled a key); no writes when
-        // nothing changed.
-        None => Action::requeue(Duration::from_secs(600)),
-    })
-}
-
-/// Sets (`Some`) or removes (`None`) one node label, unless this replica already wrote that
-/// value recently (the cache may not show it yet).
-async fn set_label(ctx: &Context, node: &str, key: &str, value: Option<&str>) -> Result<(), Error> {
-    let memo = (node.to_string(), key.to_string());
-    let want = value.map(str::to_string);
-    // Claim the write before patching, so that concurrent reconciles of targets sharing the
-    // node do not all patch it; a failed patch gives the claim back.
-    let claimed = ctx
-        .labelled
-        .lock()
-        .map(|mut m| {
-            m.retain(|_, w| w.at.elapsed() < LABEL_MEMO);
-            let fresh = m.get(&memo).is_some_and(|w| w.value == want);
-            if !fresh {
-                let written = Written {
-                    value: want.clone(),
-                    at: Instant::now(),
-                };
-                m.insert(memo.clone(), written);
-            }
-            !fresh
-        })
-        .unwrap_or(true);
-    if !claimed {
-        return Ok(());
-    }
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let patch = serde_json::json!({"metadata": {"labels": {key: value}}});
-    match nodes
-        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => {
-            ctx.metrics.write("node");
-            Ok(())
-        }
-        // The node is gone, and its labels with it.
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(source) => {
-            if let Ok(mut m) = ctx.labelled.lock() {
-                m.remove(&memo);
-            }
-            Err(Error::PatchNodeLabel {
-                node: node.to_string(),
-                key: key.to_string(),
-                source,
-            })
-        }
-    }
-}
-
-/// Moves the ready-nodes gauge from one target's `before` counts per class to `after`.
-fn ready_deltas(ctx: &Context, before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>) {
-    let classes: std::collections::BTreeSet<&String> = before.keys().chain(after.keys()).collect();
-    for class in classes {
-        let delta = after.get(class).unwrap_or(&0) - before.get(class).unwrap_or(&0);
-        if delta != 0 {
-            ctx.metrics.ready_nodes(class, delta);
-        }
-    }
-}
-
 /// Removes the readiness labels of targets that no longer exist, and forgets their metrics.
 pub async fn sweep(ctx: &Context, targets: &Store<CompiledTarget>) {
     let live: BTreeMap<String, String> = targets
@@ -518,7 +309,7 @@ pub async fn sweep(ctx: &Context, targets: &Store<CompiledTarget>) {
     let keys = live.keys().cloned().collect();
     for plan::LabelChange { node, key, .. } in readiness::stale_labels(&nodes, &keys) {
         tracing::info!(%node, %key, "removing the readiness label of a deleted target");
-        if let Err(err) = set_label(ctx, &node, &key, None).await {
+        if let Err(err) = writes::set_label(ctx, &node, &key, None).await {
             tracing::warn!(%node, %key, %err, "cannot remove a stale readiness label");
         }
     }
@@ -540,7 +331,7 @@ pub async fn sweep(ctx: &Context, targets: &Store<CompiledTarget>) {
             .collect();
         for k in gone {
             if let Some(before) = counts.remove(&k) {
-                ready_deltas(ctx, &before, &BTreeMap::new());
+                writes::ready_deltas(ctx, &before, &BTreeMap::new());
             }
         }
     }

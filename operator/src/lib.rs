@@ -14,3 +14,4 @@ pub mod readiness;
 pub mod run;
 pub mod telemetry;
 pub mod triggers;
+pub mod writes;
