@@ -38,7 +38,9 @@ fn every(targets: &Store<CompiledTarget>) -> Vec<ObjectRef<CompiledTarget>> {
         .collect()
 }
 
-fn fingerprint<T: serde::Serialize>(value: &T) -> u64 {
+/// A cheap fingerprint of a value's JSON, to tell whether a watched object's part changed
+/// between events. In memory only: `DefaultHasher` is not stable across builds.
+pub fn fingerprint<T: serde::Serialize>(value: &T) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     serde_json::to_string(value)

@@ -38,13 +38,14 @@ pub fn classify(inputs: &Inputs<'_>, model: &ModelArtifact) -> Classified {
     let selector = t.node_selector.as_ref();
     let keyed = keyed_with(inputs, model);
     let missing = missing_keys(selector, &t.class_label_keys, inputs.nodes);
-    let (awaiting, awaited_keys) = unreported(selector, &t.class_label_keys, inputs.nodes);
-    let awaiting_note = (!awaiting.is_empty()).then(|| awaiting_message(&awaiting, &awaited_keys));
+    let awaiting = unreported(selector, &t.class_label_keys, inputs.nodes);
+    let awaiting_note =
+        (!awaiting.nodes.is_empty()).then(|| awaiting_message(&awaiting.nodes, &awaiting.keys));
     let label_key = class_label_key(&t.class_label_keys);
     let stale = inputs
         .nodes
         .iter()
-        .filter(|n| n.labels.contains_key(&label_key) && awaiting.contains(&n.name))
+        .filter(|n| n.labels.contains_key(&label_key) && awaiting.nodes.contains(&n.name))
         .map(|n| LabelChange {
             node: n.name.clone(),
             key: label_key.clone(),

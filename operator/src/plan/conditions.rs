@@ -275,7 +275,7 @@ fn compiling(p: &Progress, rows: &[ClassStatus], compiled: usize) -> Vec<Want> {
             r.class,
             r.attempts,
             p.max_attempts,
-            r.reason.map_or("CompileFailed", |x| x.as_str()),
+            r.reason.unwrap_or(FailureReason::CompileFailed).as_str(),
             r.message.as_deref().unwrap_or("")
         );
         (reasons::RETRYING, message)
