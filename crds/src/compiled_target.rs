@@ -388,12 +388,14 @@ pub struct ClassStatus {
     /// Nodes in the class.
     #[serde(default)]
     pub nodes: i32,
-    /// `Compiling`, `Retrying`, `Failed` (compile attempts exhausted), then, with the artifact
+    /// Where the class stands: `Queued` (waiting for a compile slot), `Compiling`, `Retrying`
+    /// (after a failed attempt), `Failed` (compile attempts exhausted), then, with the artifact
     /// stored: `Compiled` (no node reported yet), `Warming`, `Failing` (nodes failed it and none
     /// is still working), `Degraded` (nodes serve a fallback), `Ready`
     /// (`rollout.promoteAtReadyPercent` of the class's nodes ready on the current revision).
+    /// `Pending` is never written: a row without a phase reads so.
     #[serde(default)]
-    pub phase: String,
+    pub phase: ClassPhase,
     /// Compile key of the class's artifact.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compile_key: Option<String>,
@@ -428,6 +430,93 @@ pub struct ClassStatus {
     /// `compile.maxAttempts`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub retry_base: i32,
+}
+
+/// Where one node class stands. Before its artifact is stored, the compile decides the phase
+/// (`Queued`, `Compiling`, `Retrying`, `Failed`); once it is stored, the class's nodes do
+/// (`Compiled`, `Warming`, `Failing`, `Degraded`, `Ready`). Serialised as the variant name.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash,
+)]
+pub enum ClassPhase {
+    /// Needs a compile, but all `--max-concurrent-compiles` compile slots are taken; the
+    /// operator looks again when a compile Job ends, and every 30 s.
+    Queued,
+    /// A compile Job is running (or was just created) for the class's compile key.
+    Compiling,
+    /// The last compile attempt failed; the next starts after the backoff.
+    Retrying,
+    /// Compile attempts exhausted (`compile.maxAttempts`); the target is Stalled until the spec
+    /// changes or the `kiln.dev/retry` annotation gets a new value.
+    Failed,
+    /// The artifact is stored; no node of the class has reported on it yet.
+    Compiled,
+    /// The artifact is stored; nodes are pulling, loading or warming it.
+    Warming,
+    /// Nodes of the class failed the artifact, and none is still working on it.
+    Failing,
+    /// Nodes of the class serve a fallback (the previous known-good revision or another
+    /// class's artifact) instead of the current revision.
+    Degraded,
+    /// `rollout.promoteAtReadyPercent` of the class's nodes serve the current revision.
+    Ready,
+    /// Nothing decided yet. The operator never writes it: it is what a row without a phase (or
+    /// with one this version does not know, such as the empty string a row could carry when
+    /// the phase was a free string) reads as, so such a row cannot break a watch.
+    #[default]
+    #[serde(other)]
+    Pending,
+}
+
+impl ClassPhase {
+    /// Every phase.
+    pub const ALL: [ClassPhase; 10] = [
+        Self::Queued,
+        Self::Compiling,
+        Self::Retrying,
+        Self::Failed,
+        Self::Compiled,
+        Self::Warming,
+        Self::Failing,
+        Self::Degraded,
+        Self::Ready,
+        Self::Pending,
+    ];
+
+    /// The serialised name, as in status and `kubectl get`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "Queued",
+            Self::Compiling => "Compiling",
+            Self::Retrying => "Retrying",
+            Self::Failed => "Failed",
+            Self::Compiled => "Compiled",
+            Self::Warming => "Warming",
+            Self::Failing => "Failing",
+            Self::Degraded => "Degraded",
+            Self::Ready => "Ready",
+            Self::Pending => "Pending",
+        }
+    }
+}
+
+impl std::fmt::Display for ClassPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Compares with the serialised name, for code that still holds phases as strings.
+impl PartialEq<str> for ClassPhase {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for ClassPhase {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
 }
 
 /// A numbered set of artifacts, one per class.
@@ -537,5 +626,29 @@ impl ShapeProfile {
             shapes.insert(input.name.clone(), shape);
         }
         Ok(shapes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_phases_serialise_as_their_names_and_unknown_ones_read_as_pending() {
+        for p in ClassPhase::ALL {
+            let json = serde_json::to_value(p).expect("serialise");
+            assert_eq!(json, serde_json::json!(p.as_str()));
+            assert_eq!(serde_json::from_value::<ClassPhase>(json).expect("read"), p);
+            assert!(p == p.as_str() && p == *p.as_str());
+        }
+        for old in ["", "Bogus"] {
+            let row: ClassStatus =
+                serde_json::from_value(serde_json::json!({"class": "c", "phase": old}))
+                    .expect("a row with an unknown phase still reads");
+            assert_eq!(row.phase, ClassPhase::Pending);
+        }
+        let row: ClassStatus =
+            serde_json::from_value(serde_json::json!({"class": "c"})).expect("no phase");
+        assert_eq!(row.phase, ClassPhase::default());
     }
 }

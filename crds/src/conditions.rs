@@ -15,6 +15,63 @@ pub const COMPILED: &str = "Compiled";
 /// Serving continues on a fallback, not the artifact asked for.
 pub const DEGRADED: &str = "Degraded";
 
+/// Condition reasons the operator writes, other than a [`crate::FailureReason`] (a classified
+/// compile or node failure is its own reason: `HashMismatch`, `CompileFailed`, …). One constant
+/// per string, so that status, Events and the tests that read them agree.
+pub mod reasons {
+    // CompiledTarget: progress and health.
+
+    /// Every class has `rollout.promoteAtReadyPercent` of its nodes ready on the current revision.
+    pub const READY: &str = "Ready";
+    /// Every class is compiled; nodes are still pulling, loading or warming it.
+    pub const WARMING: &str = "Warming";
+    /// Every class is compiled; no node of a class short of its threshold has reported yet.
+    pub const WAITING_FOR_NODES: &str = "WaitingForNodes";
+    /// Every class is compiled (the `Compiled` condition).
+    pub const COMPILED: &str = "Compiled";
+    /// Some class's compile Job is running.
+    pub const COMPILING: &str = "Compiling";
+    /// Classes wait for a compile slot and none of the target's compiles runs.
+    pub const QUEUED: &str = "Queued";
+    /// A class's compile failed and is retried after the backoff.
+    pub const RETRYING: &str = "Retrying";
+    /// Every selected node has settled, too few are ready, and the failing ones gave no reason.
+    pub const NODES_FAILED: &str = "NodesFailed";
+    /// Selected nodes have no class yet: their agent has not reported their hardware.
+    pub const WAITING_FOR_NODE_FACTS: &str = "WaitingForNodeFacts";
+
+    // CompiledTarget: `Degraded`.
+
+    /// `Degraded=False`: nodes serve what the spec asks for.
+    pub const AS_SPECIFIED: &str = "AsSpecified";
+    /// `Degraded=True`: nodes serve a fallback instead of the current revision.
+    pub const FALLBACK: &str = "Fallback";
+    /// `Degraded=True`: the current spec does not compile; the previous revision is served.
+    pub const PREVIOUS_REVISION: &str = "PreviousRevision";
+
+    // CompiledTarget: the spec cannot be acted on (`Stalled=True`).
+
+    /// `spec.nodeSelector` matches no node.
+    pub const NO_MATCHING_NODES: &str = "NoMatchingNodes";
+    /// None of the selected nodes carries one of `spec.classLabelKeys`.
+    pub const CLASS_KEY_NOT_FOUND: &str = "ClassKeyNotFound";
+    /// `spec.modelRef` names no ModelArtifact in the target's namespace.
+    pub const MODEL_NOT_FOUND: &str = "ModelNotFound";
+    /// `spec.modelRef.namespace` is not the target's own namespace.
+    pub const MODEL_IN_OTHER_NAMESPACE: &str = "ModelInOtherNamespace";
+    /// The operator's compile workers do not have the backend.
+    pub const BACKEND_UNAVAILABLE: &str = "BackendUnavailable";
+    /// `spec.warmup.fixtureVersion` is not among the model's fixtures.
+    pub const FIXTURE_NOT_FOUND: &str = "FixtureNotFound";
+    /// A shape profile does not bind the model's symbolic dims.
+    pub const INVALID_PROFILE: &str = "InvalidProfile";
+
+    // ModelArtifact.
+
+    /// The declaration can be acted on (its problems are [`crate::FailureReason::InvalidSpec`]).
+    pub const ACCEPTED: &str = "Accepted";
+}
+
 /// A condition whose status is a bool.
 pub fn condition(
     type_: &str,

@@ -12,8 +12,12 @@ pub const CUDA_DRIVER_MAJOR: &str = "nvidia.com/cuda.driver-version.major";
 pub const ARCH: &str = "kubernetes.io/arch";
 /// kiln's CPU level label: `x86-64-v2`, `x86-64-v3`, `x86-64-v4`, or `baseline` elsewhere.
 pub const CPU_LEVEL: &str = "kiln.dev/cpu-level";
-/// The node-class id the operator puts on each node.
+/// The node-class id the operator puts on each node: the key for the default class keys,
+/// `kiln.dev/class-<hash>` for a target's own keys (the operator's `class_label_key`).
 pub const NODE_CLASS: &str = "kiln.dev/class";
+/// Label on a compile Job (and its pods): the class id it compiles for. Always this key, whatever
+/// the target's class keys; the same string as [`NODE_CLASS`], on another kind of object.
+pub const JOB_CLASS: &str = NODE_CLASS;
 
 /// The class label keys a CompiledTarget uses when it names none.
 pub const DEFAULT_CLASS_KEYS: [&str; 6] = [

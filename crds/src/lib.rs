@@ -1,7 +1,10 @@
-//! kiln's API (`kiln.dev/v1alpha1`): the three custom resources, their kstatus conditions, the
-//! build manifest a compile writes, the compile key, and the label keys shared by the operator
-//! and the agent. Nothing in this crate does I/O.
+//! kiln's API (`kiln.dev/v1alpha1`): the three custom resources, their kstatus conditions and
+//! reasons, the build manifest a compile writes, the compile key, the label keys shared by the
+//! operator and the agent, and the pure helpers both use (retry backoff, the body of a status
+//! apply). Nothing in this crate does I/O.
 
+pub mod apply;
+pub mod backoff;
 pub mod class;
 pub mod compile_key;
 pub mod compiled_target;
@@ -15,6 +18,8 @@ pub mod model_artifact;
 pub mod reason;
 mod schema;
 
+pub use apply::status_apply;
+pub use backoff::backoff;
 pub use compile_key::{CompileKeyInput, compile_key};
 pub use compiled_target::{CompiledTarget, CompiledTargetSpec, CompiledTargetStatus};
 pub use conditions::Condition;

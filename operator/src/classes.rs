@@ -106,13 +106,21 @@ pub fn group(selector: Option<&LabelSelector>, keys: &[String], nodes: &[NodeVie
     out
 }
 
-/// Selected nodes whose class waits for their agent's hardware report (sorted by name), with
-/// the class keys the report would supply (in `keys` order, each once).
+/// Selected nodes whose class waits for their agent's hardware report.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unreported<'a> {
+    /// The nodes, sorted by name.
+    pub nodes: Vec<String>,
+    /// The class keys the report would supply, in `keys` order, each once.
+    pub keys: Vec<&'a str>,
+}
+
+/// Selected nodes whose class waits for their agent's hardware report, and the keys it supplies.
 pub fn unreported<'a>(
     selector: Option<&LabelSelector>,
     keys: &'a [String],
     nodes: &[NodeView],
-) -> (Vec<String>, Vec<&'a str>) {
+) -> Unreported<'a> {
     let (mut names, mut missing) = (Vec::new(), BTreeSet::new());
     for node in nodes {
         if !selector.is_none_or(|s| selector_matches(s, &node.labels)) {
@@ -130,7 +138,10 @@ pub fn unreported<'a>(
         .map(String::as_str)
         .filter(|k| missing.contains(k))
         .collect();
-    (names, keys_in_order)
+    Unreported {
+        nodes: names,
+        keys: keys_in_order,
+    }
 }
 
 /// Non-default class keys that none of the selected nodes carries: almost always a typo or an
@@ -264,10 +275,10 @@ mod tests {
         let classes = group(None, &keys, &nodes);
         assert_eq!(classes.len(), 1);
         assert_eq!(classes[0].nodes, ["gpu-0"], "every class key is a label");
-        let (names, missing) = unreported(None, &keys, &nodes);
-        assert_eq!(names, ["cpu-0"]);
+        let waiting = unreported(None, &keys, &nodes);
+        assert_eq!(waiting.nodes, ["cpu-0"]);
         assert_eq!(
-            missing,
+            waiting.keys,
             [
                 "nvidia.com/gpu.product",
                 "nvidia.com/gpu.compute.major",
@@ -279,7 +290,7 @@ mod tests {
         // Keys no report supplies do not wait: arch is a label on every node.
         let arch = vec!["kubernetes.io/arch".to_string()];
         assert_eq!(group(None, &arch, &nodes).len(), 1);
-        assert!(unreported(None, &arch, &nodes).0.is_empty());
+        assert!(unreported(None, &arch, &nodes).nodes.is_empty());
         // The report arrives: cpu-0 gets its class (facts merged by NodeView::new).
         cpu.reported = true;
         cpu.class_labels

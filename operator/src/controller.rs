@@ -1,6 +1,8 @@
 //! The CompiledTarget controller. `reconcile` reads like a table of contents: dereference the
-//! model and gather nodes, Jobs and store entries (caches and the store; no writes) → `plan`
-//! (pure) → apply (the only place that writes: Jobs, node labels, status, Events).
+//! model and gather nodes, Jobs and store entries (caches and the store; no writes) →
+//! `plan::draft` (pure) → compile admission under the slot lock ([`admission`], pure) →
+//! `plan::settle` (pure) → [`writes::apply`] (the only place that writes: Jobs, node labels,
+//! status, Events).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,13 +12,15 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kiln_crds::compiled_target::ClassPhase;
 use kiln_crds::{CompiledTarget, KilnNode, ModelArtifact};
-use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, LogParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 
+use crate::admission::{self, Admission, TakenSlots};
 use crate::classes::NodeView;
 use crate::error::Error;
 use crate::job::JobSettings;
@@ -24,6 +28,7 @@ use crate::metrics::Metrics;
 use crate::observe;
 use crate::plan::{self, Inputs, ModelLookup, Settings, Stored};
 use crate::readiness;
+use crate::writes::{self, LabelMemo};
 
 /// Field manager for everything the operator applies.
 pub const MANAGER: &str = "kiln-operator";
@@ -62,41 +67,12 @@ pub struct Context {
     pub labelled: std::sync::Mutex<LabelMemo>,
     /// Ready nodes per class each target had at its last reconcile, for the ready-nodes gauge.
     pub ready_counts: std::sync::Mutex<BTreeMap<String, BTreeMap<String, i64>>>,
-    /// Compile slots this replica took for Jobs the Job cache may not show yet. Counting the
-    /// running compiles and taking slots happen under this lock, so that reconciles of different
-    /// targets (they run at once) cannot each take the same free slot of
-    /// `--max-concurrent-compiles`; the Jobs are then created outside it.
+    /// Compile slots this replica took for Jobs the Job cache may not show yet (the slot
+    /// ledger, [`admission`]). Counting the running compiles and taking slots happen under this
+    /// lock, so that reconciles of different targets (they run at once) cannot each take the
+    /// same free slot of `--max-concurrent-compiles`; the Jobs are then created outside it.
     pub compile_slots: std::sync::Mutex<TakenSlots>,
 }
-
-/// (namespace, Job name) → the slot taken for that Job.
-pub type TakenSlots = BTreeMap<(String, String), Taken>;
-
-/// A compile slot taken for a Job: whose it is, what it builds, when.
-pub struct Taken {
-    owner: String,
-    compile_key: String,
-    attempt: u32,
-    at: Instant,
-}
-
-/// How long a slot taken for a Job counts as running while the cache does not show the Job.
-const SLOT_MEMO: Duration = Duration::from_secs(60);
-
-impl Context {
-    /// The compile slots taken (a panic elsewhere while holding them leaves them usable).
-    fn slots(&self) -> std::sync::MutexGuard<'_, TakenSlots> {
-        self.compile_slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// (node, label key) → (value written, when).
-pub type LabelMemo = BTreeMap<(String, String), (Option<String>, Instant)>;
-
-/// How long a node label this replica set is trusted over a cache that does not show it yet.
-const LABEL_MEMO: Duration = Duration::from_secs(30);
 
 /// Reconciles one CompiledTarget.
 #[tracing::instrument(skip_all, fields(target = %target.name_any(), ns = target.namespace().unwrap_or_default()))]
@@ -115,22 +91,54 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
         // Jobs go with the target through their owner reference; stored artifacts stay.
         return Ok(Action::await_change());
     }
-    let ns = target.namespace().ok_or(Error::Malformed("namespace"))?;
-    let uid = target.uid().ok_or(Error::Malformed("uid"))?;
+    let malformed = |field| Error::Malformed {
+        kind: "CompiledTarget",
+        field,
+    };
+    let ns = target.namespace().ok_or_else(|| malformed("namespace"))?;
+    let uid = target.uid().ok_or_else(|| malformed("uid"))?;
 
-    // Dereference.
-    let model = match &target.spec.model_ref.namespace {
+    // Dereference and gather: caches and the store, no writes.
+    let model = model_of(target, ctx, &ns);
+    let nodes = node_views(target, ctx, &ns);
+    let mut jobs = owned_jobs(target, ctx, &ns, &uid).await;
+    jobs.extend(lagging_jobs(ctx, &ns, &uid));
+    let empty = BTreeMap::new();
+    let mut inputs = Inputs {
+        target,
+        model: &model,
+        nodes: &nodes,
+        jobs: &jobs,
+        stored: &empty,
+        // Counted under the slot lock, for admission after the draft.
+        compiles_elsewhere: 0,
+        settings: &ctx.settings,
+        now: Time(k8s_openapi::jiff::Timestamp::now()),
+    };
+    let stored = stored(ctx, plan::wanted_keys(&inputs)).await?;
+    inputs.stored = &stored;
+
+    let plan = decide(&inputs, ctx, &ns, &uid);
+    writes::apply(target, &model, plan, ctx, &ns).await
+}
+
+/// The target's ModelArtifact, from the cache.
+fn model_of(target: &CompiledTarget, ctx: &Context, ns: &str) -> ModelLookup {
+    match &target.spec.model_ref.namespace {
         Some(other) if *other != ns => ModelLookup::Missing,
         _ => ctx
             .models
-            .get(&ObjectRef::new(&target.spec.model_ref.name).within(&ns))
+            .get(&ObjectRef::new(&target.spec.model_ref.name).within(ns))
             .map_or(ModelLookup::Missing, |m| {
                 ModelLookup::Found(Box::new((*m).clone()))
             }),
-    };
+    }
+}
+
+/// Every node, with its hardware facts and its agent's rows for this target.
+fn node_views(target: &CompiledTarget, ctx: &Context, ns: &str) -> Vec<NodeView> {
     let name = target.name_any();
-    let nodes: Vec<NodeView> = ctx
-        .nodes
+    ctx.nodes
         .state()
         .iter()
         .map(|n| {
@@ -149,119 +157,54 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
                 .unwrap_or_default();
             view
         })
-        .collect();
-    let mut jobs = owned_jobs(target, ctx, &ns, &uid).await;
-    jobs.extend(created_not_cached(ctx, &ns, &uid));
-
-    // Store: only the keys the plan will ask about.
-    let empty = BTreeMap::new();
-    let mut inputs = Inputs {
-        target,
-        model: &model,
-        nodes: &nodes,
-        jobs: &jobs,
-        stored: &empty,
-        compiles_elsewhere: running_elsewhere(ctx, &uid, None),
-        settings: &ctx.settings,
-        now: Time(k8s_openapi::jiff::Timestamp::now()),
-    };
-    let mut stored = BTreeMap::new();
-    for key in plan::wanted_keys(&inputs) {
-        if let Some(entry) = ctx.store.lookup(&key).await.map_err(Error::Store)? {
-            stored.insert(
-                key,
-                Stored {
-                    digest: entry.manifest.artifact_digest,
-                    manifest_digest: entry.manifest_digest,
-                },
-            );
-        }
-    }
-    inputs.stored = &stored;
-
-    let mut plan = plan::plan(&inputs);
-    // A plan that starts compiles is made again under the slot lock, counting the slots other
-    // reconciles took meanwhile, and takes its own before the lock goes.
-    if !plan.create.is_empty() {
-        let mut taken = ctx.slots();
-        inputs.compiles_elsewhere = running_elsewhere(ctx, &uid, Some(&mut taken));
-        plan = plan::plan(&inputs);
-        for new in &plan.create {
-            let slot = Taken {
-                owner: uid.clone(),
-                compile_key: new.compile_key.clone(),
-                attempt: new.attempt,
-                at: Instant::now(),
-            };
-            taken.insert((ns.clone(), new.name.clone()), slot);
-        }
-    }
-    apply(target, &model, plan, ctx, &ns).await
-}
-
-/// This target's Jobs created moments ago that the cache does not show yet: running, not
-/// missing (under load the watch lags, and each reconcile would post them again).
-fn created_not_cached(ctx: &Context, ns: &str, uid: &str) -> Vec<plan::JobView> {
-    ctx.slots()
-        .iter()
-        .filter(|((job_ns, name), t)| {
-            job_ns == ns
-                && t.owner == uid
-                && t.at.elapsed() < SLOT_MEMO
-                && ctx.jobs.get(&ObjectRef::new(name).within(ns)).is_none()
-        })
-        .map(|((_, name), t)| plan::JobView {
-            name: name.clone(),
-            compile_key: t.compile_key.clone(),
-            attempt: t.attempt,
-            state: plan::JobState::Active,
-            finished_at: None,
-            deleting: false,
-        })
         .collect()
 }
 
-/// Slots to give back whatever way `apply` ends: those a plan took for Jobs it did not create,
-/// and those of the Jobs it deleted.
-struct PendingSlots<'a> {
-    ctx: &'a Context,
-    ns: &'a str,
-    jobs: Vec<String>,
+/// The target's Jobs created moments ago that the cache does not show yet (the slot ledger).
+fn lagging_jobs(ctx: &Context, ns: &str, uid: &str) -> Vec<plan::JobView> {
+    let slots = admission::lock(&ctx.compile_slots);
+    admission::created_not_cached(&slots, ns, uid, &ctx.jobs, Instant::now())
 }
 
-impl Drop for PendingSlots<'_> {
-    fn drop(&mut self) {
-        if self.jobs.is_empty() {
-            return;
-        }
-        let mut taken = self.ctx.slots();
-        for job in &self.jobs {
-            taken.remove(&(self.ns.to_string(), job.clone()));
+/// What the store holds of `keys` (only the keys the plan will ask about).
+async fn stored(ctx: &Context, keys: Vec<String>) -> Result<BTreeMap<String, Stored>, Error> {
+    let mut stored = BTreeMap::new();
+    for key in keys {
+        let found = ctx.store.lookup(&key).await;
+        let found = found.map_err(|source| Error::StoreLookup {
+            key: key.clone(),
+            source,
+        })?;
+        if let Some(entry) = found {
+            let entry = Stored {
+                digest: entry.manifest.artifact_digest,
+                manifest_digest: entry.manifest_digest,
+            };
+            stored.insert(key, entry);
         }
     }
+    Ok(stored)
 }
 
-/// Compile Jobs of other targets still running (for the concurrency limit): those in the cache,
-/// and the slots this replica took for Jobs the cache does not show yet (`taken`, from which
-/// what the cache shows now, or surely would by now, is dropped).
-fn running_elsewhere(ctx: &Context, uid: &str, taken: Option<&mut TakenSlots>) -> usize {
-    let cached = ctx.jobs.state();
-    let in_cache = cached
-        .iter()
-        .filter(|j| !j.owner_references().iter().any(|o| o.uid == uid))
-        .filter(|j| j.metadata.deletion_timestamp.is_none() && observe::outcome(j).is_none())
-        .count();
-    let Some(taken) = taken else {
-        return in_cache;
-    };
-    if !taken.is_empty() {
-        let seen: std::collections::HashSet<(String, String)> = cached
-            .iter()
-            .map(|j| (j.namespace().unwrap_or_default(), j.name_any()))
-            .collect();
-        taken.retain(|job, t| t.at.elapsed() < SLOT_MEMO && !seen.contains(job));
+/// The plan, in one pass: draft, compile admission, settle. Counting the running compiles and
+/// taking slots for the new Jobs happen under the slot lock, so that reconciles of other
+/// targets (they run at once) cannot take the same free slot; the Jobs are created after it.
+fn decide(inputs: &Inputs<'_>, ctx: &Context, ns: &str, uid: &str) -> plan::Plan {
+    let draft = plan::draft(inputs);
+    if !draft.may_create() {
+        return plan::settle(draft, Admission::default());
     }
-    in_cache + taken.values().filter(|t| t.owner != uid).count()
+    let mut slots = admission::lock(&ctx.compile_slots);
+    let now = Instant::now();
+    let elsewhere = admission::running_elsewhere(&mut slots, uid, &ctx.jobs, now);
+    let admission = admission::admit(
+        ctx.settings.max_concurrent_compiles,
+        elsewhere + draft.running_here(),
+        draft.candidates(),
+    );
+    let plan = plan::settle(draft, admission);
+    admission::take(&mut slots, ns, uid, &plan.create, now);
+    plan
 }
 
 /// The target's Jobs from the cache, with failures classified (reading the pod only for a failure
@@ -277,7 +220,8 @@ async fn owned_jobs(
             s.classes
                 .iter()
                 .find(|c| {
-                    c.job.as_deref() == Some(name) && (c.phase == "Failed" || c.phase == "Retrying")
+                    c.job.as_deref() == Some(name)
+                        && matches!(c.phase, ClassPhase::Failed | ClassPhase::Retrying)
                 })
                 .and_then(|c| Some((c.reason?, c.message.clone().unwrap_or_default())))
         })
@@ -336,190 +280,11 @@ async fn classify_failure(
         }
     }
     let class = labels
-        .get(crate::job::LABEL_CLASS)
+        .get(kiln_crds::labels::JOB_CLASS)
         .cloned()
         .unwrap_or_default();
     ctx.metrics.job(&class, "failed", reason.as_str());
     (reason, message)
-}
-
-async fn apply(
-    target: &CompiledTarget,
-    model: &ModelLookup,
-    plan: plan::Plan,
-    ctx: &Context,
-    ns: &str,
-) -> Result<Action, Error> {
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    let mut pending = PendingSlots {
-        ctx,
-        ns,
-        jobs: plan.create.iter().map(|j| j.name.clone()).collect(),
-    };
-    for name in &plan.delete {
-        pending.jobs.push(name.clone()); // a deleted Job holds no slot
-        match jobs.delete(name, &DeleteParams::background()).await {
-            Ok(_) => ctx.metrics.write("delete"),
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    for (node, key, value) in &plan.node_labels {
-        set_label(ctx, node, key, value.as_deref()).await?;
-    }
-    if let ModelLookup::Found(model) = model {
-        for new in &plan.create {
-            let job = crate::job::build(target, model, new, &ctx.job_settings);
-            match jobs.create(&PostParams::default(), &job).await {
-                Ok(_) => {
-                    ctx.metrics.write("job");
-                    ctx.metrics.job(&new.class, "created", "");
-                }
-                // Another replica, or this one before a restart, already made it: same name, same Job.
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                // The namespace is going away and the target with it: nothing to do.
-                Err(kube::Error::Api(e))
-                    if e.code == 403 && e.message.contains("being terminated") =>
-                {
-                    return Ok(Action::await_change());
-                }
-                Err(e) => return Err(e.into()),
-            }
-            // The Job exists: its slot stays taken until the cache shows it.
-            pending.jobs.retain(|name| *name != new.name);
-        }
-    }
-    let old = target.status.clone().unwrap_or_default();
-    for row in &plan.status.classes {
-        let was = old.classes.iter().find(|c| c.class == row.class);
-        let had_artifact = was.is_some_and(|w| w.artifact_digest == row.artifact_digest);
-        if row.artifact_digest.is_some() && !had_artifact {
-            if was.and_then(|w| w.job.as_ref()).is_some() {
-                ctx.metrics.job(&row.class, "succeeded", "");
-            } else {
-                ctx.metrics.cache_hit();
-            }
-        }
-    }
-    for r in plan.status.revisions.iter().filter(|r| r.known_good) {
-        if !old
-            .revisions
-            .iter()
-            .any(|o| o.number == r.number && o.known_good)
-        {
-            ctx.metrics.promoted();
-        }
-    }
-    let key = format!("{ns}/{}", target.name_any());
-    let count = i64::from(plan.status.class_count.unwrap_or(0));
-    if let Ok(mut counts) = ctx.class_counts.lock() {
-        let before = counts.insert(key.clone(), count).unwrap_or(0);
-        ctx.metrics.classes(count - before);
-    }
-    let ready: BTreeMap<String, i64> = plan
-        .status
-        .classes
-        .iter()
-        .map(|c| (c.class.clone(), i64::from(c.ready_nodes)))
-        .collect();
-    if let Ok(mut counts) = ctx.ready_counts.lock() {
-        let before = counts.insert(key, ready.clone()).unwrap_or_default();
-        ready_deltas(ctx, &before, &ready);
-    }
-    if plan.status != old {
-        let api: Api<CompiledTarget> = Api::namespaced(ctx.client.clone(), ns);
-        let body = serde_json::json!({
-            "apiVersion": CompiledTarget::api_version(&()),
-            "kind": CompiledTarget::kind(&()),
-            "status": plan.status,
-        });
-        api.patch_status(
-            &target.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await?;
-        ctx.metrics.write("status");
-    }
-    let reference = target.object_ref(&());
-    for e in &plan.events {
-        let event = KubeEvent {
-            type_: if e.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: e.reason.clone(),
-            note: Some(e.note.clone()),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        // An Event that cannot be recorded must not fail the reconcile that caused it.
-        match ctx.recorder.publish(&event, &reference).await {
-            Ok(()) => ctx.metrics.write("event"),
-            Err(err) => tracing::warn!(%err, "cannot record event"),
-        }
-    }
-    Ok(match plan.requeue {
-        Some(after) => Action::requeue(after + Duration::from_secs(1)),
-        // Periodic re-check of the store (another cluster may have filled a key); no writes when
-        // nothing changed.
-        None => Action::requeue(Duration::from_secs(600)),
-    })
-}
-
-/// Sets (`Some`) or removes (`None`) one node label, unless this replica already wrote that
-/// value recently (the cache may not show it yet).
-async fn set_label(ctx: &Context, node: &str, key: &str, value: Option<&str>) -> Result<(), Error> {
-    let memo = (node.to_string(), key.to_string());
-    let want = value.map(str::to_string);
-    // Claim the write before patching, so that concurrent reconciles of targets sharing the
-    // node do not all patch it; a failed patch gives the claim back.
-    let claimed = ctx
-        .labelled
-        .lock()
-        .map(|mut m| {
-            m.retain(|_, (_, t)| t.elapsed() < LABEL_MEMO);
-            let fresh = m.get(&memo).is_some_and(|(v, _)| *v == want);
-            if !fresh {
-                m.insert(memo.clone(), (want.clone(), Instant::now()));
-            }
-            !fresh
-        })
-        .unwrap_or(true);
-    if !claimed {
-        return Ok(());
-    }
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let patch = serde_json::json!({"metadata": {"labels": {key: value}}});
-    match nodes
-        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => {
-            ctx.metrics.write("node");
-            Ok(())
-        }
-        // The node is gone, and its labels with it.
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => {
-            if let Ok(mut m) = ctx.labelled.lock() {
-                m.remove(&memo);
-            }
-            Err(e.into())
-        }
-    }
-}
-
-/// Moves the ready-nodes gauge from one target's `before` counts per class to `after`.
-fn ready_deltas(ctx: &Context, before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>) {
-    let classes: std::collections::BTreeSet<&String> = before.keys().chain(after.keys()).collect();
-    for class in classes {
-        let delta = after.get(class).unwrap_or(&0) - before.get(class).unwrap_or(&0);
-        if delta != 0 {
-            ctx.metrics.ready_nodes(class, delta);
-        }
-    }
 }
 
 /// Removes the readiness labels of targets that no longer exist, and forgets their metrics.
@@ -542,9 +307,9 @@ pub async fn sweep(ctx: &Context, targets: &Store<CompiledTarget>) {
         .map(|n| NodeView::new(n, None))
         .collect();
     let keys = live.keys().cloned().collect();
-    for (node, key) in readiness::stale_labels(&nodes, &keys) {
+    for plan::LabelChange { node, key, .. } in readiness::stale_labels(&nodes, &keys) {
         tracing::info!(%node, %key, "removing the readiness label of a deleted target");
-        if let Err(err) = set_label(ctx, &node, &key, None).await {
+        if let Err(err) = writes::set_label(ctx, &node, &key, None).await {
             tracing::warn!(%node, %key, %err, "cannot remove a stale readiness label");
         }
     }
@@ -566,7 +331,7 @@ pub async fn sweep(ctx: &Context, targets: &Store<CompiledTarget>) {
             .collect();
         for k in gone {
             if let Some(before) = counts.remove(&k) {
-                ready_deltas(ctx, &before, &BTreeMap::new());
+                writes::ready_deltas(ctx, &before, &BTreeMap::new());
             }
         }
     }

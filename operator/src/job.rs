@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kiln_crds::inject::{TOOLS_DIR, agent_command};
+use kiln_crds::labels::JOB_CLASS;
 use kiln_crds::{CompiledTarget, ModelArtifact};
 use kube::Resource;
 
@@ -27,8 +28,6 @@ pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "kiln-oper
 pub const ANN_KEY: &str = "kiln.dev/compile-key";
 /// Annotation: attempt number.
 pub const ANN_ATTEMPT: &str = "kiln.dev/attempt";
-/// Label: class id the Job compiles for.
-pub const LABEL_CLASS: &str = "kiln.dev/class";
 /// Where the store is mounted in the compile container.
 pub const STORE_MOUNT: &str = "/var/lib/kiln/store";
 /// Where the source directory is mounted (relative `file://` URIs resolve against it).
@@ -75,7 +74,7 @@ pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &J
     let t = &target.spec;
     let labels = BTreeMap::from([
         (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
-        (LABEL_CLASS.to_string(), new.class.clone()),
+        (JOB_CLASS.to_string(), new.class.clone()),
     ]);
     let annotations = BTreeMap::from([
         (ANN_KEY.to_string(), new.compile_key.clone()),
@@ -270,7 +269,10 @@ pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &J
                 }),
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".into()),
-                    node_selector: Some(BTreeMap::from([new.node_selector.clone()])),
+                    node_selector: Some(BTreeMap::from([(
+                        new.node_selector.key.clone(),
+                        new.node_selector.value.clone(),
+                    )])),
                     tolerations: (!t.compile.tolerations.is_empty())
                         .then(|| t.compile.tolerations.clone()),
                     // The worker needs no API access: everything it reads is in its environment.

@@ -1,6 +1,7 @@
 //! kiln-operator: node classes, content-addressed compile Jobs and honest status for
 //! CompiledTargets. Never links an ML runtime: the compile itself runs in `kiln-agent compile`.
 
+pub mod admission;
 pub mod classes;
 pub mod controller;
 pub mod error;
@@ -13,3 +14,4 @@ pub mod readiness;
 pub mod run;
 pub mod telemetry;
 pub mod triggers;
+pub mod writes;

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kiln_crds::conditions::{READY, RECONCILING, STALLED, condition, upsert};
-use kiln_crds::{ModelArtifact, ModelArtifactStatus};
+use kiln_crds::conditions::{READY, RECONCILING, STALLED, condition, reasons, upsert};
+use kiln_crds::{FailureReason, ModelArtifact, ModelArtifactStatus};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 
 use crate::controller::MANAGER;
 use crate::error::Error;
@@ -25,10 +25,10 @@ pub fn status(model: &ModelArtifact, now: Time) -> ModelArtifactStatus {
         None
     };
     let (ready, reason, message) = match problem {
-        Some(p) => (false, "InvalidSpec", p.to_string()),
+        Some(p) => (false, FailureReason::InvalidSpec.as_str(), p.to_string()),
         None => (
             true,
-            "Accepted",
+            reasons::ACCEPTED,
             format!(
                 "source sha256:{}, {} fixture version(s), {} asset(s)",
                 model.spec.source.sha256,
@@ -71,21 +71,26 @@ pub fn status(model: &ModelArtifact, now: Time) -> ModelArtifactStatus {
 
 /// Reconciles one ModelArtifact: writes status only when it changes.
 pub async fn reconcile(model: Arc<ModelArtifact>, client: Arc<Client>) -> Result<Action, Error> {
-    let ns = model.namespace().ok_or(Error::Malformed("namespace"))?;
+    let ns = model.namespace().ok_or(Error::Malformed {
+        kind: "ModelArtifact",
+        field: "namespace",
+    })?;
     let new = status(&model, Time(k8s_openapi::jiff::Timestamp::now()));
     if Some(&new) != model.status.as_ref() {
         let api: Api<ModelArtifact> = Api::namespaced((*client).clone(), &ns);
-        let body = serde_json::json!({
-            "apiVersion": ModelArtifact::api_version(&()),
-            "kind": ModelArtifact::kind(&()),
-            "status": new,
-        });
+        let body = kiln_crds::status_apply::<ModelArtifact>(&new);
         api.patch_status(
             &model.name_any(),
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(&body),
         )
-        .await?;
+        .await
+        .map_err(|source| Error::ApplyStatus {
+            kind: "ModelArtifact",
+            namespace: ns.clone(),
+            name: model.name_any(),
+            source,
+        })?;
     }
     Ok(Action::await_change())
 }

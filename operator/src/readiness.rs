@@ -9,6 +9,7 @@ use kiln_crds::kiln_node::{NodePhase, NodeTargetStatus};
 use kiln_crds::labels::is_ready_label;
 
 use crate::classes::{Class, NodeView};
+use crate::plan::LabelChange;
 
 /// How many failing node names a class row lists.
 pub const FAILING_NODES_SHOWN: usize = 5;
@@ -110,7 +111,16 @@ pub struct ClassNodes {
     /// Most common failure reason among the failing nodes (ties: the first in the enum's order).
     pub reason: Option<FailureReason>,
     /// The first failing node with that reason, and what it said.
-    pub example: Option<(String, String)>,
+    pub example: Option<FailingNode>,
+}
+
+/// A failing node and what its agent said.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FailingNode {
+    /// Node name.
+    pub node: String,
+    /// The agent's message.
+    pub message: String,
 }
 
 impl ClassNodes {
@@ -161,17 +171,20 @@ pub fn aggregate(class: &Class, reports: &BTreeMap<String, NodeReport>) -> Class
     out.example = failing
         .iter()
         .find(|(_, r, _)| *r == out.reason)
-        .map(|(n, _, m)| ((*n).to_string(), (*m).to_string()));
+        .map(|(n, _, m)| FailingNode {
+            node: (*n).to_string(),
+            message: (*m).to_string(),
+        });
     out
 }
 
-/// Label changes for one target: `(node, key, Some(revision))` to set, `(node, key, None)` to
-/// remove. Selected nodes carry the label while they serve a revision; every other node loses it.
+/// Readiness label changes for one target: the served revision to set, `None` to remove.
+/// Selected nodes carry the label while they serve a revision; every other node loses it.
 pub fn label_changes(
     key: &str,
     nodes: &[NodeView],
     reports: &BTreeMap<String, NodeReport>,
-) -> Vec<(String, String, Option<String>)> {
+) -> Vec<LabelChange> {
     let mut out = Vec::new();
     for node in nodes {
         let want = reports
@@ -179,21 +192,29 @@ pub fn label_changes(
             .and_then(|r| r.serves)
             .map(|r| r.to_string());
         if node.labels.get(key) != want.as_ref() {
-            out.push((node.name.clone(), key.to_string(), want));
+            out.push(LabelChange {
+                node: node.name.clone(),
+                key: key.to_string(),
+                value: want,
+            });
         }
     }
     out
 }
 
-/// Readiness labels on `nodes` whose key is none of `live` (their target is gone): `(node, key)`.
-pub fn stale_labels(nodes: &[NodeView], live: &BTreeSet<String>) -> Vec<(String, String)> {
+/// Readiness labels on `nodes` whose key is none of `live` (their target is gone), to remove.
+pub fn stale_labels(nodes: &[NodeView], live: &BTreeSet<String>) -> Vec<LabelChange> {
     nodes
         .iter()
         .flat_map(|n| {
             n.labels
                 .keys()
                 .filter(|k| is_ready_label(k) && !live.contains(*k))
-                .map(|k| (n.name.clone(), k.clone()))
+                .map(|k| LabelChange {
+                    node: n.name.clone(),
+                    key: k.clone(),
+                    value: None,
+                })
         })
         .collect()
 }
@@ -304,7 +325,7 @@ mod tests {
         assert_eq!((a.ready, a.failed, a.waiting), (1, 6, 1));
         assert_eq!(a.failing, ["n0", "n1", "n2", "n4", "n5"]);
         assert_eq!(a.reason, Some(FailureReason::HashMismatch));
-        assert_eq!(a.example.as_ref().map(|e| e.0.as_str()), Some("n1"));
+        assert_eq!(a.example.as_ref().map(|e| e.node.as_str()), Some("n1"));
         assert!(a.meets(12, 8) && !a.meets(13, 8));
     }
 }

@@ -9,13 +9,19 @@ use std::sync::Mutex;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node;
+use kiln_crds::compiled_target::ClassPhase;
 use kiln_crds::labels::{is_ready_label, ready_label};
 use kiln_crds::{CompiledTarget, KilnNode};
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-/// A KilnNode's hardware fingerprint and, per target it reports on, its rows' fingerprint.
-type Seen = (u64, BTreeMap<(String, String), u64>);
+/// What a KilnNode's last event looked like.
+struct Seen {
+    /// Fingerprint of its hardware facts.
+    hardware: u64,
+    /// Per target it reports on, (namespace, name) → fingerprint of its rows for that target.
+    rows: BTreeMap<(String, String), u64>,
+}
 
 /// What the last event of each object looked like.
 #[derive(Default)]
@@ -32,7 +38,9 @@ fn every(targets: &Store<CompiledTarget>) -> Vec<ObjectRef<CompiledTarget>> {
         .collect()
 }
 
-fn fingerprint<T: serde::Serialize>(value: &T) -> u64 {
+/// A cheap fingerprint of a value's JSON, to tell whether a watched object's part changed
+/// between events. In memory only: `DefaultHasher` is not stable across builds.
+pub fn fingerprint<T: serde::Serialize>(value: &T) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     serde_json::to_string(value)
@@ -103,10 +111,19 @@ impl Triggers {
         let before = self
             .kiln_nodes
             .lock()
-            .map(|mut m| m.insert(node.name_any(), (hardware, named.clone())))
+            .map(|mut m| {
+                let seen = Seen {
+                    hardware,
+                    rows: named.clone(),
+                };
+                m.insert(node.name_any(), seen)
+            })
             .unwrap_or(None);
         match before {
-            Some((h, before)) if h == hardware => {
+            Some(Seen {
+                hardware: h,
+                rows: before,
+            }) if h == hardware => {
                 let changed: BTreeSet<&(String, String)> = named
                     .iter()
                     .filter(|(k, v)| before.get(*k) != Some(v))
@@ -141,7 +158,7 @@ pub fn job(job: &Job, targets: &Store<CompiledTarget>) -> Vec<ObjectRef<Compiled
                 .filter(|t| {
                     t.status
                         .as_ref()
-                        .is_some_and(|s| s.classes.iter().any(|c| c.phase == "Queued"))
+                        .is_some_and(|s| s.classes.iter().any(|c| c.phase == ClassPhase::Queued))
                 })
                 .map(|t| ObjectRef::from_obj(t.as_ref())),
         );

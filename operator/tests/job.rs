@@ -8,7 +8,7 @@
 use kiln_crds::inject::{TOOLS_DIR, agent_command};
 use kiln_crds::{CompiledTarget, ModelArtifact};
 use kiln_operator::job::{JobSettings, JobStore, STORE_MOUNT, build};
-use kiln_operator::plan::NewJob;
+use kiln_operator::plan::{NewJob, NodeLabel};
 
 fn objects() -> (CompiledTarget, ModelArtifact) {
     let mut target: CompiledTarget =
@@ -38,7 +38,10 @@ fn new_job() -> NewJob {
         facts: [("kubernetes.io/arch".to_string(), "amd64".to_string())].into(),
         compile_key: "a".repeat(64),
         attempt: 1,
-        node_selector: ("kiln.dev/class".into(), "amd64-1234".into()),
+        node_selector: NodeLabel {
+            key: "kiln.dev/class".into(),
+            value: "amd64-1234".into(),
+        },
     }
 }
 

@@ -11,7 +11,8 @@ use kiln_crds::kiln_node::NodePhase;
 use kiln_crds::{CompiledTarget, FailureReason, KilnNode, ModelArtifact};
 use kiln_operator::classes::NodeView;
 use kiln_operator::plan::{
-    Inputs, JobState, JobView, ModelLookup, Plan, Settings, Stored, plan, wanted_keys,
+    Inputs, JobState, JobView, LabelChange, ModelLookup, NodeLabel, Plan, Settings, Stored, plan,
+    wanted_keys,
 };
 
 #[derive(serde::Deserialize)]
@@ -175,7 +176,7 @@ impl World {
             });
         }
         self.jobs.retain(|j| !p.delete.contains(&j.name));
-        for (node, key, value) in &p.node_labels {
+        for LabelChange { node, key, value } in &p.node_labels {
             if let Some(n) = self.nodes.iter_mut().find(|n| &n.name == node) {
                 match value {
                     Some(v) => n.labels.insert(key.clone(), v.clone()),
@@ -195,6 +196,14 @@ impl World {
             j.state = state.clone();
             j.finished_at = Some(at(when));
         }
+    }
+}
+
+fn change(node: &str, key: &str, value: Option<&str>) -> LabelChange {
+    LabelChange {
+        node: node.to_string(),
+        key: key.to_string(),
+        value: value.map(str::to_string),
     }
 }
 
@@ -236,7 +245,10 @@ fn one_job_per_class_pinned_by_class_label_and_mig_does_not_split() {
     for j in &p.create {
         assert_eq!(
             j.node_selector,
-            ("kiln.dev/class".to_string(), j.class.clone())
+            NodeLabel {
+                key: "kiln.dev/class".to_string(),
+                value: j.class.clone()
+            }
         );
         assert_eq!(j.attempt, 1);
         assert!(
@@ -554,7 +566,7 @@ fn targets_with_their_own_class_keys_use_their_own_node_label() {
     assert_eq!(p.create.len(), 3, "no product, H100, L4");
     for j in &p.create {
         assert!(
-            j.node_selector.0.starts_with("kiln.dev/class-"),
+            j.node_selector.key.starts_with("kiln.dev/class-"),
             "{:?}",
             j.node_selector
         );
@@ -639,8 +651,8 @@ fn node_reports_aggregate_per_class_and_label_the_nodes_that_serve() {
     assert_eq!(
         labels,
         [
-            ("cpu-0".to_string(), key.to_string(), Some("1".to_string())),
-            ("h100-0".to_string(), key.to_string(), Some("1".to_string())),
+            change("cpu-0", key, Some("1")),
+            change("h100-0", key, Some("1"))
         ]
     );
     assert!(
@@ -706,10 +718,10 @@ fn every_node_settled_below_the_threshold_is_stalled_with_the_nodes_reason() {
     assert!(p.events.iter().any(|e| e.reason == "Ready" && !e.warning));
     assert_eq!(
         p.node_labels,
-        [(
-            "h100-1".to_string(),
-            "ml.ready.kiln.dev/squeezenet-cpu".to_string(),
-            Some("1".to_string())
+        [change(
+            "h100-1",
+            "ml.ready.kiln.dev/squeezenet-cpu",
+            Some("1")
         )],
         "l4-0 was labelled when it became ready"
     );
@@ -747,11 +759,7 @@ fn promotion_and_ready_follow_promote_at_ready_percent_per_class() {
     assert_eq!(condition(&p, "Ready").status, "False");
     assert_eq!(
         p.node_labels,
-        [(
-            "l4-0".to_string(),
-            "ml.ready.kiln.dev/squeezenet-cpu".to_string(),
-            None
-        )],
+        [change("l4-0", "ml.ready.kiln.dev/squeezenet-cpu", None)],
         "fail-closed: the label goes"
     );
 }
@@ -801,13 +809,13 @@ fn a_node_on_a_fallback_keeps_its_label_on_the_revision_it_serves_and_degrades_t
     assert_eq!(h100.reason, Some(FailureReason::ParityExceeded));
     let mut labels = p.node_labels.clone();
     labels.sort();
-    let key = "ml.ready.kiln.dev/squeezenet-cpu".to_string();
+    let key = "ml.ready.kiln.dev/squeezenet-cpu";
     assert_eq!(
         labels,
         [
-            ("cpu-0".to_string(), key.clone(), Some("2".to_string())),
-            ("h100-0".to_string(), key.clone(), Some("2".to_string())),
-            ("l4-0".to_string(), key.clone(), Some("2".to_string())),
+            change("cpu-0", key, Some("2")),
+            change("h100-0", key, Some("2")),
+            change("l4-0", key, Some("2")),
         ],
         "h100-1 keeps label value 1"
     );
@@ -867,8 +875,8 @@ fn readiness_labels_of_deleted_targets_are_stale() {
     assert_eq!(
         stale,
         [
-            ("cpu-0".to_string(), "ml.ready.kiln.dev/gone".to_string()),
-            ("h100-0".to_string(), key_of("ml", &"x".repeat(80))),
+            change("cpu-0", "ml.ready.kiln.dev/gone", None),
+            change("h100-0", &key_of("ml", &"x".repeat(80)), None),
         ]
     );
 }
@@ -1040,7 +1048,7 @@ fn nodes_wait_for_their_agents_report_before_they_get_a_class_and_a_compile() {
     }
     let p = w.plan(40);
     assert_eq!(p.create.len(), 2, "{:?}", p.create);
-    assert!(p.node_labels.iter().all(|(n, _, _)| n != "cpu-0"));
+    assert!(p.node_labels.iter().all(|c| c.node != "cpu-0"));
     let ready = condition(&p, "Ready");
     assert!(
         ready
@@ -1075,9 +1083,6 @@ fn nodes_wait_for_their_agents_report_before_they_get_a_class_and_a_compile() {
     // Its KilnNode goes (facts unknown again): the class label goes with it, and its Job.
     w.nodes[0].reported = false;
     let p = w.plan(60);
-    assert_eq!(
-        p.node_labels,
-        [("cpu-0".to_string(), "kiln.dev/class".to_string(), None)]
-    );
+    assert_eq!(p.node_labels, [change("cpu-0", "kiln.dev/class", None)]);
     assert_eq!(p.delete.len(), 1, "{:?}", p.delete);
 }

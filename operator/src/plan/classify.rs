@@ -1,0 +1,231 @@
+//! Stage 2: which classes the selected nodes form and each class's compile key; the class
+//! label every node should carry (and stale ones to remove); and, when there is no class to
+//! compile for, why. Reads the nodes, the target, its model and the settings. Pure.
+
+use kiln_crds::class::ClassFacts;
+use kiln_crds::conditions::reasons;
+use kiln_crds::{CompileKeyInput, CompiledTarget, ModelArtifact, compile_key};
+
+use super::conditions::Course;
+use super::{Inputs, LabelChange, Settings, validate};
+use crate::classes::{Class, NodeView, class_label_key, group, missing_keys, unreported};
+
+/// A class with its compile key.
+pub struct Keyed {
+    /// The class.
+    pub class: Class,
+    /// Its compile key.
+    pub key: String,
+}
+
+/// The target's classes, and what follows for its nodes' class labels.
+pub struct Classified {
+    /// Classes, each with its compile key, in a stable order.
+    pub keyed: Vec<Keyed>,
+    /// The node label that carries the class id for the target's class keys.
+    pub label_key: String,
+    /// Why some selected nodes have no class yet, for the Ready condition.
+    pub awaiting_note: Option<String>,
+    /// Class labels of nodes whose class is unknown again (their KilnNode went): to remove.
+    pub stale: Vec<LabelChange>,
+    /// Why nothing can be compiled for these nodes, if so.
+    pub halt: Option<Course>,
+}
+
+/// Classifies the selected nodes for a target whose spec is valid and whose model is `model`.
+pub fn classify(inputs: &Inputs<'_>, model: &ModelArtifact) -> Classified {
+    let t = &inputs.target.spec;
+    let selector = t.node_selector.as_ref();
+    let keyed = keyed_with(inputs, model);
+    let missing = missing_keys(selector, &t.class_label_keys, inputs.nodes);
+    let awaiting = unreported(selector, &t.class_label_keys, inputs.nodes);
+    let awaiting_note =
+        (!awaiting.nodes.is_empty()).then(|| awaiting_message(&awaiting.nodes, &awaiting.keys));
+    let label_key = class_label_key(&t.class_label_keys);
+    let stale = inputs
+        .nodes
+        .iter()
+        .filter(|n| n.labels.contains_key(&label_key) && awaiting.nodes.contains(&n.name))
+        .map(|n| LabelChange {
+            node: n.name.clone(),
+            key: label_key.clone(),
+            value: None,
+        })
+        .collect();
+    let halt = halt(&keyed, &missing, awaiting_note.as_ref());
+    Classified {
+        keyed,
+        label_key,
+        awaiting_note,
+        stale,
+        halt,
+    }
+}
+
+/// The class label each class's nodes should carry, where they do not yet.
+pub fn class_labels(keyed: &[Keyed], nodes: &[NodeView], label_key: &str) -> Vec<LabelChange> {
+    keyed
+        .iter()
+        .flat_map(|k| k.class.nodes.iter().map(move |node| (node, &k.class.id)))
+        .filter(|(node, id)| {
+            let current = nodes
+                .iter()
+                .find(|n| &n.name == *node)
+                .and_then(|n| n.labels.get(label_key));
+            current != Some(*id)
+        })
+        .map(|(node, id)| LabelChange {
+            node: node.clone(),
+            key: label_key.to_string(),
+            value: Some(id.clone()),
+        })
+        .collect()
+}
+
+/// No class, or a class key no node has: nothing to compile until the nodes (or the spec)
+/// change. Nodes waiting for their agent's report are not a stall: agents report in seconds.
+fn halt(keyed: &[Keyed], missing: &[String], awaiting_note: Option<&String>) -> Option<Course> {
+    if keyed.is_empty() {
+        return Some(match awaiting_note {
+            Some(message) => Course::WaitingForNodeFacts {
+                message: message.clone(),
+            },
+            None => Course::Stalled {
+                reason: reasons::NO_MATCHING_NODES,
+                message: "spec.nodeSelector matches no node; fix the selector or label the nodes that should serve this model".to_string(),
+                waiting: "waiting for matching nodes",
+            },
+        });
+    }
+    (!missing.is_empty()).then(|| Course::Stalled {
+        reason: reasons::CLASS_KEY_NOT_FOUND,
+        message: format!(
+            "class label key(s) {} are on none of the {} selected node(s); fix spec.classLabelKeys or label the nodes",
+            missing.join(", "),
+            keyed.iter().map(|k| k.class.nodes.len()).sum::<usize>()
+        ),
+        waiting: "waiting for matching nodes",
+    })
+}
+
+/// Why `nodes` have no class yet, and what gives them one.
+fn awaiting_message(nodes: &[String], keys: &[&str]) -> String {
+    let mut named = nodes.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+    if nodes.len() > 5 {
+        named.push_str(", …");
+    }
+    format!(
+        "{} selected node(s) ({named}) have no class yet: their kiln-agent has not reported their hardware (no KilnNode) and they lack the class label(s) {}; they are classified once the agent DaemonSet runs on them",
+        nodes.len(),
+        keys.join(", ")
+    )
+}
+
+/// The compile key of `target` for a class, as the compile worker computes it.
+pub fn key_for(
+    model: &ModelArtifact,
+    target: &CompiledTarget,
+    facts: &ClassFacts,
+    settings: &Settings,
+) -> String {
+    let t = &target.spec;
+    let backend_version = t
+        .backend
+        .version
+        .clone()
+        .or_else(|| {
+            settings
+                .backend_versions
+                .get(t.backend.kind.runtime().as_str())
+                .cloned()
+        })
+        .unwrap_or_default();
+    compile_key(&CompileKeyInput::for_target(
+        &model.spec,
+        t,
+        facts,
+        &backend_version,
+    ))
+}
+
+fn keyed_with(inputs: &Inputs<'_>, model: &ModelArtifact) -> Vec<Keyed> {
+    let t = inputs.target;
+    group(
+        t.spec.node_selector.as_ref(),
+        &t.spec.class_label_keys,
+        inputs.nodes,
+    )
+    .into_iter()
+    .map(|class| Keyed {
+        key: key_for(model, t, &class.facts, inputs.settings),
+        class,
+    })
+    .collect()
+}
+
+/// The compile keys whose store entries the plan needs: the controller looks these up first.
+/// None while the spec is invalid.
+pub fn wanted_keys(inputs: &Inputs<'_>) -> Vec<String> {
+    let Ok(model) = validate::check(inputs.target, inputs.model, inputs.settings) else {
+        return Vec::new();
+    };
+    keyed_with(inputs, model)
+        .into_iter()
+        .map(|k| k.key)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keyed(id: &str, nodes: &[&str]) -> Keyed {
+        Keyed {
+            class: Class {
+                id: id.into(),
+                facts: Default::default(),
+                nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            },
+            key: format!("key-{id}"),
+        }
+    }
+
+    #[test]
+    fn no_class_waits_for_agents_or_stalls_and_a_missing_key_stalls() {
+        let note = "1 selected node(s) (n) have no class yet".to_string();
+        assert!(matches!(
+            halt(&[], &[], Some(&note)),
+            Some(Course::WaitingForNodeFacts { message }) if message == note
+        ));
+        assert!(matches!(
+            halt(&[], &[], None),
+            Some(Course::Stalled {
+                reason: reasons::NO_MATCHING_NODES,
+                ..
+            })
+        ));
+        let classes = [keyed("a", &["n1", "n2"]), keyed("b", &["n3"])];
+        let Some(Course::Stalled {
+            reason, message, ..
+        }) = halt(&classes, &["example.com/x".into()], Some(&note))
+        else {
+            panic!("a class key no node has stalls, even with nodes awaiting facts");
+        };
+        assert_eq!(reason, reasons::CLASS_KEY_NOT_FOUND);
+        assert!(
+            message.contains("none of the 3 selected node(s)"),
+            "{message}"
+        );
+        assert!(halt(&classes, &[], Some(&note)).is_none());
+    }
+
+    #[test]
+    fn awaiting_names_five_nodes_at_most() {
+        let nodes: Vec<String> = (0..7).map(|i| format!("n{i}")).collect();
+        let m = awaiting_message(&nodes, &["kiln.dev/cpu-level"]);
+        assert!(
+            m.starts_with("7 selected node(s) (n0, n1, n2, n3, n4, …)"),
+            "{m}"
+        );
+    }
+}

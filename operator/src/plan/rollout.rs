@@ -1,0 +1,190 @@
+//! Stage 5: what the selected nodes report for the current revision. Per class: node counts,
+//! and the class phase once its artifact is stored; per node: the target's readiness label;
+//! overall: how far the rollout is from its threshold. Reads the node views (with the agents'
+//! rows for this target) and the class rows; never the Jobs. Pure.
+
+use std::collections::BTreeMap;
+
+use kiln_crds::compiled_target::{ClassPhase, ClassStatus};
+
+use super::classify::Keyed;
+use super::{Inputs, LabelChange};
+use crate::classes::selector_matches;
+use crate::readiness::{self, ClassNodes, NodeReport};
+
+/// A class short of `rollout.promoteAtReadyPercent` ready nodes.
+pub struct Unmet {
+    /// Class id.
+    pub class: String,
+    /// Its node counts.
+    pub nodes: ClassNodes,
+    /// Nodes in the class.
+    pub total: usize,
+}
+
+/// The rollout across classes.
+#[derive(Default)]
+pub struct Summary {
+    /// Nodes ready on the current revision.
+    pub ready_nodes: usize,
+    /// Nodes in some class.
+    pub selected: usize,
+    /// Nodes serving a fallback.
+    pub fallbacks: usize,
+    /// Nodes of unmet classes still working (or not reporting).
+    pub waiting: usize,
+    /// Classes short of the threshold, in class order.
+    pub unmet: Vec<Unmet>,
+}
+
+/// What every node the target selects reports for it, keyed by node name. With classes, a row
+/// is read against its node's class (another class's artifact is a fallback).
+pub fn node_reports(
+    inputs: &Inputs<'_>,
+    classes: Option<&[Keyed]>,
+    current: Option<i64>,
+) -> BTreeMap<String, NodeReport> {
+    let view = |name: &str| inputs.nodes.iter().find(|n| n.name == name);
+    match classes {
+        Some(classes) => classes
+            .iter()
+            .flat_map(|k| k.class.nodes.iter().map(move |n| (n, k.class.id.as_str())))
+            .filter_map(|(n, class)| {
+                let rows = &view(n)?.targets;
+                Some((n.clone(), readiness::report(rows, current, Some(class))))
+            })
+            .collect(),
+        None => inputs
+            .nodes
+            .iter()
+            .filter(|n| {
+                inputs
+                    .target
+                    .spec
+                    .node_selector
+                    .as_ref()
+                    .is_none_or(|s| selector_matches(s, &n.labels))
+            })
+            .map(|n| (n.name.clone(), readiness::report(&n.targets, current, None)))
+            .collect(),
+    }
+}
+
+/// The target's readiness label on every node: the served revision where a node serves one.
+pub fn readiness_labels(
+    inputs: &Inputs<'_>,
+    reports: &BTreeMap<String, NodeReport>,
+) -> Vec<LabelChange> {
+    let t = &inputs.target.metadata;
+    let key = kiln_crds::labels::ready_label(
+        t.namespace.as_deref().unwrap_or_default(),
+        t.name.as_deref().unwrap_or_default(),
+    );
+    readiness::label_changes(&key, inputs.nodes, reports)
+}
+
+/// The rows with their node counts (and, for stored artifacts, phases), and the summary.
+pub fn assess(
+    rows: Vec<ClassStatus>,
+    keyed: &[Keyed],
+    reports: &BTreeMap<String, NodeReport>,
+    percent: u32,
+) -> (Vec<ClassStatus>, Summary) {
+    let mut summary = Summary::default();
+    let rows = rows
+        .into_iter()
+        .zip(keyed)
+        .map(|(mut row, k)| {
+            let a = readiness::aggregate(&k.class, reports);
+            let n = k.class.nodes.len();
+            row.ready_nodes = i32::try_from(a.ready).unwrap_or(i32::MAX);
+            row.failed_nodes = i32::try_from(a.failed).unwrap_or(i32::MAX);
+            row.failing_nodes = a.failing.clone();
+            summary.ready_nodes += a.ready;
+            summary.selected += n;
+            summary.fallbacks += a.fallback;
+            let meets = a.meets(percent, n);
+            if row.artifact_digest.is_some() {
+                row.phase = class_phase(&a, n, meets);
+                if a.failed > 0 {
+                    row.reason = a.reason;
+                    row.message = Some(failing_message(&a, n));
+                }
+            }
+            if !meets {
+                summary.waiting += a.waiting;
+                summary.unmet.push(Unmet {
+                    class: row.class.clone(),
+                    nodes: a,
+                    total: n,
+                });
+            }
+            row
+        })
+        .collect();
+    (rows, summary)
+}
+
+/// The phase of a class whose artifact is stored, from its `total` nodes' counts.
+pub fn class_phase(a: &ClassNodes, total: usize, meets: bool) -> ClassPhase {
+    if meets {
+        ClassPhase::Ready
+    } else if a.fallback > 0 {
+        ClassPhase::Degraded
+    } else if a.failed > 0 && a.waiting == 0 {
+        ClassPhase::Failing
+    } else if a.unreported == total {
+        ClassPhase::Compiled
+    } else {
+        ClassPhase::Warming
+    }
+}
+
+/// "3 of 4 node(s) failing (a, b, c): HashMismatch on a: <message>".
+pub fn failing_message(a: &ClassNodes, total: usize) -> String {
+    let (node, said) = a
+        .example
+        .as_ref()
+        .map_or(("", ""), |e| (e.node.as_str(), e.message.as_str()));
+    format!(
+        "{} of {total} node(s) failing ({}): {} on {node}: {said}",
+        a.failed,
+        a.failing.join(", "),
+        a.reason.map_or("unknown reason", |r| r.as_str()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_class_is_ready_degraded_failing_compiled_or_warming_in_that_order() {
+        let counts = |ready, failed, fallback, waiting, unreported| ClassNodes {
+            ready,
+            failed,
+            fallback,
+            waiting,
+            unreported,
+            ..Default::default()
+        };
+        // Ready wins over a fallback elsewhere in the class.
+        let a = counts(3, 1, 1, 0, 0);
+        assert_eq!(class_phase(&a, 4, a.meets(75, 4)), ClassPhase::Ready);
+        assert_eq!(class_phase(&a, 4, a.meets(100, 4)), ClassPhase::Degraded);
+        // Failed and nobody still working: Failing; someone still working: Warming.
+        assert_eq!(
+            class_phase(&counts(1, 1, 0, 0, 0), 2, false),
+            ClassPhase::Failing
+        );
+        assert_eq!(
+            class_phase(&counts(0, 1, 0, 1, 0), 2, false),
+            ClassPhase::Warming
+        );
+        // No node reported: Compiled (the artifact exists, nothing more is known).
+        assert_eq!(
+            class_phase(&counts(0, 0, 0, 2, 2), 2, false),
+            ClassPhase::Compiled
+        );
+    }
+}
