@@ -88,3 +88,19 @@ impl Error {
 pub fn chain(err: &tract_onnx::prelude::TractError) -> String {
     format!("{err:#}")
 }
+
+/// The store's errors (kiln-store, shared with the operator, which must not link an ML runtime)
+/// become the agent's, reason for reason.
+impl From<kiln_store::Error> for Error {
+    fn from(err: kiln_store::Error) -> Self {
+        match err {
+            kiln_store::Error::Unavailable { location, message } => {
+                Error::StoreUnavailable { location, message }
+            }
+            kiln_store::Error::InvalidUrl { .. } => Error::InvalidSpec(err.to_string()),
+            kiln_store::Error::HashMismatch { what, message } => {
+                Error::HashMismatch { what, message }
+            }
+        }
+    }
+}

@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use kiln_agent::{backend, bench, local, make_fixtures, metrics, probe};
+use kiln_agent::backend;
+use kiln_agent::cmd::{bench_verify as bench, fixtures as make_fixtures, local};
+use kiln_agent::metrics;
+use kiln_agent::pipeline::probe;
 use prometheus_client::registry::Registry;
 
 #[derive(Parser)]
@@ -248,7 +251,7 @@ fn main() -> ExitCode {
             source_base,
             termination_log,
         } => run_compile(
-            kiln_agent::worker::Job {
+            kiln_agent::cmd::compile::Job {
                 spec_json: spec,
                 class_facts_json: class_facts,
                 compile_key,
@@ -258,7 +261,7 @@ fn main() -> ExitCode {
             },
             &termination_log,
         ),
-        Command::Install { dir } => match kiln_agent::install::install(&dir) {
+        Command::Install { dir } => match kiln_agent::cmd::install::install(&dir) {
             Ok(installed) => {
                 println!("{}", serde_json::to_string(&installed).unwrap_or_default());
                 ExitCode::SUCCESS
@@ -313,7 +316,7 @@ fn run_local(
     let store = store.unwrap_or_else(default_store);
     let file = match file {
         Some(f) => f,
-        None => match kiln_agent::example::unpack(&store) {
+        None => match kiln_agent::cmd::local::unpack_example(&store) {
             Ok(f) => f,
             Err(e) => {
                 eprintln!(
@@ -387,13 +390,13 @@ fn run_local(
     }
 }
 
-fn run_compile(job: kiln_agent::worker::Job, termination_log: &std::path::Path) -> ExitCode {
+fn run_compile(job: kiln_agent::cmd::compile::Job, termination_log: &std::path::Path) -> ExitCode {
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::register(&mut registry);
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };
-    let (line, code) = match runtime.block_on(kiln_agent::worker::run(&job, &metrics)) {
+    let (line, code) = match runtime.block_on(kiln_agent::cmd::compile::run(&job, &metrics)) {
         Ok((manifest, reused)) => {
             println!("{}", serde_json::to_string(&manifest).unwrap_or_default());
             tracing::info!(digest = %manifest.artifact_digest, reused, "compile done");
@@ -484,7 +487,7 @@ fn run_fixtures(
         Ok(bytes) => {
             println!(
                 "{}  {}",
-                kiln_agent::digest::sha256_bytes(&bytes),
+                kiln_agent::pipeline::digest::sha256_bytes(&bytes),
                 out.display()
             );
             ExitCode::SUCCESS
@@ -505,7 +508,7 @@ fn run_bench_pull(
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };
-    match runtime.block_on(kiln_agent::bench_pull::run(dir, registry, size, runs)) {
+    match runtime.block_on(kiln_agent::cmd::bench_pull::run(dir, registry, size, runs)) {
         Ok(f) => {
             let gb = f.bytes as f64 / 1e9;
             println!(

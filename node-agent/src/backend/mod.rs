@@ -7,7 +7,7 @@ use std::path::Path;
 use kiln_crds::compiled_target::{BackendKind, Precision};
 
 use crate::error::{Error, Result};
-use crate::tensor::HostTensor;
+use crate::pipeline::tensor::HostTensor;
 
 pub mod exec;
 pub mod tract;

@@ -14,7 +14,7 @@ use tract_onnx_opl::WithOnnx;
 
 use super::{Backend, CompileRequest, Compiled, Engine, InputInfo, Shapes};
 use crate::error::{Error, Result, chain};
-use crate::tensor::HostTensor;
+use crate::pipeline::tensor::HostTensor;
 
 /// tract, linked into kiln-agent.
 pub struct Tract;
@@ -171,7 +171,7 @@ impl Backend for Tract {
                     .input_fact(ix)
                     .map_err(|e| Error::CompileFailed(chain(&e)))?;
                 let dt = fact.datum_type.concretize().unwrap_or(f32::datum_type());
-                let dtype = crate::tensor::safetensors_dtype(dt).ok_or_else(|| {
+                let dtype = crate::pipeline::tensor::safetensors_dtype(dt).ok_or_else(|| {
                     Error::UnsupportedOperator {
                         backend: "tract".into(),
                         operators: vec![format!("input dtype {dt:?}")],

@@ -22,12 +22,12 @@ use super::decide::{Next, Pick, after_failure, wanted};
 use super::{gate, target, writes};
 use crate::backend;
 use crate::error::{Error, Result};
-use crate::fetch::Fetcher;
 use crate::metrics::{Metrics, TargetLabels};
-use crate::probe;
-use crate::ready;
-use crate::spec::Spec;
-use crate::store::Store;
+use crate::pipeline::fetch::Fetcher;
+use crate::pipeline::load;
+use crate::pipeline::probe;
+use crate::pipeline::spec::Spec;
+use kiln_store::Store;
 
 /// (namespace, name) of a CompiledTarget.
 type Key = (String, String);
@@ -85,7 +85,7 @@ struct Prepared {
     pull_bytes: u64,
     pull_seconds: f64,
     load_seconds: f64,
-    warmup: crate::warmup::WarmupReport,
+    warmup: crate::pipeline::warmup::WarmupReport,
 }
 
 fn now() -> Time {
@@ -327,14 +327,14 @@ impl Agent {
             &self.metrics,
         )?;
         let spec = self.spec(t).await?;
-        let (fixture, _) = crate::compile::fetch_fixture(&spec, &self.fetcher).await?;
+        let (fixture, _) = crate::pipeline::build::fetch_fixture(&spec, &self.fetcher).await?;
         self.phase(key, pick, NodePhase::Loading).await;
         let (engine, load_seconds) = tokio::task::block_in_place(|| {
-            ready::load(backend.as_ref(), &pulled.path, &pick.class, &self.metrics)
+            load::load(backend.as_ref(), &pulled.path, &pick.class, &self.metrics)
         })?;
         self.phase(key, pick, NodePhase::Warming).await;
         let warmup = tokio::task::block_in_place(|| {
-            ready::warm_engine(
+            load::warm_engine(
                 engine.as_ref(),
                 &fixture,
                 &t.spec.warmup,

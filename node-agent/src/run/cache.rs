@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use kiln_crds::BuildManifest;
 use serde::{Deserialize, Serialize};
 
-use crate::digest::sha256_file;
 use crate::error::{Error, Result};
-use crate::fetch::sync_dir;
+use crate::pipeline::digest::sha256_file;
+use crate::pipeline::fetch::sync_dir;
 
 const ARTIFACT: &str = "artifact";
 const MANIFEST: &str = "manifest.json";
@@ -319,7 +319,7 @@ mod tests {
     }
 
     fn manifest_for(bytes: &[u8]) -> BuildManifest {
-        let digest = crate::digest::sha256_bytes(bytes);
+        let digest = crate::pipeline::digest::sha256_bytes(bytes);
         serde_json::from_value(serde_json::json!({
             "manifestVersion": 1, "compileKey": "0".repeat(64), "artifactDigest": digest,
             "artifactSize": bytes.len(), "mediaType": "x", "backend": "tract",

@@ -1,5 +1,5 @@
 //! The `kiln.dev/warm` pod readiness gate: which condition a serving pod on this node should
-//! carry, given this node's target rows. Pure; the patch is in `kube.rs`.
+//! carry, given this node's target rows. Pure; the patch is in `writes.rs`.
 
 use std::collections::BTreeMap;
 

@@ -26,9 +26,9 @@ use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 
 use crate::backend;
-use crate::fetch::Fetcher;
 use crate::metrics::Metrics;
-use crate::probe;
+use crate::pipeline::fetch::Fetcher;
+use crate::pipeline::probe;
 
 /// Everything `run` takes from the command line.
 pub struct Config {
@@ -39,7 +39,7 @@ pub struct Config {
     /// Store URL: a path, `file:///path` or `oci://HOST[:PORT]/REPOSITORY`.
     pub store: String,
     /// How to reach an `oci://` store's registry.
-    pub registry: crate::store::RegistryOptions,
+    pub registry: kiln_store::RegistryOptions,
     /// Base directory for relative `file://` URIs of fixtures.
     pub source_base: PathBuf,
     /// Where `/metrics`, `/healthz`, `/readyz` listen.

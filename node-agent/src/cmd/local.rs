@@ -1,21 +1,21 @@
 //! `kiln-agent local`: the whole pipeline on one machine, no cluster — probe, fetch and verify,
 //! compile or reuse, re-verify, load, warm with parity, and only then ready.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use kiln_crds::FailureReason;
 use kiln_crds::class::{class_facts, class_id};
 use serde::Serialize;
 
 use crate::backend;
-use crate::compile::{compile_or_reuse, fetch_inputs, key_for};
 use crate::error::Result;
-use crate::fetch::Fetcher;
 use crate::metrics::Metrics;
-use crate::probe;
-use crate::ready::{load_warm, pull_verified};
-use crate::spec::Spec;
-use crate::store::FsStore;
+use crate::pipeline::build::{compile_or_reuse, fetch_inputs, key_for};
+use crate::pipeline::fetch::Fetcher;
+use crate::pipeline::load::{load_warm, pull_verified};
+use crate::pipeline::probe;
+use crate::pipeline::spec::Spec;
+use kiln_store::FsStore;
 
 /// The outcome of a local run; with `--output json` this is the last line on stdout.
 #[derive(Serialize, Debug, Default)]
@@ -142,4 +142,22 @@ async fn pipeline(
 /// Runs CPU-bound work off the async workers.
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
+}
+
+/// The embedded example: SqueezeNet (light variant from the ONNX project's backend test data),
+/// its fixture and its YAML, so `kiln-agent local` runs with no file at all.
+const EXAMPLE_YAML: &str = include_str!("../../../examples/squeezenet/kiln.yaml");
+const EXAMPLE_MODEL: &[u8] = include_bytes!("../../../examples/squeezenet/model.onnx");
+const EXAMPLE_FIXTURE: &[u8] =
+    include_bytes!("../../../examples/squeezenet/fixture-v1.safetensors");
+
+/// Writes the embedded example into `<store>/example/` and returns the YAML's path.
+pub fn unpack_example(store: &Path) -> std::io::Result<PathBuf> {
+    let dir = store.join("example");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("model.onnx"), EXAMPLE_MODEL)?;
+    std::fs::write(dir.join("fixture-v1.safetensors"), EXAMPLE_FIXTURE)?;
+    let yaml = dir.join("kiln.yaml");
+    std::fs::write(&yaml, EXAMPLE_YAML)?;
+    Ok(yaml)
 }

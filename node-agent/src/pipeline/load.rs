@@ -11,10 +11,10 @@ use kiln_crds::compiled_target::Warmup;
 
 use crate::backend::{Backend, Engine};
 use crate::error::{Error, Result};
-use crate::fixtures::FixtureFile;
 use crate::metrics::Metrics;
-use crate::store::{ArtifactRef, Store};
-use crate::warmup::{WarmupReport, warm};
+use crate::pipeline::fixtures::FixtureFile;
+use crate::pipeline::warmup::{WarmupReport, warm};
+use kiln_store::{ArtifactRef, Store};
 
 /// What a successful readiness check measured.
 #[derive(Clone, Debug)]

@@ -6,9 +6,9 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::digest::{CHUNK, HashingWriter, sha256_file};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::pipeline::digest::{CHUNK, HashingWriter, sha256_file};
 
 /// Sizes above this report progress on stderr.
 const PROGRESS_ABOVE: u64 = 64 << 20;

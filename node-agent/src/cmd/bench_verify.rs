@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use crate::digest::sha256_file;
-use crate::fixtures::Seeded;
+use crate::pipeline::digest::sha256_file;
+use crate::pipeline::fixtures::Seeded;
 
 /// One measured tool.
 pub struct Figure {

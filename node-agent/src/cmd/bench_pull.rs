@@ -11,8 +11,8 @@ use kiln_crds::BuildManifest;
 use kiln_crds::manifest::MANIFEST_VERSION;
 use kiln_store::{ArtifactRef, RegistryOptions};
 
-use crate::bench::make_file;
-use crate::digest::{sha256_bytes, sha256_file};
+use crate::cmd::bench_verify::make_file;
+use crate::pipeline::digest::{sha256_bytes, sha256_file};
 
 /// What one bench-pull run measured (best of the runs, seconds).
 pub struct PullFigures {

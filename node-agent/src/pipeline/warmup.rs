@@ -9,8 +9,8 @@ use kiln_crds::compiled_target::Warmup;
 
 use crate::backend::Engine;
 use crate::error::{Error, Result};
-use crate::fixtures::FixtureFile;
-use crate::tensor::HostTensor;
+use crate::pipeline::fixtures::FixtureFile;
+use crate::pipeline::tensor::HostTensor;
 
 /// What a warmup measured.
 #[derive(Clone, Debug, Default)]

@@ -7,7 +7,7 @@ use std::path::Path;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use crate::error::{Error, Result};
-use crate::tensor::HostTensor;
+use crate::pipeline::tensor::HostTensor;
 
 const INPUT: &str = "input/";
 const OUTPUT: &str = "output/";

@@ -12,14 +12,14 @@ use kiln_crds::manifest::MANIFEST_VERSION;
 use kiln_crds::{BuildManifest, CompileKeyInput, compile_key};
 
 use crate::backend::{Backend, CompileRequest};
-use crate::digest::sha256_file;
 use crate::error::{Error, Result};
-use crate::fetch::{Fetcher, Wanted};
-use crate::fixtures::FixtureFile;
 use crate::metrics::Metrics;
-use crate::spec::Spec;
-use crate::store::{Entry, Store};
-use crate::warmup;
+use crate::pipeline::digest::sha256_file;
+use crate::pipeline::fetch::{Fetcher, Wanted};
+use crate::pipeline::fixtures::FixtureFile;
+use crate::pipeline::spec::Spec;
+use crate::pipeline::warmup;
+use kiln_store::{Entry, Store};
 
 /// Verified local copies of everything a model run needs.
 pub struct Inputs {

@@ -10,13 +10,13 @@ use kiln_crds::class::{ClassFacts, class_facts};
 use kiln_crds::{BuildManifest, CompiledTarget, ModelArtifact};
 
 use crate::backend;
-use crate::compile::{compile_or_reuse, fetch_inputs, key_for};
 use crate::error::{Error, Result};
-use crate::fetch::Fetcher;
 use crate::metrics::Metrics;
-use crate::probe;
-use crate::spec::Spec;
-use crate::store::RegistryOptions;
+use crate::pipeline::build::{compile_or_reuse, fetch_inputs, key_for};
+use crate::pipeline::fetch::Fetcher;
+use crate::pipeline::probe;
+use crate::pipeline::spec::Spec;
+use kiln_store::RegistryOptions;
 
 /// What the operator passes to a compile Job.
 pub struct Job {

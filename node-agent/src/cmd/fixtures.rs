@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::backend::{Backend, Shapes};
-use crate::digest::sha256_file;
 use crate::error::{Error, Result};
-use crate::fixtures::{FixtureFile, Seeded};
+use crate::pipeline::digest::sha256_file;
+use crate::pipeline::fixtures::{FixtureFile, Seeded};
 
 /// What to make.
 pub struct Request<'a> {
@@ -77,7 +77,7 @@ pub fn make(backend: &dyn Backend, req: &Request<'_>) -> Result<FixtureFile> {
     })
 }
 
-fn read_given(path: &Path) -> Result<BTreeMap<String, crate::tensor::HostTensor>> {
+fn read_given(path: &Path) -> Result<BTreeMap<String, crate::pipeline::tensor::HostTensor>> {
     let bytes = std::fs::read(path).map_err(|e| Error::SourceUnavailable {
         uri: path.display().to_string(),
         message: e.to_string(),
@@ -92,7 +92,7 @@ fn read_given(path: &Path) -> Result<BTreeMap<String, crate::tensor::HostTensor>
             let name = name.strip_prefix("input/").unwrap_or(&name).to_string();
             (
                 name,
-                crate::tensor::HostTensor {
+                crate::pipeline::tensor::HostTensor {
                     dtype: v.dtype(),
                     shape: v.shape().to_vec(),
                     data: v.data().to_vec(),
