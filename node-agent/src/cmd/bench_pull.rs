@@ -4,7 +4,7 @@
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use kiln_crds::BuildManifest;
@@ -188,7 +188,59 @@ fn manifest(key: &str, digest: &str, size: u64) -> BuildManifest {
     }
 }
 
-/// Default working directory: on disk, not tmpfs, so both sides pay for real writes.
-pub fn default_work_dir() -> PathBuf {
-    PathBuf::from("/var/tmp")
+/// Flags of `bench-pull`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Artifact size in MiB.
+    #[arg(long, env = "KILN_BENCH_SIZE_MIB", default_value_t = 1024)]
+    size_mib: u64,
+    /// Runs per side (best of).
+    #[arg(long, env = "KILN_BENCH_RUNS", default_value_t = 3)]
+    runs: usize,
+    /// Directory for the registry's storage, the cache and curl's file (on disk).
+    #[arg(long, env = "KILN_BENCH_DIR", default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// The distribution registry binary (Debian package docker-registry).
+    #[arg(
+        long,
+        env = "KILN_BENCH_REGISTRY",
+        default_value = "/usr/bin/docker-registry"
+    )]
+    registry: PathBuf,
+}
+
+/// Measures both sides and prints the figures and their ratio.
+pub fn main(args: Args) -> ExitCode {
+    let Some(runtime) = super::runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let (dir, runs) = (&args.dir, args.runs);
+    let f = match runtime.block_on(run(dir, &args.registry, args.size_mib << 20, runs)) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("kiln-agent bench-pull: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let gb = f.bytes as f64 / 1e9;
+    println!(
+        "verified pull of {:.2} GiB from docker-registry at {} into {} (best of {runs})",
+        f.bytes as f64 / f64::from(1u32 << 30),
+        f.registry,
+        dir.display()
+    );
+    println!(
+        "  kiln-agent pull (hash while streaming, fsync, rename) {:>7.3} s  {:>5.2} GB/s",
+        f.agent,
+        gb / f.agent
+    );
+    println!(
+        "  curl -o + sha256sum (sequential)                     {:>7.3} s  {:>5.2} GB/s  (curl {:.3} s + sha256sum {:.3} s)",
+        f.peer,
+        gb / f.peer,
+        f.curl,
+        f.sha256sum
+    );
+    println!("  peer/kiln-agent time ratio {:.2}x", f.peer / f.agent);
+    ExitCode::SUCCESS
 }

@@ -5,9 +5,11 @@
 //! `Reason: message`, which the operator classifies.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use kiln_crds::class::{ClassFacts, class_facts};
 use kiln_crds::{BuildManifest, CompiledTarget, ModelArtifact};
+use prometheus_client::registry::Registry;
 
 use crate::backend;
 use crate::error::{Error, Result};
@@ -113,6 +115,74 @@ pub fn check_class(expected: &ClassFacts, probed: &ClassFacts) -> Result<()> {
             wrong.join("; ")
         )))
     }
+}
+
+/// Flags of `compile`; the operator sets every one in the Job's environment.
+#[derive(clap::Args)]
+pub struct Args {
+    /// `{"model": ModelArtifact, "target": CompiledTarget}` as JSON.
+    #[arg(long, env = "KILN_COMPILE_SPEC", hide_env_values = true)]
+    spec: String,
+    /// Class facts (label key → value) as JSON that this node must match.
+    #[arg(long, env = "KILN_CLASS_FACTS")]
+    class_facts: String,
+    /// Compile key the operator expects.
+    #[arg(long, env = "KILN_COMPILE_KEY")]
+    compile_key: String,
+    /// Artifact store: a directory (or `file:///dir`) shared with the operator, or
+    /// `oci://HOST[:PORT]/REPOSITORY`.
+    #[arg(long, env = "KILN_STORE")]
+    store: String,
+    #[command(flatten)]
+    registry: kiln_store::RegistryArgs,
+    /// Base directory for relative file:// URIs.
+    #[arg(long, env = "KILN_SOURCE_BASE", default_value = ".")]
+    source_base: PathBuf,
+    /// Where the one-line outcome (`Reason: message` on failure) goes for the operator.
+    #[arg(
+        long,
+        env = "KILN_TERMINATION_LOG",
+        default_value = "/dev/termination-log"
+    )]
+    termination_log: PathBuf,
+}
+
+/// Compiles, prints the manifest as JSON, and leaves the one-line outcome in the termination log.
+pub fn main(args: Args) -> ExitCode {
+    let job = Job {
+        spec_json: args.spec,
+        class_facts_json: args.class_facts,
+        compile_key: args.compile_key,
+        store: args.store,
+        registry: args.registry.options(),
+        source_base: args.source_base,
+    };
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let Some(runtime) = super::runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let (line, code) = match runtime.block_on(run(&job, &metrics)) {
+        Ok((manifest, reused)) => {
+            println!("{}", serde_json::to_string(&manifest).unwrap_or_default());
+            tracing::info!(digest = %manifest.artifact_digest, reused, "compile done");
+            (
+                format!(
+                    "Compiled: sha256:{}{}",
+                    manifest.artifact_digest,
+                    if reused { " (already stored)" } else { "" }
+                ),
+                ExitCode::SUCCESS,
+            )
+        }
+        Err(e) => {
+            tracing::error!(reason = %e.reason(), error = %e, "compile failed");
+            (format!("{}: {e}", e.reason()), ExitCode::FAILURE)
+        }
+    };
+    // Best effort: outside a pod there may be no termination log.
+    let _ = std::fs::write(&args.termination_log, line.as_bytes());
+    code
 }
 
 #[cfg(test)]

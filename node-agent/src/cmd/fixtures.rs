@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use crate::backend::{Backend, Shapes};
 use crate::error::{Error, Result};
-use crate::pipeline::digest::sha256_file;
+use crate::pipeline::digest::{sha256_bytes, sha256_file};
 use crate::pipeline::fixtures::{FixtureFile, Seeded};
 
 /// What to make.
@@ -100,4 +101,108 @@ fn read_given(path: &Path) -> Result<BTreeMap<String, crate::pipeline::tensor::H
             )
         })
         .collect())
+}
+
+/// Flags of `fixtures`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// ONNX model.
+    #[arg(long, env = "KILN_FIXTURE_MODEL")]
+    model: PathBuf,
+    /// Fixture version to record.
+    #[arg(long = "fixture-version", env = "KILN_FIXTURE_VERSION")]
+    version: String,
+    /// Shape of an input with symbolic dims: NAME=D0,D1,... (repeatable).
+    #[arg(long = "shape", env = "KILN_FIXTURE_SHAPES", value_delimiter = ';')]
+    shapes: Vec<String>,
+    /// Safetensors file with given input tensors, named like the inputs.
+    #[arg(long, env = "KILN_FIXTURE_INPUTS")]
+    inputs: Option<PathBuf>,
+    /// Seed for random inputs.
+    #[arg(long, env = "KILN_FIXTURE_SEED", default_value_t = 42)]
+    seed: u64,
+    /// Suggested absolute tolerance, recorded in metadata.
+    #[arg(long, env = "KILN_FIXTURE_ATOL")]
+    atol: Option<f64>,
+    /// Suggested relative tolerance, recorded in metadata.
+    #[arg(long, env = "KILN_FIXTURE_RTOL")]
+    rtol: Option<f64>,
+    /// Output file.
+    #[arg(long, short, env = "KILN_FIXTURE_OUT")]
+    out: PathBuf,
+}
+
+/// Makes the fixture with the tract reference execution, writes it and prints
+/// `<sha256>  <file>`; exit status 2 for a malformed `--shape`.
+pub fn main(args: Args) -> ExitCode {
+    let shapes = match parse_shapes(&args.shapes) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("kiln-agent fixtures: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let request = Request {
+        model: &args.model,
+        version: &args.version,
+        shapes,
+        given: args.inputs,
+        seed: args.seed,
+        tolerance: args.atol.zip(args.rtol),
+    };
+    let out = &args.out;
+    let result = make(&crate::backend::tract::Tract, &request)
+        .and_then(|f| f.to_bytes())
+        .and_then(|bytes| {
+            std::fs::write(out, &bytes)
+                .map_err(|e| Error::store(out, e))
+                .map(|()| bytes)
+        });
+    match result {
+        Ok(bytes) => {
+            println!("{}  {}", sha256_bytes(&bytes), out.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kiln-agent fixtures: {} ({})", e, e.reason());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--shape NAME=D0,D1,...` values as shapes by input name.
+fn parse_shapes(shapes: &[String]) -> std::result::Result<Shapes, String> {
+    shapes
+        .iter()
+        .map(|s| {
+            let (name, dims) = s
+                .split_once('=')
+                .ok_or_else(|| format!("--shape {s:?}: expected NAME=D0,D1,..."))?;
+            let dims = dims
+                .split(',')
+                .map(|d| {
+                    d.trim()
+                        .parse::<usize>()
+                        .map_err(|_| format!("--shape {s:?}: {d:?} is not a size"))
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            Ok((name.to_string(), dims))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_parse_and_a_malformed_one_says_which() {
+        let parsed = parse_shapes(&["x=1, 3,224".into(), "y=2".into()]).expect("shapes");
+        assert_eq!(parsed["x"], vec![1, 3, 224]);
+        assert_eq!(parsed["y"], vec![2]);
+        let err = parse_shapes(&["x".into()]).expect_err("no =");
+        assert!(err.contains("expected NAME=D0,D1"), "{err}");
+        let err = parse_shapes(&["x=1,b".into()]).expect_err("not a size");
+        assert!(err.contains("\"b\" is not a size"), "{err}");
+    }
 }

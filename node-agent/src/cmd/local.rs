@@ -2,9 +2,11 @@
 //! compile or reuse, re-verify, load, warm with parity, and only then ready.
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use kiln_crds::FailureReason;
 use kiln_crds::class::{class_facts, class_id};
+use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use crate::backend;
@@ -160,4 +162,119 @@ pub fn unpack_example(store: &Path) -> std::io::Result<PathBuf> {
     let yaml = dir.join("kiln.yaml");
     std::fs::write(&yaml, EXAMPLE_YAML)?;
     Ok(yaml)
+}
+
+/// Flags of `local`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Multi-document YAML with one ModelArtifact and one CompiledTarget.
+    #[arg(env = "KILN_LOCAL_FILE")]
+    file: Option<PathBuf>,
+    /// Content-addressed store directory (artifacts, manifests, verified source blobs).
+    #[arg(long, env = "KILN_STORE")]
+    store: Option<PathBuf>,
+    /// `json` makes the last stdout line one JSON object with the outcome.
+    #[arg(long, env = "KILN_OUTPUT", value_enum, default_value_t = Output::Plain)]
+    output: Output,
+    /// Write the metrics here after the run (Prometheus text 0.0.4, as `promtool` reads).
+    #[arg(long, env = "KILN_METRICS_FILE")]
+    metrics_file: Option<PathBuf>,
+}
+
+/// What stdout gets.
+#[derive(Clone, Copy, clap::ValueEnum, PartialEq)]
+enum Output {
+    Plain,
+    Json,
+}
+
+/// Runs the pipeline once and prints the outcome; success only when ready.
+pub fn main(args: Args) -> ExitCode {
+    let store = args.store.unwrap_or_else(default_store);
+    let file = match args.file {
+        Some(f) => f,
+        None => match unpack_example(&store) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!(
+                    "kiln-agent: cannot unpack the embedded example into {}: {e}",
+                    store.display()
+                );
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let Some(runtime) = super::runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let outcome = runtime.block_on(run(&file, &store, &metrics));
+    if let Some(path) = args.metrics_file
+        && let Err(e) = std::fs::write(&path, kiln_serve::exposition(&registry, None).0)
+    {
+        eprintln!(
+            "kiln-agent: cannot write metrics to {}: {e}",
+            path.display()
+        );
+    }
+    match args.output {
+        Output::Json => println!("{}", serde_json::to_string(&outcome).unwrap_or_default()),
+        Output::Plain => print_plain(&outcome),
+    }
+    if outcome.ready {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn print_plain(outcome: &Outcome) {
+    if !outcome.ready {
+        let reason = outcome.reason.map(|r| r.as_str()).unwrap_or("Unknown");
+        println!("NOT READY {reason}: {}", outcome.message);
+        return;
+    }
+    let ms = |s: Option<f64>| {
+        s.map(|s| format!("{:.2} ms", s * 1000.0))
+            .unwrap_or_default()
+    };
+    println!("READY {}", outcome.message);
+    println!(
+        "  class            {}",
+        outcome.class.as_deref().unwrap_or_default()
+    );
+    println!(
+        "  compile key      {}",
+        outcome.compile_key.as_deref().unwrap_or_default()
+    );
+    println!(
+        "  artifact sha256  {}",
+        outcome.artifact_digest.as_deref().unwrap_or_default()
+    );
+    println!(
+        "  compile          {}",
+        if outcome.cache_hit {
+            "reused from store".to_string()
+        } else {
+            format!("{:.2} s", outcome.compile_seconds)
+        }
+    );
+    println!("  load             {}", ms(outcome.load_seconds));
+    println!("  warmup           {}", ms(outcome.warmup_seconds));
+    println!(
+        "  first / p50 / p99 {} / {} / {}",
+        ms(outcome.first_seconds),
+        ms(outcome.p50_seconds),
+        ms(outcome.p99_seconds)
+    );
+}
+
+/// `$XDG_CACHE_HOME/kiln/store`, else `~/.cache/kiln/store`, else under the temp directory.
+fn default_store() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("kiln").join("store")
 }

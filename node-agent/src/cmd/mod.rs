@@ -8,3 +8,14 @@ pub mod compile;
 pub mod fixtures;
 pub mod install;
 pub mod local;
+pub mod probe;
+pub mod run;
+
+/// The multi-threaded runtime the pipeline runs on; says why on stderr when it cannot start.
+pub(crate) fn runtime() -> Option<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .inspect_err(|e| eprintln!("kiln-agent: cannot start the async runtime: {e}"))
+        .ok()
+}
