@@ -5,8 +5,9 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use kiln_agent::cmd;
+use kiln_serve::logging::{self, LogFormat};
 
 #[derive(Parser)]
 #[command(
@@ -20,12 +21,6 @@ struct Cli {
     log_format: Option<LogFormat>,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Plain,
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -61,7 +56,10 @@ fn main() -> ExitCode {
         Command::Run(_) => LogFormat::Json,
         _ => LogFormat::Plain,
     };
-    init_tracing(cli.log_format.unwrap_or(default_format));
+    if let Err(e) = logging::init(cli.log_format.unwrap_or(default_format)) {
+        eprintln!("kiln-agent: cannot set up logging: {e}");
+        return ExitCode::FAILURE;
+    }
     // reqwest is built without a default crypto provider; kiln uses ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
     match cli.command {
@@ -73,17 +71,5 @@ fn main() -> ExitCode {
         Command::Probe => cmd::probe::main(),
         Command::BenchPull(args) => cmd::bench_pull::main(args),
         Command::BenchVerify(args) => cmd::bench_verify::main(args),
-    }
-}
-
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Plain => builder.init(),
-        LogFormat::Json => builder.json().init(),
     }
 }

@@ -76,7 +76,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         });
     }
     tokio::spawn(async move {
-        shutdown_signal().await;
+        kiln_serve::shutdown_signal().await;
         tracing::info!("shutting down");
         let _ = stop_tx.send(true);
     });
@@ -223,19 +223,4 @@ async fn wait_ready(
             anyhow::anyhow!("watches did not sync within 120 s; check RBAC and the apiserver")
         })??;
     Ok(())
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }
