@@ -101,6 +101,14 @@ impl From<kiln_store::Error> for Error {
             kiln_store::Error::HashMismatch { what, message } => {
                 Error::HashMismatch { what, message }
             }
+            kiln_store::Error::Refused {
+                what,
+                mismatch,
+                dest,
+            } => Error::HashMismatch {
+                what,
+                message: mismatch.refusal(&dest),
+            },
         }
     }
 }

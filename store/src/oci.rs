@@ -432,7 +432,7 @@ impl Store for OciStore {
             Expected {
                 what,
                 digest: m.artifact_digest.clone(),
-                size: m.artifact_size,
+                size: Some(m.artifact_size),
             },
         )
         .await

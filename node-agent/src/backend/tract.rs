@@ -3,7 +3,7 @@
 //! and an index; load optimises each profile for this CPU.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::Path;
 
 use kiln_crds::compiled_target::Precision;
@@ -96,10 +96,7 @@ impl Backend for Tract {
         let bytes = outer
             .into_inner()
             .map_err(|e| Error::CompileFailed(e.to_string()))?;
-        let mut file = std::fs::File::create(req.out).map_err(|e| Error::store(req.out, e))?;
-        file.write_all(&bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| Error::store(req.out, e))?;
+        kiln_store::write_synced(req.out, &bytes).map_err(|e| Error::store(req.out, e))?;
         Ok(Compiled { outputs, log })
     }
 

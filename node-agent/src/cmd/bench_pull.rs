@@ -9,10 +9,9 @@ use std::time::{Duration, Instant};
 
 use kiln_crds::BuildManifest;
 use kiln_crds::manifest::MANIFEST_VERSION;
-use kiln_store::{ArtifactRef, RegistryOptions};
+use kiln_store::{ArtifactRef, RegistryOptions, sha256_bytes, sha256_file};
 
 use crate::cmd::bench_verify::make_file;
-use crate::pipeline::digest::{sha256_bytes, sha256_file};
 
 /// What one bench-pull run measured (best of the runs, seconds).
 pub struct PullFigures {

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-use crate::pipeline::digest::sha256_file;
+use kiln_store::sha256_file;
+
 use crate::pipeline::fixtures::Seeded;
 
 /// One measured tool.

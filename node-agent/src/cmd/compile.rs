@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use kiln_crds::class::{ClassFacts, class_facts};
 use kiln_crds::{BuildManifest, CompiledTarget, ModelArtifact};
+use kiln_store::RegistryOptions;
 use prometheus_client::registry::Registry;
 
 use crate::backend;
@@ -18,7 +19,6 @@ use crate::pipeline::build::{compile_or_reuse, fetch_inputs, key_for};
 use crate::pipeline::fetch::Fetcher;
 use crate::pipeline::probe;
 use crate::pipeline::spec::Spec;
-use kiln_store::RegistryOptions;
 
 /// What the operator passes to a compile Job.
 pub struct Job {

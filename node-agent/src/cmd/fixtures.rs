@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use kiln_store::{sha256_bytes, sha256_file};
+
 use crate::backend::{Backend, Shapes};
 use crate::error::{Error, Result};
-use crate::pipeline::digest::{sha256_bytes, sha256_file};
 use crate::pipeline::fixtures::{FixtureFile, Seeded};
 
 /// What to make.

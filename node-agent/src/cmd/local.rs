@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use kiln_crds::FailureReason;
 use kiln_crds::class::{class_facts, class_id};
+use kiln_store::FsStore;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
@@ -17,7 +18,6 @@ use crate::pipeline::fetch::Fetcher;
 use crate::pipeline::load::{load_warm, pull_verified};
 use crate::pipeline::probe;
 use crate::pipeline::spec::Spec;
-use kiln_store::FsStore;
 
 /// The outcome of a local run; with `--output json` this is the last line on stdout.
 #[derive(Serialize, Debug, Default)]

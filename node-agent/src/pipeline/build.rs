@@ -10,16 +10,15 @@ use kiln_crds::class::ClassFacts;
 use kiln_crds::kiln_node::HardwareFacts;
 use kiln_crds::manifest::MANIFEST_VERSION;
 use kiln_crds::{BuildManifest, CompileKeyInput, compile_key};
+use kiln_store::{Entry, Store, sha256_file};
 
 use crate::backend::{Backend, CompileRequest};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::pipeline::digest::sha256_file;
 use crate::pipeline::fetch::{Fetcher, Wanted};
 use crate::pipeline::fixtures::FixtureFile;
 use crate::pipeline::spec::Spec;
 use crate::pipeline::warmup;
-use kiln_store::{Entry, Store};
 
 /// Verified local copies of everything a model run needs.
 pub struct Inputs {

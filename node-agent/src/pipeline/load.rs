@@ -8,13 +8,13 @@ use std::time::Instant;
 use kiln_crds::BuildManifest;
 use kiln_crds::class::ClassFacts;
 use kiln_crds::compiled_target::Warmup;
+use kiln_store::{ArtifactRef, Store};
 
 use crate::backend::{Backend, Engine};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::pipeline::fixtures::FixtureFile;
 use crate::pipeline::warmup::{WarmupReport, warm};
-use kiln_store::{ArtifactRef, Store};
 
 /// What a successful readiness check measured.
 #[derive(Clone, Debug)]

@@ -4,7 +4,6 @@
 //! engines; never the apiserver.
 
 pub mod build;
-pub mod digest;
 pub mod fetch;
 pub mod fixtures;
 pub mod load;

@@ -14,6 +14,7 @@ use kiln_crds::compiled_target::FallbackPolicy;
 use kiln_crds::conditions::{self, READY};
 use kiln_crds::kiln_node::{HardwareFacts, NodePhase, NodeTargetStatus};
 use kiln_crds::{CompiledTarget, FailureReason, KilnNode, KilnNodeStatus, ModelArtifact};
+use kiln_store::Store;
 use kube::runtime::reflector::Store as Reader;
 use kube::{Api, Client, ResourceExt};
 
@@ -27,7 +28,6 @@ use crate::pipeline::fetch::Fetcher;
 use crate::pipeline::load;
 use crate::pipeline::probe;
 use crate::pipeline::spec::Spec;
-use kiln_store::Store;
 
 /// (namespace, name) of a CompiledTarget.
 type Key = (String, String);

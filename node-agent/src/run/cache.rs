@@ -7,11 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use kiln_crds::BuildManifest;
+use kiln_store::{sha256_file, sync_dir, write_synced};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::pipeline::digest::sha256_file;
-use crate::pipeline::fetch::sync_dir;
 
 const ARTIFACT: &str = "artifact";
 const MANIFEST: &str = "manifest.json";
@@ -155,9 +154,7 @@ impl Cache {
         }
         let json = serde_json::to_vec_pretty(manifest).map_err(|e| Error::store(&dest, e))?;
         let mpath = staging.path().join(MANIFEST);
-        std::fs::write(&mpath, json)
-            .and_then(|()| std::fs::File::open(&mpath)?.sync_all())
-            .map_err(|e| Error::store(&mpath, e))?;
+        write_synced(&mpath, &json).map_err(|e| Error::store(&mpath, e))?;
         sync_dir(staging.path());
         let staged_dir = staging.keep();
         if dest.exists() {
@@ -196,8 +193,7 @@ impl Cache {
         let path = self.root.join(INDEX);
         let tmp = self.root.join("tmp").join(INDEX);
         let json = serde_json::to_vec_pretty(&self.index).map_err(|e| Error::store(&path, e))?;
-        std::fs::write(&tmp, json)
-            .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+        write_synced(&tmp, &json)
             .and_then(|()| std::fs::rename(&tmp, &path))
             .map_err(|e| Error::store(&path, e))?;
         sync_dir(&self.root);
@@ -319,7 +315,7 @@ mod tests {
     }
 
     fn manifest_for(bytes: &[u8]) -> BuildManifest {
-        let digest = crate::pipeline::digest::sha256_bytes(bytes);
+        let digest = kiln_store::sha256_bytes(bytes);
         serde_json::from_value(serde_json::json!({
             "manifestVersion": 1, "compileKey": "0".repeat(64), "artifactDigest": digest,
             "artifactSize": bytes.len(), "mediaType": "x", "backend": "tract",

@@ -9,6 +9,7 @@ use std::time::Instant;
 use kiln_crds::BuildManifest;
 use kiln_crds::class::ClassFacts;
 use kiln_crds::labels::CPU_LEVEL;
+use kiln_store::{ArtifactRef, Store};
 
 use super::cache::Cache;
 use super::decide::Pick;
@@ -16,7 +17,6 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::pipeline::load::{self, check_compatible};
-use kiln_store::{ArtifactRef, Store};
 
 /// A verified artifact in the node cache.
 pub struct Pulled {
