@@ -2,12 +2,16 @@
 //!
 //! * [`serve`] — `/metrics`, `/healthz`, `/readyz` (see [`endpoints`]);
 //! * [`logging`] — the `--log-format` value and the stderr log layer both install;
-//! * [`shutdown_signal`] — SIGTERM (what the kubelet sends) or Ctrl-C.
+//! * [`shutdown_signal`] — SIGTERM (what the kubelet sends) or Ctrl-C;
+//! * `test_support` (feature `test-support`, for the components' tests) — `promtool` checks of
+//!   their expositions.
 //!
 //! No Kubernetes client and no ML runtime: only what both binaries run the same way.
 
 pub mod endpoints;
 pub mod logging;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 
 pub use endpoints::{Health, exposition, serve};
 
