@@ -8,14 +8,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use kiln_crds::class::{ClassFacts, class_facts};
-use kiln_crds::{BuildManifest, CompiledTarget, ModelArtifact};
-use kiln_store::RegistryOptions;
+use kiln_crds::{CompiledTarget, ModelArtifact};
+use kiln_store::{Entry, RegistryOptions};
 use prometheus_client::registry::Registry;
 
 use crate::backend;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::pipeline::build::{compile_or_reuse, fetch_inputs, key_for};
+use crate::pipeline::build::{Built, compile_or_reuse, fetch_inputs, key_for};
 use crate::pipeline::fetch::Fetcher;
 use crate::pipeline::probe;
 use crate::pipeline::spec::Spec;
@@ -42,8 +42,8 @@ struct Objects {
     target: CompiledTarget,
 }
 
-/// Runs the compile; returns the stored manifest and whether the store already held it.
-pub async fn run(job: &Job, metrics: &Metrics) -> Result<(BuildManifest, bool)> {
+/// Runs the compile; returns the stored entry and whether the store already held it.
+pub async fn run(job: &Job, metrics: &Metrics) -> Result<Built> {
     let objects: Objects = serde_json::from_str(&job.spec_json)
         .map_err(|e| Error::InvalidSpec(format!("KILN_COMPILE_SPEC: {e}")))?;
     let expected: ClassFacts = serde_json::from_str(&job.class_facts_json)
@@ -81,7 +81,7 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<(BuildManifest, bool)> 
     };
     let fetcher = Fetcher::new(blobs, metrics.clone())?;
     let inputs = fetch_inputs(&spec, &fetcher).await?;
-    let (entry, reused) = compile_or_reuse(
+    compile_or_reuse(
         &spec,
         &inputs,
         backend.as_ref(),
@@ -90,8 +90,7 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<(BuildManifest, bool)> 
         store.as_ref(),
         metrics,
     )
-    .await?;
-    Ok((entry.manifest, reused))
+    .await
 }
 
 /// Every fact of the expected class must hold on this node. Facts the node has beyond the class
@@ -163,7 +162,10 @@ pub fn main(args: Args) -> ExitCode {
         return ExitCode::FAILURE;
     };
     let (line, code) = match runtime.block_on(run(&job, &metrics)) {
-        Ok((manifest, reused)) => {
+        Ok(Built {
+            entry: Entry { manifest, .. },
+            reused,
+        }) => {
             println!("{}", serde_json::to_string(&manifest).unwrap_or_default());
             tracing::info!(digest = %manifest.artifact_digest, reused, "compile done");
             (

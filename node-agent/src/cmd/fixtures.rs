@@ -7,6 +7,8 @@ use std::process::ExitCode;
 
 use kiln_store::{sha256_bytes, sha256_file};
 
+use kiln_crds::compiled_target::Tolerance;
+
 use crate::backend::{Backend, Shapes};
 use crate::error::{Error, Result};
 use crate::pipeline::fixtures::{FixtureFile, Seeded};
@@ -24,7 +26,7 @@ pub struct Request<'a> {
     /// Seed for random inputs.
     pub seed: u64,
     /// Tolerances to suggest in the metadata.
-    pub tolerance: Option<(f64, f64)>,
+    pub tolerance: Option<Tolerance>,
 }
 
 /// Builds the fixture.
@@ -149,7 +151,10 @@ pub fn main(args: Args) -> ExitCode {
         shapes,
         given: args.inputs,
         seed: args.seed,
-        tolerance: args.atol.zip(args.rtol),
+        tolerance: args
+            .atol
+            .zip(args.rtol)
+            .map(|(atol, rtol)| Tolerance { atol, rtol }),
     };
     let out = &args.out;
     let result = make(&crate::backend::tract::Tract, &request)

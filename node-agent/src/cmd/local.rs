@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::backend;
 use crate::error::Result;
 use crate::metrics::Metrics;
-use crate::pipeline::build::{compile_or_reuse, fetch_inputs, key_for};
+use crate::pipeline::build::{Built, compile_or_reuse, fetch_inputs, key_for};
 use crate::pipeline::fetch::Fetcher;
 use crate::pipeline::load::{load_warm, pull_verified};
 use crate::pipeline::probe;
@@ -91,7 +91,10 @@ async fn pipeline(
     let fetcher = Fetcher::new(store.blobs(), metrics.clone())?;
     let inputs = fetch_inputs(&spec, &fetcher).await?;
 
-    let (entry, cache_hit) = compile_or_reuse(
+    let Built {
+        entry,
+        reused: cache_hit,
+    } = compile_or_reuse(
         &spec,
         &inputs,
         backend.as_ref(),

@@ -35,6 +35,15 @@ pub struct KnownGood {
     pub generation: Option<i64>,
 }
 
+/// A cached artifact that re-verified.
+#[derive(Clone, Debug)]
+pub struct Cached {
+    /// The artifact file.
+    pub path: PathBuf,
+    /// Its build manifest.
+    pub manifest: BuildManifest,
+}
+
 /// What survives an agent restart: per target (`namespace/name`), its known-good entries, oldest
 /// first. Only a hint: every entry is re-verified before it is used.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,7 +104,7 @@ impl Cache {
 
     /// The cached artifact with `digest`, re-hashed now; a copy that no longer matches is
     /// deleted and reported as `HashMismatch`. `Ok(None)` when it is not cached.
-    pub fn verified(&self, digest: &str) -> Result<Option<(PathBuf, BuildManifest)>> {
+    pub fn verified(&self, digest: &str) -> Result<Option<Cached>> {
         let dir = self.dir(digest)?;
         let manifest = match std::fs::read(dir.join(MANIFEST)) {
             Ok(bytes) => match serde_json::from_slice::<BuildManifest>(&bytes) {
@@ -119,7 +128,7 @@ impl Cache {
                 ),
             });
         }
-        Ok(Some((path, manifest)))
+        Ok(Some(Cached { path, manifest }))
     }
 
     /// A staging directory inside the cache for a pull: the store writes `<dir>/artifact`

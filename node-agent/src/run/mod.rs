@@ -6,6 +6,8 @@ pub mod agent;
 pub mod cache;
 pub mod decide;
 pub mod gate;
+pub mod rows;
+pub mod state;
 pub mod target;
 pub mod writes;
 
@@ -145,7 +147,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         for row in &status.targets {
             agent
                 .states
-                .entry((row.namespace.clone(), row.name.clone()))
+                .entry(state::TargetKey::new(&row.namespace, &row.name))
                 .or_default()
                 .row = row.clone();
         }

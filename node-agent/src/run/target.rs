@@ -11,7 +11,7 @@ use kiln_crds::class::ClassFacts;
 use kiln_crds::labels::CPU_LEVEL;
 use kiln_store::{ArtifactRef, Store};
 
-use super::cache::Cache;
+use super::cache::{Cache, Cached};
 use super::decide::Pick;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -41,7 +41,7 @@ pub async fn pull(
 ) -> Result<Pulled> {
     let started = Instant::now();
     match tokio::task::block_in_place(|| cache.verified(&pick.digest)) {
-        Ok(Some((path, manifest))) => {
+        Ok(Some(Cached { path, manifest })) => {
             return Ok(Pulled {
                 path,
                 manifest,
