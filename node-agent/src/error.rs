@@ -1,5 +1,5 @@
 //! kiln-agent's error type. Every variant maps to one [`FailureReason`], which is what status,
-//! Events and metric labels carry; the message says what to fix.
+//! Events and metric labels carry; the message says what to fix. Types only; touches nothing.
 
 use std::path::Path;
 

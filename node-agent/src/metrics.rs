@@ -1,7 +1,7 @@
 //! The agent's Prometheus metrics, in one prometheus-client registry: the same registry the
 //! DaemonSet serves on `/metrics` and `local --metrics-file` dumps. Labels are bounded: class,
 //! backend, reason, policy, result — never error text. The one exception is the per-target ready
-//! gauge (see [`TargetLabels`]).
+//! gauge (see [`TargetLabels`]). Touches only the registry it registers into.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;

@@ -3,6 +3,7 @@
 //! operator's caches synced (leading or standing by); the agent's watches synced and its KilnNode
 //! written — never that a model is ready (tying a DaemonSet's `/readyz` to targets would stall
 //! its rollout on every fail-closed node).
+//! Touches one TCP listener; reads the registry and the health flag.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

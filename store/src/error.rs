@@ -1,4 +1,5 @@
 //! The store's one error type; every variant maps to one [`FailureReason`].
+//! Types only; touches nothing.
 
 use kiln_crds::FailureReason;
 

@@ -1,6 +1,6 @@
 //! The filesystem store: a content-addressed directory `<root>/artifacts/<key>/{artifact,
 //! manifest.json}`, written by rename so readers see a whole entry or none. The manifest digest
-//! is the sha256 of `manifest.json` as stored.
+//! is the sha256 of `manifest.json` as stored. Touches only its root directory.
 
 use std::path::{Path, PathBuf};
 

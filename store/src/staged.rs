@@ -3,6 +3,7 @@
 //! ones. The destination never holds a partial or unverified file. The store's pulls and the
 //! agent's fetches of sources and fixtures both write this way; this module is also the one
 //! sha256 of a file and the one directory fsync of both crates.
+//! Touches only the destination's directory.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,7 @@
 //! The built-in tract backend. Compile: ONNX → typed with each profile's concrete dims →
 //! decluttered → NNEF. The artifact is a deterministic tar holding one NNEF tarball per profile
 //! and an index; load optimises each profile for this CPU.
+//! Reads the model, writes (fsynced) only the artifact path it is given.
 
 use std::collections::BTreeMap;
 use std::io::Read;

@@ -1,6 +1,8 @@
 //! `kiln-agent bench-pull`: a verified pull of a large artifact from a real local registry
 //! (Debian's docker-registry) into a cache directory, against the sequential peer — `curl -o`
 //! of the same blob followed by `sha256sum` — in the same run, best of N each.
+//! Touches a temp directory under `--dir`, a docker-registry it starts and stops, `curl` and
+//! `sha256sum`; never a real store.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

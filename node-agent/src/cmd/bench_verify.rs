@@ -1,5 +1,6 @@
 //! `kiln-agent bench-verify`: streaming sha256 verification speed against `sha256sum` and
 //! `openssl dgst -sha256` on the same file in the same run, printed as figures and ratios.
+//! Touches the file it hashes (or a temp file it makes) and the two tools.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -3,6 +3,7 @@
 //! to, fetches and verifies every input (fail closed), compiles or reuses, stores artifact and
 //! build manifest, and prints the manifest. On failure the termination message is
 //! `Reason: message`, which the operator classifies.
+//! Touches the store, a blob cache and the termination log; never the apiserver.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,5 +1,6 @@
 //! `kiln-agent fixtures`: makes a versioned fixture file from a model and given or seeded-random
 //! inputs, with golden outputs from the reference (unoptimised) execution of the source model.
+//! Reads the model (and given inputs), writes only the output file.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -4,6 +4,7 @@
 //! loader and the libraries it has mapped, and is started as
 //! `DIR/ld.so --library-path DIR/lib DIR/kiln-agent …` ([`agent_command`]): nothing of the image's
 //! libc is used, and nothing leaks into the compiler it starts (no `LD_LIBRARY_PATH`).
+//! Touches `/proc/self`, the target directory, and one run of the copy.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

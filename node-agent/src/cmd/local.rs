@@ -1,5 +1,7 @@
 //! `kiln-agent local`: the whole pipeline on one machine, no cluster — probe, fetch and verify,
 //! compile or reuse, re-verify, load, warm with parity, and only then ready.
+//! Touches the store directory (artifacts, blobs, the pulled copy under `cache/`, the embedded
+//! example) and the metrics file; never a cluster.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

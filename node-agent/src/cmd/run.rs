@@ -1,5 +1,5 @@
 //! `kiln-agent run`, the DaemonSet: its flags and its entry. The loop itself (watches, passes,
-//! status) is [`crate::run`].
+//! status) is [`crate::run`]. This file touches nothing itself.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

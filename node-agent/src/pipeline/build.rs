@@ -1,6 +1,8 @@
 //! The compile step shared by `local` and the compile Job: fetch and verify every input, derive
 //! the compile key, reuse what the store holds, otherwise compile, check parity against the
 //! fixtures, and store artifact and manifest atomically.
+//! Touches the blob cache (through the fetcher), a scratch directory of the store and the
+//! store; runs the backend.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,6 @@
 //! Versioned warmup fixtures: one safetensors file with named inputs (`input/<name>`) and golden
 //! outputs (`output/<name>`), the version and the tolerances it was made for in its metadata.
+//! Reads a fixture file where asked; otherwise pure.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;

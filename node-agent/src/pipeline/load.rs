@@ -1,6 +1,7 @@
-//! The path from a stored artifact to "ready": pull and verify the bytes, re-check compatibility with
-//! this machine and this binary, load, warm with parity. The same code serves `local` and the
-//! node agent; any error means not ready.
+//! The path from a stored artifact to "ready": pull and verify the bytes, re-check
+//! compatibility with this machine and this binary, load, warm with parity. The same code serves
+//! `local` and the node agent; any error means not ready. Touches the store (pull), the
+//! destination path and the engine it loads; never the apiserver.
 
 use std::path::Path;
 use std::time::Instant;

@@ -1,6 +1,7 @@
 //! Warmup: run the versioned fixtures through a loaded engine for the configured iterations,
 //! check every output against its golden value within atol/rtol, and measure latency. Nothing
 //! here decides readiness; it reports, and the caller fails closed on any error.
+//! Runs the engine it is given; touches nothing else.
 
 use std::collections::BTreeMap;
 use std::time::Instant;

@@ -1,7 +1,7 @@
 //! The node cache (a hostPath): verified artifacts by digest, each beside its build manifest, and
 //! an index of which revisions passed on this node. Nothing is used without re-hashing it first,
 //! a partial file never sits under a final name, and eviction keeps the last K known-good
-//! artifacts per target and whatever is in use.
+//! artifacts per target and whatever is in use. Touches only the cache directory.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -1,6 +1,8 @@
 //! `kiln-agent run`, the DaemonSet: watches only what concerns its node (its Node and KilnNode by
 //! name, pods by `spec.nodeName`, CompiledTargets), probes the hardware, and runs a pass (see
 //! `agent.rs`) on every change and every `--resync` seconds, until SIGTERM.
+//! Touches the apiserver (watches; writes only through `writes.rs`), the node cache, the store
+//! (read only) and the metrics endpoint.
 
 pub mod agent;
 pub mod cache;

@@ -1,6 +1,7 @@
 //! The steps between a picked artifact and "ready" on this node: pull it into the node cache
 //! verified, re-check it against the real device and this binary, then (in `agent.rs`) load and
 //! warm with `pipeline::load::{load, warm_engine}`, the code `local` runs.
+//! Touches the store (read only) and the node cache; counts in the metrics.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
