@@ -21,6 +21,15 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+impl ReasonLabel {
+    /// The label of `reason`.
+    pub fn of(reason: FailureReason) -> Self {
+        Self {
+            reason: reason.as_str().into(),
+        }
+    }
+}
+
 /// Backend and result of a compile.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CompileLabels {
@@ -203,9 +212,7 @@ impl Metrics {
         );
         // Every reason appears at zero, so alerts and rate() see the series before the first failure.
         for reason in FailureReason::ALL {
-            let label = ReasonLabel {
-                reason: reason.as_str().into(),
-            };
+            let label = ReasonLabel::of(reason);
             let _ = inner.failures.get_or_create(&label);
             let _ = inner.verify_failures.get_or_create(&label);
             let _ = inner.fail_closed.get_or_create(&label);
@@ -224,9 +231,7 @@ impl Metrics {
     pub fn verify_failure(&self, reason: FailureReason) {
         self.inner
             .verify_failures
-            .get_or_create(&ReasonLabel {
-                reason: reason.as_str().into(),
-            })
+            .get_or_create(&ReasonLabel::of(reason))
             .inc();
     }
 
@@ -234,9 +239,7 @@ impl Metrics {
     pub fn failure(&self, reason: FailureReason) {
         self.inner
             .failures
-            .get_or_create(&ReasonLabel {
-                reason: reason.as_str().into(),
-            })
+            .get_or_create(&ReasonLabel::of(reason))
             .inc();
     }
 
@@ -299,9 +302,7 @@ impl Metrics {
     pub fn compat_rejection(&self, reason: FailureReason) {
         self.inner
             .compat_rejections
-            .get_or_create(&ReasonLabel {
-                reason: reason.as_str().into(),
-            })
+            .get_or_create(&ReasonLabel::of(reason))
             .inc();
     }
 
@@ -333,9 +334,7 @@ impl Metrics {
     pub fn fail_closed(&self, reason: FailureReason) {
         self.inner
             .fail_closed
-            .get_or_create(&ReasonLabel {
-                reason: reason.as_str().into(),
-            })
+            .get_or_create(&ReasonLabel::of(reason))
             .inc();
     }
 

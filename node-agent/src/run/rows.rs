@@ -300,6 +300,12 @@ mod tests {
         }
     }
 
+    /// A fresh row serving `revision` of class cpu, ready since `now`.
+    fn serving(revision: i64, now: Time) -> NodeTargetStatus {
+        let p = prepared(pick(revision, "cpu"));
+        served(&NodeTargetStatus::default(), &key(), &p, None, None, now)
+    }
+
     fn fallback(wanted: Pick, policy: FallbackPolicy) -> Fallback {
         Fallback {
             wanted,
@@ -405,14 +411,7 @@ mod tests {
         let p = Prepared::reverified(&entry);
         let pkg = fallback(pick(3, "cpu"), FallbackPolicy::PreviousKnownGood);
         // This agent served revision 2 and measured it: its figures stay.
-        let serving = served(
-            &NodeTargetStatus::default(),
-            &key(),
-            &prepared(pick(2, "cpu")),
-            None,
-            None,
-            at(1),
-        );
+        let serving = serving(2, at(1));
         let row = served(&serving, &key(), &p, None, Some(&pkg), at(10));
         assert_eq!(row.phase, NodePhase::Degraded);
         assert_eq!(
@@ -448,14 +447,7 @@ mod tests {
             (row.phase, row.revision, row.revision_seen_at),
             (NodePhase::Pulling, 2, Some(at(5)))
         );
-        let serving = served(
-            &NodeTargetStatus::default(),
-            &key(),
-            &prepared(pick(2, "cpu")),
-            None,
-            None,
-            at(1),
-        );
+        let serving = serving(2, at(1));
         let row = preparing(
             &serving,
             &key(),
@@ -513,14 +505,7 @@ mod tests {
     #[test]
     fn the_node_is_ready_only_when_every_target_serves() {
         let hw = HardwareFacts::default();
-        let serving = served(
-            &NodeTargetStatus::default(),
-            &key(),
-            &prepared(pick(2, "cpu")),
-            None,
-            None,
-            at(1),
-        );
+        let serving = serving(2, at(1));
         let mut rows = BTreeMap::from([(key(), serving)]);
         let ready = node_status(None, &hw, &rows, at(10));
         assert!(conditions::is_true(&ready.conditions, READY));
