@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use kiln_crds::BuildManifest;
 
-use crate::staged::{Expected, copy_verified, oci_digest, sync_dir, write_synced};
+use crate::staged::{Expected, copy_verified, install_dir, oci_digest, write_synced};
 use crate::{ArtifactRef, Entry, Error, RegistryOptions, Result, Store, check_key};
 
 const ARTIFACT: &str = "artifact";
@@ -103,20 +103,12 @@ impl FsStore {
         std::fs::File::open(&staged_artifact)
             .and_then(|f| f.sync_all())
             .map_err(|e| Error::store(&staged_artifact, e))?;
-        sync_dir(staging.path());
-        let staged = staging.keep();
-        match std::fs::rename(&staged, &dest) {
+        match install_dir(staging, &dest) {
             Ok(()) => {}
             // Someone stored the same key first: same inputs, same artifact; keep theirs.
-            Err(_) if dest.join(MANIFEST).exists() => {
-                let _ = std::fs::remove_dir_all(&staged);
-            }
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&staged);
-                return Err(Error::store(&dest, e));
-            }
+            Err(_) if dest.join(MANIFEST).exists() => {}
+            Err(e) => return Err(Error::store(&dest, e)),
         }
-        sync_dir(&self.root.join("artifacts"));
         self.lookup_sync(key)?
             .ok_or_else(|| Error::store(&dest, "entry vanished right after it was stored"))
     }

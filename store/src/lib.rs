@@ -19,7 +19,8 @@ pub use error::{Error, Result};
 pub use fs::FsStore;
 pub use oci::{ARTIFACT_TYPE, BUILD_MANIFEST_MEDIA_TYPE, ENGINE_MEDIA_TYPE, OciStore};
 pub use staged::{
-    CHUNK, Expected, Mismatch, VerifiedWrite, sha256_bytes, sha256_file, sync_dir, write_synced,
+    CHUNK, Expected, Mismatch, VerifiedWrite, install_dir, sha256_bytes, sha256_file, sync_dir,
+    write_synced,
 };
 
 /// Default cap on one artifact's size (a pull refuses anything larger before writing a byte).

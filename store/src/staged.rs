@@ -290,6 +290,22 @@ pub fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// Moves `staging`, a directory whose files are written and fsynced, into place as `dest`:
+/// fsyncs it, renames it, and fsyncs `dest`'s parent. On failure the staged copy is removed
+/// and `dest` is as it was (the caller decides whether an existing `dest` counts as done).
+pub fn install_dir(staging: tempfile::TempDir, dest: &Path) -> std::io::Result<()> {
+    sync_dir(staging.path());
+    let staged = staging.keep();
+    let result = std::fs::rename(&staged, dest);
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&staged);
+    }
+    if let Some(parent) = dest.parent() {
+        sync_dir(parent);
+    }
+    result
+}
+
 /// fsyncs a directory so a rename inside it survives a crash.
 pub fn sync_dir(dir: &Path) {
     if let Ok(d) = std::fs::File::open(dir) {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use kiln_crds::BuildManifest;
-use kiln_store::{sha256_file, sync_dir, write_synced};
+use kiln_store::{install_dir, sha256_file, sync_dir, write_synced};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -164,16 +164,10 @@ impl Cache {
         let json = serde_json::to_vec_pretty(manifest).map_err(|e| Error::store(&dest, e))?;
         let mpath = staging.path().join(MANIFEST);
         write_synced(&mpath, &json).map_err(|e| Error::store(&mpath, e))?;
-        sync_dir(staging.path());
-        let staged_dir = staging.keep();
         if dest.exists() {
             let _ = std::fs::remove_dir_all(&dest);
         }
-        std::fs::rename(&staged_dir, &dest).map_err(|e| {
-            let _ = std::fs::remove_dir_all(&staged_dir);
-            Error::store(&dest, e)
-        })?;
-        sync_dir(&self.root.join("artifacts"));
+        install_dir(staging, &dest).map_err(|e| Error::store(&dest, e))?;
         Ok(dest.join(ARTIFACT))
     }
 
