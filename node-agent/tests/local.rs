@@ -8,7 +8,7 @@ use std::process::Command;
 use kiln_agent::backend::tract::Tract;
 use kiln_agent::cmd::fixtures as make_fixtures;
 use kiln_agent::pipeline::fixtures::FixtureFile;
-use kiln_store::{sha256_bytes, sha256_file};
+use kiln_store::staged::{sha256_bytes, sha256_file};
 use serde_json::Value;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_kiln-agent");

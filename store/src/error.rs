@@ -3,7 +3,7 @@
 
 use kiln_crds::FailureReason;
 
-use crate::Mismatch;
+use crate::staged::Mismatch;
 
 /// Result alias for store operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

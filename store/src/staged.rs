@@ -1,9 +1,10 @@
 //! Verified writes: bytes go to a temp file beside the destination while they are hashed, and
 //! the file is fsynced and renamed into place only when its size and sha256 are the expected
-//! ones. The destination never holds a partial or unverified file. The store's pulls and the
-//! agent's fetches of sources and fixtures both write this way; this module is also the one
-//! sha256 of a file and the one directory fsync of both crates.
-//! Touches only the destination's directory.
+//! ones ([`VerifiedWrite`]). The destination never holds a partial or unverified file. The
+//! store's pulls and the agent's fetches of sources and fixtures both write this way. This
+//! module is also the one copy, for the store and the agent, of the sha256 of a file or bytes,
+//! the fsynced write ([`write_synced`]), the staged-directory rename ([`install_dir`]) and the
+//! directory fsync ([`sync_dir`]). Touches only the destination's directory.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -19,7 +20,7 @@ pub const CHUNK: usize = 1 << 20;
 /// What the bytes must be.
 #[derive(Clone, Debug)]
 pub struct Expected {
-    /// What is being written, for messages ("artifact <digest> from <store>").
+    /// What is being written, for messages (`artifact <digest> from <store>`).
     pub what: String,
     /// sha256, bare hex.
     pub digest: String,

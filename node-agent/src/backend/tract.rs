@@ -97,7 +97,7 @@ impl Backend for Tract {
         let bytes = outer
             .into_inner()
             .map_err(|e| Error::CompileFailed(e.to_string()))?;
-        kiln_store::write_synced(req.out, &bytes).map_err(|e| Error::store(req.out, e))?;
+        kiln_store::staged::write_synced(req.out, &bytes).map_err(|e| Error::store(req.out, e))?;
         Ok(Compiled { outputs, log })
     }
 

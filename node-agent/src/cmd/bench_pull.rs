@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use kiln_crds::BuildManifest;
 use kiln_crds::manifest::MANIFEST_VERSION;
-use kiln_store::{ArtifactRef, RegistryOptions, sha256_bytes, sha256_file};
+use kiln_store::staged::{sha256_bytes, sha256_file};
+use kiln_store::{ArtifactRef, RegistryOptions};
 
 use crate::cmd::bench_verify::make_file;
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-use kiln_store::sha256_file;
+use kiln_store::staged::sha256_file;
 
 use crate::pipeline::fixtures::Seeded;
 

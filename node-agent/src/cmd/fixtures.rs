@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use kiln_store::{sha256_bytes, sha256_file};
+use kiln_store::staged::{sha256_bytes, sha256_file};
 
 use kiln_crds::compiled_target::Tolerance;
 

@@ -17,8 +17,8 @@ use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::pipeline::build::{Built, compile_or_reuse, fetch_inputs, key_for};
 use crate::pipeline::fetch::Fetcher;
-use crate::pipeline::load::{load_warm, pull_verified};
 use crate::pipeline::probe;
+use crate::pipeline::ready::{load_warm, pull_verified};
 use crate::pipeline::spec::Spec;
 
 /// The outcome of a local run; with `--output json` this is the last line on stdout.

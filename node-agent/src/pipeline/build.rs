@@ -12,7 +12,8 @@ use kiln_crds::class::ClassFacts;
 use kiln_crds::kiln_node::HardwareFacts;
 use kiln_crds::manifest::MANIFEST_VERSION;
 use kiln_crds::{BuildManifest, CompileKeyInput, compile_key};
-use kiln_store::{Entry, Store, sha256_file};
+use kiln_store::staged::sha256_file;
+use kiln_store::{Entry, Store};
 
 use crate::backend::{Backend, CompileRequest};
 use crate::error::{Error, Result};

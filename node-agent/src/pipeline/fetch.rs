@@ -8,7 +8,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use kiln_store::{CHUNK, Expected, Mismatch, VerifiedWrite, sha256_file};
+use kiln_store::staged::{CHUNK, Expected, Mismatch, VerifiedWrite, sha256_file};
 
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;

@@ -6,8 +6,8 @@
 pub mod build;
 pub mod fetch;
 pub mod fixtures;
-pub mod load;
 pub mod probe;
+pub mod ready;
 pub mod spec;
 pub mod tensor;
 pub mod warmup;

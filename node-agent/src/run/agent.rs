@@ -1,12 +1,13 @@
 //! One pass of the agent: for every CompiledTarget that selects this node, decide what to do
-//! ([`state::next_action`], [`decide::after_failure`]) and carry it out — pull, check, load and
-//! warm, or serve a fallback — then publish the rows ([`rows`]) as the KilnNode status and the
-//! pods' `kiln.dev/warm` conditions ([`gate`]) when they changed. The deciding is pure and lives
-//! in those modules; this one does the I/O: the apiserver, the node cache, engines, metrics.
+//! ([`plan::next_action`], [`decide::after_failure`]) and carry it out — pull, check, load and
+//! warm, or serve a fallback — then publish the rows ([`plan::rows`]) as the KilnNode status and
+//! the pods' `kiln.dev/warm` conditions ([`gate`]) when they changed. The deciding is pure and
+//! lives in those modules; this one does the I/O: the apiserver, the node cache, engines,
+//! metrics.
 //!
-//! [`state::next_action`]: super::state::next_action
+//! [`plan::next_action`]: super::plan::next_action
 //! [`decide::after_failure`]: super::decide::after_failure
-//! [`rows`]: super::rows
+//! [`plan::rows`]: super::plan::rows
 //! [`gate`]: super::gate
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,15 +26,15 @@ use kube::{Api, Client, ResourceExt};
 
 use super::cache::{Cache, KnownGood};
 use super::decide::{Next, Pick, after_failure, wanted};
-use super::rows::{self, Fallback, Prepared, policy_name, serves};
-use super::state::{Action, Attempt, State, TargetKey, next_action};
+use super::plan::rows::{self, Fallback, Prepared, policy_name, serves};
+use super::plan::{Action, Attempt, State, TargetKey, next_action};
 use super::{gate, target, writes};
 use crate::backend;
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, TargetLabels};
 use crate::pipeline::fetch::Fetcher;
-use crate::pipeline::load;
 use crate::pipeline::probe;
+use crate::pipeline::ready;
 use crate::pipeline::spec::Spec;
 
 /// What the agent needs for a pass.
@@ -292,11 +293,11 @@ impl Agent {
             .file;
         self.phase(key, pick, NodePhase::Loading).await;
         let loaded = tokio::task::block_in_place(|| {
-            load::load(backend.as_ref(), &pulled.path, &pick.class, &self.metrics)
+            ready::load(backend.as_ref(), &pulled.path, &pick.class, &self.metrics)
         })?;
         self.phase(key, pick, NodePhase::Warming).await;
         let warmup = tokio::task::block_in_place(|| {
-            load::warm_engine(
+            ready::warm_engine(
                 loaded.engine.as_ref(),
                 &fixture,
                 &t.spec.warmup,

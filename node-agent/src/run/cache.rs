@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use kiln_crds::BuildManifest;
-use kiln_store::{install_dir, sha256_file, sync_dir, write_synced};
+use kiln_store::staged::{install_dir, sha256_file, sync_dir, write_synced};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -318,7 +318,7 @@ mod tests {
     }
 
     fn manifest_for(bytes: &[u8]) -> BuildManifest {
-        let digest = kiln_store::sha256_bytes(bytes);
+        let digest = kiln_store::staged::sha256_bytes(bytes);
         serde_json::from_value(serde_json::json!({
             "manifestVersion": 1, "compileKey": "0".repeat(64), "artifactDigest": digest,
             "artifactSize": bytes.len(), "mediaType": "x", "backend": "tract",

@@ -8,8 +8,7 @@ pub mod agent;
 pub mod cache;
 pub mod decide;
 pub mod gate;
-pub mod rows;
-pub mod state;
+pub mod plan;
 pub mod target;
 pub mod writes;
 
@@ -149,7 +148,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         for row in &status.targets {
             agent
                 .states
-                .entry(state::TargetKey::new(&row.namespace, &row.name))
+                .entry(plan::TargetKey::new(&row.namespace, &row.name))
                 .or_default()
                 .row = row.clone();
         }

@@ -1,6 +1,6 @@
 //! The steps between a picked artifact and "ready" on this node: pull it into the node cache
 //! verified, re-check it against the real device and this binary, then (in `agent.rs`) load and
-//! warm with `pipeline::load::{load, warm_engine}`, the code `local` runs.
+//! warm with `pipeline::ready::{load, warm_engine}`, the code `local` runs.
 //! Touches the store (read only) and the node cache; counts in the metrics.
 
 use std::collections::BTreeMap;
@@ -17,7 +17,7 @@ use super::decide::Pick;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::pipeline::load::{self, check_compatible};
+use crate::pipeline::ready::{self, check_compatible};
 
 /// A verified artifact in the node cache.
 pub struct Pulled {
@@ -64,7 +64,7 @@ pub async fn pull(
         size: None,
     };
     let manifest =
-        load::pull_verified(store, &r, &Cache::staged_artifact(&staging), metrics).await?;
+        ready::pull_verified(store, &r, &Cache::staged_artifact(&staging), metrics).await?;
     let path = tokio::task::block_in_place(|| cache.install(staging, &manifest))
         .inspect_err(|e| metrics.verify_failure(e.reason()))?;
     let seconds = started.elapsed().as_secs_f64();

@@ -1,7 +1,10 @@
-//! What the agent remembers about each target between passes, and what it decides from that on
-//! a pass: skip (already serving what is wanted), back off (it failed recently), wait (nothing
-//! to pick yet) or prepare. Pure: state, the wanted pick and the time in, a decision out; no
-//! client, no disk, no clock of its own.
+//! What the agent does for a target on a pass, decided from what it remembers about it: skip
+//! (already serving what is wanted), back off (it failed recently), wait (nothing to pick yet)
+//! or prepare; after a failure [`decide::after_failure`] picks the fallback, and [`rows`] says
+//! what the target's KilnNode row reads. Pure: state, the wanted pick and the time in, a
+//! decision out; no client, no disk, no clock of its own.
+//!
+//! [`decide::after_failure`]: super::decide::after_failure
 
 use std::time::{Duration, Instant};
 
@@ -9,6 +12,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::CompiledTarget;
 use kiln_crds::kiln_node::NodeTargetStatus;
 use kube::ResourceExt;
+
+pub mod rows;
 
 use super::agent::backoff;
 use super::decide::Pick;
@@ -127,7 +132,7 @@ pub enum Action {
 }
 
 /// What to do for a target whose wanted artifact is `wanted` under `generation`, given its last
-/// `attempt`, at `now`. A failed artifact waits [`backoff`] from `retry` before its next try, so
+/// `attempt`, at `now`. A failed artifact waits `backoff` from `retry` before its next try, so
 /// a corrupt multi-GiB artifact is not pulled in a loop; a new generation or pick is tried at
 /// once.
 pub fn next_action(

@@ -10,10 +10,10 @@ use kiln_crds::conditions::{self, READY};
 use kiln_crds::kiln_node::{HardwareFacts, NodePhase, NodeTargetStatus};
 use kiln_crds::{FailureReason, KilnNodeStatus};
 
-use super::cache::KnownGood;
-use super::decide::Pick;
-use super::state::TargetKey;
+use super::TargetKey;
 use crate::pipeline::warmup::WarmupReport;
+use crate::run::cache::KnownGood;
+use crate::run::decide::Pick;
 
 /// What a successful preparation measured.
 #[derive(Clone, Debug)]
