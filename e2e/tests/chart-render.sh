@@ -136,12 +136,13 @@ check(not any(v in r["verbs"] for r in agent_rules for v in ("delete", "deleteco
 check(not any(r["resources"] == ["pods"] and set(r["verbs"]) - {"get", "list", "watch"} for r in agent_rules), "agent writes pods only via pods/status")
 
 # Every variable the chart sets is one the binary reads (a typo would be silently ignored); the
-# registry flags both take are declared once, in kiln-store.
-for src, kind, name in (("operator/src/main.rs", "Deployment", "kiln-operator"), ("node-agent/src/main.rs", "DaemonSet", "kiln-agent")):
-    declared = set(re.findall(r'env\s*=\s*"(\w+)"', open(f"{repo}/{src}").read() + open(f"{repo}/store/src/lib.rs").read()))
+# registry flags both take are declared once, in kiln-store. The agent's global flags are in its
+# main.rs, the flags of `run` (what the DaemonSet runs) in cmd/run.rs.
+for srcs, kind, name in ((["operator/src/main.rs"], "Deployment", "kiln-operator"), (["node-agent/src/main.rs", "node-agent/src/cmd/run.rs"], "DaemonSet", "kiln-agent")):
+    declared = set(re.findall(r'env\s*=\s*"(\w+)"', "".join(open(f"{repo}/{src}").read() for src in srcs + ["store/src/lib.rs"])))
     for docs in (fs, oci):
         for var in env(one(docs, kind, name)["spec"]["template"]["spec"]["containers"][0]):
-            check(var in declared or var.startswith("NVIDIA_"), f"{name} gets {var}, which {src} does not read")
+            check(var in declared or var.startswith("NVIDIA_"), f"{name} gets {var}, which {' and '.join(srcs)} do not read")
 
 # Monitoring objects only when asked.
 check(not get(fs, "ServiceMonitor") and not get(fs, "PrometheusRule"), "no monitoring CRs by default")

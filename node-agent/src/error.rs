@@ -1,5 +1,5 @@
 //! kiln-agent's error type. Every variant maps to one [`FailureReason`], which is what status,
-//! Events and metric labels carry; the message says what to fix.
+//! Events and metric labels carry; the message says what to fix. Types only; touches nothing.
 
 use std::path::Path;
 
@@ -87,4 +87,28 @@ impl Error {
 /// tract errors carry their whole context chain; keep all of it in the message.
 pub fn chain(err: &tract_onnx::prelude::TractError) -> String {
     format!("{err:#}")
+}
+
+/// The store's errors (kiln-store, shared with the operator, which must not link an ML runtime)
+/// become the agent's, reason for reason.
+impl From<kiln_store::Error> for Error {
+    fn from(err: kiln_store::Error) -> Self {
+        match err {
+            kiln_store::Error::Unavailable { location, message } => {
+                Error::StoreUnavailable { location, message }
+            }
+            kiln_store::Error::InvalidUrl { .. } => Error::InvalidSpec(err.to_string()),
+            kiln_store::Error::HashMismatch { what, message } => {
+                Error::HashMismatch { what, message }
+            }
+            kiln_store::Error::Refused {
+                what,
+                mismatch,
+                dest,
+            } => Error::HashMismatch {
+                what,
+                message: mismatch.refusal(&dest),
+            },
+        }
+    }
 }

@@ -1,24 +1,15 @@
 //! kiln-agent: the node side of kiln. `local` runs the whole pipeline on one machine; the same
-//! modules serve the compile Job and the DaemonSet.
+//! pipeline serves the compile Job and the DaemonSet.
+//!
+//! * [`cmd`] — one module per subcommand: its flags and its entry point (printing, exit codes).
+//! * [`pipeline`] — the library every subcommand shares: fetch and verify, compile, load, warm
+//!   with parity, probe the hardware.
+//! * [`run`] — the DaemonSet's loop (watches, decisions, KilnNode status, pod gates).
+//! * [`backend`] — the engine backends (tract, a foreign compiler via `exec`).
 
 pub mod backend;
-pub mod bench;
-pub mod bench_pull;
-pub mod compile;
-pub mod digest;
+pub mod cmd;
 pub mod error;
-pub mod example;
-pub mod fetch;
-pub mod fixtures;
-pub mod install;
-pub mod local;
-pub mod make_fixtures;
 pub mod metrics;
-pub mod probe;
-pub mod ready;
+pub mod pipeline;
 pub mod run;
-pub mod spec;
-pub mod store;
-pub mod tensor;
-pub mod warmup;
-pub mod worker;

@@ -1,7 +1,7 @@
 //! The agent's Prometheus metrics, in one prometheus-client registry: the same registry the
 //! DaemonSet serves on `/metrics` and `local --metrics-file` dumps. Labels are bounded: class,
 //! backend, reason, policy, result — never error text. The one exception is the per-target ready
-//! gauge (see [`TargetLabels`]).
+//! gauge (see [`TargetLabels`]). Touches only the registry it registers into.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -19,6 +19,15 @@ use prometheus_client::registry::Registry;
 pub struct ReasonLabel {
     /// One of the failure reasons.
     pub reason: String,
+}
+
+impl ReasonLabel {
+    /// The label of `reason`.
+    pub fn of(reason: FailureReason) -> Self {
+        Self {
+            reason: reason.as_str().into(),
+        }
+    }
 }
 
 /// Backend and result of a compile.
@@ -203,9 +212,7 @@ impl Metrics {
         );
         // Every reason appears at zero, so alerts and rate() see the series before the first failure.
         for reason in FailureReason::ALL {
-            let label = ReasonLabel {
-                reason: reason.as_str().into(),
-            };
+            let label = ReasonLabel::of(reason);
             let _ = inner.failures.get_or_create(&label);
             let _ = inner.verify_failures.get_or_create(&label);
             let _ = inner.fail_closed.get_or_create(&label);
@@ -224,9 +231,7 @@ impl Metrics {
     pub fn verify_failure(&self, reason: FailureReason) {
         self.inner
             .verify_failures
-            .get_or_create(&ReasonLabel {
-                reason: reason.as_str().into(),
-            })
+            .get_or_create(&ReasonLabel::of(reason))
             .inc();
     }
 
@@ -234,9 +239,7 @@ impl Metrics {
     pub fn failure(&self, reason: FailureReason) {
         self.inner
             .failures
-            .get_or_create(&ReasonLabel {
-                reason: reason.as_str().into(),
-            })
+            .get_or_create(&ReasonLabel::of(reason))
             .inc();
     }
 
@@ -299,9 +302,7 @@ impl Metrics {
     pub fn compat_rejection(&self, reason: FailureReason) {
         self.inner
             .compat_rejections
-            .get_or_create(&ReasonLabel {
-                reason: reason.as_str().into(),
-            })
+            .get_or_create(&ReasonLabel::of(reason))
             .inc();
     }
 
@@ -333,9 +334,7 @@ impl Metrics {
     pub fn fail_closed(&self, reason: FailureReason) {
         self.inner
             .fail_closed
-            .get_or_create(&ReasonLabel {
-                reason: reason.as_str().into(),
-            })
+            .get_or_create(&ReasonLabel::of(reason))
             .inc();
     }
 

@@ -75,7 +75,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     {
         let stop_tx = stop_tx.clone();
         tokio::spawn(async move {
-            shutdown_signal().await;
+            kiln_serve::shutdown_signal().await;
             tracing::info!("shutting down");
             let _ = stop_tx.send(true);
         });
@@ -374,20 +374,5 @@ where
             Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
         };
         std::future::ready(out)
-    }
-}
-
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => futures::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        () = term => {},
     }
 }

@@ -1,21 +1,14 @@
-//! Logs (plain or JSON on stderr) and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, tracing spans
-//! exported over OTLP/HTTP (protobuf) by a batch processor on the tokio runtime. The returned
-//! guard flushes spans on drop.
+//! Logs (plain or JSON on stderr, set up as the agent's: [`kiln_serve::logging`]) and, when
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` is set, tracing spans exported over OTLP/HTTP (protobuf) by a
+//! batch processor on the tokio runtime. The returned guard flushes spans on drop.
 
+/// The `--log-format` value, shared with the agent.
+pub use kiln_serve::logging::LogFormat;
+use kiln_serve::logging::{env_filter, fmt_layer};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer};
-
-/// Log line format.
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable.
-    Plain,
-    /// One JSON object per line.
-    Json,
-}
 
 /// Flushes and shuts the span exporter down when dropped.
 pub struct Guard(Option<SdkTracerProvider>);
@@ -31,16 +24,6 @@ impl Drop for Guard {
 /// Installs the global subscriber. Call it inside the tokio runtime (the exporter runs there), and
 /// drop the guard while the runtime is still up.
 pub fn init(format: LogFormat) -> anyhow::Result<Guard> {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = match format {
-        LogFormat::Plain => tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            .boxed(),
-        LogFormat::Json => tracing_subscriber::fmt::layer()
-            .json()
-            .with_writer(std::io::stderr)
-            .boxed(),
-    };
     let provider = match std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
         Ok(endpoint) if !endpoint.is_empty() => {
             let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -69,8 +52,8 @@ pub fn init(format: LogFormat) -> anyhow::Result<Guard> {
         .as_ref()
         .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("kiln-operator")));
     tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt)
+        .with(env_filter())
+        .with(fmt_layer(format))
         .with(otel)
         .try_init()?;
     if provider.is_some() {

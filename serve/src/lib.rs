@@ -1,102 +1,33 @@
-//! `/metrics`, `/healthz` (the process serves) and `/readyz` for both kiln components. Plain
-//! hyper: three GET routes need no framework. What "ready" means is the component's: the
-//! operator's caches synced (leading or standing by); the agent's watches synced and its KilnNode
-//! written — never that a model is ready (tying a DaemonSet's `/readyz` to targets would stall
-//! its rollout on every fail-closed node).
+//! kiln's shared runtime for its two long-running components, the operator and the node agent:
+//!
+//! * [`serve`] — `/metrics`, `/healthz`, `/readyz` (see [`endpoints`]);
+//! * [`logging`] — the `--log-format` value and the stderr log layer both install;
+//! * [`shutdown_signal`] — SIGTERM (what the kubelet sends) or Ctrl-C;
+//! * `test_support` (feature `test-support`, for the components' tests) — `promtool` checks of
+//!   their expositions.
+//!
+//! No Kubernetes client and no ML runtime: only what both binaries run the same way.
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+pub mod endpoints;
+pub mod logging;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response, StatusCode};
-use prometheus_client::registry::Registry;
+pub use endpoints::{Health, exposition, serve};
 
-/// What the probes report.
-pub struct Health {
-    /// Set once the component is ready (see the module doc).
-    pub ready: AtomicBool,
-    /// `/readyz` body until then: what it waits for.
-    not_ready: &'static str,
-}
-
-impl Health {
-    /// Not ready yet; `/readyz` answers 503 with `waiting_for` until [`Health::ready`] is set.
-    pub fn new(waiting_for: &'static str) -> Self {
-        Self {
-            ready: AtomicBool::new(false),
-            not_ready: waiting_for,
+/// Resolves on SIGTERM or Ctrl-C (SIGINT). Where no SIGTERM handler can be installed, Ctrl-C
+/// alone ends it.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
         }
-    }
-}
-
-/// The registry's exposition for a scraper that sent `accept`: Prometheus text 0.0.4 unless it
-/// asks for OpenMetrics ([`kiln_crds::exposition::negotiate`]). Returns body and content type.
-pub fn exposition(registry: &Registry, accept: Option<&str>) -> (String, &'static str) {
-    let mut out = String::new();
-    // Encoding into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
-    kiln_crds::exposition::negotiate(accept, &out)
-}
-
-/// Serves until `shutdown` resolves.
-pub async fn serve(
-    addr: SocketAddr,
-    registry: Arc<Registry>,
-    health: Arc<Health>,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => accepted?,
-            () = &mut shutdown => return Ok(()),
-        };
-        let (registry, health) = (registry.clone(), health.clone());
-        tokio::spawn(async move {
-            let service =
-                hyper::service::service_fn(move |req| route(req, registry.clone(), health.clone()));
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .await;
-        });
-    }
-}
-
-async fn route(
-    req: Request<Incoming>,
-    registry: Arc<Registry>,
-    health: Arc<Health>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    let (status, body, content_type) = match req.uri().path() {
-        "/metrics" => {
-            let accept = req
-                .headers()
-                .get(hyper::header::ACCEPT)
-                .and_then(|v| v.to_str().ok());
-            let (body, content_type) = exposition(&registry, accept);
-            (StatusCode::OK, body, content_type)
-        }
-        "/healthz" => (StatusCode::OK, "ok\n".into(), "text/plain"),
-        "/readyz" if health.ready.load(Ordering::Relaxed) => {
-            (StatusCode::OK, "ok\n".into(), "text/plain")
-        }
-        "/readyz" => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("{}\n", health.not_ready),
-            "text/plain",
-        ),
-        _ => (StatusCode::NOT_FOUND, "not found\n".into(), "text/plain"),
     };
-    let mut resp = Response::new(Full::new(Bytes::from(body)));
-    *resp.status_mut() = status;
-    if let Ok(v) = content_type.parse() {
-        resp.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        () = term => {},
     }
-    Ok(resp)
 }

@@ -1,6 +1,9 @@
 //! The store's one error type; every variant maps to one [`FailureReason`].
+//! Types only; touches nothing.
 
 use kiln_crds::FailureReason;
+
+use crate::staged::Mismatch;
 
 /// Result alias for store operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -14,6 +17,14 @@ pub enum Error {
     /// Bytes (an artifact or a manifest) do not match the digest or size they were asked for.
     #[error("{what}: {message}")]
     HashMismatch { what: String, message: String },
+    /// A verified write refused its bytes: they are not what was expected, and nothing was
+    /// written to `dest`.
+    #[error("{what}: {}", .mismatch.refusal(.dest))]
+    Refused {
+        what: String,
+        mismatch: Mismatch,
+        dest: std::path::PathBuf,
+    },
     /// The store URL cannot be used.
     #[error("store URL {url:?}: {message}")]
     InvalidUrl { url: String, message: String },
@@ -37,7 +48,7 @@ impl Error {
     pub fn reason(&self) -> FailureReason {
         match self {
             Self::Unavailable { .. } => FailureReason::StoreUnavailable,
-            Self::HashMismatch { .. } => FailureReason::HashMismatch,
+            Self::HashMismatch { .. } | Self::Refused { .. } => FailureReason::HashMismatch,
             Self::InvalidUrl { .. } => FailureReason::InvalidSpec,
         }
     }

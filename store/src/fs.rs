@@ -1,12 +1,12 @@
 //! The filesystem store: a content-addressed directory `<root>/artifacts/<key>/{artifact,
 //! manifest.json}`, written by rename so readers see a whole entry or none. The manifest digest
-//! is the sha256 of `manifest.json` as stored.
+//! is the sha256 of `manifest.json` as stored. Touches only its root directory.
 
 use std::path::{Path, PathBuf};
 
 use kiln_crds::BuildManifest;
 
-use crate::staged::{Expected, copy_verified, oci_digest, sync_dir};
+use crate::staged::{Expected, copy_verified, install_dir, oci_digest, write_synced};
 use crate::{ArtifactRef, Entry, Error, RegistryOptions, Result, Store, check_key};
 
 const ARTIFACT: &str = "artifact";
@@ -99,24 +99,16 @@ impl FsStore {
             .map_err(|e| Error::store(&staged_artifact, e))?;
         let json = serde_json::to_vec_pretty(manifest).map_err(|e| Error::store(&dest, e))?;
         let manifest_path = staging.path().join(MANIFEST);
-        write_synced(&manifest_path, &json)?;
+        write_synced(&manifest_path, &json).map_err(|e| Error::store(&manifest_path, e))?;
         std::fs::File::open(&staged_artifact)
             .and_then(|f| f.sync_all())
             .map_err(|e| Error::store(&staged_artifact, e))?;
-        sync_dir(staging.path());
-        let staged = staging.keep();
-        match std::fs::rename(&staged, &dest) {
+        match install_dir(staging, &dest) {
             Ok(()) => {}
             // Someone stored the same key first: same inputs, same artifact; keep theirs.
-            Err(_) if dest.join(MANIFEST).exists() => {
-                let _ = std::fs::remove_dir_all(&staged);
-            }
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&staged);
-                return Err(Error::store(&dest, e));
-            }
+            Err(_) if dest.join(MANIFEST).exists() => {}
+            Err(e) => return Err(Error::store(&dest, e)),
         }
-        sync_dir(&self.root.join("artifacts"));
         self.lookup_sync(key)?
             .ok_or_else(|| Error::store(&dest, "entry vanished right after it was stored"))
     }
@@ -146,14 +138,19 @@ impl FsStore {
             Expected {
                 what: format!("stored artifact {}", src.display()),
                 digest: manifest.artifact_digest.clone(),
-                size: manifest.artifact_size,
+                size: Some(manifest.artifact_size),
             },
         )
         .map_err(|e| match e {
-            Error::HashMismatch { what, message } => Error::HashMismatch {
+            Error::Refused {
+                what,
+                mismatch,
+                dest,
+            } => Error::HashMismatch {
                 what,
                 message: format!(
-                    "{message}; the store is corrupt, delete {} to rebuild",
+                    "{}; the store is corrupt, delete {} to rebuild",
+                    mismatch.refusal(&dest),
                     dir.display()
                 ),
             },
@@ -246,12 +243,4 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::unavailable("filesystem store", format!("worker failed: {e}")))?
-}
-
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).map_err(|e| Error::store(path, e))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| Error::store(path, e))
 }

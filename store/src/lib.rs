@@ -8,7 +8,7 @@
 mod error;
 mod fs;
 mod oci;
-mod staged;
+pub mod staged;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,7 +18,6 @@ use kiln_crds::BuildManifest;
 pub use error::{Error, Result};
 pub use fs::FsStore;
 pub use oci::{ARTIFACT_TYPE, BUILD_MANIFEST_MEDIA_TYPE, ENGINE_MEDIA_TYPE, OciStore};
-pub use staged::{sha256_file, sync_dir};
 
 /// Default cap on one artifact's size (a pull refuses anything larger before writing a byte).
 pub const DEFAULT_MAX_ARTIFACT_BYTES: u64 = 256 << 30;

@@ -2,6 +2,7 @@
 //! blob is the build manifest and whose one layer is the artifact (layer digest = the artifact's
 //! sha256). Lookups go by tag; pulls go by manifest digest only, and stream the layer into a
 //! verified write (hash while downloading; nothing partial ever lands at the destination).
+//! Touches the registry over HTTP(S) and, on a pull, the destination path.
 
 use std::path::{Path, PathBuf};
 
@@ -432,7 +433,7 @@ impl Store for OciStore {
             Expected {
                 what,
                 digest: m.artifact_digest.clone(),
-                size: m.artifact_size,
+                size: Some(m.artifact_size),
             },
         )
         .await

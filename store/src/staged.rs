@@ -1,6 +1,10 @@
 //! Verified writes: bytes go to a temp file beside the destination while they are hashed, and
 //! the file is fsynced and renamed into place only when its size and sha256 are the expected
-//! ones. The destination never holds a partial or unverified file.
+//! ones ([`VerifiedWrite`]). The destination never holds a partial or unverified file. The
+//! store's pulls and the agent's fetches of sources and fixtures both write this way. This
+//! module is also the one copy, for the store and the agent, of the sha256 of a file or bytes,
+//! the fsynced write ([`write_synced`]), the staged-directory rename ([`install_dir`]) and the
+//! directory fsync ([`sync_dir`]). Touches only the destination's directory.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -9,27 +13,67 @@ use sha2::{Digest, Sha256};
 
 use crate::{Error, Result};
 
+/// Buffer size of streaming reads and writes: large enough that the hash, not syscalls,
+/// dominates.
+pub const CHUNK: usize = 1 << 20;
+
 /// What the bytes must be.
 #[derive(Clone, Debug)]
-pub(crate) struct Expected {
-    /// What is being written, for messages ("artifact <digest> from <store>").
+pub struct Expected {
+    /// What is being written, for messages (`artifact <digest> from <store>`).
     pub what: String,
     /// sha256, bare hex.
     pub digest: String,
-    /// Exact size in bytes.
-    pub size: u64,
+    /// Exact size in bytes, when known; without it only the digest decides.
+    pub size: Option<u64>,
+}
+
+/// Why a verified write refused its bytes (see [`Error::Refused`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Mismatch {
+    /// More bytes arrived than the expected size; the rest was refused.
+    #[error("more than the expected {expected} bytes arrived; refusing the rest")]
+    TooLarge {
+        /// The expected size.
+        expected: u64,
+    },
+    /// The bytes ended short of the expected size.
+    #[error(
+        "got {got} bytes, expected {expected}; the transfer was cut short or the stored blob is truncated"
+    )]
+    Short {
+        /// Bytes that arrived.
+        got: u64,
+        /// The expected size.
+        expected: u64,
+    },
+    /// The bytes hash to something else.
+    #[error("sha256 mismatch: expected {expected}, got {got}; the stored bytes are corrupt")]
+    Digest {
+        /// sha256 of what arrived.
+        got: String,
+        /// The expected sha256.
+        expected: String,
+    },
+}
+
+impl Mismatch {
+    /// The store's message for a refused write of `dest`.
+    pub fn refusal(&self, dest: &Path) -> String {
+        format!("{self}; nothing was written to {}", dest.display())
+    }
 }
 
 /// A temp file beside `dest` that becomes `dest` only if verified.
-pub(crate) struct Staged {
-    file: tempfile::NamedTempFile,
+pub struct VerifiedWrite {
+    out: std::io::BufWriter<tempfile::NamedTempFile>,
     dest: PathBuf,
     hasher: Sha256,
     written: u64,
     expected: Expected,
 }
 
-impl Staged {
+impl VerifiedWrite {
     /// Starts a verified write of `dest` (its directory is created).
     pub fn create(dest: &Path, expected: Expected) -> Result<Self> {
         let dir = dest
@@ -42,7 +86,7 @@ impl Staged {
             .tempfile_in(dir)
             .map_err(|e| Error::store(dir, e))?;
         Ok(Self {
-            file,
+            out: std::io::BufWriter::with_capacity(CHUNK, file),
             dest: dest.to_path_buf(),
             hasher: Sha256::new(),
             written: 0,
@@ -53,37 +97,51 @@ impl Staged {
     /// Hashes and writes `chunk`; refuses to write past the expected size.
     pub fn write(&mut self, chunk: &[u8]) -> Result<()> {
         let total = self.written + chunk.len() as u64;
-        if total > self.expected.size {
-            return Err(self.mismatch(format!(
-                "more than the expected {} bytes arrived; refusing the rest",
-                self.expected.size
-            )));
+        if let Some(expected) = self.expected.size
+            && total > expected
+        {
+            return Err(self.refuse(Mismatch::TooLarge { expected }));
         }
         self.hasher.update(chunk);
-        self.file
+        self.out
             .write_all(chunk)
-            .map_err(|e| Error::store(self.file.path(), e))?;
+            .map_err(|e| Error::store(self.out.get_ref().path(), e))?;
         self.written = total;
         Ok(())
+    }
+
+    /// Bytes written so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// What the bytes must be.
+    pub fn expected(&self) -> &Expected {
+        &self.expected
     }
 
     /// Checks size and digest, fsyncs, renames into place and fsyncs the directory. On any
     /// mismatch the temp file is removed and `dest` is untouched.
     pub fn finish(self) -> Result<()> {
-        if self.written != self.expected.size {
-            return Err(self.mismatch(format!(
-                "got {} bytes, expected {}; the transfer was cut short or the stored blob is truncated",
-                self.written, self.expected.size
-            )));
+        if let Some(expected) = self.expected.size
+            && self.written != expected
+        {
+            return Err(self.refuse(Mismatch::Short {
+                got: self.written,
+                expected,
+            }));
         }
         let got = hex::encode(self.hasher.clone().finalize());
         if !got.eq_ignore_ascii_case(&self.expected.digest) {
-            return Err(self.mismatch(format!(
-                "sha256 mismatch: expected {}, got {got}; the stored bytes are corrupt",
-                self.expected.digest
-            )));
+            let expected = self.expected.digest.clone();
+            return Err(self.refuse(Mismatch::Digest { got, expected }));
         }
-        let Self { file, dest, .. } = self;
+        let Self { mut out, dest, .. } = self;
+        out.flush()
+            .map_err(|e| Error::store(out.get_ref().path(), e))?;
+        let file = out
+            .into_inner()
+            .map_err(|e| Error::store(&dest, e.error()))?;
         file.as_file()
             .sync_all()
             .map_err(|e| Error::store(file.path(), e))?;
@@ -95,10 +153,11 @@ impl Staged {
         Ok(())
     }
 
-    fn mismatch(&self, message: String) -> Error {
-        Error::HashMismatch {
+    fn refuse(&self, mismatch: Mismatch) -> Error {
+        Error::Refused {
             what: self.expected.what.clone(),
-            message: format!("{message}; nothing was written to {}", self.dest.display()),
+            mismatch,
+            dest: self.dest.clone(),
         }
     }
 }
@@ -114,20 +173,23 @@ where
     let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
     let what = expected.what.clone();
     let dest_owned = dest.to_path_buf();
-    let writer = tokio::task::spawn_blocking(move || -> Result<Staged> {
-        let mut staged = Staged::create(&dest_owned, expected)?;
+    let writer = tokio::task::spawn_blocking(move || -> Result<VerifiedWrite> {
+        let mut staged = VerifiedWrite::create(&dest_owned, expected)?;
         let started = std::time::Instant::now();
         let mut reported = 0;
         while let Some(chunk) = rx.blocking_recv() {
             staged.write(&chunk)?;
             // Progress in tenths, for logs of long pulls.
-            let tenth = staged.written * 10 / staged.expected.size.max(1);
+            let Some(total) = staged.expected.size else {
+                continue;
+            };
+            let tenth = staged.written * 10 / total.max(1);
             if tenth > reported {
                 reported = tenth;
                 tracing::info!(
                     what = %staged.expected.what,
                     bytes = staged.written,
-                    total = staged.expected.size,
+                    total,
                     percent = tenth * 10,
                     seconds = started.elapsed().as_secs_f64(),
                     "pulling"
@@ -160,7 +222,10 @@ where
             format!(
                 "download of {what} broke off after {} of {} bytes: {e}; nothing was written to {}",
                 staged.written,
-                staged.expected.size,
+                staged
+                    .expected
+                    .size
+                    .map_or_else(|| "?".to_string(), |s| s.to_string()),
                 dest.display()
             ),
         ));
@@ -174,8 +239,8 @@ where
 pub(crate) fn copy_verified(src: &Path, dest: &Path, expected: Expected) -> Result<()> {
     use std::io::Read;
     let mut file = std::fs::File::open(src).map_err(|e| Error::store(src, e))?;
-    let mut staged = Staged::create(dest, expected)?;
-    let mut buf = vec![0u8; 1 << 20];
+    let mut staged = VerifiedWrite::create(dest, expected)?;
+    let mut buf = vec![0u8; CHUNK];
     loop {
         let n = match file.read(&mut buf) {
             Ok(0) => break,
@@ -188,12 +253,12 @@ pub(crate) fn copy_verified(src: &Path, dest: &Path, expected: Expected) -> Resu
     staged.finish()
 }
 
-/// The digest and length of a file, streamed.
+/// The sha256 (bare hex) and length of a file, streamed.
 pub fn sha256_file(path: &Path) -> std::io::Result<(String, u64)> {
     use std::io::Read;
     let mut file = std::fs::File::open(path)?;
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
+    let mut buf = vec![0u8; CHUNK];
     let mut total = 0u64;
     loop {
         let n = match file.read(&mut buf) {
@@ -208,9 +273,38 @@ pub fn sha256_file(path: &Path) -> std::io::Result<(String, u64)> {
     Ok((hex::encode(hasher.finalize()), total))
 }
 
+/// sha256 of `bytes`, bare lowercase hex.
+pub fn sha256_bytes(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
 /// sha256 of `bytes` as an OCI digest, `sha256:<hex>`.
 pub(crate) fn oci_digest(bytes: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+    format!("sha256:{}", sha256_bytes(bytes))
+}
+
+/// Writes `bytes` to `path` and fsyncs the file, for a file that is renamed into place
+/// afterwards (alone, or inside a staging directory renamed whole).
+pub fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// Moves `staging`, a directory whose files are written and fsynced, into place as `dest`:
+/// fsyncs it, renames it, and fsyncs `dest`'s parent. On failure the staged copy is removed
+/// and `dest` is as it was (the caller decides whether an existing `dest` counts as done).
+pub fn install_dir(staging: tempfile::TempDir, dest: &Path) -> std::io::Result<()> {
+    sync_dir(staging.path());
+    let staged = staging.keep();
+    let result = std::fs::rename(&staged, dest);
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&staged);
+    }
+    if let Some(parent) = dest.parent() {
+        sync_dir(parent);
+    }
+    result
 }
 
 /// fsyncs a directory so a rename inside it survives a crash.
@@ -228,8 +322,8 @@ mod tests {
     fn expected(bytes: &[u8]) -> Expected {
         Expected {
             what: "test".into(),
-            digest: hex::encode(Sha256::digest(bytes)),
-            size: bytes.len() as u64,
+            digest: sha256_bytes(bytes),
+            size: Some(bytes.len() as u64),
         }
     }
 
@@ -237,21 +331,21 @@ mod tests {
     fn only_verified_bytes_reach_dest() {
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("out");
-        let mut s = Staged::create(&dest, expected(b"hello")).unwrap();
+        let mut s = VerifiedWrite::create(&dest, expected(b"hello")).unwrap();
         s.write(b"hel").unwrap();
         s.write(b"lo").unwrap();
         s.finish().unwrap();
         assert_eq!(std::fs::read(&dest).unwrap(), b"hello");
 
         let other = dir.path().join("other");
-        let mut s = Staged::create(&other, expected(b"hello")).unwrap();
+        let mut s = VerifiedWrite::create(&other, expected(b"hello")).unwrap();
         s.write(b"hellO").unwrap();
         let err = s.finish().unwrap_err();
         assert!(err.to_string().contains("sha256 mismatch"), "{err}");
-        let mut s = Staged::create(&other, expected(b"hello")).unwrap();
+        let mut s = VerifiedWrite::create(&other, expected(b"hello")).unwrap();
         s.write(b"hell").unwrap();
         assert!(s.finish().unwrap_err().to_string().contains("got 4 bytes"));
-        let mut s = Staged::create(&other, expected(b"hello")).unwrap();
+        let mut s = VerifiedWrite::create(&other, expected(b"hello")).unwrap();
         assert!(s.write(b"hello!").is_err(), "oversize refused");
         drop(s);
         let names: Vec<_> = std::fs::read_dir(dir.path())
@@ -263,5 +357,45 @@ mod tests {
             vec![std::ffi::OsString::from("out")],
             "no partial files left"
         );
+    }
+
+    #[test]
+    fn known_vector() {
+        // FIPS 180-2 test vector.
+        let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(sha256_bytes(b"abc"), abc);
+        assert_eq!(oci_digest(b"abc"), format!("sha256:{abc}"));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("abc");
+        write_synced(&path, b"abc").unwrap();
+        assert_eq!(sha256_file(&path).unwrap(), (abc.to_string(), 3));
+    }
+
+    #[test]
+    fn without_a_size_the_digest_alone_decides() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("blob");
+        let unsized_ = |bytes: &[u8]| Expected {
+            size: None,
+            ..expected(bytes)
+        };
+        let mut s = VerifiedWrite::create(&dest, unsized_(b"hello")).unwrap();
+        s.write(b"hello, world").unwrap();
+        match s.finish().unwrap_err() {
+            Error::Refused {
+                mismatch: Mismatch::Digest { got, expected },
+                ..
+            } => assert_eq!(
+                (got, expected),
+                (sha256_bytes(b"hello, world"), sha256_bytes(b"hello"))
+            ),
+            e => panic!("{e}"),
+        }
+        assert!(!dest.exists());
+        let mut s = VerifiedWrite::create(&dest, unsized_(b"hello")).unwrap();
+        s.write(b"hello").unwrap();
+        assert_eq!(s.written(), 5);
+        s.finish().unwrap();
+        assert_eq!(std::fs::read(&dest).unwrap(), b"hello");
     }
 }

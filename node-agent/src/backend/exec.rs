@@ -14,6 +14,8 @@
 //! `CompileFailed` with the last lines of its output; past `compile.activeDeadlineSeconds` it is
 //! killed with everything it started (`Timeout`). Its output is logged line by line and kept
 //! in the build manifest. Registry credentials are not passed on.
+//! May touch: a scratch directory of its own and the compiler process group it starts; never
+//! the store or the apiserver.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read};

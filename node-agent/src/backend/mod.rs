@@ -1,5 +1,7 @@
 //! Engine backends: one trait with `compile`, `load` and `run`, shared by the compile worker and
-//! the node agent, so the parity a Job reports and the parity a node checks come from the same code.
+//! the node agent, so the parity a Job reports and the parity a node checks come from the same
+//! code. Backends read the model file and write the artifact path they are given; they never
+//! fetch, store, or talk to the apiserver.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -7,7 +9,7 @@ use std::path::Path;
 use kiln_crds::compiled_target::{BackendKind, Precision};
 
 use crate::error::{Error, Result};
-use crate::tensor::HostTensor;
+use crate::pipeline::tensor::HostTensor;
 
 pub mod exec;
 pub mod tract;

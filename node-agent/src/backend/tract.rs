@@ -1,9 +1,10 @@
 //! The built-in tract backend. Compile: ONNX → typed with each profile's concrete dims →
 //! decluttered → NNEF. The artifact is a deterministic tar holding one NNEF tarball per profile
 //! and an index; load optimises each profile for this CPU.
+//! Reads the model, writes (fsynced) only the artifact path it is given.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::Path;
 
 use kiln_crds::compiled_target::Precision;
@@ -14,7 +15,7 @@ use tract_onnx_opl::WithOnnx;
 
 use super::{Backend, CompileRequest, Compiled, Engine, InputInfo, Shapes};
 use crate::error::{Error, Result, chain};
-use crate::tensor::HostTensor;
+use crate::pipeline::tensor::HostTensor;
 
 /// tract, linked into kiln-agent.
 pub struct Tract;
@@ -96,10 +97,7 @@ impl Backend for Tract {
         let bytes = outer
             .into_inner()
             .map_err(|e| Error::CompileFailed(e.to_string()))?;
-        let mut file = std::fs::File::create(req.out).map_err(|e| Error::store(req.out, e))?;
-        file.write_all(&bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| Error::store(req.out, e))?;
+        kiln_store::staged::write_synced(req.out, &bytes).map_err(|e| Error::store(req.out, e))?;
         Ok(Compiled { outputs, log })
     }
 
@@ -171,7 +169,7 @@ impl Backend for Tract {
                     .input_fact(ix)
                     .map_err(|e| Error::CompileFailed(chain(&e)))?;
                 let dt = fact.datum_type.concretize().unwrap_or(f32::datum_type());
-                let dtype = crate::tensor::safetensors_dtype(dt).ok_or_else(|| {
+                let dtype = crate::pipeline::tensor::safetensors_dtype(dt).ok_or_else(|| {
                     Error::UnsupportedOperator {
                         backend: "tract".into(),
                         operators: vec![format!("input dtype {dt:?}")],

@@ -1,17 +1,16 @@
 //! The node cache (a hostPath): verified artifacts by digest, each beside its build manifest, and
 //! an index of which revisions passed on this node. Nothing is used without re-hashing it first,
 //! a partial file never sits under a final name, and eviction keeps the last K known-good
-//! artifacts per target and whatever is in use.
+//! artifacts per target and whatever is in use. Touches only the cache directory.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use kiln_crds::BuildManifest;
+use kiln_store::staged::{install_dir, sha256_file, sync_dir, write_synced};
 use serde::{Deserialize, Serialize};
 
-use crate::digest::sha256_file;
 use crate::error::{Error, Result};
-use crate::fetch::sync_dir;
 
 const ARTIFACT: &str = "artifact";
 const MANIFEST: &str = "manifest.json";
@@ -34,6 +33,15 @@ pub struct KnownGood {
     /// The target's generation (its warmup spec) the pass was under.
     #[serde(default)]
     pub generation: Option<i64>,
+}
+
+/// A cached artifact that re-verified.
+#[derive(Clone, Debug)]
+pub struct Cached {
+    /// The artifact file.
+    pub path: PathBuf,
+    /// Its build manifest.
+    pub manifest: BuildManifest,
 }
 
 /// What survives an agent restart: per target (`namespace/name`), its known-good entries, oldest
@@ -96,7 +104,7 @@ impl Cache {
 
     /// The cached artifact with `digest`, re-hashed now; a copy that no longer matches is
     /// deleted and reported as `HashMismatch`. `Ok(None)` when it is not cached.
-    pub fn verified(&self, digest: &str) -> Result<Option<(PathBuf, BuildManifest)>> {
+    pub fn verified(&self, digest: &str) -> Result<Option<Cached>> {
         let dir = self.dir(digest)?;
         let manifest = match std::fs::read(dir.join(MANIFEST)) {
             Ok(bytes) => match serde_json::from_slice::<BuildManifest>(&bytes) {
@@ -120,7 +128,7 @@ impl Cache {
                 ),
             });
         }
-        Ok(Some((path, manifest)))
+        Ok(Some(Cached { path, manifest }))
     }
 
     /// A staging directory inside the cache for a pull: the store writes `<dir>/artifact`
@@ -155,19 +163,11 @@ impl Cache {
         }
         let json = serde_json::to_vec_pretty(manifest).map_err(|e| Error::store(&dest, e))?;
         let mpath = staging.path().join(MANIFEST);
-        std::fs::write(&mpath, json)
-            .and_then(|()| std::fs::File::open(&mpath)?.sync_all())
-            .map_err(|e| Error::store(&mpath, e))?;
-        sync_dir(staging.path());
-        let staged_dir = staging.keep();
+        write_synced(&mpath, &json).map_err(|e| Error::store(&mpath, e))?;
         if dest.exists() {
             let _ = std::fs::remove_dir_all(&dest);
         }
-        std::fs::rename(&staged_dir, &dest).map_err(|e| {
-            let _ = std::fs::remove_dir_all(&staged_dir);
-            Error::store(&dest, e)
-        })?;
-        sync_dir(&self.root.join("artifacts"));
+        install_dir(staging, &dest).map_err(|e| Error::store(&dest, e))?;
         Ok(dest.join(ARTIFACT))
     }
 
@@ -196,8 +196,7 @@ impl Cache {
         let path = self.root.join(INDEX);
         let tmp = self.root.join("tmp").join(INDEX);
         let json = serde_json::to_vec_pretty(&self.index).map_err(|e| Error::store(&path, e))?;
-        std::fs::write(&tmp, json)
-            .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+        write_synced(&tmp, &json)
             .and_then(|()| std::fs::rename(&tmp, &path))
             .map_err(|e| Error::store(&path, e))?;
         sync_dir(&self.root);
@@ -319,7 +318,7 @@ mod tests {
     }
 
     fn manifest_for(bytes: &[u8]) -> BuildManifest {
-        let digest = crate::digest::sha256_bytes(bytes);
+        let digest = kiln_store::staged::sha256_bytes(bytes);
         serde_json::from_value(serde_json::json!({
             "manifestVersion": 1, "compileKey": "0".repeat(64), "artifactDigest": digest,
             "artifactSize": bytes.len(), "mediaType": "x", "backend": "tract",

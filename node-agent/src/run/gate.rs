@@ -1,11 +1,14 @@
 //! The `kiln.dev/warm` pod readiness gate: which condition a serving pod on this node should
-//! carry, given this node's target rows. Pure; the patch is in `kube.rs`.
+//! carry, given this node's target rows, and since when. Pure; the patch is in `writes.rs`.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::kiln_node::{NodePhase, NodeTargetStatus};
 use kiln_crds::labels::{TARGET_ANNOTATION, WARM_CONDITION};
+
+use super::plan::TargetKey;
 
 /// The condition a pod should have.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,8 +30,8 @@ pub fn declares_gate(pod: &Pod) -> bool {
 }
 
 /// The condition a pod that declares the gate should carry; `None` for pods that do not.
-/// `rows` are this node's target rows by (namespace, name).
-pub fn desired(pod: &Pod, rows: &BTreeMap<(String, String), NodeTargetStatus>) -> Option<Warm> {
+/// `rows` are this node's target rows.
+pub fn desired(pod: &Pod, rows: &BTreeMap<TargetKey, NodeTargetStatus>) -> Option<Warm> {
     if !declares_gate(pod) {
         return None;
     }
@@ -47,7 +50,7 @@ pub fn desired(pod: &Pod, rows: &BTreeMap<(String, String), NodeTargetStatus>) -
             ),
         });
     };
-    let Some(row) = rows.get(&(namespace.clone(), target.clone())) else {
+    let Some(row) = rows.get(&TargetKey::new(namespace.clone(), target.clone())) else {
         return Some(Warm {
             status: false,
             reason: "NotSelected".into(),
@@ -91,20 +94,33 @@ pub fn desired(pod: &Pod, rows: &BTreeMap<(String, String), NodeTargetStatus>) -
     Some(warm)
 }
 
-/// Whether the pod's current condition differs from `want` (status, reason or message).
-pub fn differs(pod: &Pod, want: &Warm) -> bool {
-    let current = pod
-        .status
+/// The pod's `kiln.dev/warm` condition, if it has one.
+fn current(pod: &Pod) -> Option<&PodCondition> {
+    pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == WARM_CONDITION));
-    match current {
+        .and_then(|c| c.iter().find(|c| c.type_ == WARM_CONDITION))
+}
+
+/// Whether the pod's current condition differs from `want` (status, reason or message).
+pub fn differs(pod: &Pod, want: &Warm) -> bool {
+    match current(pod) {
         None => true,
         Some(c) => {
             c.status != if want.status { "True" } else { "False" }
                 || c.reason.as_deref() != Some(want.reason.as_str())
                 || c.message.as_deref().unwrap_or_default() != want.message
         }
+    }
+}
+
+/// The `lastTransitionTime` for `want`: the current one while the status stays, else `now`.
+pub fn transition_time(pod: &Pod, want: &Warm, now: Time) -> Time {
+    match current(pod) {
+        Some(c) if (c.status == "True") == want.status => {
+            c.last_transition_time.clone().unwrap_or(now)
+        }
+        _ => now,
     }
 }
 
@@ -130,9 +146,9 @@ spec:
     fn rows(
         phase: NodePhase,
         reason: Option<FailureReason>,
-    ) -> BTreeMap<(String, String), NodeTargetStatus> {
+    ) -> BTreeMap<TargetKey, NodeTargetStatus> {
         BTreeMap::from([(
-            ("ns".to_string(), "sq".to_string()),
+            TargetKey::new("ns", "sq"),
             NodeTargetStatus {
                 namespace: "ns".into(),
                 name: "sq".into(),
@@ -208,5 +224,32 @@ spec:
         )
         .expect("gated");
         assert!(differs(&p, &failed));
+    }
+
+    #[test]
+    fn the_transition_time_stays_while_the_status_does() {
+        let at = |s| Time(k8s_openapi::jiff::Timestamp::from_second(s).expect("time"));
+        let mut p = pod(GATED);
+        let ready = desired(&p, &rows(NodePhase::Ready, None)).expect("gated");
+        assert_eq!(
+            transition_time(&p, &ready, at(10)),
+            at(10),
+            "no condition yet"
+        );
+        p.status = Some(
+            serde_json::from_value(serde_json::json!({"conditions": [{
+                "type": WARM_CONDITION, "status": "True", "reason": "Ready", "message": "old",
+                "lastTransitionTime": "1970-01-01T00:00:05Z"
+            }]}))
+            .expect("status"),
+        );
+        let degraded = desired(&p, &rows(NodePhase::Degraded, None)).expect("gated");
+        assert_eq!(transition_time(&p, &degraded, at(10)), at(5), "still True");
+        let failed = desired(&p, &rows(NodePhase::Failed, None)).expect("gated");
+        assert_eq!(
+            transition_time(&p, &failed, at(10)),
+            at(10),
+            "True to False"
+        );
     }
 }

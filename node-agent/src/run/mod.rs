@@ -1,11 +1,14 @@
 //! `kiln-agent run`, the DaemonSet: watches only what concerns its node (its Node and KilnNode by
 //! name, pods by `spec.nodeName`, CompiledTargets), probes the hardware, and runs a pass (see
 //! `agent.rs`) on every change and every `--resync` seconds, until SIGTERM.
+//! Touches the apiserver (watches; writes only through `writes.rs`), the node cache, the store
+//! (read only) and the metrics endpoint.
 
 pub mod agent;
 pub mod cache;
 pub mod decide;
 pub mod gate;
+pub mod plan;
 pub mod target;
 pub mod writes;
 
@@ -26,9 +29,9 @@ use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 
 use crate::backend;
-use crate::fetch::Fetcher;
 use crate::metrics::Metrics;
-use crate::probe;
+use crate::pipeline::fetch::Fetcher;
+use crate::pipeline::probe;
 
 /// Everything `run` takes from the command line.
 pub struct Config {
@@ -39,7 +42,7 @@ pub struct Config {
     /// Store URL: a path, `file:///path` or `oci://HOST[:PORT]/REPOSITORY`.
     pub store: String,
     /// How to reach an `oci://` store's registry.
-    pub registry: crate::store::RegistryOptions,
+    pub registry: kiln_store::RegistryOptions,
     /// Base directory for relative `file://` URIs of fixtures.
     pub source_base: PathBuf,
     /// Where `/metrics`, `/healthz`, `/readyz` listen.
@@ -76,7 +79,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         });
     }
     tokio::spawn(async move {
-        shutdown_signal().await;
+        kiln_serve::shutdown_signal().await;
         tracing::info!("shutting down");
         let _ = stop_tx.send(true);
     });
@@ -145,7 +148,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         for row in &status.targets {
             agent
                 .states
-                .entry((row.namespace.clone(), row.name.clone()))
+                .entry(plan::TargetKey::new(&row.namespace, &row.name))
                 .or_default()
                 .row = row.clone();
         }
@@ -223,19 +226,4 @@ async fn wait_ready(
             anyhow::anyhow!("watches did not sync within 120 s; check RBAC and the apiserver")
         })??;
     Ok(())
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }

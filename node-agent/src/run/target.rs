@@ -1,6 +1,7 @@
 //! The steps between a picked artifact and "ready" on this node: pull it into the node cache
 //! verified, re-check it against the real device and this binary, then (in `agent.rs`) load and
-//! warm with `ready::load`/`ready::warm_engine`, the code `local` runs.
+//! warm with `pipeline::ready::{load, warm_engine}`, the code `local` runs.
+//! Touches the store (read only) and the node cache; counts in the metrics.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,14 +10,14 @@ use std::time::Instant;
 use kiln_crds::BuildManifest;
 use kiln_crds::class::ClassFacts;
 use kiln_crds::labels::CPU_LEVEL;
+use kiln_store::{ArtifactRef, Store};
 
-use super::cache::Cache;
+use super::cache::{Cache, Cached};
 use super::decide::Pick;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::ready::{self, check_compatible};
-use crate::store::{ArtifactRef, Store};
+use crate::pipeline::ready::{self, check_compatible};
 
 /// A verified artifact in the node cache.
 pub struct Pulled {
@@ -41,7 +42,7 @@ pub async fn pull(
 ) -> Result<Pulled> {
     let started = Instant::now();
     match tokio::task::block_in_place(|| cache.verified(&pick.digest)) {
-        Ok(Some((path, manifest))) => {
+        Ok(Some(Cached { path, manifest })) => {
             return Ok(Pulled {
                 path,
                 manifest,

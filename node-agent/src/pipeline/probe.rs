@@ -1,5 +1,6 @@
 //! Hardware probe: CPU architecture, x86-64 level and features, cores, memory, and NVIDIA GPUs
 //! through NVML when a driver is present. No driver is a clean "no GPU", not an error.
+//! Reads `/proc`, CPU features and NVML; writes nothing.
 
 use std::collections::BTreeMap;
 

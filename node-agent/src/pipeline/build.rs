@@ -1,6 +1,8 @@
 //! The compile step shared by `local` and the compile Job: fetch and verify every input, derive
 //! the compile key, reuse what the store holds, otherwise compile, check parity against the
 //! fixtures, and store artifact and manifest atomically.
+//! Touches the blob cache (through the fetcher), a scratch directory of the store and the
+//! store; runs the backend.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,16 +12,16 @@ use kiln_crds::class::ClassFacts;
 use kiln_crds::kiln_node::HardwareFacts;
 use kiln_crds::manifest::MANIFEST_VERSION;
 use kiln_crds::{BuildManifest, CompileKeyInput, compile_key};
+use kiln_store::staged::sha256_file;
+use kiln_store::{Entry, Store};
 
 use crate::backend::{Backend, CompileRequest};
-use crate::digest::sha256_file;
 use crate::error::{Error, Result};
-use crate::fetch::{Fetcher, Wanted};
-use crate::fixtures::FixtureFile;
 use crate::metrics::Metrics;
-use crate::spec::Spec;
-use crate::store::{Entry, Store};
-use crate::warmup;
+use crate::pipeline::fetch::{Fetcher, Wanted};
+use crate::pipeline::fixtures::FixtureFile;
+use crate::pipeline::spec::Spec;
+use crate::pipeline::warmup;
 
 /// Verified local copies of everything a model run needs.
 pub struct Inputs {
@@ -57,7 +59,10 @@ pub async fn fetch_inputs(spec: &Spec, fetcher: &Fetcher) -> Result<Inputs> {
             .await?;
         assets.insert(asset.name.clone(), path);
     }
-    let (fixture, fixture_digest) = fetch_fixture(spec, fetcher).await?;
+    let VerifiedFixture {
+        file: fixture,
+        sha256: fixture_digest,
+    } = fetch_fixture(spec, fetcher).await?;
     Ok(Inputs {
         model,
         assets,
@@ -66,9 +71,18 @@ pub async fn fetch_inputs(spec: &Spec, fetcher: &Fetcher) -> Result<Inputs> {
     })
 }
 
-/// Fetches, verifies and parses the warmup fixture version the target names; returns it with
-/// its sha256. The node agent runs exactly this before every warmup.
-pub async fn fetch_fixture(spec: &Spec, fetcher: &Fetcher) -> Result<(FixtureFile, String)> {
+/// A warmup fixture, fetched and verified.
+#[derive(Clone, Debug)]
+pub struct VerifiedFixture {
+    /// The parsed file.
+    pub file: FixtureFile,
+    /// Its sha256, as the ModelArtifact declares it.
+    pub sha256: String,
+}
+
+/// Fetches, verifies and parses the warmup fixture version the target names. The node agent
+/// runs exactly this before every warmup.
+pub async fn fetch_fixture(spec: &Spec, fetcher: &Fetcher) -> Result<VerifiedFixture> {
     let m = &spec.model.spec;
     let version = &spec.target.spec.warmup.fixture_version;
     let declared = m
@@ -90,7 +104,10 @@ pub async fn fetch_fixture(spec: &Spec, fetcher: &Fetcher) -> Result<(FixtureFil
             declared.uri, fixture.version
         )));
     }
-    Ok((fixture, declared.sha256.clone()))
+    Ok(VerifiedFixture {
+        file: fixture,
+        sha256: declared.sha256.clone(),
+    })
 }
 
 /// The compile key of `spec` for a class.
@@ -103,8 +120,16 @@ pub fn key_for(spec: &Spec, backend: &dyn Backend, class: &ClassFacts) -> String
     ))
 }
 
-/// Compiles unless the store already holds the key, and stores the result. Returns the stored
-/// entry and whether it was reused. The compile itself runs on this thread via `block_in_place`
+/// An artifact in the store, with whether this run found it there.
+#[derive(Clone, Debug)]
+pub struct Built {
+    /// The stored entry.
+    pub entry: Entry,
+    /// The store already held the key; nothing was compiled.
+    pub reused: bool,
+}
+
+/// Compiles unless the store already holds the key, and stores the result. The compile itself runs on this thread via `block_in_place`
 /// (a multi-threaded runtime is required).
 pub async fn compile_or_reuse(
     spec: &Spec,
@@ -114,12 +139,15 @@ pub async fn compile_or_reuse(
     host: &HardwareFacts,
     store: &dyn Store,
     metrics: &Metrics,
-) -> Result<(Entry, bool)> {
+) -> Result<Built> {
     let key = key_for(spec, backend, class);
     if let Some(entry) = store.lookup(&key).await? {
         tracing::info!(compile_key = %key, digest = %entry.manifest.artifact_digest, manifest = %entry.manifest_digest, store = %store.location(), "artifact already in store; not compiling");
         metrics.compile(backend.name(), "cached", None);
-        return Ok((entry, true));
+        return Ok(Built {
+            entry,
+            reused: true,
+        });
     }
     let started = Instant::now();
     let scratch = store.scratch()?;
@@ -134,7 +162,10 @@ pub async fn compile_or_reuse(
     let manifest = result?;
     let entry = store.put(&out, &manifest).await?;
     tracing::info!(compile_key = %key, digest = %manifest.artifact_digest, manifest = %entry.manifest_digest, store = %store.location(), "stored artifact");
-    Ok((entry, false))
+    Ok(Built {
+        entry,
+        reused: false,
+    })
 }
 
 fn compile(

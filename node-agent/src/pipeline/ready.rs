@@ -1,6 +1,7 @@
-//! The path from a stored artifact to "ready": pull and verify the bytes, re-check compatibility with
-//! this machine and this binary, load, warm with parity. The same code serves `local` and the
-//! node agent; any error means not ready.
+//! The path from a stored artifact to "ready": pull and verify the bytes, re-check
+//! compatibility with this machine and this binary, load, warm with parity. The same code serves
+//! `local` and the node agent; any error means not ready. Touches the store (pull), the
+//! destination path and the engine it loads; never the apiserver.
 
 use std::path::Path;
 use std::time::Instant;
@@ -8,13 +9,13 @@ use std::time::Instant;
 use kiln_crds::BuildManifest;
 use kiln_crds::class::ClassFacts;
 use kiln_crds::compiled_target::Warmup;
+use kiln_store::{ArtifactRef, Store};
 
 use crate::backend::{Backend, Engine};
 use crate::error::{Error, Result};
-use crate::fixtures::FixtureFile;
 use crate::metrics::Metrics;
-use crate::store::{ArtifactRef, Store};
-use crate::warmup::{WarmupReport, warm};
+use crate::pipeline::fixtures::FixtureFile;
+use crate::pipeline::warmup::{WarmupReport, warm};
 
 /// What a successful readiness check measured.
 #[derive(Clone, Debug)]
@@ -77,26 +78,34 @@ pub fn load_warm(
     metrics: &Metrics,
 ) -> Result<Ready> {
     check_compatible(manifest, backend, class)?;
-    let (engine, load_seconds) = load(backend, artifact, class_id, metrics)?;
-    let report = warm_engine(engine.as_ref(), fixture, warmup, class_id, metrics)?;
+    let loaded = load(backend, artifact, class_id, metrics)?;
+    let report = warm_engine(loaded.engine.as_ref(), fixture, warmup, class_id, metrics)?;
     Ok(Ready {
-        load_seconds,
+        load_seconds: loaded.seconds,
         warmup: report,
     })
 }
 
-/// Loads a verified, compatible artifact; returns the engine and the seconds it took.
+/// A loaded engine.
+pub struct Loaded {
+    /// The engine.
+    pub engine: Box<dyn Engine>,
+    /// Seconds the load (and optimisation) took.
+    pub seconds: f64,
+}
+
+/// Loads a verified, compatible artifact.
 pub fn load(
     backend: &dyn Backend,
     artifact: &Path,
     class_id: &str,
     metrics: &Metrics,
-) -> Result<(Box<dyn Engine>, f64)> {
+) -> Result<Loaded> {
     let started = Instant::now();
     let engine = backend.load(artifact)?;
-    let load_seconds = started.elapsed().as_secs_f64();
-    metrics.load(class_id, load_seconds);
-    Ok((engine, load_seconds))
+    let seconds = started.elapsed().as_secs_f64();
+    metrics.load(class_id, seconds);
+    Ok(Loaded { engine, seconds })
 }
 
 /// Runs the warmup fixtures through a loaded engine with parity and the latency budget.

@@ -4,9 +4,11 @@
 //! loader and the libraries it has mapped, and is started as
 //! `DIR/ld.so --library-path DIR/lib DIR/kiln-agent …` ([`agent_command`]): nothing of the image's
 //! libc is used, and nothing leaks into the compiler it starts (no `LD_LIBRARY_PATH`).
+//! Touches `/proc/self`, the target directory, and one run of the copy.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use kiln_crds::inject::agent_command;
 
@@ -119,6 +121,27 @@ pub fn mapped_libraries(maps: &str) -> Vec<PathBuf> {
         }
     }
     seen
+}
+
+/// Arguments of `install`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Target directory (created if missing).
+    dir: PathBuf,
+}
+
+/// Installs and prints what was copied as JSON; the failure reason goes to stderr.
+pub fn main(args: Args) -> ExitCode {
+    match install(&args.dir) {
+        Ok(installed) => {
+            println!("{}", serde_json::to_string(&installed).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kiln-agent install: {}: {e}", e.reason());
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[cfg(test)]

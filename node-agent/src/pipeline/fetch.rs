@@ -1,12 +1,15 @@
 //! Fetches sources, assets and fixtures into a content-addressed blob cache, hashing while the
-//! bytes stream in. A blob only ever appears under its final name after its size and sha256
-//! matched and it was fsynced; a failed or interrupted fetch leaves no usable file behind.
+//! bytes stream in (kiln-store's verified write, the one the store's pulls use). A blob only
+//! ever appears under its final name after its size and sha256 matched and it was fsynced; a
+//! failed or interrupted fetch leaves no usable file behind. Touches the blob cache directory
+//! and the source (a file or an HTTPS URL); nothing else.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::digest::{CHUNK, HashingWriter, sha256_file};
+use kiln_store::staged::{CHUNK, Expected, Mismatch, VerifiedWrite, sha256_file};
+
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 
@@ -63,18 +66,23 @@ impl Fetcher {
             tracing::warn!(what = wanted.what, path = %final_path.display(), "cached blob corrupt; fetching again");
             let _ = std::fs::remove_file(&final_path);
         }
-        let partial = self
-            .cache
-            .join(format!(".partial-{}-{}", wanted.sha256, std::process::id()));
+        let out = VerifiedWrite::create(
+            &final_path,
+            Expected {
+                what: format!("{} {}", wanted.what, wanted.uri),
+                digest: wanted.sha256.to_string(),
+                size: wanted.size,
+            },
+        )?;
         let result = match scheme(wanted.uri) {
             Some(("file", path)) => {
-                let (path, partial, wanted_owned) = (PathBuf::from(path), partial.clone(), Owned::from(wanted));
+                let (path, wanted_owned) = (PathBuf::from(path), Owned::from(wanted));
                 let metrics = self.metrics.clone();
-                tokio::task::spawn_blocking(move || copy_file(&path, &partial, &wanted_owned, &metrics))
+                tokio::task::spawn_blocking(move || copy_file(&path, out, &wanted_owned, &metrics))
                     .await
                     .map_err(|e| Error::SourceUnavailable { uri: wanted.uri.into(), message: e.to_string() })?
             }
-            Some(("https", _)) => self.download(wanted, &partial).await,
+            Some(("https", _)) => self.download(wanted, out).await,
             Some(("oci", _)) => Err(Error::SourceUnavailable {
                 uri: wanted.uri.into(),
                 message: "oci:// sources are read through the OCI store, which local mode does not use; use file:// or https://".into(),
@@ -85,13 +93,8 @@ impl Fetcher {
             ))),
         };
         match result {
-            Ok(()) => {
-                std::fs::rename(&partial, &final_path).map_err(|e| Error::store(&final_path, e))?;
-                sync_dir(&self.cache);
-                Ok(final_path)
-            }
+            Ok(()) => Ok(final_path),
             Err(err) => {
-                let _ = std::fs::remove_file(&partial);
                 if matches!(err, Error::HashMismatch { .. }) {
                     self.metrics.verify_failure(err.reason());
                 }
@@ -100,7 +103,7 @@ impl Fetcher {
         }
     }
 
-    async fn download(&self, wanted: &Wanted<'_>, partial: &Path) -> Result<()> {
+    async fn download(&self, wanted: &Wanted<'_>, mut out: VerifiedWrite) -> Result<()> {
         let unavailable = |message: String| Error::SourceUnavailable {
             uri: wanted.uri.into(),
             message,
@@ -123,21 +126,17 @@ impl Fetcher {
         if !response.status().is_success() {
             return Err(unavailable(format!("HTTP {}", response.status())));
         }
-        let file = std::fs::File::create(partial).map_err(|e| Error::store(partial, e))?;
-        let mut out = HashingWriter::new(std::io::BufWriter::with_capacity(CHUNK, file));
         let mut progress = Progress::new(wanted);
         while let Some(chunk) = response
             .chunk()
             .await
             .map_err(|e| unavailable(e.to_string()))?
         {
-            out.write_all(&chunk)
-                .map_err(|e| Error::store(partial, e))?;
-            check_not_larger(wanted, out.written())?;
+            out.write(&chunk).map_err(|e| refused(wanted, e))?;
             progress.update(out.written());
         }
         self.metrics.fetched(out.written());
-        finish(wanted, out, partial)
+        tokio::task::block_in_place(|| out.finish()).map_err(|e| refused(wanted, e))
     }
 }
 
@@ -171,14 +170,12 @@ impl Owned {
     }
 }
 
-fn copy_file(src: &Path, partial: &Path, wanted: &Owned, metrics: &Metrics) -> Result<()> {
+fn copy_file(src: &Path, mut out: VerifiedWrite, wanted: &Owned, metrics: &Metrics) -> Result<()> {
     let wanted = wanted.wanted();
     let mut input = std::fs::File::open(src).map_err(|e| Error::SourceUnavailable {
         uri: wanted.uri.into(),
         message: e.to_string(),
     })?;
-    let file = std::fs::File::create(partial).map_err(|e| Error::store(partial, e))?;
-    let mut out = HashingWriter::new(std::io::BufWriter::with_capacity(CHUNK, file));
     let mut buf = vec![0u8; CHUNK];
     let mut progress = Progress::new(&wanted);
     loop {
@@ -193,80 +190,39 @@ fn copy_file(src: &Path, partial: &Path, wanted: &Owned, metrics: &Metrics) -> R
                 });
             }
         };
-        out.write_all(&buf[..n])
-            .map_err(|e| Error::store(partial, e))?;
-        check_not_larger(&wanted, out.written())?;
+        out.write(&buf[..n]).map_err(|e| refused(&wanted, e))?;
         progress.update(out.written());
     }
     metrics.fetched(out.written());
-    finish(&wanted, out, partial)
+    out.finish().map_err(|e| refused(&wanted, e))
 }
 
-fn check_not_larger(wanted: &Wanted<'_>, written: u64) -> Result<()> {
-    match wanted.size {
-        Some(size) if written > size => Err(Error::HashMismatch {
-            what: format!("{} {}", wanted.what, wanted.uri),
-            message: format!(
-                "larger than the declared size of {size} bytes; check spec size and sha256"
-            ),
-        }),
-        _ => Ok(()),
-    }
-}
-
-/// Checks size and digest, then fsyncs: only a blob that passes may be renamed into place.
-fn finish<W: Write + AsFile>(
-    wanted: &Wanted<'_>,
-    out: HashingWriter<std::io::BufWriter<W>>,
-    partial: &Path,
-) -> Result<()> {
-    let (buffered, digest, written) = out.finish();
-    let what = format!("{} {}", wanted.what, wanted.uri);
-    if let Some(size) = wanted.size
-        && written != size
-    {
-        return Err(Error::HashMismatch {
-            what,
-            message: format!("truncated: got {written} of the declared {size} bytes"),
-        });
-    }
-    if digest != wanted.sha256 {
-        return Err(Error::HashMismatch {
-            what,
-            message: format!("sha256 is {digest}, the spec declares {}", wanted.sha256),
-        });
-    }
-    let file = buffered
-        .into_inner()
-        .map_err(|e| Error::store(partial, e.error()))?;
-    file.as_file()
-        .sync_all()
-        .map_err(|e| Error::store(partial, e))?;
-    Ok(())
-}
-
-/// Gives access to the file under a writer so it can be fsynced.
-pub trait AsFile {
-    /// The file.
-    fn as_file(&self) -> &std::fs::File;
-}
-
-impl AsFile for std::fs::File {
-    fn as_file(&self) -> &std::fs::File {
-        self
+/// A refused write in the terms of the spec that declared the blob (what to fix is the spec's
+/// size or sha256, or the source); other store errors as they are.
+fn refused(wanted: &Wanted<'_>, err: kiln_store::Error) -> Error {
+    let kiln_store::Error::Refused { mismatch, .. } = err else {
+        return err.into();
+    };
+    let message = match mismatch {
+        Mismatch::TooLarge { expected } => {
+            format!("larger than the declared size of {expected} bytes; check spec size and sha256")
+        }
+        Mismatch::Short { got, expected } => {
+            format!("truncated: got {got} of the declared {expected} bytes")
+        }
+        Mismatch::Digest { got, expected } => {
+            format!("sha256 is {got}, the spec declares {expected}")
+        }
+    };
+    Error::HashMismatch {
+        what: format!("{} {}", wanted.what, wanted.uri),
+        message,
     }
 }
 
 /// `(scheme, rest)` of a URI.
 fn scheme(uri: &str) -> Option<(&str, &str)> {
     uri.split_once("://")
-}
-
-/// fsyncs a directory so a rename inside it survives a crash.
-pub fn sync_dir(dir: &Path) {
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
 }
 
 /// Progress lines on stderr for large transfers, every 10%.

@@ -1,13 +1,15 @@
 //! Versioned warmup fixtures: one safetensors file with named inputs (`input/<name>`) and golden
 //! outputs (`output/<name>`), the version and the tolerances it was made for in its metadata.
+//! Reads a fixture file where asked; otherwise pure.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+use kiln_crds::compiled_target::Tolerance;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use crate::error::{Error, Result};
-use crate::tensor::HostTensor;
+use crate::pipeline::tensor::HostTensor;
 
 const INPUT: &str = "input/";
 const OUTPUT: &str = "output/";
@@ -26,8 +28,8 @@ pub struct FixtureFile {
     pub version: String,
     /// sha256 of the model it was made from.
     pub model_sha256: Option<String>,
-    /// Suggested `(atol, rtol)`.
-    pub tolerance: Option<(f64, f64)>,
+    /// Suggested tolerance.
+    pub tolerance: Option<Tolerance>,
     /// Inputs by name.
     pub inputs: BTreeMap<String, HostTensor>,
     /// Golden outputs by name.
@@ -70,10 +72,10 @@ impl FixtureFile {
                 .ok_or("metadata has no kiln.fixture.version")?,
             model_sha256: info.get(META_MODEL).cloned(),
             tolerance: match (info.get(META_ATOL), info.get(META_RTOL)) {
-                (Some(a), Some(r)) => Some((
-                    a.parse().map_err(|_| "bad atol")?,
-                    r.parse().map_err(|_| "bad rtol")?,
-                )),
+                (Some(a), Some(r)) => Some(Tolerance {
+                    atol: a.parse().map_err(|_| "bad atol")?,
+                    rtol: r.parse().map_err(|_| "bad rtol")?,
+                }),
                 _ => None,
             },
             inputs: BTreeMap::new(),
@@ -114,9 +116,9 @@ impl FixtureFile {
         if let Some(m) = &self.model_sha256 {
             meta.insert(META_MODEL, m.clone());
         }
-        if let Some((a, r)) = self.tolerance {
-            meta.insert(META_ATOL, a.to_string());
-            meta.insert(META_RTOL, r.to_string());
+        if let Some(t) = &self.tolerance {
+            meta.insert(META_ATOL, t.atol.to_string());
+            meta.insert(META_RTOL, t.rtol.to_string());
         }
         let json = serde_json::to_string(&meta)
             .map_err(|e| Error::InvalidSpec(format!("fixture metadata: {e}")))?;
@@ -217,7 +219,10 @@ mod tests {
         let file = FixtureFile {
             version: "v1".into(),
             model_sha256: Some("a".repeat(64)),
-            tolerance: Some((1e-4, 1e-3)),
+            tolerance: Some(Tolerance {
+                atol: 1e-4,
+                rtol: 1e-3,
+            }),
             inputs: BTreeMap::from([("x".into(), x.clone())]),
             outputs: BTreeMap::from([("y".into(), x)]),
         };

@@ -1,5 +1,6 @@
 //! Reads the YAML a user would `kubectl apply` — one ModelArtifact and one CompiledTarget — and
 //! checks it the way the apiserver would (CEL rules, patterns) plus what needs both objects.
+//! Reads the YAML file; otherwise pure.
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,6 @@
 //! A backend-neutral host tensor (dtype, shape, little-endian bytes): what fixtures hold and what
 //! every engine backend takes and returns, so parity is computed the same way for all of them.
+//! Pure.
 
 use safetensors::Dtype;
 use tract_onnx::prelude::{DatumType, Tensor, f16};

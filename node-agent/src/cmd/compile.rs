@@ -3,20 +3,23 @@
 //! to, fetches and verifies every input (fail closed), compiles or reuses, stores artifact and
 //! build manifest, and prints the manifest. On failure the termination message is
 //! `Reason: message`, which the operator classifies.
+//! Touches the store, a blob cache and the termination log; never the apiserver.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use kiln_crds::class::{ClassFacts, class_facts};
-use kiln_crds::{BuildManifest, CompiledTarget, ModelArtifact};
+use kiln_crds::{CompiledTarget, ModelArtifact};
+use kiln_store::{Entry, RegistryOptions};
+use prometheus_client::registry::Registry;
 
 use crate::backend;
-use crate::compile::{compile_or_reuse, fetch_inputs, key_for};
 use crate::error::{Error, Result};
-use crate::fetch::Fetcher;
 use crate::metrics::Metrics;
-use crate::probe;
-use crate::spec::Spec;
-use crate::store::RegistryOptions;
+use crate::pipeline::build::{Built, compile_or_reuse, fetch_inputs, key_for};
+use crate::pipeline::fetch::Fetcher;
+use crate::pipeline::probe;
+use crate::pipeline::spec::Spec;
 
 /// What the operator passes to a compile Job.
 pub struct Job {
@@ -40,8 +43,8 @@ struct Objects {
     target: CompiledTarget,
 }
 
-/// Runs the compile; returns the stored manifest and whether the store already held it.
-pub async fn run(job: &Job, metrics: &Metrics) -> Result<(BuildManifest, bool)> {
+/// Runs the compile; returns the stored entry and whether the store already held it.
+pub async fn run(job: &Job, metrics: &Metrics) -> Result<Built> {
     let objects: Objects = serde_json::from_str(&job.spec_json)
         .map_err(|e| Error::InvalidSpec(format!("KILN_COMPILE_SPEC: {e}")))?;
     let expected: ClassFacts = serde_json::from_str(&job.class_facts_json)
@@ -79,7 +82,7 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<(BuildManifest, bool)> 
     };
     let fetcher = Fetcher::new(blobs, metrics.clone())?;
     let inputs = fetch_inputs(&spec, &fetcher).await?;
-    let (entry, reused) = compile_or_reuse(
+    compile_or_reuse(
         &spec,
         &inputs,
         backend.as_ref(),
@@ -88,8 +91,7 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<(BuildManifest, bool)> 
         store.as_ref(),
         metrics,
     )
-    .await?;
-    Ok((entry.manifest, reused))
+    .await
 }
 
 /// Every fact of the expected class must hold on this node. Facts the node has beyond the class
@@ -113,6 +115,77 @@ pub fn check_class(expected: &ClassFacts, probed: &ClassFacts) -> Result<()> {
             wrong.join("; ")
         )))
     }
+}
+
+/// Flags of `compile`; the operator sets every one in the Job's environment.
+#[derive(clap::Args)]
+pub struct Args {
+    /// `{"model": ModelArtifact, "target": CompiledTarget}` as JSON.
+    #[arg(long, env = "KILN_COMPILE_SPEC", hide_env_values = true)]
+    spec: String,
+    /// Class facts (label key → value) as JSON that this node must match.
+    #[arg(long, env = "KILN_CLASS_FACTS")]
+    class_facts: String,
+    /// Compile key the operator expects.
+    #[arg(long, env = "KILN_COMPILE_KEY")]
+    compile_key: String,
+    /// Artifact store: a directory (or `file:///dir`) shared with the operator, or
+    /// `oci://HOST[:PORT]/REPOSITORY`.
+    #[arg(long, env = "KILN_STORE")]
+    store: String,
+    #[command(flatten)]
+    registry: kiln_store::RegistryArgs,
+    /// Base directory for relative file:// URIs.
+    #[arg(long, env = "KILN_SOURCE_BASE", default_value = ".")]
+    source_base: PathBuf,
+    /// Where the one-line outcome (`Reason: message` on failure) goes for the operator.
+    #[arg(
+        long,
+        env = "KILN_TERMINATION_LOG",
+        default_value = "/dev/termination-log"
+    )]
+    termination_log: PathBuf,
+}
+
+/// Compiles, prints the manifest as JSON, and leaves the one-line outcome in the termination log.
+pub fn main(args: Args) -> ExitCode {
+    let job = Job {
+        spec_json: args.spec,
+        class_facts_json: args.class_facts,
+        compile_key: args.compile_key,
+        store: args.store,
+        registry: args.registry.options(),
+        source_base: args.source_base,
+    };
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let Some(runtime) = super::runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let (line, code) = match runtime.block_on(run(&job, &metrics)) {
+        Ok(Built {
+            entry: Entry { manifest, .. },
+            reused,
+        }) => {
+            println!("{}", serde_json::to_string(&manifest).unwrap_or_default());
+            tracing::info!(digest = %manifest.artifact_digest, reused, "compile done");
+            (
+                format!(
+                    "Compiled: sha256:{}{}",
+                    manifest.artifact_digest,
+                    if reused { " (already stored)" } else { "" }
+                ),
+                ExitCode::SUCCESS,
+            )
+        }
+        Err(e) => {
+            tracing::error!(reason = %e.reason(), error = %e, "compile failed");
+            (format!("{}: {e}", e.reason()), ExitCode::FAILURE)
+        }
+    };
+    // Best effort: outside a pod there may be no termination log.
+    let _ = std::fs::write(&args.termination_log, line.as_bytes());
+    code
 }
 
 #[cfg(test)]

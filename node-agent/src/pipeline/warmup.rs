@@ -1,6 +1,7 @@
 //! Warmup: run the versioned fixtures through a loaded engine for the configured iterations,
 //! check every output against its golden value within atol/rtol, and measure latency. Nothing
 //! here decides readiness; it reports, and the caller fails closed on any error.
+//! Runs the engine it is given; touches nothing else.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -9,8 +10,8 @@ use kiln_crds::compiled_target::Warmup;
 
 use crate::backend::Engine;
 use crate::error::{Error, Result};
-use crate::fixtures::FixtureFile;
-use crate::tensor::HostTensor;
+use crate::pipeline::fixtures::FixtureFile;
+use crate::pipeline::tensor::HostTensor;
 
 /// What a warmup measured.
 #[derive(Clone, Debug, Default)]
@@ -138,7 +139,7 @@ pub fn parity(
         let tol = warmup.tolerance(name);
         let (a, g) = (got.to_f64()?, want.to_f64()?);
         let mut max_abs = 0.0f64;
-        let mut worst: Option<(usize, f64, f64, f64)> = None;
+        let mut worst: Option<Outlier> = None;
         for (i, (a, g)) in a.iter().zip(g.iter()).enumerate() {
             if g.is_nan() && a.is_nan() {
                 continue;
@@ -147,19 +148,36 @@ pub fn parity(
             let err = if err.is_nan() { f64::INFINITY } else { err };
             max_abs = max_abs.max(err);
             let allowed = tol.atol + tol.rtol * g.abs();
-            if err > allowed && worst.is_none_or(|(_, e, _, _)| err > e) {
-                worst = Some((i, err, *a, *g));
+            if err > allowed && worst.as_ref().is_none_or(|w| err > w.error) {
+                worst = Some(Outlier {
+                    index: i,
+                    error: err,
+                    got: *a,
+                    golden: *g,
+                });
             }
         }
-        if let Some((i, err, a, g)) = worst {
+        if let Some(w) = worst {
             return Err(Error::ParityExceeded(format!(
-                "output {name}: max abs error {max_abs:.3e}; element {i} is {a} against golden {g} (error {err:.3e} > atol {} + rtol {} * |golden|)",
-                tol.atol, tol.rtol
+                "output {name}: max abs error {max_abs:.3e}; element {} is {} against golden {} (error {:.3e} > atol {} + rtol {} * |golden|)",
+                w.index, w.got, w.golden, w.error, tol.atol, tol.rtol
             )));
         }
         errors.insert(name.clone(), max_abs);
     }
     Ok(errors)
+}
+
+/// The element of an output furthest outside its tolerance.
+struct Outlier {
+    /// Its index, row-major.
+    index: usize,
+    /// Its absolute error.
+    error: f64,
+    /// What the engine produced.
+    got: f64,
+    /// The golden value.
+    golden: f64,
 }
 
 #[cfg(test)]

@@ -1,18 +1,20 @@
 //! `kiln-agent bench-pull`: a verified pull of a large artifact from a real local registry
 //! (Debian's docker-registry) into a cache directory, against the sequential peer — `curl -o`
 //! of the same blob followed by `sha256sum` — in the same run, best of N each.
+//! Touches a temp directory under `--dir`, a docker-registry it starts and stops, `curl` and
+//! `sha256sum`; never a real store.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use kiln_crds::BuildManifest;
 use kiln_crds::manifest::MANIFEST_VERSION;
+use kiln_store::staged::{sha256_bytes, sha256_file};
 use kiln_store::{ArtifactRef, RegistryOptions};
 
-use crate::bench::make_file;
-use crate::digest::{sha256_bytes, sha256_file};
+use crate::cmd::bench_verify::make_file;
 
 /// What one bench-pull run measured (best of the runs, seconds).
 pub struct PullFigures {
@@ -188,7 +190,59 @@ fn manifest(key: &str, digest: &str, size: u64) -> BuildManifest {
     }
 }
 
-/// Default working directory: on disk, not tmpfs, so both sides pay for real writes.
-pub fn default_work_dir() -> PathBuf {
-    PathBuf::from("/var/tmp")
+/// Flags of `bench-pull`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Artifact size in MiB.
+    #[arg(long, env = "KILN_BENCH_SIZE_MIB", default_value_t = 1024)]
+    size_mib: u64,
+    /// Runs per side (best of).
+    #[arg(long, env = "KILN_BENCH_RUNS", default_value_t = 3)]
+    runs: usize,
+    /// Directory for the registry's storage, the cache and curl's file (on disk).
+    #[arg(long, env = "KILN_BENCH_DIR", default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// The distribution registry binary (Debian package docker-registry).
+    #[arg(
+        long,
+        env = "KILN_BENCH_REGISTRY",
+        default_value = "/usr/bin/docker-registry"
+    )]
+    registry: PathBuf,
+}
+
+/// Measures both sides and prints the figures and their ratio.
+pub fn main(args: Args) -> ExitCode {
+    let Some(runtime) = super::runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let (dir, runs) = (&args.dir, args.runs);
+    let f = match runtime.block_on(run(dir, &args.registry, args.size_mib << 20, runs)) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("kiln-agent bench-pull: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let gb = f.bytes as f64 / 1e9;
+    println!(
+        "verified pull of {:.2} GiB from docker-registry at {} into {} (best of {runs})",
+        f.bytes as f64 / f64::from(1u32 << 30),
+        f.registry,
+        dir.display()
+    );
+    println!(
+        "  kiln-agent pull (hash while streaming, fsync, rename) {:>7.3} s  {:>5.2} GB/s",
+        f.agent,
+        gb / f.agent
+    );
+    println!(
+        "  curl -o + sha256sum (sequential)                     {:>7.3} s  {:>5.2} GB/s  (curl {:.3} s + sha256sum {:.3} s)",
+        f.peer,
+        gb / f.peer,
+        f.curl,
+        f.sha256sum
+    );
+    println!("  peer/kiln-agent time ratio {:.2}x", f.peer / f.agent);
+    ExitCode::SUCCESS
 }

@@ -1,0 +1,285 @@
+//! `kiln-agent local`: the whole pipeline on one machine, no cluster — probe, fetch and verify,
+//! compile or reuse, re-verify, load, warm with parity, and only then ready.
+//! Touches the store directory (artifacts, blobs, the pulled copy under `cache/`, the embedded
+//! example) and the metrics file; never a cluster.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use kiln_crds::FailureReason;
+use kiln_crds::class::{class_facts, class_id};
+use kiln_store::FsStore;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+
+use crate::backend;
+use crate::error::Result;
+use crate::metrics::Metrics;
+use crate::pipeline::build::{Built, compile_or_reuse, fetch_inputs, key_for};
+use crate::pipeline::fetch::Fetcher;
+use crate::pipeline::probe;
+use crate::pipeline::ready::{load_warm, pull_verified};
+use crate::pipeline::spec::Spec;
+
+/// The outcome of a local run; with `--output json` this is the last line on stdout.
+#[derive(Serialize, Debug, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Outcome {
+    /// Verified, loaded, warmed within tolerance (and budget).
+    pub ready: bool,
+    /// Failure reason when not ready.
+    pub reason: Option<FailureReason>,
+    /// What went wrong, or what was done.
+    pub message: String,
+    /// This machine's class id.
+    pub class: Option<String>,
+    /// Compile key of the artifact.
+    pub compile_key: Option<String>,
+    /// sha256 of the artifact.
+    pub artifact_digest: Option<String>,
+    /// Whether the store already held the artifact.
+    pub cache_hit: bool,
+    /// Seconds the compile took (0 on a cache hit).
+    pub compile_seconds: f64,
+    /// Largest absolute output error in warmup.
+    pub parity_max_abs_error: Option<f64>,
+    /// Seconds to load the engine.
+    pub load_seconds: Option<f64>,
+    /// Seconds of warmup.
+    pub warmup_seconds: Option<f64>,
+    /// Latency of the first (cold) fixture run.
+    pub first_seconds: Option<f64>,
+    /// Steady-state median latency.
+    pub p50_seconds: Option<f64>,
+    /// Steady-state p99 latency.
+    pub p99_seconds: Option<f64>,
+}
+
+/// Runs the pipeline for the YAML at `file` with the store at `store_dir`.
+pub async fn run(file: &Path, store_dir: &Path, metrics: &Metrics) -> Outcome {
+    let mut outcome = Outcome::default();
+    match pipeline(file, store_dir, metrics, &mut outcome).await {
+        Ok(()) => outcome.ready = true,
+        Err(err) => {
+            metrics.failure(err.reason());
+            outcome.reason = Some(err.reason());
+            outcome.message = err.to_string();
+        }
+    }
+    if let Some(class) = &outcome.class {
+        metrics.ready(class, outcome.ready);
+    }
+    outcome
+}
+
+async fn pipeline(
+    file: &Path,
+    store_dir: &Path,
+    metrics: &Metrics,
+    outcome: &mut Outcome,
+) -> Result<()> {
+    let spec = Spec::load(file)?;
+    let t = &spec.target.spec;
+    let backend = backend::for_target(&t.backend)?;
+    let host = probe::probe(backend::runtimes());
+    let labels = probe::labels(&host);
+    let class = class_facts(t.class_label_keys.iter().map(String::as_str), &labels);
+    let id = class_id(&class);
+    tracing::info!(class = %id, cpu = %host.cpu_level, gpus = host.accelerators.len(), "probed this machine");
+    outcome.class = Some(id.clone());
+    outcome.compile_key = Some(key_for(&spec, backend.as_ref(), &class));
+
+    let store = FsStore::open(store_dir)?;
+    let fetcher = Fetcher::new(store.blobs(), metrics.clone())?;
+    let inputs = fetch_inputs(&spec, &fetcher).await?;
+
+    let Built {
+        entry,
+        reused: cache_hit,
+    } = compile_or_reuse(
+        &spec,
+        &inputs,
+        backend.as_ref(),
+        &class,
+        &host,
+        &store,
+        metrics,
+    )
+    .await?;
+    let manifest = &entry.manifest;
+    outcome.cache_hit = cache_hit;
+    outcome.compile_seconds = if cache_hit {
+        0.0
+    } else {
+        manifest.compile_seconds
+    };
+    outcome.artifact_digest = Some(manifest.artifact_digest.clone());
+
+    // The same path a node takes: pull by digest into a cache, verified while it streams.
+    let cached = store_dir.join("cache").join(&manifest.artifact_digest);
+    let manifest = pull_verified(&store, &entry.artifact_ref(), &cached, metrics).await?;
+    let ready = blocking(|| {
+        load_warm(
+            &manifest,
+            &cached,
+            backend.as_ref(),
+            &class,
+            &id,
+            &inputs.fixture,
+            &t.warmup,
+            metrics,
+        )
+    })?;
+    let w = &ready.warmup;
+    outcome.parity_max_abs_error = Some(w.parity_max_abs_error);
+    outcome.load_seconds = Some(ready.load_seconds);
+    outcome.warmup_seconds = Some(w.total_seconds);
+    outcome.first_seconds = Some(w.first_seconds);
+    outcome.p50_seconds = Some(w.p50_seconds);
+    outcome.p99_seconds = Some(w.p99_seconds);
+    outcome.message = format!(
+        "{} verified, loaded and warmed: {} iterations, parity max abs error {:.3e}",
+        spec.target.metadata.name.as_deref().unwrap_or("target"),
+        w.iterations,
+        w.parity_max_abs_error
+    );
+    Ok(())
+}
+
+/// Runs CPU-bound work off the async workers.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// The embedded example: SqueezeNet (light variant from the ONNX project's backend test data),
+/// its fixture and its YAML, so `kiln-agent local` runs with no file at all.
+const EXAMPLE_YAML: &str = include_str!("../../../examples/squeezenet/kiln.yaml");
+const EXAMPLE_MODEL: &[u8] = include_bytes!("../../../examples/squeezenet/model.onnx");
+const EXAMPLE_FIXTURE: &[u8] =
+    include_bytes!("../../../examples/squeezenet/fixture-v1.safetensors");
+
+/// Writes the embedded example into `<store>/example/` and returns the YAML's path.
+pub fn unpack_example(store: &Path) -> std::io::Result<PathBuf> {
+    let dir = store.join("example");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("model.onnx"), EXAMPLE_MODEL)?;
+    std::fs::write(dir.join("fixture-v1.safetensors"), EXAMPLE_FIXTURE)?;
+    let yaml = dir.join("kiln.yaml");
+    std::fs::write(&yaml, EXAMPLE_YAML)?;
+    Ok(yaml)
+}
+
+/// Flags of `local`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Multi-document YAML with one ModelArtifact and one CompiledTarget.
+    #[arg(env = "KILN_LOCAL_FILE")]
+    file: Option<PathBuf>,
+    /// Content-addressed store directory (artifacts, manifests, verified source blobs).
+    #[arg(long, env = "KILN_STORE")]
+    store: Option<PathBuf>,
+    /// `json` makes the last stdout line one JSON object with the outcome.
+    #[arg(long, env = "KILN_OUTPUT", value_enum, default_value_t = Output::Plain)]
+    output: Output,
+    /// Write the metrics here after the run (Prometheus text 0.0.4, as `promtool` reads).
+    #[arg(long, env = "KILN_METRICS_FILE")]
+    metrics_file: Option<PathBuf>,
+}
+
+/// What stdout gets.
+#[derive(Clone, Copy, clap::ValueEnum, PartialEq)]
+enum Output {
+    Plain,
+    Json,
+}
+
+/// Runs the pipeline once and prints the outcome; success only when ready.
+pub fn main(args: Args) -> ExitCode {
+    let store = args.store.unwrap_or_else(default_store);
+    let file = match args.file {
+        Some(f) => f,
+        None => match unpack_example(&store) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!(
+                    "kiln-agent: cannot unpack the embedded example into {}: {e}",
+                    store.display()
+                );
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let Some(runtime) = super::runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let outcome = runtime.block_on(run(&file, &store, &metrics));
+    if let Some(path) = args.metrics_file
+        && let Err(e) = std::fs::write(&path, kiln_serve::exposition(&registry, None).0)
+    {
+        eprintln!(
+            "kiln-agent: cannot write metrics to {}: {e}",
+            path.display()
+        );
+    }
+    match args.output {
+        Output::Json => println!("{}", serde_json::to_string(&outcome).unwrap_or_default()),
+        Output::Plain => print_plain(&outcome),
+    }
+    if outcome.ready {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn print_plain(outcome: &Outcome) {
+    if !outcome.ready {
+        let reason = outcome.reason.map(|r| r.as_str()).unwrap_or("Unknown");
+        println!("NOT READY {reason}: {}", outcome.message);
+        return;
+    }
+    let ms = |s: Option<f64>| {
+        s.map(|s| format!("{:.2} ms", s * 1000.0))
+            .unwrap_or_default()
+    };
+    println!("READY {}", outcome.message);
+    println!(
+        "  class            {}",
+        outcome.class.as_deref().unwrap_or_default()
+    );
+    println!(
+        "  compile key      {}",
+        outcome.compile_key.as_deref().unwrap_or_default()
+    );
+    println!(
+        "  artifact sha256  {}",
+        outcome.artifact_digest.as_deref().unwrap_or_default()
+    );
+    println!(
+        "  compile          {}",
+        if outcome.cache_hit {
+            "reused from store".to_string()
+        } else {
+            format!("{:.2} s", outcome.compile_seconds)
+        }
+    );
+    println!("  load             {}", ms(outcome.load_seconds));
+    println!("  warmup           {}", ms(outcome.warmup_seconds));
+    println!(
+        "  first / p50 / p99 {} / {} / {}",
+        ms(outcome.first_seconds),
+        ms(outcome.p50_seconds),
+        ms(outcome.p99_seconds)
+    );
+}
+
+/// `$XDG_CACHE_HOME/kiln/store`, else `~/.cache/kiln/store`, else under the temp directory.
+fn default_store() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("kiln").join("store")
+}

@@ -1,0 +1,60 @@
+//! `kiln-agent run`, the DaemonSet: its flags and its entry. The loop itself (watches, passes,
+//! status) is [`crate::run`]. This file touches nothing itself.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Flags of `run`; the Helm chart sets them through the environment.
+#[derive(clap::Args)]
+pub struct Args {
+    /// This node's name (downward API `spec.nodeName`).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// Node cache directory (a hostPath): verified artifacts, fixtures, the known-good index.
+    #[arg(long, env = "KILN_CACHE", default_value = "/var/lib/kiln/cache")]
+    cache: PathBuf,
+    /// Artifact store: a path or file:///path (filesystem store), or
+    /// oci://HOST[:PORT]/REPOSITORY (pulled by digest only).
+    #[arg(long, env = "KILN_STORE", default_value = "/var/lib/kiln/store")]
+    store: String,
+    #[command(flatten)]
+    registry: kiln_store::RegistryArgs,
+    /// Base directory for relative file:// URIs of fixtures.
+    #[arg(long, env = "KILN_SOURCE_BASE", default_value = ".")]
+    source_base: PathBuf,
+    /// Address for /metrics, /healthz and /readyz.
+    #[arg(long, env = "KILN_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: std::net::SocketAddr,
+    /// Seconds before an artifact that failed is tried again; doubles per failure in a row, up
+    /// to 10 minutes.
+    #[arg(long, env = "KILN_RETRY_SECONDS", default_value_t = 60)]
+    retry_seconds: u64,
+    /// Seconds between passes when nothing changes.
+    #[arg(long, env = "KILN_RESYNC_SECONDS", default_value_t = 30)]
+    resync_seconds: u64,
+}
+
+/// Runs the agent until SIGTERM; a failure to start (no apiserver, no cache) is logged.
+pub fn main(args: Args) -> ExitCode {
+    let Some(runtime) = super::runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let config = crate::run::Config {
+        node_name: args.node_name,
+        cache: args.cache,
+        store: args.store,
+        registry: args.registry.options(),
+        source_base: args.source_base,
+        listen: args.listen,
+        retry: Duration::from_secs(args.retry_seconds),
+        resync: Duration::from_secs(args.resync_seconds),
+    };
+    match runtime.block_on(crate::run::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "kiln-agent run failed");
+            ExitCode::FAILURE
+        }
+    }
+}

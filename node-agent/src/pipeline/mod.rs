@@ -1,0 +1,13 @@
+//! The pipeline from a declared model to a warmed engine, shared by `local`, the compile Job and
+//! the DaemonSet: read the spec, fetch and verify inputs, compile (or reuse) into the store, pull
+//! verified, load, warm with parity. Touches the filesystem (blob caches, the store) and runs
+//! engines; never the apiserver.
+
+pub mod build;
+pub mod fetch;
+pub mod fixtures;
+pub mod probe;
+pub mod ready;
+pub mod spec;
+pub mod tensor;
+pub mod warmup;
