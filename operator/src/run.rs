@@ -1,5 +1,5 @@
 //! Wiring: watch caches, the two controllers, leader election, the HTTP endpoints and graceful
-//! shutdown. Everything here is plumbing; decisions live in `plan`, writes in `controller`.
+//! shutdown. Everything here is plumbing; decisions live in `plan` and `admission`, writes in `writes`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -186,7 +186,7 @@ where
         })
         .reflect(nodes_w)
         .filter_map(changed(
-            |n: &Node| hash_of(&n.metadata.labels),
+            |n: &Node| crate::triggers::fingerprint(&n.metadata.labels),
             |n: &mut Node| n.metadata.labels = None,
         ));
     let (kiln_nodes, kiln_w) = reflector::store::<KilnNode>();
@@ -200,7 +200,7 @@ where
         })
         .reflect(kiln_w)
         .filter_map(changed(
-            |k: &KilnNode| hash_of(&k.status),
+            |k: &KilnNode| crate::triggers::fingerprint(&k.status),
             |k: &mut KilnNode| k.status = None,
         ));
     let (models, models_w) = reflector::store::<ModelArtifact>();
@@ -332,15 +332,6 @@ where
         controller::drain(model_ctl)
     );
     Ok(())
-}
-
-fn hash_of<T: serde::Serialize>(value: &T) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    serde_json::to_string(value)
-        .unwrap_or_default()
-        .hash(&mut h);
-    h.finish()
 }
 
 /// A watch-event filter that passes an object when `fingerprint` changes and always when it is

@@ -465,11 +465,10 @@ impl Agent {
 }
 
 /// Wait before the next try of an artifact that failed `failures` times in a row: `retry`,
-/// doubling, at most ten minutes, so a corrupt multi-GiB artifact is not pulled in a loop.
+/// doubling, at most ten minutes (or `retry` when that is longer), so a corrupt multi-GiB
+/// artifact is not pulled in a loop. The shared [`kiln_crds::backoff`], as compile retries use.
 pub(super) fn backoff(retry: Duration, failures: u32) -> Duration {
-    retry
-        .saturating_mul(1 << failures.saturating_sub(1).min(10))
-        .min(Duration::from_secs(600).max(retry))
+    kiln_crds::backoff(retry, Duration::from_secs(600).max(retry), failures)
 }
 
 #[cfg(test)]

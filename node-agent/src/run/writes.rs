@@ -36,15 +36,10 @@ pub async fn apply_status(
     name: &str,
     status: &KilnNodeStatus,
 ) -> kube::Result<()> {
-    let patch = serde_json::json!({
-        "apiVersion": "kiln.dev/v1alpha1",
-        "kind": "KilnNode",
-        "status": status,
-    });
     api.patch_status(
         name,
         &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(patch),
+        &Patch::Apply(kiln_crds::status_apply::<KilnNode>(status)),
     )
     .await
     .map(|_| ())
