@@ -69,7 +69,8 @@ pub struct JobSettings {
     pub ttl_seconds_after_finished: i32,
 }
 
-/// The Job for `new`.
+/// The Job for `new`: its identity, the wiring of the compile container (environment, mounts),
+/// what runs it (the agent image, or a foreign compiler with the agent injected), and the pod.
 pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &JobSettings) -> Job {
     let t = &target.spec;
     let labels = BTreeMap::from([
@@ -80,169 +81,19 @@ pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &J
         (ANN_KEY.to_string(), new.compile_key.clone()),
         (ANN_ATTEMPT.to_string(), new.attempt.to_string()),
     ]);
-    let mut env = vec![
-        env("KILN_COMPILE_SPEC", &spec_json(target, model)),
-        env(
-            "KILN_CLASS_FACTS",
-            &serde_json::to_string(&new.facts).unwrap_or_default(),
-        ),
-        env("KILN_CLASS", &new.class),
-        env("KILN_COMPILE_KEY", &new.compile_key),
-        env("KILN_SOURCE_BASE", SOURCES_MOUNT),
-        // Plain lines: the operator quotes the last few in status when a compile fails.
-        env("KILN_LOG_FORMAT", "plain"),
-        env("NO_COLOR", "1"),
-    ];
-    let mut mounts = vec![VolumeMount {
-        name: "tmp".into(),
-        mount_path: "/tmp".into(),
-        ..Default::default()
-    }];
-    let mut volumes = vec![Volume {
-        name: "tmp".into(),
-        empty_dir: Some(EmptyDirVolumeSource {
-            size_limit: Some(Quantity("1Gi".into())),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }];
-    match &s.store {
-        JobStore::HostPath(path) => {
-            env.push(self::env("KILN_STORE", STORE_MOUNT));
-            mounts.push(VolumeMount {
-                name: "store".into(),
-                mount_path: STORE_MOUNT.into(),
-                ..Default::default()
-            });
-            volumes.push(Volume {
-                name: "store".into(),
-                host_path: Some(HostPathVolumeSource {
-                    path: path.clone(),
-                    type_: Some("Directory".into()),
-                }),
-                ..Default::default()
-            });
-        }
-        JobStore::Registry {
-            url,
-            insecure,
-            secret,
-        } => {
-            env.push(self::env("KILN_STORE", url));
-            env.push(self::env("KILN_REGISTRY_INSECURE", &insecure.to_string()));
-            if let Some(secret) = secret {
-                for (var, key) in [
-                    ("KILN_REGISTRY_USERNAME", "username"),
-                    ("KILN_REGISTRY_PASSWORD", "password"),
-                ] {
-                    env.push(EnvVar {
-                        name: var.into(),
-                        value_from: Some(EnvVarSource {
-                            secret_key_ref: Some(SecretKeySelector {
-                                name: secret.clone(),
-                                key: key.into(),
-                                optional: Some(true),
-                            }),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    });
-                }
-            }
-        }
-    }
+    let mut wiring = Wiring::new(target, model, new);
+    wiring.store(&s.store);
     if let Some(src) = &s.sources_host_path {
-        mounts.push(VolumeMount {
-            name: "sources".into(),
-            mount_path: SOURCES_MOUNT.into(),
-            read_only: Some(true),
-            ..Default::default()
-        });
-        volumes.push(Volume {
-            name: "sources".into(),
-            host_path: Some(HostPathVolumeSource {
-                path: src.clone(),
-                type_: Some("Directory".into()),
-            }),
-            ..Default::default()
-        });
+        wiring.sources(src);
     }
-    let resources = t
-        .compile
-        .resources
-        .clone()
-        .unwrap_or_else(|| ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".to_string(), Quantity("500m".into())),
-                ("memory".to_string(), Quantity("512Mi".into())),
-            ])),
-            limits: Some(BTreeMap::from([(
-                "memory".to_string(),
-                Quantity("4Gi".into()),
-            )])),
-            ..Default::default()
-        });
-    // A foreign compiler image gets kiln-agent injected: an init container running the agent
-    // image copies it (with its loader and libraries) into an emptyDir, and the compile
-    // container runs that copy in the compiler image.
-    let (image, pull_policy, command, init_containers) = match &t.backend.image {
-        Some(compiler) => {
-            mounts.push(VolumeMount {
-                name: "kiln-tools".into(),
-                mount_path: TOOLS_DIR.into(),
-                read_only: Some(true),
-                ..Default::default()
-            });
-            volumes.push(Volume {
-                name: "kiln-tools".into(),
-                empty_dir: Some(EmptyDirVolumeSource {
-                    size_limit: Some(Quantity("512Mi".into())),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            });
-            // Foreign tools write caches under $HOME; the root filesystem is read-only.
-            env.push(self::env("HOME", "/tmp"));
-            let install = Container {
-                name: "kiln-tools".into(),
-                image: Some(s.image.clone()),
-                image_pull_policy: Some(s.image_pull_policy.clone()),
-                command: Some(vec!["/bin/kiln-agent".into()]),
-                args: Some(vec!["install".into(), TOOLS_DIR.into()]),
-                resources: Some(ResourceRequirements {
-                    requests: Some(BTreeMap::from([
-                        ("cpu".to_string(), Quantity("50m".into())),
-                        ("memory".to_string(), Quantity("32Mi".into())),
-                    ])),
-                    limits: Some(BTreeMap::from([(
-                        "memory".to_string(),
-                        Quantity("128Mi".into()),
-                    )])),
-                    ..Default::default()
-                }),
-                volume_mounts: Some(vec![VolumeMount {
-                    name: "kiln-tools".into(),
-                    mount_path: TOOLS_DIR.into(),
-                    ..Default::default()
-                }]),
-                termination_message_policy: Some("FallbackToLogsOnError".into()),
-                security_context: Some(restricted()),
-                ..Default::default()
-            };
-            (
-                compiler.clone(),
-                // Pinned by digest (admission enforces it): a local copy is that exact image.
-                "IfNotPresent".to_string(),
-                agent_command(TOOLS_DIR, &[]),
-                Some(vec![install]),
-            )
-        }
-        None => (
-            s.image.clone(),
-            s.image_pull_policy.clone(),
-            vec!["/bin/kiln-agent".into()],
-            None,
-        ),
+    let runner = match &t.backend.image {
+        Some(compiler) => wiring.injected(compiler, s),
+        None => Runner {
+            image: s.image.clone(),
+            pull_policy: s.image_pull_policy.clone(),
+            command: vec!["/bin/kiln-agent".into()],
+            init: None,
+        },
     };
     Job {
         metadata: ObjectMeta {
@@ -267,45 +118,234 @@ pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &J
                     labels: Some(labels),
                     ..Default::default()
                 }),
-                spec: Some(PodSpec {
-                    restart_policy: Some("Never".into()),
-                    node_selector: Some(BTreeMap::from([(
-                        new.node_selector.key.clone(),
-                        new.node_selector.value.clone(),
-                    )])),
-                    tolerations: (!t.compile.tolerations.is_empty())
-                        .then(|| t.compile.tolerations.clone()),
-                    // The worker needs no API access: everything it reads is in its environment.
-                    automount_service_account_token: Some(false),
-                    enable_service_links: Some(false),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(s.run_as_user),
-                        run_as_group: Some(s.run_as_user),
-                        seccomp_profile: Some(SeccompProfile {
-                            type_: "RuntimeDefault".into(),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }),
-                    init_containers,
-                    containers: vec![Container {
-                        name: "compile".into(),
-                        image: Some(image),
-                        image_pull_policy: Some(pull_policy),
-                        command: Some(command),
-                        args: Some(vec!["compile".into()]),
-                        env: Some(env),
-                        resources: Some(resources),
-                        volume_mounts: Some(mounts),
-                        termination_message_policy: Some("FallbackToLogsOnError".into()),
-                        security_context: Some(restricted()),
-                        ..Default::default()
-                    }],
-                    volumes: Some(volumes),
-                    ..Default::default()
-                }),
+                spec: Some(pod(target, new, s, wiring, runner)),
             },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// What the compile container is given: its environment, its mounts and the volumes behind them.
+struct Wiring {
+    env: Vec<EnvVar>,
+    mounts: Vec<VolumeMount>,
+    volumes: Vec<Volume>,
+}
+
+/// What runs the compile: image, pull policy, command, and the init containers it needs.
+struct Runner {
+    image: String,
+    pull_policy: String,
+    command: Vec<String>,
+    init: Option<Vec<Container>>,
+}
+
+impl Wiring {
+    /// The objects and class the worker needs, and a writable `/tmp` (the root is read-only).
+    fn new(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob) -> Self {
+        let env = vec![
+            env("KILN_COMPILE_SPEC", &spec_json(target, model)),
+            env(
+                "KILN_CLASS_FACTS",
+                &serde_json::to_string(&new.facts).unwrap_or_default(),
+            ),
+            env("KILN_CLASS", &new.class),
+            env("KILN_COMPILE_KEY", &new.compile_key),
+            env("KILN_SOURCE_BASE", SOURCES_MOUNT),
+            // Plain lines: the operator quotes the last few in status when a compile fails.
+            env("KILN_LOG_FORMAT", "plain"),
+            env("NO_COLOR", "1"),
+        ];
+        let mut wiring = Self {
+            env,
+            mounts: Vec::new(),
+            volumes: Vec::new(),
+        };
+        wiring.mount("tmp", "/tmp", false, empty_dir("1Gi"));
+        wiring
+    }
+
+    /// Mounts `volume` (named `name`) at `path`.
+    fn mount(&mut self, name: &str, path: &str, read_only: bool, volume: Volume) {
+        self.mounts.push(VolumeMount {
+            name: name.into(),
+            mount_path: path.into(),
+            read_only: read_only.then_some(true),
+            ..Default::default()
+        });
+        self.volumes.push(Volume {
+            name: name.into(),
+            ..volume
+        });
+    }
+
+    /// The operator's store: a hostPath mount, or the registry URL, its settings and credentials
+    /// from the Secret (optional keys: a registry without auth needs none).
+    fn store(&mut self, store: &JobStore) {
+        match store {
+            JobStore::HostPath(path) => {
+                self.env.push(env("KILN_STORE", STORE_MOUNT));
+                self.mount("store", STORE_MOUNT, false, host_path(path));
+            }
+            JobStore::Registry {
+                url,
+                insecure,
+                secret,
+            } => {
+                self.env.push(env("KILN_STORE", url));
+                self.env
+                    .push(env("KILN_REGISTRY_INSECURE", &insecure.to_string()));
+                if let Some(secret) = secret {
+                    for (var, key) in [
+                        ("KILN_REGISTRY_USERNAME", "username"),
+                        ("KILN_REGISTRY_PASSWORD", "password"),
+                    ] {
+                        self.env.push(secret_env(var, secret, key));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The sources directory, read-only (relative `file://` URIs resolve against it).
+    fn sources(&mut self, src: &str) {
+        self.mount("sources", SOURCES_MOUNT, true, host_path(src));
+    }
+
+    /// A foreign compiler image gets kiln-agent injected: an init container running the agent
+    /// image copies it (with its loader and libraries) into an emptyDir, and the compile
+    /// container runs that copy in the compiler image.
+    fn injected(&mut self, compiler: &str, s: &JobSettings) -> Runner {
+        self.mount("kiln-tools", TOOLS_DIR, true, empty_dir("512Mi"));
+        // Foreign tools write caches under $HOME; the root filesystem is read-only.
+        self.env.push(env("HOME", "/tmp"));
+        let install = Container {
+            name: "kiln-tools".into(),
+            image: Some(s.image.clone()),
+            image_pull_policy: Some(s.image_pull_policy.clone()),
+            command: Some(vec!["/bin/kiln-agent".into()]),
+            args: Some(vec!["install".into(), TOOLS_DIR.into()]),
+            resources: Some(resources(("50m", "32Mi"), "128Mi")),
+            volume_mounts: Some(vec![VolumeMount {
+                name: "kiln-tools".into(),
+                mount_path: TOOLS_DIR.into(),
+                ..Default::default()
+            }]),
+            termination_message_policy: Some("FallbackToLogsOnError".into()),
+            security_context: Some(restricted()),
+            ..Default::default()
+        };
+        Runner {
+            image: compiler.to_string(),
+            // Pinned by digest (admission enforces it): a local copy is that exact image.
+            pull_policy: "IfNotPresent".to_string(),
+            command: agent_command(TOOLS_DIR, &[]),
+            init: Some(vec![install]),
+        }
+    }
+}
+
+/// The compile pod: pinned to the class, no API access, non-root, one `compile` container.
+fn pod(
+    target: &CompiledTarget,
+    new: &NewJob,
+    s: &JobSettings,
+    wiring: Wiring,
+    runner: Runner,
+) -> PodSpec {
+    let t = &target.spec;
+    PodSpec {
+        restart_policy: Some("Never".into()),
+        node_selector: Some(BTreeMap::from([(
+            new.node_selector.key.clone(),
+            new.node_selector.value.clone(),
+        )])),
+        tolerations: (!t.compile.tolerations.is_empty()).then(|| t.compile.tolerations.clone()),
+        // The worker needs no API access: everything it reads is in its environment.
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(s.run_as_user),
+            run_as_group: Some(s.run_as_user),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        init_containers: runner.init,
+        containers: vec![Container {
+            name: "compile".into(),
+            image: Some(runner.image),
+            image_pull_policy: Some(runner.pull_policy),
+            command: Some(runner.command),
+            args: Some(vec!["compile".into()]),
+            env: Some(wiring.env),
+            resources: Some(
+                t.compile
+                    .resources
+                    .clone()
+                    .unwrap_or_else(|| resources(("500m", "512Mi"), "4Gi")),
+            ),
+            volume_mounts: Some(wiring.mounts),
+            termination_message_policy: Some("FallbackToLogsOnError".into()),
+            security_context: Some(restricted()),
+            ..Default::default()
+        }],
+        volumes: Some(wiring.volumes),
+        ..Default::default()
+    }
+}
+
+/// Requests (cpu, memory) and a memory limit.
+fn resources(requests: (&str, &str), memory_limit: &str) -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity(requests.0.into())),
+            ("memory".to_string(), Quantity(requests.1.into())),
+        ])),
+        limits: Some(BTreeMap::from([(
+            "memory".to_string(),
+            Quantity(memory_limit.into()),
+        )])),
+        ..Default::default()
+    }
+}
+
+/// An emptyDir volume of at most `size` (the name is set by [`Wiring::mount`]).
+fn empty_dir(size: &str) -> Volume {
+    Volume {
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(size.into())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A hostPath volume of an existing directory (the name is set by [`Wiring::mount`]).
+fn host_path(path: &str) -> Volume {
+    Volume {
+        host_path: Some(HostPathVolumeSource {
+            path: path.into(),
+            type_: Some("Directory".into()),
+        }),
+        ..Default::default()
+    }
+}
+
+/// An environment variable from an optional key of a Secret.
+fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.into(),
+                key: key.into(),
+                optional: Some(true),
+            }),
             ..Default::default()
         }),
         ..Default::default()
