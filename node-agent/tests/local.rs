@@ -36,6 +36,8 @@ struct Case {
     max: i64,
     /// URI of the model source.
     source_uri: String,
+    /// URI of the fixture (its size is not declared).
+    fixture_uri: String,
 }
 
 impl Case {
@@ -56,6 +58,7 @@ impl Case {
             min: 1,
             max: 8,
             source_uri: "file://model.onnx".into(),
+            fixture_uri: "file://fixture.safetensors".into(),
         };
         let fixture = make_fixtures::make(
             &Tract,
@@ -104,7 +107,7 @@ spec:
       dtype: f32
       dims: [{{symbol: batch, min: {}, max: {}}}, {{size: 16}}]
   fixtures:
-    - {{version: v1, uri: "file://fixture.safetensors", sha256: "{}"}}
+    - {{version: v1, uri: "{}", sha256: "{}"}}
 ---
 apiVersion: kiln.dev/v1alpha1
 kind: CompiledTarget
@@ -123,6 +126,7 @@ spec:
             self.model_size,
             self.min,
             self.max,
+            self.fixture_uri,
             self.fixture_sha,
             self.backend_kind,
             self.backend_extra,
@@ -619,7 +623,31 @@ struct HttpsServer {
 }
 
 impl HttpsServer {
+    /// `openssl s_server -WWW`: serves the files in `dir`.
     fn start(dir: &Path) -> Option<Self> {
+        Self::spawn(dir, |port| {
+            let mut c = Command::new("openssl");
+            c.args([
+                "s_server", "-quiet", "-WWW", "-cert", "leaf.pem", "-key", "leaf.key", "-accept",
+            ])
+            .arg(format!("127.0.0.1:{port}"));
+            c
+        })
+    }
+
+    /// `tests/data/hostile_https.py`: the files in `dir`, plus redirects to plain HTTP, redirect
+    /// loops, stalls and endless bodies (its docstring lists the paths).
+    fn hostile(dir: &Path) -> Option<Self> {
+        Self::spawn(dir, |port| {
+            let mut c = Command::new("python3");
+            c.arg(data("hostile_https.py"))
+                .args(["leaf.pem", "leaf.key", &port.to_string(), "."]);
+            c
+        })
+    }
+
+    /// Makes the CA and the leaf certificate in `dir`, then runs `server(port)` there.
+    fn spawn(dir: &Path, server: impl Fn(u16) -> Command) -> Option<Self> {
         let openssl = |args: &[&str]| {
             Command::new("openssl")
                 .args(args)
@@ -683,11 +711,7 @@ impl HttpsServer {
             .local_addr()
             .ok()?
             .port();
-        let child = Command::new("openssl")
-            .args([
-                "s_server", "-quiet", "-WWW", "-cert", "leaf.pem", "-key", "leaf.key", "-accept",
-            ])
-            .arg(format!("127.0.0.1:{port}"))
+        let child = server(port)
             .current_dir(dir)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -765,6 +789,85 @@ fn https_source_is_fetched_verified_and_cached() {
     untrusted
         .run()
         .fails_with("SourceUnavailable", &["127.0.0.1"]);
+}
+
+/// A fetch cannot be made to hang, downgrade or fill the disk: redirects stay on HTTPS and are
+/// bounded, a silent server times out, and a body past the declared size (or, undeclared, past
+/// `--fetch-max-bytes`) is cut off; nothing partial is left in the blob cache.
+#[test]
+fn hostile_https_sources_are_bounded() {
+    let case = Case::mlp(4);
+    let server = HttpsServer::hostile(case.dir.path())
+        .expect("python3 tests/data/hostile_https.py must start");
+    let base = format!("https://127.0.0.1:{}", server.port);
+    let ca = server.ca.as_path();
+    let env = |extra: &[(&'static str, &'static str)]| -> Vec<(&'static str, PathBuf)> {
+        let mut env = vec![("SSL_CERT_FILE", ca.to_path_buf())];
+        env.extend(extra.iter().map(|(k, v)| (*k, PathBuf::from(v))));
+        env
+    };
+    let run =
+        |source: Option<&str>, fixture: Option<&str>, extra: &[(&'static str, &'static str)]| {
+            let mut c = Case::mlp(4);
+            if let Some(s) = source {
+                c.source_uri = s.replace("BASE", &base);
+            }
+            if let Some(f) = fixture {
+                c.fixture_uri = f.replace("BASE", &base);
+            }
+            std::fs::copy(case.path("model.onnx"), c.path("model.onnx")).expect("model");
+            let env = env(extra);
+            let env: Vec<(&str, &Path)> = env.iter().map(|(k, v)| (*k, v.as_path())).collect();
+            let out = c.run_with_env(&env);
+            let partial: Vec<_> = std::fs::read_dir(c.store().join("blobs"))
+                .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+                .unwrap_or_default();
+            assert!(
+                partial
+                    .iter()
+                    .all(|n| !n.to_string_lossy().starts_with(".kiln-partial-")),
+                "partial files left: {partial:?}"
+            );
+            (out, c)
+        };
+
+    // Redirects within the bound are followed (to a file the server has).
+    let (ok, _) = run(Some("BASE/hop/2/model.onnx"), None, &[]);
+    assert!(ok.success, "{}\n{}", ok.message(), ok.stderr);
+    // A downgrade to plain HTTP is refused, whatever the bytes would have been.
+    run(Some("BASE/redirect-http/model.onnx"), None, &[])
+        .0
+        .fails_with("SourceUnavailable", &["only https:// is followed"]);
+    // Redirects are bounded.
+    run(
+        Some("BASE/loop/0"),
+        None,
+        &[("KILN_FETCH_MAX_REDIRECTS", "3")],
+    )
+    .0
+    .fails_with("SourceUnavailable", &["more than 3 redirects"]);
+    // A server that goes silent mid-body times out instead of hanging the agent.
+    run(
+        Some("BASE/stall"),
+        None,
+        &[("KILN_FETCH_READ_TIMEOUT", "1")],
+    )
+    .0
+    .fails_with("SourceUnavailable", &["stall", "timed out"]);
+    // A length past the declared size is refused before the body is read.
+    run(Some("BASE/huge-length"), None, &[])
+        .0
+        .fails_with("HashMismatch", &["larger than the declared size"]);
+    // Without a declared size, an endless body stops at --fetch-max-bytes, over HTTPS and from
+    // a file alike.
+    for fixture in ["BASE/zero", "file:///dev/zero"] {
+        run(None, Some(fixture), &[("KILN_FETCH_MAX_BYTES", "1048576")])
+            .0
+            .fails_with(
+                "SourceUnavailable",
+                &["larger than 1048576 bytes", "--fetch-max-bytes"],
+            );
+    }
 }
 
 impl Case {

@@ -64,6 +64,30 @@ impl Mismatch {
     }
 }
 
+/// Prefix of the temp files a verified write makes beside its destination.
+pub const PARTIAL_PREFIX: &str = ".kiln-partial-";
+
+/// Removes partial files in `dir` that no fetch has touched for `idle` (a process killed
+/// mid-write leaves one: nothing else removes it; a live writer touches its file more often). Returns how many.
+pub fn sweep_partials(dir: &Path, idle: std::time::Duration) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let stale = |e: &std::fs::DirEntry| {
+        e.file_name().to_string_lossy().starts_with(PARTIAL_PREFIX)
+            && e.metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= idle)
+    };
+    entries
+        .filter_map(std::result::Result::ok)
+        .filter(stale)
+        .filter(|e| std::fs::remove_file(e.path()).is_ok())
+        .count()
+}
+
 /// A temp file beside `dest` that becomes `dest` only if verified.
 pub struct VerifiedWrite {
     out: std::io::BufWriter<tempfile::NamedTempFile>,
@@ -82,7 +106,7 @@ impl VerifiedWrite {
             .unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(|e| Error::store(dir, e))?;
         let file = tempfile::Builder::new()
-            .prefix(".kiln-partial-")
+            .prefix(PARTIAL_PREFIX)
             .tempfile_in(dir)
             .map_err(|e| Error::store(dir, e))?;
         Ok(Self {
@@ -369,6 +393,33 @@ mod tests {
         let path = dir.path().join("abc");
         write_synced(&path, b"abc").unwrap();
         assert_eq!(sha256_file(&path).unwrap(), (abc.to_string(), 3));
+    }
+
+    #[test]
+    fn sweep_removes_only_partial_files_idle_long_enough() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join(format!("{PARTIAL_PREFIX}old"));
+        let fresh = dir.path().join(format!("{PARTIAL_PREFIX}fresh"));
+        let blob = dir.path().join("0123");
+        for p in [&old, &fresh, &blob] {
+            std::fs::write(p, b"x").unwrap();
+        }
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        for p in [&old, &blob] {
+            std::fs::File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(hour_ago)
+                .unwrap();
+        }
+        assert_eq!(
+            sweep_partials(dir.path(), std::time::Duration::from_secs(120)),
+            1
+        );
+        assert!(!old.exists(), "an idle partial file goes");
+        assert!(fresh.exists(), "a partial file being written stays");
+        assert!(blob.exists(), "a blob is never swept");
     }
 
     #[test]

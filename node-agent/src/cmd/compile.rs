@@ -17,7 +17,7 @@ use crate::backend;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::pipeline::build::{Built, compile_or_reuse, fetch_inputs, key_for};
-use crate::pipeline::fetch::Fetcher;
+use crate::pipeline::fetch::{FetchLimits, Fetcher};
 use crate::pipeline::probe;
 use crate::pipeline::spec::Spec;
 
@@ -35,6 +35,8 @@ pub struct Job {
     pub registry: RegistryOptions,
     /// Base directory for relative `file://` URIs.
     pub source_base: PathBuf,
+    /// Bounds on fetching the inputs.
+    pub fetch: FetchLimits,
 }
 
 #[derive(serde::Deserialize)]
@@ -80,7 +82,7 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<Built> {
             scratch.path().to_path_buf()
         }
     };
-    let fetcher = Fetcher::new(blobs, metrics.clone())?;
+    let fetcher = Fetcher::new(blobs, metrics.clone(), job.fetch.clone())?;
     let inputs = fetch_inputs(&spec, &fetcher).await?;
     compile_or_reuse(
         &spec,
@@ -145,6 +147,8 @@ pub struct Args {
         default_value = "/dev/termination-log"
     )]
     termination_log: PathBuf,
+    #[command(flatten)]
+    fetch: FetchLimits,
 }
 
 /// Compiles, prints the manifest as JSON, and leaves the one-line outcome in the termination log.
@@ -156,6 +160,7 @@ pub fn main(args: Args) -> ExitCode {
         store: args.store,
         registry: args.registry.options(),
         source_base: args.source_base,
+        fetch: args.fetch,
     };
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);

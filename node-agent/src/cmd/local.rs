@@ -16,7 +16,7 @@ use crate::backend;
 use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::pipeline::build::{Built, compile_or_reuse, fetch_inputs, key_for};
-use crate::pipeline::fetch::Fetcher;
+use crate::pipeline::fetch::{FetchLimits, Fetcher};
 use crate::pipeline::probe;
 use crate::pipeline::ready::{load_warm, pull_verified};
 use crate::pipeline::spec::Spec;
@@ -56,9 +56,9 @@ pub struct Outcome {
 }
 
 /// Runs the pipeline for the YAML at `file` with the store at `store_dir`.
-pub async fn run(file: &Path, store_dir: &Path, metrics: &Metrics) -> Outcome {
+pub async fn run(file: &Path, store_dir: &Path, metrics: &Metrics, fetch: &FetchLimits) -> Outcome {
     let mut outcome = Outcome::default();
-    match pipeline(file, store_dir, metrics, &mut outcome).await {
+    match pipeline(file, store_dir, metrics, fetch, &mut outcome).await {
         Ok(()) => outcome.ready = true,
         Err(err) => {
             metrics.failure(err.reason());
@@ -76,6 +76,7 @@ async fn pipeline(
     file: &Path,
     store_dir: &Path,
     metrics: &Metrics,
+    fetch: &FetchLimits,
     outcome: &mut Outcome,
 ) -> Result<()> {
     let spec = Spec::load(file)?;
@@ -90,7 +91,7 @@ async fn pipeline(
     outcome.compile_key = Some(key_for(&spec, backend.as_ref(), &class));
 
     let store = FsStore::open(store_dir)?;
-    let fetcher = Fetcher::new(store.blobs(), metrics.clone())?;
+    let fetcher = Fetcher::new(store.blobs(), metrics.clone(), fetch.clone())?;
     let inputs = fetch_inputs(&spec, &fetcher).await?;
 
     let Built {
@@ -184,6 +185,8 @@ pub struct Args {
     /// Write the metrics here after the run (Prometheus text 0.0.4, as `promtool` reads).
     #[arg(long, env = "KILN_METRICS_FILE")]
     metrics_file: Option<PathBuf>,
+    #[command(flatten)]
+    fetch: FetchLimits,
 }
 
 /// What stdout gets.
@@ -214,7 +217,7 @@ pub fn main(args: Args) -> ExitCode {
     let Some(runtime) = super::runtime() else {
         return ExitCode::FAILURE;
     };
-    let outcome = runtime.block_on(run(&file, &store, &metrics));
+    let outcome = runtime.block_on(run(&file, &store, &metrics, &args.fetch));
     if let Some(path) = args.metrics_file
         && let Err(e) = std::fs::write(&path, kiln_serve::exposition(&registry, None).0)
     {

@@ -33,6 +33,8 @@ pub struct Args {
     /// Seconds between passes when nothing changes.
     #[arg(long, env = "KILN_RESYNC_SECONDS", default_value_t = 30)]
     resync_seconds: u64,
+    #[command(flatten)]
+    fetch: crate::pipeline::fetch::FetchLimits,
 }
 
 /// Runs the agent until SIGTERM; a failure to start (no apiserver, no cache) is logged.
@@ -49,6 +51,7 @@ pub fn main(args: Args) -> ExitCode {
         listen: args.listen,
         retry: Duration::from_secs(args.retry_seconds),
         resync: Duration::from_secs(args.resync_seconds),
+        fetch: args.fetch,
     };
     match runtime.block_on(crate::run::run(config)) {
         Ok(()) => ExitCode::SUCCESS,

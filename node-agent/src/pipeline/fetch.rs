@@ -1,14 +1,17 @@
 //! Fetches sources, assets and fixtures into a content-addressed blob cache, hashing while the
 //! bytes stream in (kiln-store's verified write, the one the store's pulls use). A blob only
 //! ever appears under its final name after its size and sha256 matched and it was fsynced; a
-//! failed or interrupted fetch leaves no usable file behind. Touches the blob cache directory
-//! and the source (a file or an HTTPS URL); nothing else.
+//! failed or interrupted fetch leaves no usable file behind. Every fetch is bounded
+//! ([`FetchLimits`]): connect and read timeouts, redirects (HTTPS to HTTPS only, a few at most),
+//! and a size (the declared one, else a configured maximum), so a hostile or broken source can
+//! neither hang the caller nor fill its disk. Touches the blob cache directory and the source (a
+//! file or an HTTPS URL); nothing else.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use kiln_store::staged::{CHUNK, Expected, Mismatch, VerifiedWrite, sha256_file};
+use kiln_store::staged::{CHUNK, Expected, Mismatch, VerifiedWrite, sha256_file, sweep_partials};
 
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -29,6 +32,81 @@ pub struct Wanted<'a> {
     pub size: Option<u64>,
 }
 
+/// Bounds on every fetch of a source, asset or fixture.
+#[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
+pub struct FetchLimits {
+    /// Largest object fetched when the spec declares no size (assets, fixtures); a declared size
+    /// is enforced exactly. A source that streams on past it (`/dev/zero`, a hostile server) is
+    /// cut off there.
+    #[arg(long = "fetch-max-bytes", env = "KILN_FETCH_MAX_BYTES", default_value_t = 64 << 30)]
+    pub max_bytes: u64,
+    /// Seconds an HTTPS connection may take to establish.
+    #[arg(
+        long = "fetch-connect-timeout",
+        env = "KILN_FETCH_CONNECT_TIMEOUT",
+        default_value_t = 15
+    )]
+    pub connect_timeout_seconds: u64,
+    /// Seconds an HTTPS transfer may go without receiving a byte.
+    #[arg(
+        long = "fetch-read-timeout",
+        env = "KILN_FETCH_READ_TIMEOUT",
+        default_value_t = 60
+    )]
+    pub read_timeout_seconds: u64,
+    /// Redirects followed at most; each must stay on HTTPS.
+    #[arg(
+        long = "fetch-max-redirects",
+        env = "KILN_FETCH_MAX_REDIRECTS",
+        default_value_t = 5
+    )]
+    pub max_redirects: usize,
+}
+
+impl Default for FetchLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: 64 << 30,
+            connect_timeout_seconds: 15,
+            read_timeout_seconds: 60,
+            max_redirects: 5,
+        }
+    }
+}
+
+impl FetchLimits {
+    /// The size a fetch of `wanted` may reach: the declared one, else the maximum.
+    fn bound(&self, wanted: &Wanted<'_>) -> u64 {
+        wanted.size.unwrap_or(self.max_bytes)
+    }
+
+    /// The HTTPS client these limits describe: timeouts, and a redirect policy that follows only
+    /// HTTPS, at most `max_redirects` times (a downgrade to plain HTTP would let anyone on the
+    /// path choose the bytes; the digest would catch them, but the spec's promise is HTTPS).
+    fn client(&self) -> reqwest::Result<reqwest::Client> {
+        let max = self.max_redirects;
+        let policy = reqwest::redirect::Policy::custom(move |attempt| {
+            if attempt.url().scheme() != "https" {
+                let to = attempt.url().to_string();
+                attempt.error(format!(
+                    "refused a redirect to {to}: only https:// is followed"
+                ))
+            } else if attempt.previous().len() > max {
+                attempt.error(format!("more than {max} redirects (--fetch-max-redirects)"))
+            } else {
+                attempt.follow()
+            }
+        });
+        reqwest::Client::builder()
+            .user_agent(concat!("kiln-agent/", env!("CARGO_PKG_VERSION")))
+            .https_only(true)
+            .redirect(policy)
+            .connect_timeout(Duration::from_secs(self.connect_timeout_seconds))
+            .read_timeout(Duration::from_secs(self.read_timeout_seconds))
+            .build()
+    }
+}
+
 /// Fetches blobs into `<cache>/<sha256>`.
 pub struct Fetcher {
     /// Directory holding verified blobs by digest.
@@ -38,16 +116,26 @@ pub struct Fetcher {
     http: std::sync::OnceLock<reqwest::Client>,
     /// Where fetch bytes and verification failures are counted.
     metrics: Metrics,
+    /// Bounds on every fetch.
+    limits: FetchLimits,
 }
 
 impl Fetcher {
-    /// A fetcher whose verified blobs live in `cache`.
-    pub fn new(cache: PathBuf, metrics: Metrics) -> Result<Self> {
+    /// A fetcher whose verified blobs live in `cache`, bounded by `limits`. Partial files that a
+    /// killed process left in `cache` go first (those idle for two read timeouts: another
+    /// process sharing the cache may be writing the others).
+    pub fn new(cache: PathBuf, metrics: Metrics, limits: FetchLimits) -> Result<Self> {
         std::fs::create_dir_all(&cache).map_err(|e| Error::store(&cache, e))?;
+        let idle = Duration::from_secs(limits.read_timeout_seconds.saturating_mul(2));
+        let swept = sweep_partials(&cache, idle);
+        if swept > 0 {
+            tracing::info!(swept, dir = %cache.display(), "removed partial files of interrupted fetches");
+        }
         Ok(Self {
             cache,
             http: std::sync::OnceLock::new(),
             metrics,
+            limits,
         })
     }
 
@@ -77,8 +165,8 @@ impl Fetcher {
         let result = match scheme(wanted.uri) {
             Some(("file", path)) => {
                 let (path, wanted_owned) = (PathBuf::from(path), Owned::from(wanted));
-                let metrics = self.metrics.clone();
-                tokio::task::spawn_blocking(move || copy_file(&path, out, &wanted_owned, &metrics))
+                let (metrics, bound) = (self.metrics.clone(), self.limits.bound(wanted));
+                tokio::task::spawn_blocking(move || copy_file(&path, out, &wanted_owned, bound, &metrics))
                     .await
                     .map_err(|e| Error::SourceUnavailable { uri: wanted.uri.into(), message: e.to_string() })?
             }
@@ -111,9 +199,9 @@ impl Fetcher {
         let http = match self.http.get() {
             Some(client) => client,
             None => {
-                let client = reqwest::Client::builder()
-                    .user_agent(concat!("kiln-agent/", env!("CARGO_PKG_VERSION")))
-                    .build()
+                let client = self
+                    .limits
+                    .client()
                     .map_err(|e| unavailable(format!("cannot set up the HTTPS client: {e}")))?;
                 self.http.get_or_init(|| client)
             }
@@ -122,16 +210,18 @@ impl Fetcher {
             .get(wanted.uri)
             .send()
             .await
-            .map_err(|e| unavailable(e.to_string()))?;
+            .map_err(|e| unavailable(chain(&e)))?;
         if !response.status().is_success() {
             return Err(unavailable(format!("HTTP {}", response.status())));
         }
+        let bound = self.limits.bound(wanted);
+        // A declared length past the bound is refused before a byte is written.
+        if let Some(length) = response.content_length() {
+            over(wanted, bound, length)?;
+        }
         let mut progress = Progress::new(wanted);
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|e| unavailable(e.to_string()))?
-        {
+        while let Some(chunk) = response.chunk().await.map_err(|e| unavailable(chain(&e)))? {
+            over(wanted, bound, out.written() + chunk.len() as u64)?;
             out.write(&chunk).map_err(|e| refused(wanted, e))?;
             progress.update(out.written());
         }
@@ -170,7 +260,13 @@ impl Owned {
     }
 }
 
-fn copy_file(src: &Path, mut out: VerifiedWrite, wanted: &Owned, metrics: &Metrics) -> Result<()> {
+fn copy_file(
+    src: &Path,
+    mut out: VerifiedWrite,
+    wanted: &Owned,
+    bound: u64,
+    metrics: &Metrics,
+) -> Result<()> {
     let wanted = wanted.wanted();
     let mut input = std::fs::File::open(src).map_err(|e| Error::SourceUnavailable {
         uri: wanted.uri.into(),
@@ -190,11 +286,50 @@ fn copy_file(src: &Path, mut out: VerifiedWrite, wanted: &Owned, metrics: &Metri
                 });
             }
         };
+        over(&wanted, bound, out.written() + n as u64)?;
         out.write(&buf[..n]).map_err(|e| refused(&wanted, e))?;
         progress.update(out.written());
     }
     metrics.fetched(out.written());
     out.finish().map_err(|e| refused(&wanted, e))
+}
+
+/// Refuses a fetch that would reach `length` bytes, past its `bound`. A declared size is the
+/// spec's (the exact-size check words it); only the configured maximum is this function's.
+fn over(wanted: &Wanted<'_>, bound: u64, length: u64) -> Result<()> {
+    if length <= bound {
+        return Ok(());
+    }
+    if let Some(size) = wanted.size {
+        return Err(Error::HashMismatch {
+            what: format!("{} {}", wanted.what, wanted.uri),
+            message: format!(
+                "larger than the declared size of {size} bytes; check spec size and sha256"
+            ),
+        });
+    }
+    Err(Error::SourceUnavailable {
+        uri: wanted.uri.into(),
+        message: format!(
+            "{} is larger than {bound} bytes, the most fetched without a declared size (--fetch-max-bytes); declare its size or raise the limit",
+            wanted.what
+        ),
+    })
+}
+
+/// An error with its causes (reqwest's own text omits them: "error sending request" says not
+/// whether a timeout, a refused redirect or TLS stopped it).
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// A refused write in the terms of the spec that declared the blob (what to fix is the spec's

@@ -51,6 +51,8 @@ pub struct Config {
     pub retry: Duration,
     /// Seconds between passes when nothing changes.
     pub resync: Duration,
+    /// Bounds on fixture fetches.
+    pub fetch: crate::pipeline::fetch::FetchLimits,
 }
 
 /// Runs until SIGTERM/SIGINT.
@@ -86,7 +88,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let store = kiln_store::open(&config.store, &config.registry)?;
     let cache = cache::Cache::open(&config.cache)?;
-    let fetcher = Fetcher::new(cache.blobs(), metrics.clone())?;
+    let fetcher = Fetcher::new(cache.blobs(), metrics.clone(), config.fetch.clone())?;
     let hardware = tokio::task::block_in_place(|| probe::probe(backend::runtimes()));
     tracing::info!(node = %config.node_name, cpu = %hardware.cpu_level, gpus = hardware.accelerators.len(), "probed this node");
     let kiln_nodes: Api<KilnNode> = Api::all(client.clone());
