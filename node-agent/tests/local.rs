@@ -41,8 +41,14 @@ struct Case {
 impl Case {
     /// The MLP test model with a fixture made for `fixture_batch` rows.
     fn mlp(fixture_batch: usize) -> Self {
+        Self::model("mlp.onnx", fixture_batch)
+    }
+
+    /// A test model taking `x: f32[batch, 16]`, with a fixture of all its outputs made for
+    /// `fixture_batch` rows.
+    fn model(file: &str, fixture_batch: usize) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::copy(data("mlp.onnx"), dir.path().join("model.onnx")).expect("copy model");
+        std::fs::copy(data(file), dir.path().join("model.onnx")).expect("copy model");
         let (model_sha, model_size) = sha256_file(&dir.path().join("model.onnx")).expect("hash");
         let mut case = Case {
             dir,
@@ -446,6 +452,130 @@ fn parity_outside_tolerance_names_the_output_and_stores_nothing() {
         case.stored().is_empty(),
         "an artifact that fails parity is never stored"
     );
+}
+
+/// Converts an f32 tensor to f64, keeping its values.
+fn widened(
+    t: &kiln_agent::pipeline::tensor::HostTensor,
+) -> kiln_agent::pipeline::tensor::HostTensor {
+    kiln_agent::pipeline::tensor::HostTensor {
+        dtype: safetensors::Dtype::F64,
+        shape: t.shape.clone(),
+        data: t
+            .to_f64()
+            .expect("f64")
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+    }
+}
+
+#[test]
+fn non_finite_golden_is_refused_unless_the_output_allows_it() {
+    // y = sqrt(x): the seeded fixture's negative inputs give golden NaNs.
+    let mut case = Case::model("two-outputs.onnx", 4);
+    case.run().fails_with(
+        "InvalidSpec",
+        &[
+            "fixture v1",
+            "output y",
+            "is NaN",
+            "regenerate the fixture",
+            "warmup.outputs[name=y].allowNonFinite: true",
+        ],
+    );
+    assert!(
+        case.stored().is_empty(),
+        "nothing is compiled into the store"
+    );
+
+    case.warmup_extra =
+        "\n    outputs: [{name: \"y\", atol: 1.0e-5, rtol: 1.0e-4, allowNonFinite: true}]".into();
+    let run = case.run();
+    assert!(run.success, "{}", run.message());
+    assert_eq!(run.outcome["ready"], true);
+
+    // Allowing non-finite values loosens nothing else: where the model gives NaN, a finite
+    // golden value still fails (a golden NaN against a number is in warmup.rs's unit tests).
+    let mut fixture = case.fixture();
+    let y = fixture.outputs.get_mut("y").expect("golden y");
+    let values = y.to_f64().expect("f64");
+    let nan_at = values.iter().position(|v| v.is_nan()).expect("a NaN");
+    y.data[nan_at * 4..nan_at * 4 + 4].copy_from_slice(&0.0f32.to_le_bytes());
+    case.write_fixture(&fixture);
+    let _ = std::fs::remove_dir_all(case.store());
+    case.run().fails_with(
+        "ParityExceeded",
+        &["output y", &format!("element {nan_at} is NaN")],
+    );
+    assert!(case.stored().is_empty());
+}
+
+#[test]
+fn output_without_golden_value_is_refused_unless_excluded() {
+    let mut case = Case::model("two-outputs.onnx", 4);
+    let mut fixture = case.fixture();
+    fixture.outputs.remove("abs").expect("golden abs");
+    case.write_fixture(&fixture);
+    let allow = "\n    outputs: [{name: \"y\", atol: 1.0e-5, rtol: 1.0e-4, allowNonFinite: true}]";
+    case.warmup_extra = allow.into();
+    case.run().fails_with(
+        "InvalidSpec",
+        &[
+            "produces [\"abs\"]",
+            "fixture v1 has no golden value",
+            "warmup.excludeOutputs",
+        ],
+    );
+    assert!(
+        case.stored().is_empty(),
+        "nothing is compiled into the store"
+    );
+
+    case.warmup_extra = format!("{allow}\n    excludeOutputs: [abs]");
+    let run = case.run();
+    assert!(run.success, "{}", run.message());
+    assert_eq!(run.outcome["ready"], true);
+
+    // An exclusion of an output the model does not produce is stale, not silently ignored.
+    case.warmup_extra = format!("{allow}\n    excludeOutputs: [abs, logits]");
+    let _ = std::fs::remove_dir_all(case.store());
+    case.run().fails_with(
+        "InvalidSpec",
+        &["excludeOutputs names [\"logits\"]", "remove"],
+    );
+    assert!(case.stored().is_empty());
+}
+
+#[test]
+fn fixture_input_dtype_other_than_the_graph_is_invalid() {
+    let mut case = Case::mlp(4);
+    let mut fixture = case.fixture();
+    let x = widened(&fixture.inputs["x"]);
+    fixture.inputs.insert("x".into(), x);
+    case.write_fixture(&fixture);
+    case.run().fails_with(
+        "InvalidSpec",
+        &[
+            "fixture v1",
+            "input x is F64 in the fixture, F32 in the graph",
+        ],
+    );
+    assert!(case.stored().is_empty());
+}
+
+#[test]
+fn golden_output_dtype_other_than_the_graph_is_invalid() {
+    let mut case = Case::mlp(4);
+    let mut fixture = case.fixture();
+    let y = widened(&fixture.outputs["y"]);
+    fixture.outputs.insert("y".into(), y);
+    case.write_fixture(&fixture);
+    case.run().fails_with(
+        "InvalidSpec",
+        &["output y is F32 in the graph but F64 in fixture v1"],
+    );
+    assert!(case.stored().is_empty());
 }
 
 #[test]

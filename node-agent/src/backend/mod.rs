@@ -66,6 +66,8 @@ pub trait Engine: Send + Sync {
     fn run(&self, inputs: &BTreeMap<String, HostTensor>) -> Result<BTreeMap<String, HostTensor>>;
     /// Names and shapes of the inputs of each compiled profile.
     fn profiles(&self) -> Vec<(String, Shapes)>;
+    /// Element type of each input (the same in every profile), for checking fixtures.
+    fn input_dtypes(&self) -> BTreeMap<String, safetensors::Dtype>;
 }
 
 /// The backend a target asks for, refusing a version other than the one this binary carries.

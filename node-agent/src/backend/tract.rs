@@ -361,4 +361,20 @@ impl Engine for TractEngine {
             .map(|(e, _)| (e.name.clone(), e.inputs.iter().cloned().collect()))
             .collect()
     }
+
+    fn input_dtypes(&self) -> BTreeMap<String, safetensors::Dtype> {
+        let Some((entry, plan)) = self.profiles.first() else {
+            return BTreeMap::new();
+        };
+        entry
+            .inputs
+            .iter()
+            .enumerate()
+            .filter_map(|(ix, (name, _))| {
+                let fact = plan.model().input_fact(ix).ok()?;
+                let dtype = crate::pipeline::tensor::safetensors_dtype(fact.datum_type)?;
+                Some((name.clone(), dtype))
+            })
+            .collect()
+    }
 }
