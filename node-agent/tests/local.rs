@@ -36,6 +36,10 @@ struct Case {
     max: i64,
     /// URI of the model source.
     source_uri: String,
+    /// `spec.inputs[0]` of the ModelArtifact: name, dtype, and its dims after the batch dim.
+    input: (&'static str, &'static str, &'static str),
+    /// Extra YAML under `spec` of the ModelArtifact (e.g. `outputs`).
+    model_extra: String,
 }
 
 impl Case {
@@ -62,6 +66,8 @@ impl Case {
             min: 1,
             max: 8,
             source_uri: "file://model.onnx".into(),
+            input: ("x", "f32", "{size: 16}"),
+            model_extra: String::new(),
         };
         let fixture = make_fixtures::make(
             &Tract,
@@ -106,9 +112,9 @@ spec:
   source: {{uri: "{}", sha256: "{}", size: {}}}
   format: onnx
   inputs:
-    - name: x
-      dtype: f32
-      dims: [{{symbol: batch, min: {}, max: {}}}, {{size: 16}}]
+    - name: {}
+      dtype: {}
+      dims: [{{symbol: batch, min: {}, max: {}}}, {}]{}
   fixtures:
     - {{version: v1, uri: "file://fixture.safetensors", sha256: "{}"}}
 ---
@@ -127,8 +133,12 @@ spec:
             self.source_uri,
             self.model_sha,
             self.model_size,
+            self.input.0,
+            self.input.1,
             self.min,
             self.max,
+            self.input.2,
+            self.model_extra,
             self.fixture_sha,
             self.backend_kind,
             self.backend_extra,
@@ -415,6 +425,8 @@ fn unsupported_operator_is_listed_by_name() {
     std::fs::copy(data("unsupported.onnx"), case.path("model.onnx")).expect("copy");
     let (sha, size) = sha256_file(&case.path("model.onnx")).expect("hash");
     (case.model_sha, case.model_size) = (sha, size);
+    // Declared as the graph is (x: f32[1, 4, 9]), so the operator is what fails.
+    case.input = ("x", "f32", "{size: 4}, {size: 9}");
     case.run().fails_with("UnsupportedOperator", &["Col2Im"]);
     assert!(case.stored().is_empty());
 }
@@ -574,6 +586,40 @@ fn golden_output_dtype_other_than_the_graph_is_invalid() {
     case.run().fails_with(
         "InvalidSpec",
         &["output y is F32 in the graph but F64 in fixture v1"],
+    );
+    assert!(case.stored().is_empty());
+}
+
+#[test]
+fn declared_interface_must_match_the_graph() {
+    let mut case = Case::mlp(4);
+    case.model_extra = "\n  outputs: [{name: \"y\", dtype: f32, dims: [{symbol: batch, min: 1, max: 8}, {size: 10}]}]".into();
+    let run = case.run();
+    assert!(run.success, "declared as the graph is: {}", run.message());
+    let _ = std::fs::remove_dir_all(case.store());
+
+    case.input = ("input", "f32", "{size: 16}");
+    case.run().fails_with(
+        "InvalidSpec",
+        &["spec.inputs names {\"input\"}", "undeclared: [\"x\"]"],
+    );
+    assert!(
+        case.stored().is_empty(),
+        "nothing is compiled into the store"
+    );
+
+    case.input = ("x", "i64", "{size: 16}");
+    case.run().fails_with(
+        "InvalidSpec",
+        &["spec.inputs[0] (x).dtype is I64, the graph's is F32"],
+    );
+    assert!(case.stored().is_empty());
+
+    case.input = ("x", "f32", "{size: 16}");
+    case.model_extra = "\n  outputs: [{name: \"y\", dtype: f32, dims: [{symbol: batch, min: 1, max: 8}, {size: 1000}]}]".into();
+    case.run().fails_with(
+        "InvalidSpec",
+        &["spec.outputs[0] (y).dims[1].size is 1000, the graph's dim is 10"],
     );
     assert!(case.stored().is_empty());
 }

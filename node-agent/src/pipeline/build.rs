@@ -181,6 +181,10 @@ fn compile(
     let t = &spec.target.spec;
     let profiles = spec.shapes()?;
     let out = out.to_path_buf();
+    crate::pipeline::interface::check_declared(
+        &spec.model.spec,
+        &backend.interface(&inputs.model)?,
+    )?;
     tracing::info!(compile_key = %key, backend = backend.name(), profiles = profiles.len(), "compiling");
     let compiled = backend.compile(&CompileRequest {
         model: &inputs.model,
