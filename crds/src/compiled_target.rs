@@ -200,6 +200,13 @@ pub struct Warmup {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub outputs: Vec<OutputTolerance>,
+    /// Graph outputs that parity does not check (e.g. a debug or state output with no stable
+    /// value). Every other output the model produces must have a golden value in the fixture,
+    /// so that parity cannot pass by checking nothing; a name here the model does not produce
+    /// is refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub exclude_outputs: Vec<String>,
     /// Steady-state p99 latency a node must meet, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0))]
@@ -244,9 +251,27 @@ pub struct OutputTolerance {
     /// Relative tolerance.
     #[schemars(range(min = 0.0))]
     pub rtol: f64,
+    /// Whether the fixture's golden values for this output may be NaN or ±Inf. Off by
+    /// default: a non-finite golden value is refused, since NaN would match NaN and Inf makes
+    /// the tolerance meaningless. When on, a golden NaN matches only NaN and a golden Inf only
+    /// the same-signed Inf.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_non_finite: bool,
 }
 
 impl Warmup {
+    /// Whether golden values of `output` may be NaN or ±Inf.
+    pub fn allows_non_finite(&self, output: &str) -> bool {
+        self.outputs
+            .iter()
+            .any(|o| o.name == output && o.allow_non_finite)
+    }
+
+    /// Whether parity skips `output`.
+    pub fn excludes(&self, output: &str) -> bool {
+        self.exclude_outputs.iter().any(|o| o == output)
+    }
+
     /// The tolerance that applies to `output`.
     pub fn tolerance(&self, output: &str) -> Tolerance {
         self.outputs

@@ -38,13 +38,23 @@ struct Case {
     source_uri: String,
     /// URI of the fixture (its size is not declared).
     fixture_uri: String,
+    /// `spec.inputs[0]` of the ModelArtifact: name, dtype, and its dims after the batch dim.
+    input: (&'static str, &'static str, &'static str),
+    /// Extra YAML under `spec` of the ModelArtifact (e.g. `outputs`).
+    model_extra: String,
 }
 
 impl Case {
     /// The MLP test model with a fixture made for `fixture_batch` rows.
     fn mlp(fixture_batch: usize) -> Self {
+        Self::model("mlp.onnx", fixture_batch)
+    }
+
+    /// A test model taking `x: f32[batch, 16]`, with a fixture of all its outputs made for
+    /// `fixture_batch` rows.
+    fn model(file: &str, fixture_batch: usize) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::copy(data("mlp.onnx"), dir.path().join("model.onnx")).expect("copy model");
+        std::fs::copy(data(file), dir.path().join("model.onnx")).expect("copy model");
         let (model_sha, model_size) = sha256_file(&dir.path().join("model.onnx")).expect("hash");
         let mut case = Case {
             dir,
@@ -59,6 +69,8 @@ impl Case {
             max: 8,
             source_uri: "file://model.onnx".into(),
             fixture_uri: "file://fixture.safetensors".into(),
+            input: ("x", "f32", "{size: 16}"),
+            model_extra: String::new(),
         };
         let fixture = make_fixtures::make(
             &Tract,
@@ -103,9 +115,9 @@ spec:
   source: {{uri: "{}", sha256: "{}", size: {}}}
   format: onnx
   inputs:
-    - name: x
-      dtype: f32
-      dims: [{{symbol: batch, min: {}, max: {}}}, {{size: 16}}]
+    - name: {}
+      dtype: {}
+      dims: [{{symbol: batch, min: {}, max: {}}}, {}]{}
   fixtures:
     - {{version: v1, uri: "{}", sha256: "{}"}}
 ---
@@ -124,8 +136,12 @@ spec:
             self.source_uri,
             self.model_sha,
             self.model_size,
+            self.input.0,
+            self.input.1,
             self.min,
             self.max,
+            self.input.2,
+            self.model_extra,
             self.fixture_uri,
             self.fixture_sha,
             self.backend_kind,
@@ -413,6 +429,8 @@ fn unsupported_operator_is_listed_by_name() {
     std::fs::copy(data("unsupported.onnx"), case.path("model.onnx")).expect("copy");
     let (sha, size) = sha256_file(&case.path("model.onnx")).expect("hash");
     (case.model_sha, case.model_size) = (sha, size);
+    // Declared as the graph is (x: f32[1, 4, 9]), so the operator is what fails.
+    case.input = ("x", "f32", "{size: 4}, {size: 9}");
     case.run().fails_with("UnsupportedOperator", &["Col2Im"]);
     assert!(case.stored().is_empty());
 }
@@ -450,6 +468,164 @@ fn parity_outside_tolerance_names_the_output_and_stores_nothing() {
         case.stored().is_empty(),
         "an artifact that fails parity is never stored"
     );
+}
+
+/// Converts an f32 tensor to f64, keeping its values.
+fn widened(
+    t: &kiln_agent::pipeline::tensor::HostTensor,
+) -> kiln_agent::pipeline::tensor::HostTensor {
+    kiln_agent::pipeline::tensor::HostTensor {
+        dtype: safetensors::Dtype::F64,
+        shape: t.shape.clone(),
+        data: t
+            .to_f64()
+            .expect("f64")
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+    }
+}
+
+#[test]
+fn non_finite_golden_is_refused_unless_the_output_allows_it() {
+    // y = sqrt(x): the seeded fixture's negative inputs give golden NaNs.
+    let mut case = Case::model("two-outputs.onnx", 4);
+    case.run().fails_with(
+        "InvalidSpec",
+        &[
+            "fixture v1",
+            "output y",
+            "is NaN",
+            "regenerate the fixture",
+            "warmup.outputs[name=y].allowNonFinite: true",
+        ],
+    );
+    assert!(
+        case.stored().is_empty(),
+        "nothing is compiled into the store"
+    );
+
+    case.warmup_extra =
+        "\n    outputs: [{name: \"y\", atol: 1.0e-5, rtol: 1.0e-4, allowNonFinite: true}]".into();
+    let run = case.run();
+    assert!(run.success, "{}", run.message());
+    assert_eq!(run.outcome["ready"], true);
+
+    // Allowing non-finite values loosens nothing else: where the model gives NaN, a finite
+    // golden value still fails (a golden NaN against a number is in warmup.rs's unit tests).
+    let mut fixture = case.fixture();
+    let y = fixture.outputs.get_mut("y").expect("golden y");
+    let values = y.to_f64().expect("f64");
+    let nan_at = values.iter().position(|v| v.is_nan()).expect("a NaN");
+    y.data[nan_at * 4..nan_at * 4 + 4].copy_from_slice(&0.0f32.to_le_bytes());
+    case.write_fixture(&fixture);
+    let _ = std::fs::remove_dir_all(case.store());
+    case.run().fails_with(
+        "ParityExceeded",
+        &["output y", &format!("element {nan_at} is NaN")],
+    );
+    assert!(case.stored().is_empty());
+}
+
+#[test]
+fn output_without_golden_value_is_refused_unless_excluded() {
+    let mut case = Case::model("two-outputs.onnx", 4);
+    let mut fixture = case.fixture();
+    fixture.outputs.remove("abs").expect("golden abs");
+    case.write_fixture(&fixture);
+    let allow = "\n    outputs: [{name: \"y\", atol: 1.0e-5, rtol: 1.0e-4, allowNonFinite: true}]";
+    case.warmup_extra = allow.into();
+    case.run().fails_with(
+        "InvalidSpec",
+        &[
+            "produces [\"abs\"]",
+            "fixture v1 has no golden value",
+            "warmup.excludeOutputs",
+        ],
+    );
+    assert!(
+        case.stored().is_empty(),
+        "nothing is compiled into the store"
+    );
+
+    case.warmup_extra = format!("{allow}\n    excludeOutputs: [abs]");
+    let run = case.run();
+    assert!(run.success, "{}", run.message());
+    assert_eq!(run.outcome["ready"], true);
+
+    // An exclusion of an output the model does not produce is stale, not silently ignored.
+    case.warmup_extra = format!("{allow}\n    excludeOutputs: [abs, logits]");
+    let _ = std::fs::remove_dir_all(case.store());
+    case.run().fails_with(
+        "InvalidSpec",
+        &["excludeOutputs names [\"logits\"]", "remove"],
+    );
+    assert!(case.stored().is_empty());
+}
+
+#[test]
+fn fixture_input_dtype_other_than_the_graph_is_invalid() {
+    let mut case = Case::mlp(4);
+    let mut fixture = case.fixture();
+    let x = widened(&fixture.inputs["x"]);
+    fixture.inputs.insert("x".into(), x);
+    case.write_fixture(&fixture);
+    case.run().fails_with(
+        "InvalidSpec",
+        &[
+            "fixture v1",
+            "input x is F64 in the fixture, F32 in the graph",
+        ],
+    );
+    assert!(case.stored().is_empty());
+}
+
+#[test]
+fn golden_output_dtype_other_than_the_graph_is_invalid() {
+    let mut case = Case::mlp(4);
+    let mut fixture = case.fixture();
+    let y = widened(&fixture.outputs["y"]);
+    fixture.outputs.insert("y".into(), y);
+    case.write_fixture(&fixture);
+    case.run().fails_with(
+        "InvalidSpec",
+        &["output y is F32 in the graph but F64 in fixture v1"],
+    );
+    assert!(case.stored().is_empty());
+}
+
+#[test]
+fn declared_interface_must_match_the_graph() {
+    let mut case = Case::mlp(4);
+    case.model_extra = "\n  outputs: [{name: \"y\", dtype: f32, dims: [{symbol: batch, min: 1, max: 8}, {size: 10}]}]".into();
+    let run = case.run();
+    assert!(run.success, "declared as the graph is: {}", run.message());
+    let _ = std::fs::remove_dir_all(case.store());
+
+    case.input = ("input", "f32", "{size: 16}");
+    case.run().fails_with(
+        "InvalidSpec",
+        &["spec.inputs names {\"input\"}", "undeclared: [\"x\"]"],
+    );
+    assert!(
+        case.stored().is_empty(),
+        "nothing is compiled into the store"
+    );
+
+    case.input = ("x", "i64", "{size: 16}");
+    case.run().fails_with(
+        "InvalidSpec",
+        &["spec.inputs[0] (x).dtype is I64, the graph's is F32"],
+    );
+    assert!(case.stored().is_empty());
+
+    case.input = ("x", "f32", "{size: 16}");
+    case.model_extra = "\n  outputs: [{name: \"y\", dtype: f32, dims: [{symbol: batch, min: 1, max: 8}, {size: 1000}]}]".into();
+    case.run().fails_with(
+        "InvalidSpec",
+        &["spec.outputs[0] (y).dims[1].size is 1000, the graph's dim is 10"],
+    );
+    assert!(case.stored().is_empty());
 }
 
 #[test]

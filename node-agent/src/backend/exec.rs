@@ -252,4 +252,8 @@ impl Backend for Exec {
     fn inputs(&self, model: &Path) -> Result<Vec<InputInfo>> {
         Tract.inputs(model)
     }
+
+    fn interface(&self, model: &Path) -> Result<super::GraphInterface> {
+        Tract.interface(model)
+    }
 }

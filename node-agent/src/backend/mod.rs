@@ -58,6 +58,9 @@ pub trait Backend: Send + Sync {
     fn reference(&self, model: &Path, shapes: &Shapes) -> Result<Box<dyn Engine>>;
     /// The graph inputs the model file declares.
     fn inputs(&self, model: &Path) -> Result<Vec<InputInfo>>;
+    /// The graph's inputs and outputs as far as the model file states them, for checking the
+    /// ModelArtifact's declaration.
+    fn interface(&self, model: &Path) -> Result<GraphInterface>;
 }
 
 /// A loaded engine.
@@ -66,6 +69,8 @@ pub trait Engine: Send + Sync {
     fn run(&self, inputs: &BTreeMap<String, HostTensor>) -> Result<BTreeMap<String, HostTensor>>;
     /// Names and shapes of the inputs of each compiled profile.
     fn profiles(&self) -> Vec<(String, Shapes)>;
+    /// Element type of each input (the same in every profile), for checking fixtures.
+    fn input_dtypes(&self) -> BTreeMap<String, safetensors::Dtype>;
 }
 
 /// The backend a target asks for, refusing a version other than the one this binary carries.
@@ -108,4 +113,24 @@ pub struct InputInfo {
     pub dtype: safetensors::Dtype,
     /// Extents; `None` for a symbolic dim.
     pub dims: Vec<Option<usize>>,
+}
+
+/// A graph's inputs and outputs, in order.
+#[derive(Clone, Debug, Default)]
+pub struct GraphInterface {
+    /// Graph inputs.
+    pub inputs: Vec<TensorInfo>,
+    /// Graph outputs.
+    pub outputs: Vec<TensorInfo>,
+}
+
+/// One graph input or output, with what the model file leaves open as `None`.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    /// Tensor name.
+    pub name: String,
+    /// Element type; `None` when the file does not state it.
+    pub dtype: Option<safetensors::Dtype>,
+    /// Dims (`None` inside for a symbolic dim); `None` when the rank is not stated.
+    pub dims: Option<Vec<Option<usize>>>,
 }

@@ -188,6 +188,62 @@ impl Backend for Tract {
             })
             .collect()
     }
+
+    fn interface(&self, model: &Path) -> Result<super::GraphInterface> {
+        // Output shapes and types as the file states them (tract ignores them by default).
+        let inference = tract_onnx::onnx()
+            .with_ignore_output_shapes(false)
+            .model_for_path(model)
+            .map_err(|e| {
+                Error::CompileFailed(format!(
+                    "cannot read ONNX model {}: {}",
+                    model.display(),
+                    chain(&e)
+                ))
+            })?;
+        let failed = |e: TractError| Error::CompileFailed(chain(&e));
+        let mut graph = super::GraphInterface::default();
+        for (ix, o) in inference
+            .input_outlets()
+            .map_err(failed)?
+            .iter()
+            .enumerate()
+        {
+            let fact = inference.input_fact(ix).map_err(failed)?;
+            graph
+                .inputs
+                .push(tensor_info(inference.node(o.node).name.clone(), fact));
+        }
+        for (ix, o) in inference
+            .output_outlets()
+            .map_err(failed)?
+            .iter()
+            .enumerate()
+        {
+            let fact = inference.output_fact(ix).map_err(failed)?;
+            let name = inference
+                .outlet_label(*o)
+                .map(str::to_string)
+                .unwrap_or_else(|| inference.node(o.node).name.clone());
+            graph.outputs.push(tensor_info(name, fact));
+        }
+        Ok(graph)
+    }
+}
+
+/// What an inference fact states: dtype if concrete, dims if the rank is known.
+fn tensor_info(name: String, fact: &InferenceFact) -> super::TensorInfo {
+    let dtype = fact
+        .datum_type
+        .concretize()
+        .and_then(crate::pipeline::tensor::safetensors_dtype);
+    let dims = (!fact.shape.is_open()).then(|| {
+        fact.shape
+            .dims()
+            .map(|d| d.concretize().and_then(|d| d.to_usize().ok()))
+            .collect()
+    });
+    super::TensorInfo { name, dtype, dims }
 }
 
 /// Parses the ONNX file, binds the input shapes and types it; decluttered when `declutter`.
@@ -359,6 +415,22 @@ impl Engine for TractEngine {
         self.profiles
             .iter()
             .map(|(e, _)| (e.name.clone(), e.inputs.iter().cloned().collect()))
+            .collect()
+    }
+
+    fn input_dtypes(&self) -> BTreeMap<String, safetensors::Dtype> {
+        let Some((entry, plan)) = self.profiles.first() else {
+            return BTreeMap::new();
+        };
+        entry
+            .inputs
+            .iter()
+            .enumerate()
+            .filter_map(|(ix, (name, _))| {
+                let fact = plan.model().input_fact(ix).ok()?;
+                let dtype = crate::pipeline::tensor::safetensors_dtype(fact.datum_type)?;
+                Some((name.clone(), dtype))
+            })
             .collect()
     }
 }

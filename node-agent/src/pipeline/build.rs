@@ -181,6 +181,10 @@ fn compile(
     let t = &spec.target.spec;
     let profiles = spec.shapes()?;
     let out = out.to_path_buf();
+    crate::pipeline::interface::check_declared(
+        &spec.model.spec,
+        &backend.interface(&inputs.model)?,
+    )?;
     tracing::info!(compile_key = %key, backend = backend.name(), profiles = profiles.len(), "compiling");
     let compiled = backend.compile(&CompileRequest {
         model: &inputs.model,
@@ -197,8 +201,9 @@ fn compile(
     // Parity of the compiled engine against the fixture's golden outputs, before anything is stored.
     let engine = backend.load(&out)?;
     warmup::check_inputs(engine.as_ref(), &inputs.fixture)?;
+    warmup::check_golden(&inputs.fixture, &t.warmup)?;
     let outputs = engine.run(&inputs.fixture.inputs)?;
-    let parity = warmup::parity(&outputs, &inputs.fixture.outputs, &t.warmup)?;
+    let parity = warmup::parity(&outputs, &inputs.fixture, &t.warmup)?;
     let parity_max = parity.values().copied().fold(0.0, f64::max);
     let (digest, size) = sha256_file(&out).map_err(|e| Error::store(&out, e))?;
     let mut input_digests = BTreeMap::from([

@@ -6,6 +6,7 @@
 pub mod build;
 pub mod fetch;
 pub mod fixtures;
+pub mod interface;
 pub mod probe;
 pub mod ready;
 pub mod spec;

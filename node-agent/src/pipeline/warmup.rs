@@ -34,7 +34,8 @@ pub struct WarmupReport {
     pub total_seconds: f64,
 }
 
-/// Checks that the fixture's inputs are exactly what one of the engine's profiles takes.
+/// Checks that the fixture's inputs are exactly what one of the engine's profiles takes: names,
+/// shapes and element types.
 pub fn check_inputs(engine: &dyn Engine, fixture: &FixtureFile) -> Result<()> {
     let profiles = engine.profiles();
     let fits = profiles.iter().any(|(_, shapes)| {
@@ -43,25 +44,64 @@ pub fn check_inputs(engine: &dyn Engine, fixture: &FixtureFile) -> Result<()> {
                 .iter()
                 .all(|(n, s)| fixture.inputs.get(n).is_some_and(|t| &t.shape == s))
     });
-    if fits {
-        return Ok(());
+    if !fits {
+        let got: BTreeMap<&String, &Vec<usize>> =
+            fixture.inputs.iter().map(|(n, t)| (n, &t.shape)).collect();
+        let want: Vec<String> = profiles
+            .iter()
+            .map(|(p, s)| format!("{p}: {s:?}"))
+            .collect();
+        return Err(Error::InvalidSpec(format!(
+            "fixture {} has inputs {got:?}, which match no compiled profile ({}); regenerate the fixture for a profile's shapes or add a profile",
+            fixture.version,
+            want.join("; ")
+        )));
     }
-    let got: BTreeMap<&String, &Vec<usize>> =
-        fixture.inputs.iter().map(|(n, t)| (n, &t.shape)).collect();
-    let want: Vec<String> = profiles
+    let wrong: Vec<String> = engine
+        .input_dtypes()
         .iter()
-        .map(|(p, s)| format!("{p}: {s:?}"))
+        .filter_map(|(name, want)| {
+            let got = fixture.inputs.get(name)?.dtype;
+            (got != *want)
+                .then(|| format!("input {name} is {got:?} in the fixture, {want:?} in the graph"))
+        })
         .collect();
-    Err(Error::InvalidSpec(format!(
-        "fixture {} has inputs {got:?}, which match no compiled profile ({}); regenerate the fixture for a profile's shapes or add a profile",
-        fixture.version,
-        want.join("; ")
-    )))
+    if !wrong.is_empty() {
+        return Err(Error::InvalidSpec(format!(
+            "fixture {}: {}; regenerate the fixture with the graph's dtypes (kiln-agent fixtures)",
+            fixture.version,
+            wrong.join("; ")
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses NaN or ±Inf in a golden output unless `warmup.outputs[name].allowNonFinite` is set:
+/// NaN would match NaN and an infinite golden value makes atol/rtol meaningless.
+pub fn check_golden(fixture: &FixtureFile, warmup: &Warmup) -> Result<()> {
+    for (name, want) in &fixture.outputs {
+        if warmup.allows_non_finite(name) || warmup.excludes(name) {
+            continue;
+        }
+        if let Some((i, g)) = want
+            .to_f64()?
+            .iter()
+            .enumerate()
+            .find(|(_, g)| !g.is_finite())
+        {
+            return Err(Error::InvalidSpec(format!(
+                "fixture {} has a non-finite golden value for output {name}: element {i} is {g}; regenerate the fixture from inputs that give finite outputs, or set warmup.outputs[name={name}].allowNonFinite: true if {g} is the expected value",
+                fixture.version
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Runs the fixture `warmup.iterations` times, checking parity on every run.
 pub fn warm(engine: &dyn Engine, fixture: &FixtureFile, warmup: &Warmup) -> Result<WarmupReport> {
     check_inputs(engine, fixture)?;
+    check_golden(fixture, warmup)?;
     let started = Instant::now();
     let mut report = WarmupReport {
         iterations: warmup.iterations,
@@ -71,7 +111,7 @@ pub fn warm(engine: &dyn Engine, fixture: &FixtureFile, warmup: &Warmup) -> Resu
         let t = Instant::now();
         let outputs = engine.run(&fixture.inputs)?;
         report.latencies.push(t.elapsed().as_secs_f64());
-        let errors = parity(&outputs, &fixture.outputs, warmup).map_err(|e| match e {
+        let errors = parity(&outputs, fixture, warmup).map_err(|e| match e {
             Error::ParityExceeded(m) => {
                 Error::ParityExceeded(format!("iteration {}: {m}", iteration + 1))
             }
@@ -115,21 +155,62 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// Compares outputs with golden values: `|a - g| <= atol + rtol * |g|` element-wise, NaN only
-/// where the golden value is NaN. Returns the largest absolute error per output.
+/// Compares outputs with golden values: `|a - g| <= atol + rtol * |g|` element-wise. Every
+/// output the engine produces must have a golden value or be in `warmup.excludeOutputs`, with the
+/// golden dtype and shape; a golden value may be NaN or ±Inf only where the output allows it,
+/// and then matches only the same non-finite value. Returns the largest absolute error per
+/// checked output.
 pub fn parity(
     outputs: &BTreeMap<String, HostTensor>,
-    golden: &BTreeMap<String, HostTensor>,
+    fixture: &FixtureFile,
     warmup: &Warmup,
 ) -> Result<BTreeMap<String, f64>> {
+    let golden = &fixture.outputs;
+    let version = &fixture.version;
+    check_golden(fixture, warmup)?;
+    let stale: Vec<&String> = warmup
+        .exclude_outputs
+        .iter()
+        .filter(|n| !outputs.contains_key(*n))
+        .collect();
+    if !stale.is_empty() {
+        return Err(Error::InvalidSpec(format!(
+            "warmup.excludeOutputs names {stale:?}, which the model does not produce (it produces {:?}); remove them",
+            outputs.keys().collect::<Vec<_>>()
+        )));
+    }
+    let unchecked: Vec<&String> = outputs
+        .keys()
+        .filter(|n| !golden.contains_key(*n) && !warmup.excludes(n))
+        .collect();
+    if !unchecked.is_empty() {
+        return Err(Error::InvalidSpec(format!(
+            "the model produces {unchecked:?} but fixture {version} has no golden value for them, so parity would not check them; regenerate the fixture with every output (kiln-agent fixtures), or list them in warmup.excludeOutputs"
+        )));
+    }
+    let checked: Vec<&String> = golden.keys().filter(|n| !warmup.excludes(n)).collect();
+    if checked.is_empty() {
+        return Err(Error::InvalidSpec(format!(
+            "fixture {version} leaves no output to check (the model produces {:?}, warmup.excludeOutputs is {:?}); keep at least one output out of warmup.excludeOutputs",
+            outputs.keys().collect::<Vec<_>>(),
+            warmup.exclude_outputs
+        )));
+    }
     let mut errors = BTreeMap::new();
-    for (name, want) in golden {
+    for name in checked {
+        let want = &golden[name];
         let got = outputs.get(name).ok_or_else(|| {
             Error::InvalidSpec(format!(
-                "fixture has golden output {name:?}, the model produces {:?}; regenerate the fixture",
+                "fixture {version} has golden output {name:?}, the model produces {:?}; regenerate the fixture",
                 outputs.keys().collect::<Vec<_>>()
             ))
         })?;
+        if got.dtype != want.dtype {
+            return Err(Error::InvalidSpec(format!(
+                "output {name} is {:?} in the graph but {:?} in fixture {version}; regenerate the fixture with the graph's dtypes (kiln-agent fixtures)",
+                got.dtype, want.dtype
+            )));
+        }
         if got.shape != want.shape {
             return Err(Error::ParityExceeded(format!(
                 "output {name}: shape {:?}, golden shape {:?}",
@@ -141,13 +222,23 @@ pub fn parity(
         let mut max_abs = 0.0f64;
         let mut worst: Option<Outlier> = None;
         for (i, (a, g)) in a.iter().zip(g.iter()).enumerate() {
-            if g.is_nan() && a.is_nan() {
-                continue;
-            }
-            let err = (a - g).abs();
-            let err = if err.is_nan() { f64::INFINITY } else { err };
+            // Only reached when allowed (check_golden): NaN matches NaN, Inf the same Inf.
+            let err = if !g.is_finite() {
+                if (g.is_nan() && a.is_nan()) || a == g {
+                    0.0
+                } else {
+                    f64::INFINITY
+                }
+            } else {
+                let err = (a - g).abs();
+                if err.is_nan() { f64::INFINITY } else { err }
+            };
             max_abs = max_abs.max(err);
-            let allowed = tol.atol + tol.rtol * g.abs();
+            let allowed = if g.is_finite() {
+                tol.atol + tol.rtol * g.abs()
+            } else {
+                0.0
+            };
             if err > allowed && worst.as_ref().is_none_or(|w| err > w.error) {
                 worst = Some(Outlier {
                     index: i,
@@ -194,28 +285,57 @@ mod tests {
         }
     }
 
+    fn outs(pairs: &[(&str, HostTensor)]) -> BTreeMap<String, HostTensor> {
+        pairs
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.clone()))
+            .collect()
+    }
+
+    /// A fixture holding only golden outputs (parity does not read inputs).
+    fn fx(golden: &[(&str, HostTensor)]) -> FixtureFile {
+        FixtureFile {
+            version: "v1".into(),
+            model_sha256: None,
+            tolerance: None,
+            inputs: BTreeMap::new(),
+            outputs: outs(golden),
+        }
+    }
+
     fn warmup(atol: f64, rtol: f64) -> Warmup {
         Warmup {
             iterations: 1,
             fixture_version: "v1".into(),
             default_tolerance: Tolerance { atol, rtol },
             outputs: vec![],
+            exclude_outputs: vec![],
             latency_budget_p99_ms: None,
         }
     }
 
+    fn allow_non_finite(mut w: Warmup, name: &str) -> Warmup {
+        w.outputs.push(OutputTolerance {
+            name: name.into(),
+            atol: w.default_tolerance.atol,
+            rtol: w.default_tolerance.rtol,
+            allow_non_finite: true,
+        });
+        w
+    }
+
     #[test]
     fn within_tolerance_passes_and_reports_the_error() {
-        let got = BTreeMap::from([("y".to_string(), t(&[1.0, 2.0005]))]);
-        let want = BTreeMap::from([("y".to_string(), t(&[1.0, 2.0]))]);
+        let got = outs(&[("y", t(&[1.0, 2.0005]))]);
+        let want = fx(&[("y", t(&[1.0, 2.0]))]);
         let errs = parity(&got, &want, &warmup(1e-3, 0.0)).expect("within");
         assert!((errs["y"] - 5e-4).abs() < 1e-6);
     }
 
     #[test]
     fn outside_tolerance_names_the_output_and_the_error() {
-        let got = BTreeMap::from([("y".to_string(), t(&[1.0, 2.5]))]);
-        let want = BTreeMap::from([("y".to_string(), t(&[1.0, 2.0]))]);
+        let got = outs(&[("y", t(&[1.0, 2.5]))]);
+        let want = fx(&[("y", t(&[1.0, 2.0]))]);
         let err = parity(&got, &want, &warmup(1e-3, 1e-3))
             .expect_err("outside")
             .to_string();
@@ -229,6 +349,7 @@ mod tests {
             name: "y".into(),
             atol: 0.6,
             rtol: 0.0,
+            allow_non_finite: false,
         });
         parity(&got, &want, &w).expect("per-output atol 0.6");
         // rtol scales with the golden magnitude.
@@ -236,27 +357,126 @@ mod tests {
     }
 
     #[test]
-    fn nan_fails_unless_golden_is_nan() {
-        let want = BTreeMap::from([("y".to_string(), t(&[1.0]))]);
-        let got = BTreeMap::from([("y".to_string(), t(&[f32::NAN]))]);
-        assert!(parity(&got, &want, &warmup(1.0, 1.0)).is_err());
-        let want_nan = BTreeMap::from([("y".to_string(), t(&[f32::NAN]))]);
-        parity(&got, &want_nan, &warmup(0.0, 0.0)).expect("NaN golden, NaN output");
-    }
-
-    #[test]
-    fn shape_and_missing_output_are_errors() {
-        let want = BTreeMap::from([("y".to_string(), t(&[1.0, 2.0]))]);
-        let got = BTreeMap::from([("y".to_string(), t(&[1.0]))]);
+    fn nan_output_fails_against_a_finite_golden_value() {
+        let want = fx(&[("y", t(&[1.0]))]);
+        let got = outs(&[("y", t(&[f32::NAN]))]);
         assert!(matches!(
             parity(&got, &want, &warmup(1.0, 1.0)),
             Err(Error::ParityExceeded(_))
         ));
-        let other = BTreeMap::from([("z".to_string(), t(&[1.0, 2.0]))]);
+    }
+
+    #[test]
+    fn non_finite_golden_is_refused_unless_allowed() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let want = fx(&[("y", t(&[1.0, bad]))]);
+            let got = outs(&[("y", t(&[1.0, bad]))]);
+            let err = parity(&got, &want, &warmup(1.0, 1.0)).expect_err("refused");
+            let msg = err.to_string();
+            assert!(matches!(err, Error::InvalidSpec(_)), "{msg}");
+            assert!(
+                msg.contains("fixture v1")
+                    && msg.contains("output y")
+                    && msg.contains("element 1")
+                    && msg.contains(&format!("{}", f64::from(bad)))
+                    && msg.contains("warmup.outputs[name=y].allowNonFinite: true"),
+                "{msg}"
+            );
+            assert!(check_golden(&want, &warmup(1.0, 1.0)).is_err());
+            parity(&got, &want, &allow_non_finite(warmup(0.0, 0.0), "y"))
+                .expect("allowed, and the same non-finite value");
+        }
+    }
+
+    #[test]
+    fn allowed_non_finite_golden_matches_only_the_same_value() {
+        let w = allow_non_finite(warmup(10.0, 10.0), "y");
+        let cases: [(f32, f32); 5] = [
+            (f32::NAN, 1.0),
+            (f32::NAN, f32::INFINITY),
+            (f32::INFINITY, f32::NEG_INFINITY),
+            (f32::INFINITY, f32::NAN),
+            (f32::NEG_INFINITY, f32::MAX),
+        ];
+        for (golden, got) in cases {
+            let err = parity(&outs(&[("y", t(&[got]))]), &fx(&[("y", t(&[golden]))]), &w)
+                .expect_err("a different value fails, however wide the tolerance");
+            assert!(
+                matches!(err, Error::ParityExceeded(_)),
+                "{golden} vs {got}: {err}"
+            );
+        }
+        // Finite elements of an allowed output still use the tolerance.
+        parity(
+            &outs(&[("y", t(&[f32::NAN, 2.0]))]),
+            &fx(&[("y", t(&[f32::NAN, 1.0]))]),
+            &w,
+        )
+        .expect("1.0 within atol 10");
+    }
+
+    #[test]
+    fn an_output_without_golden_value_must_be_excluded() {
+        let got = outs(&[("y", t(&[1.0])), ("debug", t(&[5.0]))]);
+        let want = fx(&[("y", t(&[1.0]))]);
+        let err = parity(&got, &want, &warmup(1.0, 1.0)).expect_err("unchecked output");
+        let msg = err.to_string();
+        assert!(matches!(err, Error::InvalidSpec(_)), "{msg}");
+        assert!(
+            msg.contains("\"debug\"") && msg.contains("warmup.excludeOutputs"),
+            "{msg}"
+        );
+        let mut w = warmup(1.0, 1.0);
+        w.exclude_outputs.push("debug".into());
+        let errs = parity(&got, &want, &w).expect("excluded");
+        assert_eq!(errs.keys().collect::<Vec<_>>(), ["y"]);
+        // An exclusion the model does not produce is stale.
+        w.exclude_outputs.push("gone".into());
+        let msg = parity(&got, &want, &w).expect_err("stale").to_string();
+        assert!(msg.contains("\"gone\"") && msg.contains("remove"), "{msg}");
+        // Excluding everything leaves nothing to check.
+        let mut all = warmup(1.0, 1.0);
+        all.exclude_outputs = vec!["y".into(), "debug".into()];
+        let msg = parity(&got, &want, &all).expect_err("vacuous").to_string();
+        assert!(msg.contains("no output to check"), "{msg}");
+    }
+
+    #[test]
+    fn golden_dtype_must_match_the_output() {
+        let got = outs(&[("y", t(&[1.0]))]);
+        let want = fx(&[(
+            "y",
+            HostTensor {
+                dtype: Dtype::F64,
+                shape: vec![1],
+                data: 1.0f64.to_le_bytes().to_vec(),
+            },
+        )]);
+        let err = parity(&got, &want, &warmup(1.0, 1.0)).expect_err("dtype");
+        let msg = err.to_string();
+        assert!(matches!(err, Error::InvalidSpec(_)), "{msg}");
+        assert!(
+            msg.contains("output y is F32 in the graph but F64"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn shape_and_missing_output_are_errors() {
+        let want = fx(&[("y", t(&[1.0, 2.0]))]);
+        let got = outs(&[("y", t(&[1.0]))]);
         assert!(matches!(
-            parity(&other, &want, &warmup(1.0, 1.0)),
-            Err(Error::InvalidSpec(_))
+            parity(&got, &want, &warmup(1.0, 1.0)),
+            Err(Error::ParityExceeded(_))
         ));
+        let mut w = warmup(1.0, 1.0);
+        w.exclude_outputs.push("z".into());
+        let other = outs(&[("z", t(&[1.0, 2.0]))]);
+        let err = parity(&other, &want, &w).expect_err("golden y not produced");
+        assert!(
+            matches!(&err, Error::InvalidSpec(m) if m.contains("golden output \"y\"")),
+            "{err}"
+        );
     }
 
     #[test]

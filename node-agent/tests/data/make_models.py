@@ -4,6 +4,8 @@
 * mlp.onnx — Gemm(16→32) → Relu → Gemm(32→10) → Softmax, seeded random weights, symbolic batch,
   and a metadata string with a single quote (tract's NNEF writer cannot reload those).
 * mlp-drift.onnx — mlp.onnx with one output bias moved by 1.0 (same interface, other numbers).
+* two-outputs.onnx — y = Sqrt(x) (NaN for the negative inputs of a seeded fixture) and
+  abs = Abs(x), symbolic batch: the non-finite golden and unchecked-output paths of parity.
 * unsupported.onnx — one standard ONNX operator tract does not implement (for the
   UnsupportedOperator path).
 
@@ -51,6 +53,19 @@ onnx.checker.check_model(drift)
 onnx.save(drift, os.path.join(here, "mlp-drift.onnx"))
 
 graph = helper.make_graph(
+    [helper.make_node("Sqrt", ["x"], ["y"]), helper.make_node("Abs", ["x"], ["abs"])],
+    "two_outputs",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+    [
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16]),
+        helper.make_tensor_value_info("abs", TensorProto.FLOAT, ["batch", 16]),
+    ],
+)
+two = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="kiln-tests")
+onnx.checker.check_model(two)
+onnx.save(two, os.path.join(here, "two-outputs.onnx"))
+
+graph = helper.make_graph(
     [helper.make_node("Col2Im", ["x", "image_shape", "block_shape"], ["y"])],
     "unsupported",
     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 9])],
@@ -63,4 +78,4 @@ graph = helper.make_graph(
 unsupported = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="kiln-tests")
 onnx.checker.check_model(unsupported)
 onnx.save(unsupported, os.path.join(here, "unsupported.onnx"))
-print("wrote mlp.onnx, mlp-drift.onnx and unsupported.onnx with onnx", onnx.__version__)
+print("wrote mlp.onnx, mlp-drift.onnx, two-outputs.onnx and unsupported.onnx with onnx", onnx.__version__)
