@@ -67,8 +67,9 @@ impl Mismatch {
 /// Prefix of the temp files a verified write makes beside its destination.
 pub const PARTIAL_PREFIX: &str = ".kiln-partial-";
 
-/// Removes partial files in `dir` that no fetch has touched for `idle` (a process killed
-/// mid-write leaves one: nothing else removes it; a live writer touches its file more often). Returns how many.
+/// Removes the partial files in `dir` that no write has touched for `idle`, and returns how
+/// many. A process killed mid-write leaves one that nothing else would remove; a live writer
+/// touches its file more often than `idle`.
 pub fn sweep_partials(dir: &Path, idle: std::time::Duration) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;

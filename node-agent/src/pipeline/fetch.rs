@@ -63,17 +63,6 @@ pub struct FetchLimits {
     pub max_redirects: usize,
 }
 
-impl Default for FetchLimits {
-    fn default() -> Self {
-        Self {
-            max_bytes: 64 << 30,
-            connect_timeout_seconds: 15,
-            read_timeout_seconds: 60,
-            max_redirects: 5,
-        }
-    }
-}
-
 impl FetchLimits {
     /// The size a fetch of `wanted` may reach: the declared one, else the maximum.
     fn bound(&self, wanted: &Wanted<'_>) -> u64 {
@@ -300,13 +289,8 @@ fn over(wanted: &Wanted<'_>, bound: u64, length: u64) -> Result<()> {
     if length <= bound {
         return Ok(());
     }
-    if let Some(size) = wanted.size {
-        return Err(Error::HashMismatch {
-            what: format!("{} {}", wanted.what, wanted.uri),
-            message: format!(
-                "larger than the declared size of {size} bytes; check spec size and sha256"
-            ),
-        });
+    if let Some(expected) = wanted.size {
+        return Err(mismatch(wanted, Mismatch::TooLarge { expected }));
     }
     Err(Error::SourceUnavailable {
         uri: wanted.uri.into(),
@@ -335,9 +319,14 @@ fn chain(err: &dyn std::error::Error) -> String {
 /// A refused write in the terms of the spec that declared the blob (what to fix is the spec's
 /// size or sha256, or the source); other store errors as they are.
 fn refused(wanted: &Wanted<'_>, err: kiln_store::Error) -> Error {
-    let kiln_store::Error::Refused { mismatch, .. } = err else {
-        return err.into();
-    };
+    match err {
+        kiln_store::Error::Refused { mismatch: m, .. } => mismatch(wanted, m),
+        other => other.into(),
+    }
+}
+
+/// Bytes that are not what the spec declared, in the spec's terms.
+fn mismatch(wanted: &Wanted<'_>, mismatch: Mismatch) -> Error {
     let message = match mismatch {
         Mismatch::TooLarge { expected } => {
             format!("larger than the declared size of {expected} bytes; check spec size and sha256")

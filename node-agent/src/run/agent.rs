@@ -463,25 +463,3 @@ impl Agent {
         }
     }
 }
-
-/// Wait before the next try of an artifact that failed `failures` times in a row: `retry`,
-/// doubling, at most ten minutes (or `retry` when that is longer), so a corrupt multi-GiB
-/// artifact is not pulled in a loop. The shared [`kiln_crds::backoff`], as compile retries use.
-pub(super) fn backoff(retry: Duration, failures: u32) -> Duration {
-    kiln_crds::backoff(retry, Duration::from_secs(600).max(retry), failures)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retries_back_off_to_ten_minutes() {
-        let r = Duration::from_secs(60);
-        assert_eq!(backoff(r, 1), r);
-        assert_eq!(backoff(r, 2), r * 2);
-        assert_eq!(backoff(r, 4), r * 8);
-        assert_eq!(backoff(r, 30), Duration::from_secs(600));
-        assert_eq!(backoff(Duration::from_secs(5), 2), Duration::from_secs(10));
-    }
-}
