@@ -4,9 +4,10 @@
 //! yet, so that while the watch lags neither the target itself (which would post its Jobs
 //! again) nor other targets (which would take the same slots) lose sight of them.
 //!
-//! May read the Job cache, through [`JobCache`]. May not write anything to the API, read a
-//! clock (callers pass `now`) or lock: the controller holds the ledger's mutex from counting the
-//! running compiles to taking the slots, and that is what makes concurrent reconciles safe.
+//! May read the Job cache, through [`JobCache`]. May not write anything to the API or read a
+//! clock (callers pass `now`). The decisions take the ledger as an argument: the controller holds
+//! its mutex ([`lock`]) from counting the running compiles to taking the slots, and that is what
+//! makes concurrent reconciles safe; only [`PendingSlots`] takes it itself, to give slots back.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
