@@ -25,6 +25,9 @@ pub enum Error {
         mismatch: Mismatch,
         dest: std::path::PathBuf,
     },
+    /// An entry's attestation is missing, not signed by a trusted key, or about something else.
+    #[error("{what}: {message}")]
+    SignatureInvalid { what: String, message: String },
     /// The store URL cannot be used.
     #[error("store URL {url:?}: {message}")]
     InvalidUrl { url: String, message: String },
@@ -50,6 +53,7 @@ impl Error {
             Self::Unavailable { .. } => FailureReason::StoreUnavailable,
             Self::HashMismatch { .. } | Self::Refused { .. } => FailureReason::HashMismatch,
             Self::InvalidUrl { .. } => FailureReason::InvalidSpec,
+            Self::SignatureInvalid { .. } => FailureReason::SignatureInvalid,
         }
     }
 }

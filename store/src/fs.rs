@@ -1,6 +1,7 @@
 //! The filesystem store: a content-addressed directory `<root>/artifacts/<key>/{artifact,
 //! manifest.json}`, written by rename so readers see a whole entry or none. The manifest digest
-//! is the sha256 of `manifest.json` as stored. Touches only its root directory.
+//! is the sha256 of `manifest.json` as stored; an entry's attestation is
+//! `attestation-<manifest hex>.json` beside it. Touches only its root directory.
 
 use std::path::{Path, PathBuf};
 
@@ -11,6 +12,12 @@ use crate::{ArtifactRef, Entry, Error, RegistryOptions, Result, Store, check_key
 
 const ARTIFACT: &str = "artifact";
 const MANIFEST: &str = "manifest.json";
+
+/// File name of the attestation of the entry stored under `manifest_digest` (`sha256:<hex>`).
+fn attestation_name(manifest_digest: &str) -> Result<String> {
+    let hex = crate::digest_hex(manifest_digest)?;
+    Ok(format!("attestation-{hex}.json"))
+}
 
 /// A content-addressed directory on a local (or hostPath) filesystem.
 #[derive(Clone, Debug)]
@@ -85,10 +92,10 @@ impl FsStore {
         }
     }
 
-    fn put_sync(&self, artifact: &Path, manifest: &BuildManifest) -> Result<Entry> {
+    fn put_sync(&self, artifact: &Path, manifest: &BuildManifest, replace: bool) -> Result<Entry> {
         let key = &manifest.compile_key;
         let dest = self.entry_dir(key)?;
-        if let Some(entry) = self.lookup_sync(key)? {
+        if !replace && let Some(entry) = self.lookup_sync(key)? {
             return Ok(entry);
         }
         self.prepare()?;
@@ -103,7 +110,20 @@ impl FsStore {
         std::fs::File::open(&staged_artifact)
             .and_then(|f| f.sync_all())
             .map_err(|e| Error::store(&staged_artifact, e))?;
-        match install_dir(staging, &dest) {
+        // The entry being replaced moves aside first (a directory renames only onto nothing),
+        // and goes once the new one is in place.
+        let old = if replace && dest.exists() {
+            let old = self.scratch_sync()?.keep();
+            std::fs::rename(&dest, old.join("old")).map_err(|e| Error::store(&dest, e))?;
+            Some(old)
+        } else {
+            None
+        };
+        let installed = install_dir(staging, &dest);
+        if let Some(old) = old {
+            let _ = std::fs::remove_dir_all(old);
+        }
+        match installed {
             Ok(()) => {}
             // Someone stored the same key first: same inputs, same artifact; keep theirs.
             Err(_) if dest.join(MANIFEST).exists() => {}
@@ -157,6 +177,48 @@ impl FsStore {
             e => e,
         })?;
         Ok(manifest)
+    }
+
+    fn put_attestation_sync(
+        &self,
+        key: &str,
+        manifest_digest: &str,
+        envelope: &[u8],
+    ) -> Result<()> {
+        let dir = self.entry_dir(key)?;
+        let staging = self.scratch_sync()?;
+        let staged = staging.path().join("attestation");
+        write_synced(&staged, envelope).map_err(|e| Error::store(&staged, e))?;
+        let dest = dir.join(attestation_name(manifest_digest)?);
+        std::fs::rename(&staged, &dest).map_err(|e| Error::store(&dest, e))?;
+        crate::staged::sync_dir(&dir);
+        Ok(())
+    }
+
+    fn attestation_sync(&self, key: &str, manifest_digest: &str) -> Result<Option<Vec<u8>>> {
+        use std::io::Read;
+        let path = self
+            .entry_dir(key)?
+            .join(attestation_name(manifest_digest)?);
+        let file = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::store(&path, e)),
+        };
+        let mut bytes = Vec::new();
+        file.take(crate::attest::MAX_ENVELOPE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| Error::store(&path, e))?;
+        if bytes.len() as u64 > crate::attest::MAX_ENVELOPE_BYTES {
+            return Err(Error::SignatureInvalid {
+                what: format!("attestation {}", path.display()),
+                message: format!(
+                    "larger than {} bytes; not read",
+                    crate::attest::MAX_ENVELOPE_BYTES
+                ),
+            });
+        }
+        Ok(Some(bytes))
     }
 
     fn scratch_sync(&self) -> Result<tempfile::TempDir> {
@@ -219,9 +281,29 @@ impl Store for FsStore {
         blocking(move || s.lookup_sync(&key)).await
     }
 
-    async fn put(&self, artifact: &Path, manifest: &BuildManifest) -> Result<Entry> {
+    async fn put(&self, artifact: &Path, manifest: &BuildManifest, replace: bool) -> Result<Entry> {
         let (s, artifact, manifest) = (self.clone(), artifact.to_path_buf(), manifest.clone());
-        blocking(move || s.put_sync(&artifact, &manifest)).await
+        blocking(move || s.put_sync(&artifact, &manifest, replace)).await
+    }
+
+    async fn put_attestation(
+        &self,
+        key: &str,
+        manifest_digest: &str,
+        envelope: &[u8],
+    ) -> Result<()> {
+        let (s, key, digest, envelope) = (
+            self.clone(),
+            key.to_string(),
+            manifest_digest.to_string(),
+            envelope.to_vec(),
+        );
+        blocking(move || s.put_attestation_sync(&key, &digest, &envelope)).await
+    }
+
+    async fn attestation(&self, key: &str, manifest_digest: &str) -> Result<Option<Vec<u8>>> {
+        let (s, key, digest) = (self.clone(), key.to_string(), manifest_digest.to_string());
+        blocking(move || s.attestation_sync(&key, &digest)).await
     }
 
     async fn pull(&self, r: &ArtifactRef, dest: &Path) -> Result<BuildManifest> {

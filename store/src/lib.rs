@@ -5,6 +5,7 @@
 //! hostPath shared by operator and compile Jobs, tests); `oci://HOST[:PORT]/REPOSITORY` is an OCI
 //! registry. No ML runtime: the operator links this crate.
 
+pub mod attest;
 mod error;
 mod fs;
 mod oci;
@@ -119,8 +120,21 @@ pub trait Store: Send + Sync {
     /// complete artifact.
     async fn lookup(&self, key: &str) -> Result<Option<Entry>>;
     /// Stores the artifact at `artifact` with its manifest under `manifest.compile_key`,
-    /// atomically: readers see all of it or nothing. Storing a key twice is harmless.
-    async fn put(&self, artifact: &Path, manifest: &BuildManifest) -> Result<Entry>;
+    /// atomically: readers see all of it or nothing. Storing a key twice is harmless: the entry
+    /// already there is kept, unless `replace` (the caller refused it, say for a bad
+    /// attestation), when this one takes its place.
+    async fn put(&self, artifact: &Path, manifest: &BuildManifest, replace: bool) -> Result<Entry>;
+    /// Keeps `envelope` (a DSSE envelope, see [`attest`]) as the attestation of the entry of
+    /// `key` stored under `manifest_digest`, replacing any earlier one.
+    async fn put_attestation(
+        &self,
+        key: &str,
+        manifest_digest: &str,
+        envelope: &[u8],
+    ) -> Result<()>;
+    /// The attestation kept for `key`'s entry under `manifest_digest`, if any (at most
+    /// [`attest::MAX_ENVELOPE_BYTES`]).
+    async fn attestation(&self, key: &str, manifest_digest: &str) -> Result<Option<Vec<u8>>>;
     /// Pulls the artifact of `r` into `dest`: verifies the manifest by digest, streams the bytes
     /// while hashing into a temp file beside `dest`, and renames it into place only when size
     /// and sha256 match. `dest` never holds a partial or unverified file. Returns the manifest.
@@ -186,6 +200,18 @@ pub(crate) fn check_key(location: &str, key: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The hex of a `sha256:<64 hex>` digest; anything else is refused (it becomes a file name or
+/// a tag).
+pub(crate) fn digest_hex(digest: &str) -> Result<&str> {
+    digest
+        .strip_prefix("sha256:")
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| Error::HashMismatch {
+            what: format!("digest {digest:?}"),
+            message: "not of the form sha256:<64 hex digits>".into(),
+        })
 }
 
 #[cfg(test)]

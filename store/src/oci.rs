@@ -14,6 +14,7 @@ use oci_client::manifest::{OCI_IMAGE_MEDIA_TYPE, OciDescriptor, OciImageManifest
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 
+use crate::attest::{ENVELOPE_MEDIA_TYPE, MAX_ENVELOPE_BYTES, PAYLOAD_TYPE};
 use crate::fs::check_manifest;
 use crate::staged::{Expected, oci_digest, stream_verified};
 use crate::{ArtifactRef, Entry, Error, RegistryOptions, Result, Store, check_key};
@@ -24,6 +25,8 @@ pub const ARTIFACT_TYPE: &str = "application/vnd.kiln.artifact.v1";
 pub const BUILD_MANIFEST_MEDIA_TYPE: &str = "application/vnd.kiln.build-manifest.v1+json";
 /// Media type of the layer: the compiled artifact.
 pub const ENGINE_MEDIA_TYPE: &str = "application/vnd.kiln.engine.v1.tar";
+/// Media type of the empty config of an attestation manifest.
+const EMPTY_CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
 /// Largest build manifest (config blob) or image manifest accepted.
 const MAX_MANIFEST_BYTES: u64 = 4 << 20;
 /// Read size when streaming an artifact file to the registry.
@@ -104,6 +107,16 @@ impl OciStore {
             self.repository.clone(),
             key.to_string(),
         )
+    }
+
+    /// Where the attestation of the manifest `digest` is tagged (`sha256-<hex>.att`).
+    fn attestation_tag(&self, digest: &str) -> Result<Reference> {
+        let hex = crate::digest_hex(digest)?;
+        Ok(Reference::with_tag(
+            self.registry.clone(),
+            self.repository.clone(),
+            format!("sha256-{hex}.att"),
+        ))
     }
 
     fn by_digest(&self, digest: &str) -> Reference {
@@ -295,10 +308,10 @@ impl Store for OciStore {
         Ok(Some(entry))
     }
 
-    async fn put(&self, artifact: &Path, manifest: &BuildManifest) -> Result<Entry> {
+    async fn put(&self, artifact: &Path, manifest: &BuildManifest, replace: bool) -> Result<Entry> {
         let key = &manifest.compile_key;
         check_key(&self.location(), key)?;
-        if let Some(entry) = self.lookup(key).await? {
+        if !replace && let Some(entry) = self.lookup(key).await? {
             return Ok(entry);
         }
         let doing = format!("pushing compile key {key}");
@@ -377,6 +390,104 @@ impl Store for OciStore {
             manifest: manifest.clone(),
             manifest_digest,
         })
+    }
+
+    /// As cosign keeps attestations: an image manifest tagged `sha256-<hex>.att` (the digest of
+    /// the entry it is about) whose one layer is the DSSE envelope.
+    async fn put_attestation(
+        &self,
+        key: &str,
+        manifest_digest: &str,
+        envelope: &[u8],
+    ) -> Result<()> {
+        check_key(&self.location(), key)?;
+        let reference = self.attestation_tag(manifest_digest)?;
+        let doing = format!("pushing the attestation of {manifest_digest}");
+        self.client
+            .store_auth_if_needed(&self.registry, &self.auth)
+            .await;
+        let layer = OciDescriptor {
+            media_type: ENVELOPE_MEDIA_TYPE.into(),
+            digest: oci_digest(envelope),
+            size: i64::try_from(envelope.len()).unwrap_or(i64::MAX),
+            ..Default::default()
+        };
+        self.client
+            .push_blob(&reference, envelope.to_vec(), &layer.digest)
+            .await
+            .map_err(|e| self.error(&doing, e))?;
+        let config = b"{}".to_vec();
+        let config_desc = OciDescriptor {
+            media_type: EMPTY_CONFIG_MEDIA_TYPE.into(),
+            digest: oci_digest(&config),
+            size: 2,
+            ..Default::default()
+        };
+        self.client
+            .push_blob(&reference, config, &config_desc.digest)
+            .await
+            .map_err(|e| self.error(&doing, e))?;
+        let image = OciImageManifest {
+            schema_version: 2,
+            media_type: Some(OCI_IMAGE_MEDIA_TYPE.into()),
+            config: config_desc,
+            layers: vec![layer],
+            subject: None,
+            artifact_type: Some(PAYLOAD_TYPE.into()),
+            annotations: Some([("dev.kiln.compile-key".to_string(), key.to_string())].into()),
+        };
+        let bytes =
+            serde_json::to_vec(&image).map_err(|e| Error::unavailable(self.location(), e))?;
+        self.client
+            .push_manifest_raw(
+                &reference,
+                bytes,
+                http::HeaderValue::from_static(OCI_IMAGE_MEDIA_TYPE),
+            )
+            .await
+            .map_err(|e| self.error(&doing, e))?;
+        Ok(())
+    }
+
+    async fn attestation(&self, key: &str, manifest_digest: &str) -> Result<Option<Vec<u8>>> {
+        check_key(&self.location(), key)?;
+        let reference = self.attestation_tag(manifest_digest)?;
+        let doing = format!("reading the attestation of {manifest_digest}");
+        let Some(bytes) = self.manifest_bytes(&reference, &doing).await? else {
+            return Ok(None);
+        };
+        let refuse = |message: String| Error::SignatureInvalid {
+            what: format!("attestation {reference}"),
+            message,
+        };
+        let image: OciImageManifest = serde_json::from_slice(&bytes)
+            .map_err(|e| refuse(format!("not an OCI image manifest: {e}")))?;
+        let [layer] = image.layers.as_slice() else {
+            return Err(refuse(format!("{} layers, expected 1", image.layers.len())));
+        };
+        if layer.media_type != ENVELOPE_MEDIA_TYPE
+            || u64::try_from(layer.size).map_or(true, |s| s > MAX_ENVELOPE_BYTES)
+        {
+            return Err(refuse(format!(
+                "layer {} of {} bytes; expected one {ENVELOPE_MEDIA_TYPE} of at most {MAX_ENVELOPE_BYTES}",
+                layer.media_type, layer.size
+            )));
+        }
+        let mut envelope = Vec::new();
+        self.client
+            .pull_blob(&reference, layer, &mut envelope)
+            .await
+            .map_err(|e| self.error(&doing, e))?;
+        if oci_digest(&envelope) != layer.digest {
+            return Err(Error::HashMismatch {
+                what: format!("attestation {reference}"),
+                message: format!(
+                    "the registry served bytes with digest {}",
+                    oci_digest(&envelope)
+                ),
+            });
+        }
+        Ok(Some(envelope))
     }
 
     async fn pull(&self, r: &ArtifactRef, dest: &Path) -> Result<BuildManifest> {

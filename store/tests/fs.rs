@@ -19,7 +19,7 @@ async fn put_lookup_pull_round_trip_and_corruption_is_refused() {
     let bytes = std::fs::read(&path).unwrap();
     assert!(store.lookup(&manifest.compile_key).await.unwrap().is_none());
 
-    let entry = store.put(&path, &manifest).await.unwrap();
+    let entry = store.put(&path, &manifest, false).await.unwrap();
     assert_eq!(entry.manifest, manifest);
     let stored_json = tmp
         .path()
@@ -38,7 +38,7 @@ async fn put_lookup_pull_round_trip_and_corruption_is_refused() {
     assert_eq!(found, entry);
     // A second put of the same key keeps the first entry.
     let (again, _) = common::artifact(tmp.path(), "b", 300_000, 1);
-    assert_eq!(store.put(&again, &manifest).await.unwrap(), entry);
+    assert_eq!(store.put(&again, &manifest, false).await.unwrap(), entry);
 
     let cache = tmp.path().join("cache");
     let dest = cache.join("pulled");
@@ -86,7 +86,7 @@ async fn size_limit_is_enforced_before_writing() {
     };
     let store = open(root.to_str().unwrap(), &small).unwrap();
     let (path, manifest) = common::artifact(tmp.path(), "a", 5000, 2);
-    let entry = store.put(&path, &manifest).await.unwrap();
+    let entry = store.put(&path, &manifest, false).await.unwrap();
     let err = store
         .pull(&entry.artifact_ref(), &tmp.path().join("c/x"))
         .await
@@ -117,4 +117,20 @@ async fn unwritable_store_is_unavailable_and_reads_need_nothing() {
         !tmp.path().join("absent").exists(),
         "a read creates nothing"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewritten_entry_is_refused_by_its_attestation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = open(
+        &tmp.path().join("store").display().to_string(),
+        &RegistryOptions::default(),
+    )
+    .unwrap();
+    store.check_writable().await.unwrap();
+    common::poisoning_is_refused_and_replaced(store.as_ref(), tmp.path()).await;
+    // A digest that is not sha256:<hex> never becomes a file name.
+    let key = "a".repeat(64);
+    let err = store.attestation(&key, "sha256:../../x").await.unwrap_err();
+    assert_eq!(err.reason(), FailureReason::HashMismatch, "{err}");
 }

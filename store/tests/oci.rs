@@ -53,7 +53,7 @@ async fn push_lookup_pull_round_trip_with_the_agreed_layout() {
         "empty registry"
     );
 
-    let entry = store.put(&path, &manifest).await.unwrap();
+    let entry = store.put(&path, &manifest, false).await.unwrap();
     assert_eq!(entry.manifest, manifest);
     let found = store.lookup(&key).await.expect("lookup").expect("stored");
     assert_eq!(found, entry, "lookup by tag finds what was pushed");
@@ -106,7 +106,7 @@ async fn push_lookup_pull_round_trip_with_the_agreed_layout() {
 
     // Pushing the same key again (another Job, a retry) is harmless: same entry, one tag.
     let (again, _) = common::artifact(tmp.path(), "again", 3 << 20, 7);
-    assert_eq!(store.put(&again, &manifest).await.unwrap(), entry);
+    assert_eq!(store.put(&again, &manifest, false).await.unwrap(), entry);
     assert_eq!(store.lookup(&key).await.unwrap(), Some(entry.clone()));
 
     // A reference whose manifest digest the registry does not hold is refused, nothing written.
@@ -136,7 +136,7 @@ async fn a_flipped_byte_truncation_or_extra_bytes_in_the_registry_never_reach_de
     let tmp = tempfile::tempdir().unwrap();
     let (path, manifest) = common::artifact(tmp.path(), "artifact", 2 << 20, 9);
     let bytes = std::fs::read(&path).unwrap();
-    let entry = store.put(&path, &manifest).await.unwrap();
+    let entry = store.put(&path, &manifest, false).await.unwrap();
     let r = entry.artifact_ref();
     let blob = reg.blob_path(&manifest.artifact_digest);
     assert_eq!(
@@ -212,7 +212,7 @@ async fn credentials_are_used_and_wrong_ones_are_a_clear_error() {
     )
     .unwrap();
     good.check_writable().await.unwrap();
-    let entry = good.put(&path, &manifest).await.unwrap();
+    let entry = good.put(&path, &manifest, false).await.unwrap();
     good.pull(&entry.artifact_ref(), &tmp.path().join("pulled"))
         .await
         .unwrap();
@@ -254,7 +254,7 @@ async fn a_registry_that_is_down_is_store_unavailable_naming_it() {
     let store = open(&url, &insecure()).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let (path, manifest) = common::artifact(tmp.path(), "artifact", 10_000, 4);
-    let entry = store.put(&path, &manifest).await.unwrap();
+    let entry = store.put(&path, &manifest, false).await.unwrap();
     reg.stop();
     let addr = reg.addr.to_string();
     for err in [
@@ -264,7 +264,7 @@ async fn a_registry_that_is_down_is_store_unavailable_naming_it() {
             .pull(&entry.artifact_ref(), &tmp.path().join("x"))
             .await
             .unwrap_err(),
-        store.put(&path, &manifest).await.unwrap_err(),
+        store.put(&path, &manifest, false).await.unwrap_err(),
     ] {
         assert_eq!(err.reason(), FailureReason::StoreUnavailable, "{err}");
         let msg = err.to_string();
@@ -297,4 +297,22 @@ fn bad_oci_urls_and_half_credentials_are_invalid() {
     .err()
     .unwrap();
     assert!(err.to_string().contains("set together"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retagged_entry_is_refused_by_its_attestation() {
+    let Some(reg) = Registry::start() else { return };
+    let store = open(&reg.url("kiln/attested"), &insecure()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    common::poisoning_is_refused_and_replaced(store.as_ref(), tmp.path()).await;
+    // Attestations are tagged the way cosign tags them.
+    let key = common::artifact(tmp.path(), "k", 10, 41).1.compile_key;
+    let entry = store.lookup(&key).await.unwrap().unwrap();
+    let tag = entry.manifest_digest.replace("sha256:", "sha256-") + ".att";
+    let (head, _) = http_get(
+        reg.addr,
+        &format!("/v2/kiln/attested/manifests/{tag}"),
+        "application/vnd.oci.image.manifest.v1+json",
+    );
+    assert!(head.contains(" 200 "), "{head}");
 }

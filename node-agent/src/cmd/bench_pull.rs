@@ -111,7 +111,7 @@ pub async fn run(
     )?;
     let key = sha256_bytes(format!("bench-pull {bytes}").as_bytes());
     let entry = store
-        .put(&artifact, &manifest(&key, &digest, bytes))
+        .put(&artifact, &manifest(&key, &digest, bytes), false)
         .await?;
     std::fs::remove_file(&artifact)?;
     let reference = ArtifactRef {

@@ -63,3 +63,64 @@ pub fn names(dir: &Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// The trust chain on any store: a signed entry verifies; the same key's entry rewritten whole by
+/// someone without the signing key (artifact and manifest consistent with each other) is found by
+/// lookup but refused by the check, as is an entry with no attestation at all; a `replace` put
+/// by the publisher restores a signed entry.
+pub async fn poisoning_is_refused_and_replaced(store: &dyn kiln_store::Store, dir: &Path) {
+    use kiln_crds::FailureReason;
+    use kiln_store::attest::{Signer, Trust, Verifier, subject};
+    let (private, public) = Signer::generate().unwrap();
+    let publisher = Trust {
+        signer: Some(std::sync::Arc::new(
+            Signer::from_pem(private.as_bytes()).unwrap(),
+        )),
+        verifier: None,
+    };
+    let node = Trust {
+        signer: None,
+        verifier: Some(Verifier::from_pem(public.as_bytes()).unwrap()),
+    };
+    let (path, manifest) = artifact(dir, "signed", 100_000, 41);
+    let entry = store.put(&path, &manifest, false).await.unwrap();
+    // Stored but not yet signed: refused.
+    let err = node.check(store, &subject(&entry)).await.unwrap_err();
+    assert_eq!(err.reason(), FailureReason::SignatureInvalid, "{err}");
+    assert!(err.to_string().contains("no attestation"), "{err}");
+    publisher
+        .sign(store, &entry, Some("agent@sha256:1234"))
+        .await
+        .unwrap();
+    node.check(store, &subject(&entry)).await.unwrap();
+
+    // The attacker writes another artifact under the same key, with a manifest that matches it.
+    let (evil, _) = artifact(dir, "evil", 100_000, 42);
+    let evil_manifest = self::manifest(&manifest.compile_key, &std::fs::read(&evil).unwrap());
+    let poisoned = store.put(&evil, &evil_manifest, true).await.unwrap();
+    let found = store.lookup(&manifest.compile_key).await.unwrap().unwrap();
+    assert_eq!(found, poisoned, "lookup alone trusts what is stored");
+    let err = node.check(store, &subject(&found)).await.unwrap_err();
+    assert_eq!(err.reason(), FailureReason::SignatureInvalid, "{err}");
+    // Also refused when it borrows the old attestation: it names another manifest digest.
+    let old = store
+        .attestation(&manifest.compile_key, &entry.manifest_digest)
+        .await
+        .unwrap();
+    if let Some(old) = old {
+        store
+            .put_attestation(&manifest.compile_key, &poisoned.manifest_digest, &old)
+            .await
+            .unwrap();
+        let err = node.check(store, &subject(&found)).await.unwrap_err();
+        assert!(err.to_string().contains("something else"), "{err}");
+    }
+
+    // The publisher replaces the refused entry and signs it again.
+    let (again, _) = artifact(dir, "signed-again", 100_000, 41);
+    let restored = store.put(&again, &manifest, true).await.unwrap();
+    assert_eq!(restored.manifest.artifact_digest, manifest.artifact_digest);
+    publisher.sign(store, &restored, None).await.unwrap();
+    let found = store.lookup(&manifest.compile_key).await.unwrap().unwrap();
+    node.check(store, &subject(&found)).await.unwrap();
+}
