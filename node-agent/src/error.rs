@@ -20,6 +20,9 @@ pub enum Error {
     /// Bytes did not match their declared digest or size.
     #[error("{what}: {message}")]
     HashMismatch { what: String, message: String },
+    /// An artifact's attestation is missing or not signed by a trusted key.
+    #[error("untrusted {what}: {message}")]
+    SignatureInvalid { what: String, message: String },
     /// The model uses operators the backend cannot run.
     #[error("unsupported operator(s) for backend {backend}: {}", operators.join(", "))]
     UnsupportedOperator {
@@ -62,6 +65,7 @@ impl Error {
             Self::InvalidSpec(_) => FailureReason::InvalidSpec,
             Self::SourceUnavailable { .. } => FailureReason::SourceUnavailable,
             Self::HashMismatch { .. } => FailureReason::HashMismatch,
+            Self::SignatureInvalid { .. } => FailureReason::SignatureInvalid,
             Self::UnsupportedOperator { .. } => FailureReason::UnsupportedOperator,
             Self::IncompatibleHardware(_) => FailureReason::IncompatibleHardware,
             Self::IncompatibleRuntime(_) => FailureReason::IncompatibleRuntime,
@@ -98,6 +102,9 @@ impl From<kiln_store::Error> for Error {
                 Error::StoreUnavailable { location, message }
             }
             kiln_store::Error::InvalidUrl { .. } => Error::InvalidSpec(err.to_string()),
+            kiln_store::Error::SignatureInvalid { what, message } => {
+                Error::SignatureInvalid { what, message }
+            }
             kiln_store::Error::HashMismatch { what, message } => {
                 Error::HashMismatch { what, message }
             }

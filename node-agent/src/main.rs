@@ -41,6 +41,9 @@ enum Command {
     /// dynamic loader and libraries into DIR (an emptyDir the compiler container mounts) and
     /// check that the copy runs.
     Install(cmd::install::Args),
+    /// Write a fresh ECDSA P-256 key pair for artifact attestations into DIR: `signing.key`
+    /// (the compile Jobs' Secret) and `signing.pub` (operator, agents, `--trust-key`).
+    Keygen(cmd::keygen::Args),
     /// Print this machine's hardware facts and class labels as JSON.
     Probe,
     /// Measure a verified pull of a large artifact from a local docker-registry into a cache
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
         Command::Fixtures(args) => cmd::fixtures::main(args),
         Command::Compile(args) => cmd::compile::main(args),
         Command::Install(args) => cmd::install::main(args),
+        Command::Keygen(args) => cmd::keygen::main(args),
         Command::Probe => cmd::probe::main(),
         Command::BenchPull(args) => cmd::bench_pull::main(args),
         Command::BenchVerify(args) => cmd::bench_verify::main(args),

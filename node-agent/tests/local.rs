@@ -655,6 +655,90 @@ fn corrupt_stored_artifact_is_detected_before_load() {
 }
 
 #[test]
+fn store_entry_rewritten_whole_is_refused_by_its_attestation_and_rebuilt() {
+    let case = Case::mlp(4);
+    let keys = case.path("keys");
+    let out = Command::new(AGENT)
+        .arg("keygen")
+        .arg(&keys)
+        .output()
+        .expect("keygen");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (signing, public) = (keys.join("signing.key"), keys.join("signing.pub"));
+    let publisher = [("KILN_SIGNING_KEY", signing.as_path())];
+    let node = [("KILN_TRUST_KEY", public.as_path())];
+
+    let first = case.run_with_env(&publisher);
+    assert!(first.success, "{}", first.message());
+    let key = first.outcome["compileKey"]
+        .as_str()
+        .expect("key")
+        .to_string();
+    let good_digest = first.outcome["artifactDigest"]
+        .as_str()
+        .expect("digest")
+        .to_string();
+    let entry = case.store().join("artifacts").join(&key);
+    let signed: Vec<_> = std::fs::read_dir(&entry)
+        .expect("entry")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("attestation-"))
+        .collect();
+    assert_eq!(signed.len(), 1, "one attestation beside the entry");
+    let again = case.run_with_env(&node);
+    assert!(again.success, "{}", again.message());
+    assert_eq!(again.outcome["cacheHit"], true, "a signed entry is reused");
+
+    // Someone with write access to the store (but not the key) substitutes the artifact and
+    // rewrites the manifest to match it: every digest in the store agrees with itself.
+    let mut bytes = std::fs::read(entry.join("artifact")).expect("artifact");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(entry.join("artifact"), &bytes).expect("substitute");
+    let mut manifest: Value =
+        serde_json::from_slice(&std::fs::read(entry.join("manifest.json")).expect("manifest"))
+            .expect("json");
+    manifest["artifactDigest"] = sha256_bytes(&bytes).into();
+    std::fs::write(
+        entry.join("manifest.json"),
+        serde_json::to_vec_pretty(&manifest).expect("json"),
+    )
+    .expect("rewrite manifest");
+
+    // A node (public key only) never uses it: the rebuilt entry it cannot sign is refused too.
+    let refused = case.run_with_env(&node);
+    refused.fails_with("SignatureInvalid", &["no attestation", &key]);
+    assert!(
+        refused.outcome["loadSeconds"].is_null(),
+        "nothing was loaded"
+    );
+    assert_eq!(
+        metric(
+            &case.metrics(),
+            "kiln_agent_verify_failures_total{reason=\"SignatureInvalid\"}"
+        ),
+        Some(2.0),
+        "the refused stored entry, then the unsigned rebuild"
+    );
+    // The publisher refuses it as a cache hit, rebuilds, replaces and signs.
+    let rebuilt = case.run_with_env(&publisher);
+    assert!(rebuilt.success, "{}", rebuilt.message());
+    assert_eq!(rebuilt.outcome["cacheHit"], false, "never a cache hit");
+    assert_eq!(rebuilt.outcome["artifactDigest"], good_digest.as_str());
+    assert!(case.run_with_env(&node).success, "signed again");
+
+    // A key that is not a P-256 PEM key is a clear error, not a silent skip.
+    let junk = case.path("junk.pub");
+    std::fs::write(&junk, "not a key").expect("write");
+    case.run_with_env(&[("KILN_TRUST_KEY", junk.as_path())])
+        .fails_with("SignatureInvalid", &["junk.pub", "PEM"]);
+}
+
+#[test]
 fn corrupt_cached_source_blob_is_refetched() {
     let case = Case::mlp(4);
     assert!(case.run().success);

@@ -75,6 +75,27 @@ impl RegistryArgs {
     }
 }
 
+/// The attestation keys a binary takes (files; the chart mounts them from a Secret).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct TrustArgs {
+    /// PKCS#8 PEM ECDSA P-256 private key: sign every artifact this process stores (compile
+    /// Jobs; `local`). Also trusts its own signatures.
+    #[arg(long, env = "KILN_SIGNING_KEY")]
+    pub signing_key: Option<PathBuf>,
+    /// PEM public key(s) (P-256, as `cosign generate-key-pair` or `kiln-agent keygen` writes;
+    /// several may follow each other): use only artifacts whose attestation one of them signed.
+    /// Without it (and without --signing-key) unsigned artifacts are accepted.
+    #[arg(long, env = "KILN_TRUST_KEY")]
+    pub trust_key: Option<PathBuf>,
+}
+
+impl TrustArgs {
+    /// Reads the keys; a file that is missing or not a P-256 PEM key is `SignatureInvalid`.
+    pub fn load(&self) -> Result<attest::Trust> {
+        attest::Trust::from_files(self.signing_key.as_deref(), self.trust_key.as_deref())
+    }
+}
+
 /// Everything needed to pull one class's artifact by digest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ArtifactRef {

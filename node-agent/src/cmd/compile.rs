@@ -16,7 +16,7 @@ use prometheus_client::registry::Registry;
 use crate::backend;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::pipeline::build::{Built, compile_or_reuse, fetch_inputs, key_for};
+use crate::pipeline::build::{Built, Publish, compile_or_reuse, fetch_inputs, key_for};
 use crate::pipeline::fetch::{FetchLimits, Fetcher};
 use crate::pipeline::probe;
 use crate::pipeline::spec::Spec;
@@ -37,6 +37,8 @@ pub struct Job {
     pub source_base: PathBuf,
     /// Bounds on fetching the inputs.
     pub fetch: FetchLimits,
+    /// Signing key, trusted keys and the builder image for the provenance.
+    pub publish: Publish,
 }
 
 #[derive(serde::Deserialize)]
@@ -91,6 +93,7 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<Built> {
         &expected,
         &host,
         store.as_ref(),
+        &job.publish,
         metrics,
     )
     .await
@@ -149,11 +152,29 @@ pub struct Args {
     termination_log: PathBuf,
     #[command(flatten)]
     fetch: FetchLimits,
+    #[command(flatten)]
+    trust: kiln_store::TrustArgs,
+    /// The image this Job runs in, recorded in the provenance.
+    #[arg(long, env = "KILN_BUILDER_IMAGE")]
+    builder_image: Option<String>,
 }
 
 /// Compiles, prints the manifest as JSON, and leaves the one-line outcome in the termination log.
 pub fn main(args: Args) -> ExitCode {
+    let trust = match args.trust.load() {
+        Ok(t) => t,
+        Err(e) => {
+            let line = format!("{}: {e}", e.reason());
+            tracing::error!(error = %e, "cannot read the signing key");
+            let _ = std::fs::write(&args.termination_log, line.as_bytes());
+            return ExitCode::FAILURE;
+        }
+    };
     let job = Job {
+        publish: Publish {
+            trust,
+            builder_image: args.builder_image,
+        },
         spec_json: args.spec,
         class_facts_json: args.class_facts,
         compile_key: args.compile_key,

@@ -15,11 +15,12 @@ use serde::Serialize;
 use crate::backend;
 use crate::error::Result;
 use crate::metrics::Metrics;
-use crate::pipeline::build::{Built, compile_or_reuse, fetch_inputs, key_for};
+use crate::pipeline::build::{Built, Publish, compile_or_reuse, fetch_inputs, key_for};
 use crate::pipeline::fetch::{FetchLimits, Fetcher};
 use crate::pipeline::probe;
 use crate::pipeline::ready::{load_warm, pull_verified};
 use crate::pipeline::spec::Spec;
+use kiln_store::TrustArgs;
 
 /// The outcome of a local run; with `--output json` this is the last line on stdout.
 #[derive(Serialize, Debug, Default)]
@@ -56,9 +57,15 @@ pub struct Outcome {
 }
 
 /// Runs the pipeline for the YAML at `file` with the store at `store_dir`.
-pub async fn run(file: &Path, store_dir: &Path, metrics: &Metrics, fetch: &FetchLimits) -> Outcome {
+pub async fn run(
+    file: &Path,
+    store_dir: &Path,
+    metrics: &Metrics,
+    fetch: &FetchLimits,
+    trust: &TrustArgs,
+) -> Outcome {
     let mut outcome = Outcome::default();
-    match pipeline(file, store_dir, metrics, fetch, &mut outcome).await {
+    match pipeline(file, store_dir, metrics, fetch, trust, &mut outcome).await {
         Ok(()) => outcome.ready = true,
         Err(err) => {
             metrics.failure(err.reason());
@@ -77,8 +84,13 @@ async fn pipeline(
     store_dir: &Path,
     metrics: &Metrics,
     fetch: &FetchLimits,
+    trust: &TrustArgs,
     outcome: &mut Outcome,
 ) -> Result<()> {
+    let publish = Publish {
+        trust: trust.load()?,
+        builder_image: None,
+    };
     let spec = Spec::load(file)?;
     let t = &spec.target.spec;
     let backend = backend::for_target(&t.backend)?;
@@ -104,6 +116,7 @@ async fn pipeline(
         &class,
         &host,
         &store,
+        &publish,
         metrics,
     )
     .await?;
@@ -118,7 +131,14 @@ async fn pipeline(
 
     // The same path a node takes: pull by digest into a cache, verified while it streams.
     let cached = store_dir.join("cache").join(&manifest.artifact_digest);
-    let manifest = pull_verified(&store, &entry.artifact_ref(), &cached, metrics).await?;
+    let manifest = pull_verified(
+        &store,
+        &publish.trust,
+        &entry.artifact_ref(),
+        &cached,
+        metrics,
+    )
+    .await?;
     let ready = blocking(|| {
         load_warm(
             &manifest,
@@ -187,6 +207,8 @@ pub struct Args {
     metrics_file: Option<PathBuf>,
     #[command(flatten)]
     fetch: FetchLimits,
+    #[command(flatten)]
+    trust: TrustArgs,
 }
 
 /// What stdout gets.
@@ -217,7 +239,7 @@ pub fn main(args: Args) -> ExitCode {
     let Some(runtime) = super::runtime() else {
         return ExitCode::FAILURE;
     };
-    let outcome = runtime.block_on(run(&file, &store, &metrics, &args.fetch));
+    let outcome = runtime.block_on(run(&file, &store, &metrics, &args.fetch, &args.trust));
     if let Some(path) = args.metrics_file
         && let Err(e) = std::fs::write(&path, kiln_serve::exposition(&registry, None).0)
     {

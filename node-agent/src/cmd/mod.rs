@@ -8,6 +8,7 @@ pub mod bench_verify;
 pub mod compile;
 pub mod fixtures;
 pub mod install;
+pub mod keygen;
 pub mod local;
 pub mod probe;
 pub mod run;

@@ -35,6 +35,10 @@ pub struct Args {
     resync_seconds: u64,
     #[command(flatten)]
     fetch: crate::pipeline::fetch::FetchLimits,
+    /// PEM public key(s) (P-256): use only artifacts whose attestation one of them signed. The
+    /// chart sets it; without it unsigned artifacts are accepted.
+    #[arg(long, env = "KILN_TRUST_KEY")]
+    trust_key: Option<PathBuf>,
 }
 
 /// Runs the agent until SIGTERM; a failure to start (no apiserver, no cache) is logged.
@@ -42,7 +46,18 @@ pub fn main(args: Args) -> ExitCode {
     let Some(runtime) = super::runtime() else {
         return ExitCode::FAILURE;
     };
+    let trust = match kiln_store::attest::Trust::from_files(None, args.trust_key.as_deref()) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read --trust-key");
+            return ExitCode::FAILURE;
+        }
+    };
+    if trust.verifier.is_none() {
+        tracing::warn!("no --trust-key: artifacts are accepted without an attestation");
+    }
     let config = crate::run::Config {
+        trust,
         node_name: args.node_name,
         cache: args.cache,
         store: args.store,

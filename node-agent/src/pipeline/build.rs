@@ -8,10 +8,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use kiln_crds::FailureReason;
 use kiln_crds::class::ClassFacts;
 use kiln_crds::kiln_node::HardwareFacts;
 use kiln_crds::manifest::MANIFEST_VERSION;
 use kiln_crds::{BuildManifest, CompileKeyInput, compile_key};
+use kiln_store::attest::{Trust, subject};
 use kiln_store::staged::sha256_file;
 use kiln_store::{Entry, Store};
 
@@ -129,8 +131,21 @@ pub struct Built {
     pub reused: bool,
 }
 
-/// Compiles unless the store already holds the key, and stores the result. The compile itself runs on this thread via `block_in_place`
+/// Who signs what this run stores and which signatures it trusts, and the builder image it
+/// records in the provenance.
+#[derive(Clone, Debug, Default)]
+pub struct Publish {
+    /// Keys.
+    pub trust: Trust,
+    /// The image this compile runs in (from the Job), if known.
+    pub builder_image: Option<String>,
+}
+
+/// Compiles unless the store already holds the key under a trusted attestation, and stores (and
+/// signs) the result. A stored entry whose attestation does not verify is never reused: it is
+/// compiled again and replaced. The compile itself runs on this thread via `block_in_place`
 /// (a multi-threaded runtime is required).
+#[allow(clippy::too_many_arguments)]
 pub async fn compile_or_reuse(
     spec: &Spec,
     inputs: &Inputs,
@@ -138,16 +153,28 @@ pub async fn compile_or_reuse(
     class: &ClassFacts,
     host: &HardwareFacts,
     store: &dyn Store,
+    publish: &Publish,
     metrics: &Metrics,
 ) -> Result<Built> {
     let key = key_for(spec, backend, class);
+    let mut replace = false;
     if let Some(entry) = store.lookup(&key).await? {
-        tracing::info!(compile_key = %key, digest = %entry.manifest.artifact_digest, manifest = %entry.manifest_digest, store = %store.location(), "artifact already in store; not compiling");
-        metrics.compile(backend.name(), "cached", None);
-        return Ok(Built {
-            entry,
-            reused: true,
-        });
+        match publish.trust.check(store, &subject(&entry)).await {
+            Ok(()) => {
+                tracing::info!(compile_key = %key, digest = %entry.manifest.artifact_digest, manifest = %entry.manifest_digest, store = %store.location(), "artifact already in store; not compiling");
+                metrics.compile(backend.name(), "cached", None);
+                return Ok(Built {
+                    entry,
+                    reused: true,
+                });
+            }
+            Err(e) if e.reason() == FailureReason::SignatureInvalid => {
+                tracing::warn!(compile_key = %key, error = %e, "refusing the stored entry; compiling and replacing it");
+                metrics.verify_failure(e.reason());
+                replace = true;
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     let started = Instant::now();
     let scratch = store.scratch()?;
@@ -160,8 +187,17 @@ pub async fn compile_or_reuse(
         Err(_) => metrics.compile(backend.name(), "failure", Some(seconds)),
     }
     let manifest = result?;
-    let entry = store.put(&out, &manifest).await?;
-    tracing::info!(compile_key = %key, digest = %manifest.artifact_digest, manifest = %entry.manifest_digest, store = %store.location(), "stored artifact");
+    let entry = store.put(&out, &manifest, replace).await?;
+    if entry.manifest == manifest {
+        publish
+            .trust
+            .sign(store, &entry, publish.builder_image.as_deref())
+            .await?;
+    } else {
+        // Another compile of the key stored first; use it only if its attestation holds.
+        publish.trust.check(store, &subject(&entry)).await?;
+    }
+    tracing::info!(compile_key = %key, digest = %manifest.artifact_digest, manifest = %entry.manifest_digest, store = %store.location(), signed = publish.trust.signer.is_some(), "stored artifact");
     Ok(Built {
         entry,
         reused: false,

@@ -9,6 +9,7 @@ use std::time::Instant;
 use kiln_crds::BuildManifest;
 use kiln_crds::class::ClassFacts;
 use kiln_crds::compiled_target::Warmup;
+use kiln_store::attest::{Subject, Trust};
 use kiln_store::{ArtifactRef, Store};
 
 use crate::backend::{Backend, Engine};
@@ -50,17 +51,27 @@ pub fn check_compatible(
     Ok(())
 }
 
-/// Pulls the artifact of `r` from the store into `dest`, verified by manifest digest, size and
-/// sha256 while it streams; a failure is counted by reason and leaves nothing at `dest`.
+/// Pulls the artifact of `r` from the store into `dest`: its attestation first (when `trust`
+/// has keys: signed by one of them, naming exactly `r`), then the bytes, verified by manifest
+/// digest, size and sha256 while they stream; a failure is counted by reason and leaves nothing
+/// at `dest`.
 pub async fn pull_verified(
     store: &dyn Store,
+    trust: &Trust,
     r: &ArtifactRef,
     dest: &Path,
     metrics: &Metrics,
 ) -> Result<BuildManifest> {
-    store
-        .pull(r, dest)
-        .await
+    let subject = Subject {
+        compile_key: &r.compile_key,
+        manifest_digest: &r.manifest_digest,
+        artifact_digest: &r.artifact_digest,
+    };
+    let pulled = match trust.check(store, &subject).await {
+        Ok(()) => store.pull(r, dest).await,
+        Err(e) => Err(e),
+    };
+    pulled
         .map_err(Error::from)
         .inspect_err(|e| metrics.verify_failure(e.reason()))
 }

@@ -51,6 +51,8 @@ pub struct Agent {
     pub pods: Reader<Pod>,
     /// The artifact store (read only).
     pub store: Arc<dyn Store>,
+    /// Whose attestations an artifact needs before it is pulled.
+    pub trust: kiln_store::attest::Trust,
     /// The node cache.
     pub cache: Cache,
     /// Fixture fetcher into the node cache.
@@ -274,7 +276,14 @@ impl Agent {
     ) -> Result<Prepared> {
         self.phase(key, pick, NodePhase::Pulling).await;
         let backend = backend::for_target(&t.spec.backend)?;
-        let pulled = target::pull(self.store.as_ref(), &self.cache, pick, &self.metrics).await?;
+        let pulled = target::pull(
+            self.store.as_ref(),
+            &self.trust,
+            &self.cache,
+            pick,
+            &self.metrics,
+        )
+        .await?;
         let probed = class_facts(
             t.spec.class_label_keys.iter().map(String::as_str),
             &probe::labels(&self.hardware),

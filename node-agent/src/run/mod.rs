@@ -53,6 +53,8 @@ pub struct Config {
     pub resync: Duration,
     /// Bounds on fixture fetches.
     pub fetch: crate::pipeline::fetch::FetchLimits,
+    /// Whose attestations an artifact needs.
+    pub trust: kiln_store::attest::Trust,
 }
 
 /// Runs until SIGTERM/SIGINT.
@@ -129,6 +131,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         targets,
         pods,
         store,
+        trust: config.trust.clone(),
         cache,
         fetcher,
         source_base: config.source_base.clone(),

@@ -36,6 +36,7 @@ pub struct Pulled {
 /// store's: by manifest digest, hashing while streaming, renamed into place only when it matches.
 pub async fn pull(
     store: &dyn Store,
+    trust: &kiln_store::attest::Trust,
     cache: &Cache,
     pick: &Pick,
     metrics: &Metrics,
@@ -64,7 +65,7 @@ pub async fn pull(
         size: None,
     };
     let manifest =
-        ready::pull_verified(store, &r, &Cache::staged_artifact(&staging), metrics).await?;
+        ready::pull_verified(store, trust, &r, &Cache::staged_artifact(&staging), metrics).await?;
     let path = tokio::task::block_in_place(|| cache.install(staging, &manifest))
         .inspect_err(|e| metrics.verify_failure(e.reason()))?;
     let seconds = started.elapsed().as_secs_f64();
