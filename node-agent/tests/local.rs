@@ -1169,8 +1169,13 @@ cp "$KILN_MODEL" "$KILN_ARTIFACT""#;
     assert_eq!(manifest["backend"], "exec");
     let log = manifest["converterLog"].to_string();
     assert!(
-        log.contains("at fp32 in ") && log.contains("exec-work"),
+        log.contains("at fp32 in ") && log.contains("kiln-exec-"),
         "{log}"
+    );
+    // Its working directory is a scratch of its own, not inside the store it could poison.
+    assert!(
+        !log.contains(&case.store().display().to_string()),
+        "the compiler works outside the store: {log}"
     );
     assert!(
         log.contains(r#"profiles {\"p\":{\"x\":[4,16]}} flags {}"#),

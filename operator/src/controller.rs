@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::compiled_target::ClassPhase;
 use kiln_crds::{CompiledTarget, KilnNode, ModelArtifact};
+use kiln_store::attest::subject;
 use kube::api::{Api, ListParams, LogParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
@@ -51,6 +52,8 @@ pub struct Context {
     pub synced: tokio::sync::watch::Receiver<bool>,
     /// The artifact store, read-only from here.
     pub store: Arc<dyn kiln_store::Store>,
+    /// The keys a stored entry's attestation must be signed by (none: unsigned is accepted).
+    pub trust: kiln_store::attest::Trust,
     /// Plan settings.
     pub settings: Settings,
     /// Job settings.
@@ -176,6 +179,16 @@ async fn stored(ctx: &Context, keys: Vec<String>) -> Result<BTreeMap<String, Sto
             source,
         })?;
         if let Some(entry) = found {
+            // An entry nobody trusted signed is not stored as far as the plan is concerned: a
+            // compile Job builds the key again and its publisher replaces the entry.
+            if let Err(e) = ctx.trust.check(ctx.store.as_ref(), &subject(&entry)).await {
+                if e.reason() != kiln_crds::FailureReason::SignatureInvalid {
+                    return Err(Error::StoreLookup { key, source: e });
+                }
+                tracing::warn!(compile_key = %key, error = %e, "stored entry refused; it will be rebuilt");
+                ctx.metrics.untrusted_entry();
+                continue;
+            }
             let entry = Stored {
                 digest: entry.manifest.artifact_digest,
                 manifest_digest: entry.manifest_digest,

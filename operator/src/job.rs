@@ -1,17 +1,22 @@
 //! The compile Job for one (CompiledTarget, class): pinned to the class by node label, owned by
-//! the target, running `kiln-agent compile` (for a foreign compiler image, a copy injected by an
-//! init container) with the objects it needs in its environment, as a
-//! non-root user on a read-only root filesystem, with the operator's store (a hostPath mount for a
-//! filesystem store; the URL and registry settings for an OCI store). Pure: builds the object,
-//! sends nothing.
+//! the target, running `kiln-agent compile` with the objects it needs in its environment, as a
+//! non-root user on a read-only root filesystem under the `kiln-compile` ServiceAccount with no
+//! token, with the operator's store (a hostPath mount for a filesystem store; the URL and
+//! registry settings for an OCI store) and the signing key.
+//!
+//! A foreign compiler (`backend.kind: exec`) never shares a container with any of those: it runs
+//! in an init container of its own image (kiln-agent injected by another init container) with
+//! the spec, the sources and a handoff emptyDir only; the `compile` container (the agent image)
+//! then builds, checks, stores and signs what it handed over.
+//! Pure: builds the object, sends nothing.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, HostPathVolumeSource,
-    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile,
-    SecretKeySelector, SecurityContext, Volume, VolumeMount,
+    KeyToPath, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile,
+    SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -32,6 +37,14 @@ pub const ANN_ATTEMPT: &str = "kiln.dev/attempt";
 pub const STORE_MOUNT: &str = "/var/lib/kiln/store";
 /// Where the source directory is mounted (relative `file://` URIs resolve against it).
 pub const SOURCES_MOUNT: &str = "/var/lib/kiln/sources";
+/// Where the signing Secret is mounted in the publisher.
+pub const SIGNING_MOUNT: &str = "/var/run/kiln/signing";
+/// Key of the signing Secret that holds the PKCS#8 PEM private key.
+pub const SIGNING_KEY: &str = "signing.key";
+/// Where an exec compiler hands its model to the publisher.
+pub const HANDOFF_MOUNT: &str = "/kiln/handoff";
+/// Name of an exec Job's compiler init container.
+pub const COMPILER_CONTAINER: &str = "compiler";
 
 /// Where compile Jobs store artifacts: the operator's own store, seen from the Job.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +80,10 @@ pub struct JobSettings {
     pub active_deadline_seconds: i64,
     /// Finished Jobs are deleted this long after they end.
     pub ttl_seconds_after_finished: i32,
+    /// Secret (key [`SIGNING_KEY`]) the publisher signs attestations with, if any.
+    pub signing_secret: Option<String>,
+    /// ServiceAccount of compile pods (no token is mounted either way).
+    pub service_account: Option<String>,
 }
 
 /// The Job for `new`: its identity, the wiring of the compile container (environment, mounts),
@@ -82,18 +99,28 @@ pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &J
         (ANN_ATTEMPT.to_string(), new.attempt.to_string()),
     ]);
     let mut wiring = Wiring::new(target, model, new);
-    wiring.store(&s.store);
     if let Some(src) = &s.sources_host_path {
         wiring.sources(src);
     }
-    let runner = match &t.backend.image {
-        Some(compiler) => wiring.injected(compiler, s),
-        None => Runner {
-            image: s.image.clone(),
-            pull_policy: s.image_pull_policy.clone(),
-            command: vec!["/bin/kiln-agent".into()],
-            init: None,
-        },
+    // The foreign compiler gets what it needs so far, and nothing that follows.
+    let init = t
+        .backend
+        .image
+        .as_ref()
+        .map(|compiler| wiring.compiler(target, compiler, s));
+    wiring.store(&s.store);
+    if let Some(secret) = &s.signing_secret {
+        wiring.signing(secret);
+    }
+    wiring.env.push(env(
+        "KILN_BUILDER_IMAGE",
+        t.backend.image.as_deref().unwrap_or(&s.image),
+    ));
+    let runner = Runner {
+        image: s.image.clone(),
+        pull_policy: s.image_pull_policy.clone(),
+        command: vec!["/bin/kiln-agent".into()],
+        init,
     };
     Job {
         metadata: ObjectMeta {
@@ -213,13 +240,59 @@ impl Wiring {
         self.mount("sources", SOURCES_MOUNT, true, host_path(src));
     }
 
-    /// A foreign compiler image gets kiln-agent injected: an init container running the agent
-    /// image copies it (with its loader and libraries) into an emptyDir, and the compile
-    /// container runs that copy in the compiler image.
-    fn injected(&mut self, compiler: &str, s: &JobSettings) -> Runner {
+    /// The signing key, for the publisher only (a file readable by the pod's user).
+    fn signing(&mut self, secret: &str) {
+        self.env.push(env(
+            "KILN_SIGNING_KEY",
+            &format!("{SIGNING_MOUNT}/{SIGNING_KEY}"),
+        ));
+        self.mount(
+            "signing",
+            SIGNING_MOUNT,
+            true,
+            Volume {
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(secret.into()),
+                    items: Some(vec![KeyToPath {
+                        key: SIGNING_KEY.into(),
+                        path: SIGNING_KEY.into(),
+                        mode: Some(0o400),
+                    }]),
+                    default_mode: Some(0o400),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+    }
+
+    /// A foreign compiler: an init container running the agent image copies kiln-agent (with
+    /// its loader and libraries) into an emptyDir, and a second one runs that copy in the
+    /// compiler image as `compile --stage compiler`, with the wiring so far (spec, sources,
+    /// `/tmp`) and a handoff emptyDir the publisher then reads.
+    fn compiler(
+        &mut self,
+        target: &CompiledTarget,
+        compiler: &str,
+        s: &JobSettings,
+    ) -> Vec<Container> {
         self.mount("kiln-tools", TOOLS_DIR, true, empty_dir("512Mi"));
-        // Foreign tools write caches under $HOME; the root filesystem is read-only.
-        self.env.push(env("HOME", "/tmp"));
+        self.mount("handoff", HANDOFF_MOUNT, false, empty_dir("16Gi"));
+        self.env.push(env("KILN_HANDOFF", HANDOFF_MOUNT));
+        let mut compiler_env = self.env.clone();
+        compiler_env.extend([
+            env("KILN_COMPILE_STAGE", "compiler"),
+            // Foreign tools write caches under $HOME; the root filesystem is read-only.
+            env("HOME", "/tmp"),
+            // The image's own preload does not run inside kiln-agent.
+            env("LD_PRELOAD", ""),
+        ]);
+        let compiler_mounts = self.mounts.clone();
+        // The publisher reads the handoff; it never writes it.
+        if let Some(m) = self.mounts.iter_mut().find(|m| m.name == "handoff") {
+            m.read_only = Some(true);
+        }
+        self.mounts.retain(|m| m.name != "kiln-tools");
         let install = Container {
             name: "kiln-tools".into(),
             image: Some(s.image.clone()),
@@ -236,13 +309,21 @@ impl Wiring {
             security_context: Some(restricted()),
             ..Default::default()
         };
-        Runner {
-            image: compiler.to_string(),
+        let run = Container {
+            name: COMPILER_CONTAINER.into(),
+            image: Some(compiler.to_string()),
             // Pinned by digest (admission enforces it): a local copy is that exact image.
-            pull_policy: "IfNotPresent".to_string(),
-            command: agent_command(TOOLS_DIR, &[]),
-            init: Some(vec![install]),
-        }
+            image_pull_policy: Some("IfNotPresent".into()),
+            command: Some(agent_command(TOOLS_DIR, &[])),
+            args: Some(vec!["compile".into()]),
+            env: Some(compiler_env),
+            resources: Some(compile_resources(target)),
+            volume_mounts: Some(compiler_mounts),
+            termination_message_policy: Some("FallbackToLogsOnError".into()),
+            security_context: Some(restricted()),
+            ..Default::default()
+        };
+        vec![install, run]
     }
 }
 
@@ -263,6 +344,7 @@ fn pod(
         )])),
         tolerations: (!t.compile.tolerations.is_empty()).then(|| t.compile.tolerations.clone()),
         // The worker needs no API access: everything it reads is in its environment.
+        service_account_name: s.service_account.clone(),
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         security_context: Some(PodSecurityContext {
@@ -283,12 +365,7 @@ fn pod(
             command: Some(runner.command),
             args: Some(vec!["compile".into()]),
             env: Some(wiring.env),
-            resources: Some(
-                t.compile
-                    .resources
-                    .clone()
-                    .unwrap_or_else(|| resources(("500m", "512Mi"), "4Gi")),
-            ),
+            resources: Some(compile_resources(target)),
             volume_mounts: Some(wiring.mounts),
             termination_message_policy: Some("FallbackToLogsOnError".into()),
             security_context: Some(restricted()),
@@ -297,6 +374,16 @@ fn pod(
         volumes: Some(wiring.volumes),
         ..Default::default()
     }
+}
+
+/// The target's compile resources, or the default.
+fn compile_resources(target: &CompiledTarget) -> ResourceRequirements {
+    target
+        .spec
+        .compile
+        .resources
+        .clone()
+        .unwrap_or_else(|| resources(("500m", "512Mi"), "4Gi"))
 }
 
 /// Requests (cpu, memory) and a memory limit.

@@ -29,6 +29,18 @@ struct Cli {
     store: String,
     #[command(flatten)]
     registry: kiln_store::RegistryArgs,
+    /// PEM public key(s) (P-256) that stored entries' attestations must be signed by; an entry
+    /// without one is treated as not built. Without it, unsigned entries are accepted.
+    #[arg(long, env = "KILN_TRUST_KEY")]
+    trust_key: Option<std::path::PathBuf>,
+    /// Secret (key `signing.key`, a PKCS#8 PEM P-256 key) that compile Jobs sign their
+    /// artifacts with; it must exist in each target's namespace. Only the Jobs' publisher mounts it.
+    #[arg(long, env = "KILN_SIGNING_SECRET")]
+    signing_secret: Option<String>,
+    /// ServiceAccount of compile pods (must exist in each target's namespace; no token is
+    /// mounted). Empty: the namespace's default account.
+    #[arg(long, env = "KILN_COMPILE_SERVICE_ACCOUNT")]
+    compile_service_account: Option<String>,
     /// Secret (keys `username`, `password`) that compile Jobs read registry credentials from;
     /// it must exist in each target's namespace, where the Jobs run.
     #[arg(long, env = "KILN_REGISTRY_SECRET")]
@@ -129,8 +141,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let trust = match kiln_store::attest::Trust::from_files(None, cli.trust_key.as_deref()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("kiln-operator: --trust-key: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let config = Config {
         store,
+        trust,
         settings: Settings {
             backend_versions,
             default_max_attempts: cli.max_attempts,
@@ -153,6 +173,8 @@ fn main() -> ExitCode {
             run_as_user: cli.compile_uid,
             active_deadline_seconds: cli.compile_deadline_seconds,
             ttl_seconds_after_finished: cli.job_ttl_seconds,
+            signing_secret: cli.signing_secret.filter(|s| !s.is_empty()),
+            service_account: cli.compile_service_account.filter(|s| !s.is_empty()),
         },
         listen: cli.listen,
         election: (!cli.no_leader_election).then(|| Election {

@@ -43,6 +43,7 @@ struct Inner {
     writes: Family<CategoryLabel, Counter>,
     ready_nodes: Family<ClassLabel, Gauge>,
     promotions: Counter,
+    untrusted: Counter,
 }
 
 /// A node class.
@@ -64,6 +65,7 @@ impl Metrics {
             writes: Family::default(),
             ready_nodes: Family::default(),
             promotions: Counter::default(),
+            untrusted: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("kiln_operator");
         r.register(
@@ -105,6 +107,11 @@ impl Metrics {
             "revision_promotions",
             "Revisions promoted to known-good (rollout.promoteAtReadyPercent of every class ready)",
             inner.promotions.clone(),
+        );
+        r.register(
+            "untrusted_entries",
+            "Stored entries refused because their attestation is missing or not signed by --trust-key",
+            inner.untrusted.clone(),
         );
         Self {
             inner: Arc::new(inner),
@@ -156,6 +163,11 @@ impl Metrics {
                 class: class.into(),
             })
             .inc_by(delta);
+    }
+
+    /// A stored entry was refused for its attestation.
+    pub fn untrusted_entry(&self) {
+        self.inner.untrusted.inc();
     }
 
     /// A revision became known-good.

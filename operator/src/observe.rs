@@ -4,10 +4,10 @@
 //! Pure: objects in, [`JobView`] out.
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kiln_crds::FailureReason;
 
-use crate::job::{ANN_ATTEMPT, ANN_KEY};
+use crate::job::{ANN_ATTEMPT, ANN_KEY, COMPILER_CONTAINER};
 use crate::plan::{JobState, JobView};
 
 /// Longest failure message kept in status (conditions stay readable, objects stay small).
@@ -59,12 +59,27 @@ pub fn view(job: &Job, failure: Option<(FailureReason, String)>) -> Option<JobVi
 
 /// The failure of a Job whose Job condition reason is `job_reason`, given its pod (if found).
 pub fn classify(job_reason: &str, pod: Option<&Pod>) -> (FailureReason, String) {
-    let terminated = pod
-        .and_then(|p| p.status.as_ref())
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.name == "compile"))
-        .and_then(|c| c.state.as_ref())
-        .and_then(|s| s.terminated.as_ref());
+    // The publisher (`compile`), or an exec Job's compiler init container when that is what
+    // failed (the publisher then never ran).
+    let status = pod.and_then(|p| p.status.as_ref());
+    let terminated_in = |statuses: Option<&Vec<ContainerStatus>>, name: &str| {
+        statuses
+            .and_then(|cs| cs.iter().find(|c| c.name == name))
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.terminated.clone())
+    };
+    let terminated = terminated_in(
+        status.and_then(|s| s.container_statuses.as_ref()),
+        "compile",
+    )
+    .or_else(|| {
+        terminated_in(
+            status.and_then(|s| s.init_container_statuses.as_ref()),
+            COMPILER_CONTAINER,
+        )
+        .filter(|t| t.exit_code != 0)
+    });
+    let terminated = terminated.as_ref();
     let pod_reason = pod
         .and_then(|p| p.status.as_ref())
         .and_then(|s| s.reason.clone())
@@ -122,4 +137,37 @@ fn truncate(s: &str) -> String {
         cut -= 1;
     }
     format!("{}…", &s[..cut])
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn pod(json: serde_json::Value) -> Pod {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn terminated(name: &str, code: i32, message: &str) -> serde_json::Value {
+        serde_json::json!({"name": name, "image": "i", "imageID": "", "ready": false,
+            "restartCount": 0, "state": {"terminated": {"exitCode": code, "message": message}}})
+    }
+
+    #[test]
+    fn an_exec_compiler_failure_is_read_from_its_init_container() {
+        let p = pod(serde_json::json!({"status": {
+            "initContainerStatuses": [terminated("kiln-tools", 0, ""), terminated(COMPILER_CONTAINER, 1, "CompileFailed: backend.command \"x\" exited with status 3")],
+            "containerStatuses": [{"name": "compile", "image": "i", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}}]
+        }}));
+        let (reason, message) = classify("BackoffLimitExceeded", Some(&p));
+        assert_eq!(reason, FailureReason::CompileFailed);
+        assert!(message.contains("exited with status 3"), "{message}");
+        // The publisher's verdict wins when it ran.
+        let p = pod(serde_json::json!({"status": {
+            "initContainerStatuses": [terminated(COMPILER_CONTAINER, 0, "Compiled: handed over")],
+            "containerStatuses": [terminated("compile", 1, "ParityExceeded: y off by 3")]
+        }}));
+        let (reason, _) = classify("BackoffLimitExceeded", Some(&p));
+        assert_eq!(reason, FailureReason::ParityExceeded);
+    }
 }

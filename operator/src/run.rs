@@ -42,6 +42,8 @@ pub struct Election {
 pub struct Config {
     /// The artifact store; the operator only looks keys up.
     pub store: Arc<dyn kiln_store::Store>,
+    /// The keys stored entries must be signed by.
+    pub trust: kiln_store::attest::Trust,
     /// Plan settings.
     pub settings: Settings,
     /// Job settings.
@@ -239,6 +241,7 @@ where
         jobs: jobs.clone(),
         synced: synced_rx,
         store,
+        trust: config.trust.clone(),
         settings: config.settings.clone(),
         job_settings: config.job_settings.clone(),
         metrics,

@@ -7,7 +7,9 @@
 
 use kiln_crds::inject::{TOOLS_DIR, agent_command};
 use kiln_crds::{CompiledTarget, ModelArtifact};
-use kiln_operator::job::{JobSettings, JobStore, STORE_MOUNT, build};
+use kiln_operator::job::{
+    COMPILER_CONTAINER, HANDOFF_MOUNT, JobSettings, JobStore, STORE_MOUNT, build,
+};
 use kiln_operator::plan::{NewJob, NodeLabel};
 
 fn objects() -> (CompiledTarget, ModelArtifact) {
@@ -28,6 +30,8 @@ fn settings(store: JobStore) -> JobSettings {
         run_as_user: 65532,
         active_deadline_seconds: 600,
         ttl_seconds_after_finished: 60,
+        signing_secret: None,
+        service_account: None,
     }
 }
 
@@ -184,9 +188,9 @@ fn foreign_compiler_image_gets_the_agent_injected_by_an_init_container() {
         "the agent travels in an emptyDir"
     );
 
-    // The init container runs the agent image and installs into the shared directory.
-    let init = pod.init_containers.expect("init container");
-    assert_eq!(init.len(), 1);
+    // The first init container runs the agent image and installs into the shared directory.
+    let init = pod.init_containers.expect("init containers");
+    assert_eq!(init.len(), 2, "install, then the compiler");
     assert_eq!(init[0].image.as_deref(), Some("kiln/agent:test"));
     assert_eq!(
         init[0].args.as_deref(),
@@ -203,23 +207,81 @@ fn foreign_compiler_image_gets_the_agent_injected_by_an_init_container() {
         "the init container writes the tools"
     );
 
-    // The compile container is the compiler image running the injected copy through its own
-    // loader, with the tools read-only and the same restrictions as the built-in path.
-    let c = &pod.containers[0];
+    // The compiler runs in its image through the injected copy and its own loader, with the
+    // spec, /tmp and the handoff, and nothing secret: no store, no credentials, no signing key.
+    let c = &init[1];
+    assert_eq!(c.name, COMPILER_CONTAINER);
     assert_eq!(c.image.as_deref(), Some(compiler.as_str()));
     assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
     assert_eq!(c.command.clone().unwrap(), agent_command(TOOLS_DIR, &[]));
     assert_eq!(c.command.as_ref().unwrap()[0], "/kiln/tools/ld.so");
-    assert_eq!(c.args.as_deref(), Some(&["compile".to_string()][..]));
-    let mount = c
+    let env = c.env.clone().unwrap();
+    assert_eq!(
+        value(&env, "KILN_COMPILE_STAGE").as_deref(),
+        Some("compiler")
+    );
+    assert_eq!(value(&env, "KILN_HANDOFF").as_deref(), Some(HANDOFF_MOUNT));
+    assert_eq!(value(&env, "LD_PRELOAD").as_deref(), Some(""));
+    assert_eq!(value(&env, "HOME").as_deref(), Some("/tmp"));
+    assert!(
+        value(&env, "KILN_COMPILE_SPEC")
+            .unwrap()
+            .contains("onnxsim")
+    );
+    for secret in [
+        "KILN_STORE",
+        "KILN_REGISTRY_USERNAME",
+        "KILN_REGISTRY_PASSWORD",
+        "KILN_SIGNING_KEY",
+    ] {
+        assert!(
+            env.iter().all(|e| e.name != secret),
+            "{secret} reaches the compiler"
+        );
+    }
+    let mounts: Vec<(&str, Option<bool>)> = c
         .volume_mounts
         .as_ref()
         .unwrap()
         .iter()
-        .find(|m| m.name == "kiln-tools")
-        .expect("tools mounted in the compiler container");
-    assert_eq!(mount.read_only, Some(true));
+        .map(|m| (m.name.as_str(), m.read_only))
+        .collect();
+    assert!(mounts.contains(&("kiln-tools", Some(true))), "{mounts:?}");
+    assert!(
+        mounts.contains(&("handoff", None)),
+        "the compiler writes the handoff: {mounts:?}"
+    );
+    assert!(
+        mounts
+            .iter()
+            .all(|(n, _)| !["store", "signing"].contains(n)),
+        "{mounts:?}"
+    );
+
+    // The publisher is the agent image with the credentials, the handoff read-only, no tools.
+    let p = &pod.containers[0];
+    assert_eq!(p.image.as_deref(), Some("kiln/agent:test"));
+    assert_eq!(p.args.as_deref(), Some(&["compile".to_string()][..]));
+    let env = p.env.clone().unwrap();
+    assert!(env.iter().any(|e| e.name == "KILN_REGISTRY_PASSWORD"));
+    assert_eq!(value(&env, "KILN_HANDOFF").as_deref(), Some(HANDOFF_MOUNT));
+    assert_eq!(
+        value(&env, "KILN_BUILDER_IMAGE").as_deref(),
+        Some(compiler.as_str())
+    );
+    assert!(env.iter().all(|e| e.name != "KILN_COMPILE_STAGE"));
+    let mounts = p.volume_mounts.as_ref().unwrap();
+    assert_eq!(
+        mounts
+            .iter()
+            .find(|m| m.name == "handoff")
+            .unwrap()
+            .read_only,
+        Some(true)
+    );
+    assert!(mounts.iter().all(|m| m.name != "kiln-tools"));
     for sc in [
+        p.security_context.as_ref(),
         c.security_context.as_ref(),
         init[0].security_context.as_ref(),
     ] {
@@ -228,13 +290,68 @@ fn foreign_compiler_image_gets_the_agent_injected_by_an_init_container() {
         assert_eq!(sc.allow_privilege_escalation, Some(false));
     }
     assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
-    // The worker still gets the whole spec (the command is read from it) and the credentials.
-    let env = c.env.clone().unwrap();
-    assert!(
-        value(&env, "KILN_COMPILE_SPEC")
-            .unwrap()
-            .contains("onnxsim")
+}
+
+#[test]
+fn signing_key_and_service_account_reach_only_the_publisher() {
+    let (mut target, model) = objects();
+    target.spec.backend.kind = kiln_crds::compiled_target::BackendKind::Exec;
+    target.spec.backend.image = Some(format!("r/c@sha256:{}", "e".repeat(64)));
+    target.spec.backend.command = vec!["c".into()];
+    let mut s = settings(JobStore::HostPath("/s".into()));
+    s.signing_secret = Some("kiln-signing".into());
+    s.service_account = Some("kiln-compile".into());
+    let job = build(&target, &model, &new_job(), &s);
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("kiln-compile"));
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let volume = pod
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == "signing")
+        .expect("signing volume");
+    let secret = volume.secret.as_ref().unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("kiln-signing"));
+    let items = secret.items.as_ref().unwrap();
+    assert_eq!(
+        items.len(),
+        1,
+        "only the private key, nothing else of the Secret"
     );
-    assert_eq!(value(&env, "HOME").as_deref(), Some("/tmp"));
-    assert!(env.iter().any(|e| e.name == "KILN_REGISTRY_PASSWORD"));
+    assert_eq!(
+        (items[0].key.as_str(), items[0].mode),
+        ("signing.key", Some(0o400))
+    );
+    let publisher = &pod.containers[0];
+    assert_eq!(
+        value(publisher.env.as_ref().unwrap(), "KILN_SIGNING_KEY").as_deref(),
+        Some("/var/run/kiln/signing/signing.key")
+    );
+    assert!(
+        publisher
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|m| m.name == "signing")
+    );
+    let compiler = &pod.init_containers.as_ref().unwrap()[1];
+    assert!(
+        compiler
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .all(|m| m.name != "signing")
+    );
+    assert!(
+        compiler
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .all(|e| e.name != "KILN_SIGNING_KEY")
+    );
 }

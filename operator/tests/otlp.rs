@@ -104,6 +104,7 @@ async fn child_exports_a_reconcile_span() {
         jobs: ready_store(),
         synced: tokio::sync::watch::channel(true).1,
         store,
+        trust: Default::default(),
         settings: Settings::default(),
         job_settings: JobSettings {
             image: "kiln-agent".into(),
@@ -113,6 +114,8 @@ async fn child_exports_a_reconcile_span() {
             run_as_user: 65532,
             active_deadline_seconds: 60,
             ttl_seconds_after_finished: 60,
+            signing_secret: None,
+            service_account: None,
         },
         metrics: Metrics::register(&mut registry),
         recorder: Recorder::new(

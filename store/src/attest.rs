@@ -403,7 +403,13 @@ pub struct Trust {
     pub signer: Option<std::sync::Arc<Signer>>,
     /// Checks what this process uses; `None` accepts unsigned entries (no keys configured).
     pub verifier: Option<Verifier>,
+    /// Subjects already verified (entries are immutable by digest), so a reconcile loop does
+    /// not fetch the same attestation again; bounded by [`VERIFIED_MEMO`].
+    pub verified: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
+
+/// Verified subjects remembered before the memo starts over.
+const VERIFIED_MEMO: usize = 65_536;
 
 impl Trust {
     /// From optional key files; a signer alone also verifies its own signatures.
@@ -417,7 +423,20 @@ impl Trust {
             (None, Some(s)) => Some(s.verifier()),
             (None, None) => None,
         };
-        Ok(Self { signer, verifier })
+        Ok(Self {
+            signer,
+            verifier,
+            verified: Default::default(),
+        })
+    }
+
+    /// A verifier only, of the keys in `public` (PEM).
+    pub fn verifying(verifier: Verifier) -> Self {
+        Self {
+            signer: None,
+            verifier: Some(verifier),
+            verified: Default::default(),
+        }
     }
 
     /// Checks the attestation `store` keeps for `want`; `Ok` without a verifier.
@@ -425,6 +444,14 @@ impl Trust {
         let Some(verifier) = &self.verifier else {
             return Ok(());
         };
+        let memo = format!(
+            "{} {} {}",
+            want.compile_key, want.manifest_digest, want.artifact_digest
+        );
+        let lock = || self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        if lock().contains(&memo) {
+            return Ok(());
+        }
         let envelope = store
             .attestation(want.compile_key, want.manifest_digest)
             .await?
@@ -437,7 +464,13 @@ impl Trust {
                 ),
                 message: "it has no attestation; it was not stored by a kiln publisher holding the signing key".into(),
             })?;
-        verifier.verify(&envelope, want).map(|_| ())
+        verifier.verify(&envelope, want)?;
+        let mut seen = lock();
+        if seen.len() >= VERIFIED_MEMO {
+            seen.clear();
+        }
+        seen.insert(memo);
+        Ok(())
     }
 
     /// Signs `entry` and stores the attestation beside it; nothing without a signer.

@@ -77,3 +77,17 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The Secret with the attestation key pair (signing.key for compile Jobs, signing.pub). */}}
+{{- define "kiln.signingSecret" -}}
+{{- required "attestation.existingSecret: name the Secret with signing.key and signing.pub (kiln-agent keygen DIR && kubectl create secret generic kiln-signing --from-file=DIR), or set attestation.enabled=false" .Values.attestation.existingSecret }}
+{{- end }}
+
+{{/* A volume with only the public key of that Secret: the operator and agents never get the private key. */}}
+{{- define "kiln.trustVolume" -}}
+- name: trust
+  secret:
+    secretName: {{ include "kiln.signingSecret" . }}
+    items:
+      - {key: signing.pub, path: signing.pub}
+{{- end }}

@@ -14,8 +14,15 @@
 //! `CompileFailed` with the last lines of its output; past `compile.activeDeadlineSeconds` it is
 //! killed with everything it started (`Timeout`). Its output is logged line by line and kept
 //! in the build manifest. Registry credentials are not passed on.
-//! May touch: a scratch directory of its own and the compiler process group it starts; never
-//! the store or the apiserver.
+//!
+//! In a compile Job the compiler never shares a container with anything secret: an init
+//! container (the compiler image, kiln-agent injected, no store, no credentials, no signing key)
+//! runs it and leaves `compiled.onnx` and its log in a handoff emptyDir; the publisher container
+//! (the agent image) then builds that model with tract, checks parity, stores and signs —
+//! the compiler's output is just another untrusted model to it. In local mode the compiler runs
+//! here, in a scratch directory outside the store.
+//! May touch: a scratch directory of its own, the handoff directory and the compiler process
+//! group it starts; never the store or the apiserver.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read};
@@ -35,15 +42,68 @@ const LOG_LINES: usize = 200;
 /// Lines quoted in a failure message (the operator shows it in a condition).
 const TAIL_LINES: usize = 12;
 /// Environment the compiler must not see.
-const WITHHELD: &[&str] = &["KILN_REGISTRY_USERNAME", "KILN_REGISTRY_PASSWORD"];
+const WITHHELD: &[&str] = &[
+    "KILN_REGISTRY_USERNAME",
+    "KILN_REGISTRY_PASSWORD",
+    "KILN_SIGNING_KEY",
+];
+/// The compiler's model in a handoff directory.
+pub const HANDOFF_MODEL: &str = "compiled.onnx";
+/// The compiler's output lines (JSON array) in a handoff directory.
+const HANDOFF_LOG: &str = "compiler-log.json";
+/// Largest compiler log read back from a handoff directory.
+const MAX_HANDOFF_LOG: u64 = 1 << 20;
 
 /// A compiler command (run in `backend.image` in a compile Job, on this machine in local mode).
 pub struct Exec {
     /// argv of the compiler.
     pub command: Vec<String>,
+    /// Where the compiler container of this Job left its model; `None`: run the compiler here.
+    pub handoff: Option<std::path::PathBuf>,
 }
 
 impl Exec {
+    /// The compiler container's step: runs the compiler on the verified source and leaves its
+    /// model and log in `dir` for the publisher.
+    pub fn hand_off(&self, req: &CompileRequest<'_>, dir: &Path) -> Result<()> {
+        let work = dir.join("work");
+        std::fs::create_dir_all(&work).map_err(|e| Error::store(&work, e))?;
+        let log = self.run_compiler(req, &work, &dir.join(HANDOFF_MODEL))?;
+        let json = serde_json::to_vec(&log).unwrap_or_default();
+        let path = dir.join(HANDOFF_LOG);
+        std::fs::write(&path, json).map_err(|e| Error::store(&path, e))?;
+        // Its scratch is not the publisher's business.
+        let _ = std::fs::remove_dir_all(&work);
+        Ok(())
+    }
+
+    /// The publisher's side: copies the handed-off model next to `out` (the compiler container
+    /// has exited; the copy is what gets built) and reads the log, bounded.
+    fn take_handoff(&self, dir: &Path, onnx: &Path) -> Result<Vec<String>> {
+        let model = dir.join(HANDOFF_MODEL);
+        std::fs::copy(&model, onnx).map_err(|e| {
+            Error::CompileFailed(format!(
+                "the compiler container left no model at {} ({e}); see its log",
+                model.display()
+            ))
+        })?;
+        let log = std::fs::File::open(dir.join(HANDOFF_LOG))
+            .ok()
+            .and_then(|f| {
+                let mut bytes = Vec::new();
+                f.take(MAX_HANDOFF_LOG).read_to_end(&mut bytes).ok()?;
+                serde_json::from_slice::<Vec<String>>(&bytes).ok()
+            })
+            .unwrap_or_default();
+        Ok(log
+            .into_iter()
+            .rev()
+            .take(LOG_LINES)
+            .rev()
+            .map(|l| l.chars().take(1000).collect())
+            .collect())
+    }
+
     /// Runs the compiler; returns its output lines, or `CompileFailed` with their tail.
     fn run_compiler(
         &self,
@@ -213,10 +273,18 @@ impl Backend for Exec {
 
     fn compile(&self, req: &CompileRequest<'_>) -> Result<Compiled> {
         let parent = req.out.parent().unwrap_or(Path::new("."));
-        let work = parent.join("exec-work");
-        std::fs::create_dir_all(&work).map_err(|e| Error::store(&work, e))?;
-        let onnx = parent.join("compiled.onnx");
-        let mut log = self.run_compiler(req, &work, &onnx)?;
+        let onnx = parent.join(HANDOFF_MODEL);
+        let mut log = match &self.handoff {
+            Some(dir) => self.take_handoff(dir, &onnx)?,
+            None => {
+                // Not under the store's directory: a compiler writes only its own scratch.
+                let work = tempfile::Builder::new()
+                    .prefix("kiln-exec-")
+                    .tempdir()
+                    .map_err(|e| Error::store(std::env::temp_dir(), e))?;
+                self.run_compiler(req, work.path(), &onnx)?
+            }
+        };
         // The compiler's ONNX, built per profile by tract: fp32 graph (the compiler applied the
         // precision), no flags (they were the compiler's).
         let built = Tract

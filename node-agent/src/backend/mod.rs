@@ -75,10 +75,20 @@ pub trait Engine: Send + Sync {
 
 /// The backend a target asks for, refusing a version other than the one this binary carries.
 pub fn for_target(spec: &kiln_crds::compiled_target::Backend) -> Result<Box<dyn Backend>> {
+    for_target_with(spec, None)
+}
+
+/// [`for_target`], where an `exec` compiler already ran in another container of the compile Job
+/// and left its model in `handoff` (see [`exec`]).
+pub fn for_target_with(
+    spec: &kiln_crds::compiled_target::Backend,
+    handoff: Option<&std::path::Path>,
+) -> Result<Box<dyn Backend>> {
     let backend: Box<dyn Backend> = match spec.kind {
         BackendKind::Tract => Box::new(tract::Tract),
         BackendKind::Exec => Box::new(exec::Exec {
             command: spec.command.clone(),
+            handoff: handoff.map(std::path::Path::to_path_buf),
         }),
         other => {
             return Err(Error::InvalidSpec(format!(

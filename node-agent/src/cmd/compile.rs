@@ -39,23 +39,37 @@ pub struct Job {
     pub fetch: FetchLimits,
     /// Signing key, trusted keys and the builder image for the provenance.
     pub publish: Publish,
+    /// The directory an `exec` compiler's model is handed over in (see [`crate::backend::exec`]).
+    pub handoff: Option<PathBuf>,
 }
 
-#[derive(serde::Deserialize)]
-struct Objects {
-    model: ModelArtifact,
-    target: CompiledTarget,
+/// Which container of the compile Job this is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stage {
+    /// Compile (or reuse), check parity, store and sign: the whole job, or the publisher of an
+    /// `exec` Job, which builds the model the compiler container handed over.
+    #[default]
+    Publish,
+    /// Only run an `exec` compiler and hand its model over; no store, no keys.
+    Compiler,
 }
 
-/// Runs the compile; returns the stored entry and whether the store already held it.
-pub async fn run(job: &Job, metrics: &Metrics) -> Result<Built> {
+/// What both stages start from: the objects, the backend, this node's facts, the checked key.
+struct Prepared {
+    spec: Spec,
+    backend: Box<dyn crate::backend::Backend>,
+    expected: ClassFacts,
+    host: kiln_crds::kiln_node::HardwareFacts,
+}
+
+fn prepare(job: &Job, handoff: Option<&std::path::Path>) -> Result<Prepared> {
     let objects: Objects = serde_json::from_str(&job.spec_json)
         .map_err(|e| Error::InvalidSpec(format!("KILN_COMPILE_SPEC: {e}")))?;
     let expected: ClassFacts = serde_json::from_str(&job.class_facts_json)
         .map_err(|e| Error::InvalidSpec(format!("KILN_CLASS_FACTS: {e}")))?;
     let spec = Spec::from_objects(objects.model, objects.target, &job.source_base)?;
     let t = &spec.target.spec;
-    let backend = backend::for_target(&t.backend)?;
+    let backend = backend::for_target_with(&t.backend, handoff)?;
     let host = probe::probe(backend::runtimes());
     let probed = class_facts(
         t.class_label_keys.iter().map(String::as_str),
@@ -72,6 +86,68 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<Built> {
             backend.version()
         )));
     }
+    Ok(Prepared {
+        spec,
+        backend,
+        expected,
+        host,
+    })
+}
+
+/// The compiler container of an `exec` Job: fetches and verifies the source, runs the compiler,
+/// leaves its model in the handoff directory. It has no store and no keys to leak.
+pub async fn hand_off(job: &Job, metrics: &Metrics) -> Result<()> {
+    let dir = job.handoff.as_deref().ok_or_else(|| {
+        Error::InvalidSpec("--stage compiler needs --handoff (KILN_HANDOFF)".into())
+    })?;
+    let p = prepare(job, None)?;
+    let t = &p.spec.target.spec;
+    let exec = crate::backend::exec::Exec {
+        command: t.backend.command.clone(),
+        handoff: None,
+    };
+    let blobs = tempfile::tempdir().map_err(|e| Error::store(std::env::temp_dir(), e))?;
+    let fetcher = Fetcher::new(
+        blobs.path().to_path_buf(),
+        metrics.clone(),
+        job.fetch.clone(),
+    )?;
+    let inputs = fetch_inputs(&p.spec, &fetcher).await?;
+    let profiles = p.spec.shapes()?;
+    let scratch = tempfile::tempdir().map_err(|e| Error::store(std::env::temp_dir(), e))?;
+    tokio::task::block_in_place(|| {
+        exec.hand_off(
+            &crate::backend::CompileRequest {
+                model: &inputs.model,
+                profiles: &profiles,
+                precision: t.precision,
+                flags: &t.backend.flags,
+                out: &scratch.path().join("unused"),
+                timeout: t
+                    .compile
+                    .active_deadline_seconds
+                    .and_then(|s| u64::try_from(s).ok())
+                    .map(std::time::Duration::from_secs),
+            },
+            dir,
+        )
+    })
+}
+
+#[derive(serde::Deserialize)]
+struct Objects {
+    model: ModelArtifact,
+    target: CompiledTarget,
+}
+
+/// Runs the compile; returns the stored entry and whether the store already held it.
+pub async fn run(job: &Job, metrics: &Metrics) -> Result<Built> {
+    let Prepared {
+        spec,
+        backend,
+        expected,
+        host,
+    } = prepare(job, job.handoff.as_deref())?;
     let store = kiln_store::open(&job.store, &job.registry)?;
     store.check_writable().await?;
     // A filesystem store keeps verified sources across compiles; otherwise they live as long as
@@ -154,6 +230,12 @@ pub struct Args {
     fetch: FetchLimits,
     #[command(flatten)]
     trust: kiln_store::TrustArgs,
+    /// Which container of the Job this is (`compiler`: an exec Job's init container).
+    #[arg(long, env = "KILN_COMPILE_STAGE", value_enum, default_value_t = Stage::Publish)]
+    stage: Stage,
+    /// Directory (an emptyDir) in which an exec compiler's model is handed to the publisher.
+    #[arg(long, env = "KILN_HANDOFF")]
+    handoff: Option<PathBuf>,
     /// The image this Job runs in, recorded in the provenance.
     #[arg(long, env = "KILN_BUILDER_IMAGE")]
     builder_image: Option<String>,
@@ -175,6 +257,7 @@ pub fn main(args: Args) -> ExitCode {
             trust,
             builder_image: args.builder_image,
         },
+        handoff: args.handoff,
         spec_json: args.spec,
         class_facts_json: args.class_facts,
         compile_key: args.compile_key,
@@ -188,6 +271,20 @@ pub fn main(args: Args) -> ExitCode {
     let Some(runtime) = super::runtime() else {
         return ExitCode::FAILURE;
     };
+    if args.stage == Stage::Compiler {
+        let (line, code) = match runtime.block_on(hand_off(&job, &metrics)) {
+            Ok(()) => (
+                "Compiled: model handed to the publisher".to_string(),
+                ExitCode::SUCCESS,
+            ),
+            Err(e) => {
+                tracing::error!(reason = %e.reason(), error = %e, "compiler stage failed");
+                (format!("{}: {e}", e.reason()), ExitCode::FAILURE)
+            }
+        };
+        let _ = std::fs::write(&args.termination_log, line.as_bytes());
+        return code;
+    }
     let (line, code) = match runtime.block_on(run(&job, &metrics)) {
         Ok(Built {
             entry: Entry { manifest, .. },

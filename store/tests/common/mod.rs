@@ -76,12 +76,9 @@ pub async fn poisoning_is_refused_and_replaced(store: &dyn kiln_store::Store, di
         signer: Some(std::sync::Arc::new(
             Signer::from_pem(private.as_bytes()).unwrap(),
         )),
-        verifier: None,
+        ..Trust::default()
     };
-    let node = Trust {
-        signer: None,
-        verifier: Some(Verifier::from_pem(public.as_bytes()).unwrap()),
-    };
+    let node = Trust::verifying(Verifier::from_pem(public.as_bytes()).unwrap());
     let (path, manifest) = artifact(dir, "signed", 100_000, 41);
     let entry = store.put(&path, &manifest, false).await.unwrap();
     // Stored but not yet signed: refused.
