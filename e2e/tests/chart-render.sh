@@ -25,6 +25,9 @@ t --set store.url=oci://10.0.0.1:5000/kiln --set store.insecure=true --set store
   --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true >"$WORK/oci.yaml"
 t --set store.url=file:///data/kiln --set crds.enabled=false --set agent.enabled=false \
   --set operator.leaderElection.enabled=false --set metrics.service.enabled=false >"$WORK/min.yaml"
+t --set store.url=/s --set attestation.enabled=false >"$WORK/unsigned.yaml"
+out=$(t --set store.url=/s --set attestation.existingSecret= 2>&1) && fail "rendered attestation without a Secret"
+[[ $out == *"attestation.existingSecret"* ]] || fail "no clear error without attestation.existingSecret: $out"
 
 python3 - "$REPO" "$WORK" <<'PY'
 import glob, re, sys, yaml
@@ -46,7 +49,7 @@ def one(docs, kind, name):
 def env(container):
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
 
-fs, oci, minimal = load("fs"), load("oci"), load("min")
+fs, oci, minimal, unsigned = load("fs"), load("oci"), load("min"), load("unsigned")
 
 # CRDs: exactly what crdgen writes, with the keep policy by default and switchable.
 files = {}
@@ -115,6 +118,19 @@ for obj in (one(oci, "Deployment", "kiln-operator"), one(oci, "DaemonSet", "kiln
     check(oe.get("KILN_REGISTRY_PASSWORD") == {"secretKeyRef": {"name": "regcred", "key": "password", "optional": True}}, "password from Secret")
     check(not any(v["name"] == "store" for v in ps.get("volumes", [])), "no store hostPath with a registry")
 check(env(one(oci, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0]).get("KILN_REGISTRY_SECRET") == "regcred", "compile Jobs told the Secret")
+
+# Attestation: on by default; operator and agents get only the public key of the Secret, the
+# compile Jobs (through the operator) the Secret's name and the kiln-compile account.
+for obj in (one(fs, "Deployment", "kiln-operator"), one(fs, "DaemonSet", "kiln-agent")):
+    ps = obj["spec"]["template"]["spec"]
+    te = env(ps["containers"][0])
+    check(te.get("KILN_TRUST_KEY") == "/var/run/kiln/trust/signing.pub", f"{obj['kind']} trusts the chart's key")
+    trust = [v for v in ps["volumes"] if v["name"] == "trust"]
+    check(len(trust) == 1 and trust[0]["secret"] == {"secretName": "kiln-signing", "items": [{"key": "signing.pub", "path": "signing.pub"}]}, f"{obj['kind']} mounts only signing.pub: {trust}")
+    check({"name": "trust", "mountPath": "/var/run/kiln/trust", "readOnly": True} in ps["containers"][0]["volumeMounts"], f"{obj['kind']} trust mount")
+oe = env(one(fs, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0])
+check(oe.get("KILN_SIGNING_SECRET") == "kiln-signing" and oe.get("KILN_COMPILE_SERVICE_ACCOUNT") == "kiln-compile", "compile Jobs told the signing Secret and account")
+check("KILN_TRUST_KEY" not in env(one(unsigned, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0]), "attestation.enabled=false")
 
 # ServiceAccounts and least-privilege RBAC.
 check(sorted(s["metadata"]["name"] for s in get(fs, "ServiceAccount")) == ["kiln-agent", "kiln-compile", "kiln-operator"], "three ServiceAccounts")

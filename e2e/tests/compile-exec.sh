@@ -2,10 +2,12 @@
 # A foreign compiler image (backend.kind: exec) on the real cluster (set-up in operator-lib.sh):
 # the compiler image is Debian's static busybox (no C library at all), pinned by digest; the
 # operator's Job injects kiln-agent with an init container (agent image -> emptyDir, with its own
-# loader and libraries), the compile container runs that copy in the busybox image, which
-# verifies the inputs, runs backend.command (sh), builds and parity-checks its output and stores
-# it. A compiler that fails ends Stalled with CompileFailed and its own last words in the
-# condition; an image not pinned by digest is refused at admission.
+# loader and libraries), a second init container runs that copy in the busybox image, which
+# verifies the source and runs backend.command (sh) with no store, credentials or key; the
+# compile container (agent image) builds and parity-checks the handed-over model, stores it and
+# signs its provenance, which the operator verifies. A compiler that fails ends Stalled with
+# CompileFailed and its own last words in the condition; an image not pinned by digest is
+# refused at admission.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/operator-lib.sh"
 
@@ -16,7 +18,9 @@ COMPILER="docker.io/$BUSYBOX_IMAGE"
 COMPILER="${COMPILER%:*}@$digest"
 
 report_hardware "$REAL"
-start_operator 1
+"$(bin kiln-agent)" keygen "$WORK/keys" >/dev/null || die "keygen"
+kubectl -n "$NS" create secret generic kiln-signing --from-file="$WORK/keys" >/dev/null
+start_operator 1 --signing-secret kiln-signing --trust-key "$WORK/keys/signing.pub"
 wait_for "operator /readyz" 60 curl -fsS http://127.0.0.1:18081/readyz
 
 # exec_target NAME MAX_ATTEMPTS IMAGE SCRIPT: the example's target with an exec backend.
@@ -37,7 +41,9 @@ awk '/^---/ {exit} {print}' "$REPO/examples/squeezenet/kiln.yaml" | kubectl -n "
 exec_target sq-exec 2 "$COMPILER" 'echo "compiling $(basename "$KILN_MODEL") for $KILN_PROFILES in busybox"; cp "$KILN_MODEL" "$KILN_ARTIFACT"' |
   kubectl -n "$NS" apply -f - >/dev/null
 compiled() {
-  [[ $(cond sq-exec Stalled status) != True ]] || die "sq-exec Stalled: $(cond sq-exec Stalled message)"
+  # ModelNotFound passes once the operator's cache has the ModelArtifact applied just before.
+  [[ $(cond sq-exec Stalled status) != True || $(cond sq-exec Stalled reason) == ModelNotFound ]] ||
+    die "sq-exec Stalled: $(cond sq-exec Stalled message)"
   [[ -n $(kubectl -n "$NS" get compiledtarget sq-exec -o jsonpath='{.status.revisions[0].artifacts[0].digest}') ]]
 }
 wait_for "sq-exec revision 1" 240 compiled
@@ -53,16 +59,23 @@ job=$(kubectl -n "$NS" get jobs -o json | jq -c '[.items[] | select(.metadata.ow
 jq -e --arg c "$COMPILER" '.spec.template.spec as $p
   | $p.initContainers[0].image == "kiln-e2e/agent:test"
   and $p.initContainers[0].args == ["install", "/kiln/tools"]
-  and $p.containers[0].image == $c
-  and $p.containers[0].command[0] == "/kiln/tools/ld.so"' <<<"$job" >/dev/null ||
+  and $p.initContainers[1].image == $c
+  and $p.initContainers[1].command[0] == "/kiln/tools/ld.so"
+  and ([$p.initContainers[1].env[].name] | any(. == "KILN_SIGNING_KEY" or . == "KILN_STORE") | not)
+  and ([$p.initContainers[1].volumeMounts[].name] | any(. == "signing" or . == "store") | not)
+  and $p.containers[0].image == "kiln-e2e/agent:test"' <<<"$job" >/dev/null ||
   die "Job is not the injected shape: $(jq -c .spec.template.spec <<<"$job")"
 pod=$(kubectl -n "$NS" get pods -l "job-name=$(jq -r .metadata.name <<<"$job")" -o json | jq -c '.items[0]')
 [[ $(jq -r .status.phase <<<"$pod") == Succeeded ]] || die "compile pod: $(jq -c .status <<<"$pod")"
 pod_name=$(jq -r .metadata.name <<<"$pod")
 kubectl -n "$NS" logs "$pod_name" -c kiln-tools | jq -e '.libraries | index("libc.so.6")' >/dev/null ||
   die "init container did not install libc: $(kubectl -n "$NS" logs "$pod_name" -c kiln-tools)"
-kubectl -n "$NS" logs "$pod_name" -c compile | grep -q 'in busybox' ||
+kubectl -n "$NS" logs "$pod_name" -c compiler | grep -q 'in busybox' ||
   die "compiler output missing from the Job log"
+att=$WORK/store/artifacts/$KEY/attestation-$(jq -r '.status.classes[0].manifestDigest' <<<"$status" | cut -d: -f2).json
+jq -e --arg c "$COMPILER" '.payload | @base64d | fromjson | .predicate.buildDefinition.resolvedDependencies
+  | any(.name == "builder-image" and .uri == "oci://" + $c)' "$att" >/dev/null ||
+  die "no signed provenance naming the compiler image at $att"
 echo "   key $KEY -> sha256:$DIGEST, built in a libc-less image"
 
 echo "== a failing compiler stalls with CompileFailed and its last output"

@@ -22,7 +22,12 @@ kiln_fresh_crds() {
 
 # kiln_install RELEASE NAMESPACE [HELM ARGS...]: the chart with the images built here.
 kiln_install() {
-  local rel=$1 ns=$2; shift 2
+  local rel=$1 ns=$2 keys; shift 2
+  # The attestation key pair the chart expects (attestation.existingSecret, on by default).
+  keys=$(mktemp -d)
+  "$(bin kiln-agent)" keygen "$keys/k" >/dev/null || return 1
+  kubectl -n "$ns" create secret generic kiln-signing --from-file="$keys/k" >/dev/null || return 1
+  rm -rf "$keys"
   helm install "$rel" "$REPO/charts/kiln" -n "$ns" \
     --set operator.image.tag=$KILN_TAG --set operator.image.pullPolicy=Never \
     --set agent.image.tag=$KILN_TAG --set agent.image.pullPolicy=Never \

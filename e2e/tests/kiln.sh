@@ -122,6 +122,15 @@ manifest=$(curl -fsS -H 'Accept: application/vnd.oci.image.manifest.v1+json' "ht
 jq -e --arg d "sha256:$DIGEST" '.artifactType == "application/vnd.kiln.artifact.v1" and .layers[0].digest == $d' <<<"$manifest" >/dev/null ||
   die "registry manifest: $manifest"
 echo "   $REPOSITORY:${KEY:0:12}… layer sha256:${DIGEST:0:12}… pulled $(jq -r .pullBytes <<<"$ROW") bytes"
+# Signed provenance beside it, tagged as cosign tags attestations, naming key and digests.
+MDIGEST=$(jq -r '.status.classes[0].manifestDigest' <<<"$CT")
+att=$(curl -fsS -H 'Accept: application/vnd.oci.image.manifest.v1+json' \
+  "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/${MDIGEST/:/-}.att") || die "no attestation tagged ${MDIGEST/:/-}.att"
+envelope=$(curl -fsS "http://$REGISTRY_ADDR/v2/$REPOSITORY/blobs/$(jq -r '.layers[0].digest' <<<"$att")") || die "attestation blob"
+jq -e --arg k "$KEY" --arg d "$DIGEST" '.payloadType == "application/vnd.in-toto+json" and (.signatures | length) == 1
+  and (.payload | @base64d | fromjson | .predicate.buildDefinition.externalParameters.compileKey == $k
+  and any(.subject[]; .digest.sha256 == $d))' <<<"$envelope" >/dev/null || die "attestation: $envelope"
+echo "   attestation ${MDIGEST/:/-}.att: in-toto statement for ${KEY:0:12}…, one signature"
 
 echo "== node readiness label"
 label() { kubectl get node "$REAL" -o json | jq -er --arg l "$LABEL" '.metadata.labels[$l] // empty'; }
@@ -136,6 +145,7 @@ promtool check metrics <<<"$agent_m" || die "promtool rejects the agent's exposi
 promtool check metrics <<<"$op_m" || die "promtool rejects the operator's exposition"
 positive() { awk -v re="^$1" '$0 ~ re {s += $NF} END {exit !(s > 0)}' <<<"$2" || die "no positive $1 in /metrics"; }
 positive 'kiln_operator_compile_jobs_total\{[^}]*result="succeeded"' "$op_m"
+grep -qx "kiln_operator_untrusted_entries_total 0" <<<"$op_m" || die "operator refused stored entries"
 positive kiln_agent_artifact_pull_bytes "$agent_m"
 positive kiln_agent_load_seconds_count "$agent_m"
 positive kiln_agent_warmup_seconds_count "$agent_m"

@@ -66,17 +66,19 @@ kubectl apply -f "$REPO/deploy/operator-rbac.yaml" >/dev/null
 # A kubeconfig with the operator's ServiceAccount token: the operator gets only what RBAC grants.
 sa_kubeconfig kiln-system kiln-operator "$WORK"
 
-# start_operator N: replica N, metrics on 127.0.0.1:1808N, log in $WORK/operator-N.log;
-# LIMIT overrides --max-concurrent-compiles (20: the fake nodes' Jobs never finish).
+# start_operator N [FLAGS...]: replica N, metrics on 127.0.0.1:1808N, log in
+# $WORK/operator-N.log; LIMIT overrides --max-concurrent-compiles (20: the fake nodes' Jobs
+# never finish).
 start_operator() {
-  KUBECONFIG=$WORK/kubeconfig "$OPERATOR" \
+  local n=$1; shift
+  KUBECONFIG=$WORK/kubeconfig "$OPERATOR" "$@" \
     --store "$WORK/store" --agent-image kiln-e2e/agent:test --agent-image-pull-policy Never \
-    --sources-host-path "$WORK/sources" --listen "127.0.0.1:1808$1" --retry-backoff-seconds 2 \
+    --sources-host-path "$WORK/sources" --listen "127.0.0.1:1808$n" --retry-backoff-seconds 2 \
     --max-concurrent-compiles "${LIMIT:-20}" \
-    --lease-name "kiln-operator-$NS" --lease-namespace kiln-system --identity "replica-$1" \
-    >>"$WORK/operator-$1.log" 2>&1 &
+    --lease-name "kiln-operator-$NS" --lease-namespace kiln-system --identity "replica-$n" \
+    >>"$WORK/operator-$n.log" 2>&1 &
   OP_PIDS+=($!)
-  eval "OP_$1=$!"
+  eval "OP_$n=$!"
 }
 show_logs() {
   tail -n 20 "$WORK"/operator-*.log >&2 || true

@@ -240,7 +240,7 @@ impl Wiring {
         self.mount("sources", SOURCES_MOUNT, true, host_path(src));
     }
 
-    /// The signing key, for the publisher only (a file readable by the pod's user).
+    /// The signing key, for the publisher only (a file readable by the pod's group).
     fn signing(&mut self, secret: &str) {
         self.env.push(env(
             "KILN_SIGNING_KEY",
@@ -256,9 +256,9 @@ impl Wiring {
                     items: Some(vec![KeyToPath {
                         key: SIGNING_KEY.into(),
                         path: SIGNING_KEY.into(),
-                        mode: Some(0o400),
+                        mode: Some(0o440),
                     }]),
-                    default_mode: Some(0o400),
+                    default_mode: Some(0o440),
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -351,6 +351,8 @@ fn pod(
             run_as_non_root: Some(true),
             run_as_user: Some(s.run_as_user),
             run_as_group: Some(s.run_as_user),
+            // Secret files (the signing key, mode 0440) belong to this group, so the user reads them.
+            fs_group: Some(s.run_as_user),
             seccomp_profile: Some(SeccompProfile {
                 type_: "RuntimeDefault".into(),
                 ..Default::default()

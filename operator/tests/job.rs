@@ -322,7 +322,7 @@ fn signing_key_and_service_account_reach_only_the_publisher() {
     );
     assert_eq!(
         (items[0].key.as_str(), items[0].mode),
-        ("signing.key", Some(0o400))
+        ("signing.key", Some(0o440))
     );
     let publisher = &pod.containers[0];
     assert_eq!(

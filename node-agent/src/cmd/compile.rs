@@ -30,7 +30,7 @@ pub struct Job {
     /// Compile key the operator computed; the worker must arrive at the same one.
     pub compile_key: String,
     /// Store URL (a directory, `file:///dir` or `oci://host/repository`).
-    pub store: String,
+    pub store: Option<String>,
     /// How to reach the registry of an `oci://` store.
     pub registry: RegistryOptions,
     /// Base directory for relative `file://` URIs.
@@ -148,7 +148,10 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<Built> {
         expected,
         host,
     } = prepare(job, job.handoff.as_deref())?;
-    let store = kiln_store::open(&job.store, &job.registry)?;
+    let url = job.store.as_deref().ok_or_else(|| {
+        Error::InvalidSpec("compile needs --store (KILN_STORE) to publish to".into())
+    })?;
+    let store = kiln_store::open(url, &job.registry)?;
     store.check_writable().await?;
     // A filesystem store keeps verified sources across compiles; otherwise they live as long as
     // this Job.
@@ -211,9 +214,9 @@ pub struct Args {
     #[arg(long, env = "KILN_COMPILE_KEY")]
     compile_key: String,
     /// Artifact store: a directory (or `file:///dir`) shared with the operator, or
-    /// `oci://HOST[:PORT]/REPOSITORY`.
+    /// `oci://HOST[:PORT]/REPOSITORY`. Required, except for `--stage compiler` (which has none).
     #[arg(long, env = "KILN_STORE")]
-    store: String,
+    store: Option<String>,
     #[command(flatten)]
     registry: kiln_store::RegistryArgs,
     /// Base directory for relative file:// URIs.

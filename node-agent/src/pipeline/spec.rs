@@ -28,8 +28,9 @@ impl Spec {
         Ok(spec)
     }
 
-    /// The two objects as the operator hands them to a compile Job, checked like a file would be;
-    /// relative `file://` URIs resolve against `base`.
+    /// The two objects as the operator hands them to a compile Job (or the agent reads them from
+    /// the cluster), checked like a file would be. In a cluster `file://` URIs are confined to the
+    /// sources directory `base`: relative, no `..`, and not leading out of it through a symlink.
     pub fn from_objects(
         model: ModelArtifact,
         target: CompiledTarget,
@@ -37,8 +38,59 @@ impl Spec {
     ) -> Result<Self> {
         let mut spec = Self { model, target };
         spec.validate()?;
+        spec.confine(base)?;
         spec.resolve_relative(base);
         Ok(spec)
+    }
+
+    /// Every `file://` URI names a file under `base`.
+    fn confine(&self, base: &std::path::Path) -> Result<()> {
+        let m = &self.model.spec;
+        let uris = std::iter::once(("spec.source.uri".to_string(), &m.source.uri))
+            .chain(
+                m.assets
+                    .iter()
+                    .map(|a| (format!("spec.assets[{}].uri", a.name), &a.uri)),
+            )
+            .chain(
+                m.fixtures
+                    .iter()
+                    .map(|f| (format!("spec.fixtures[{}].uri", f.version), &f.uri)),
+            );
+        for (field, uri) in uris {
+            let Some(rest) = uri.strip_prefix("file://") else {
+                continue;
+            };
+            let refuse = |rule: &str| {
+                Err(Error::InvalidSpec(format!(
+                    "ModelArtifact {field} {uri:?}: {rule}; in a cluster file:// URIs name files under the sources directory ({}), relative to it",
+                    base.display()
+                )))
+            };
+            let path = std::path::Path::new(rest);
+            if rest.is_empty() || path.is_absolute() {
+                return refuse("absolute paths are not allowed");
+            }
+            if path.components().any(|c| {
+                !matches!(
+                    c,
+                    std::path::Component::Normal(_) | std::path::Component::CurDir
+                )
+            }) {
+                return refuse("`..` is not allowed");
+            }
+            // A symlink inside the directory may not lead out of it. (A file that does not exist
+            // yet is the fetch's to report.)
+            if let (Ok(root), Ok(real)) = (base.canonicalize(), base.join(path).canonicalize())
+                && !real.starts_with(&root)
+            {
+                return refuse(&format!(
+                    "it leads out of the sources directory through a symlink (to {})",
+                    real.display()
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn resolve_relative(&mut self, base: &std::path::Path) {
@@ -169,5 +221,65 @@ impl Spec {
                     .map_err(|e| Error::InvalidSpec(e.to_string()))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../../../examples/squeezenet/kiln.yaml");
+
+    fn with_source(uri: &str, base: &std::path::Path) -> Result<Spec> {
+        let s = Spec::parse(EXAMPLE).unwrap();
+        let mut model = s.model;
+        model.spec.source.uri = uri.to_string();
+        Spec::from_objects(model, s.target, base)
+    }
+
+    #[test]
+    fn cluster_file_uris_stay_under_the_sources_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().join("sources");
+        std::fs::create_dir_all(base.join("models")).unwrap();
+        std::fs::write(tmp.path().join("secret"), b"x").unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("secret"), base.join("models/escape")).unwrap();
+        std::os::unix::fs::symlink("model.onnx", base.join("models/alias")).unwrap();
+        std::fs::write(base.join("models/model.onnx"), b"m").unwrap();
+
+        let ok = with_source("file://models/model.onnx", &base).unwrap();
+        assert_eq!(
+            ok.model.spec.source.uri,
+            format!("file://{}/models/model.onnx", base.display())
+        );
+        assert!(
+            with_source("file://models/alias", &base).is_ok(),
+            "a link inside is fine"
+        );
+        assert!(
+            with_source("file://models/not-yet", &base).is_ok(),
+            "the fetch reports it"
+        );
+        for (uri, rule) in [
+            ("file:///etc/shadow", "absolute paths"),
+            ("file://", "absolute paths"),
+            ("file://../secret", "`..`"),
+            ("file://models/../../secret", "`..`"),
+            ("file://models/escape", "symlink"),
+        ] {
+            let err = with_source(uri, &base)
+                .err()
+                .unwrap_or_else(|| panic!("{uri} accepted"));
+            assert_eq!(err.reason(), kiln_crds::FailureReason::InvalidSpec);
+            let msg = err.to_string();
+            assert!(
+                msg.contains(rule) && msg.contains("spec.source.uri"),
+                "{uri}: {msg}"
+            );
+        }
+        // Local mode (a file on the user's machine) keeps absolute paths.
+        let yaml = EXAMPLE.replace("file://model.onnx", "file:///srv/models/model.onnx");
+        assert!(Spec::parse(&yaml).is_ok());
     }
 }
