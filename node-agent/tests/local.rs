@@ -739,6 +739,38 @@ fn store_entry_rewritten_whole_is_refused_by_its_attestation_and_rebuilt() {
 }
 
 #[test]
+fn an_engine_panic_on_a_hostile_model_is_a_classified_failure() {
+    // A 134-byte model whose Gather indexes past its input. Compiled for a concrete profile,
+    // tract refuses it with an error; its reference execution (what fixtures are made with)
+    // panics on it (tract 0.23.9, gather.rs: index out of bounds).
+    let mut case = Case::mlp(4);
+    std::fs::copy(data("oob-gather.onnx"), case.path("model.onnx")).expect("copy");
+    (case.model_sha, case.model_size) = sha256_file(&case.path("model.onnx")).expect("hash");
+    let run = case.run();
+    run.fails_with("CompileFailed", &["Gather", "101 vs 16"]);
+    assert!(case.stored().is_empty(), "nothing stored");
+    // The panic is contained: a classified message and exit status 1, not an abort.
+    let out = Command::new(AGENT)
+        .args([
+            "fixtures",
+            "--fixture-version",
+            "v1",
+            "--shape",
+            "x=2,16",
+            "--model",
+        ])
+        .arg(case.path("model.onnx"))
+        .arg("--out")
+        .arg(case.path("oob.safetensors"))
+        .output()
+        .expect("fixtures");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("panicked: index out of bounds"), "{stderr}");
+    assert!(!case.path("oob.safetensors").exists());
+}
+
+#[test]
 fn corrupt_cached_source_blob_is_refetched() {
     let case = Case::mlp(4);
     assert!(case.run().success);

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::pipeline::tensor::HostTensor;
 
 pub mod exec;
+pub mod guard;
 pub mod tract;
 
 /// Input name → concrete shape.
@@ -106,7 +107,7 @@ pub fn for_target_with(
             backend.version()
         )));
     }
-    Ok(backend)
+    Ok(Box::new(guard::Guarded(backend)))
 }
 
 /// The runtimes this binary carries, for the hardware facts.

@@ -158,7 +158,8 @@ pub fn main(args: Args) -> ExitCode {
             .map(|(atol, rtol)| Tolerance { atol, rtol }),
     };
     let out = &args.out;
-    let result = make(&crate::backend::tract::Tract, &request)
+    let tract = crate::backend::guard::Guarded(Box::new(crate::backend::tract::Tract));
+    let result = make(&tract, &request)
         .and_then(|f| f.to_bytes())
         .and_then(|bytes| {
             std::fs::write(out, &bytes)

@@ -79,3 +79,20 @@ unsupported = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18
 onnx.checker.check_model(unsupported)
 onnx.save(unsupported, os.path.join(here, "unsupported.onnx"))
 print("wrote mlp.onnx, mlp-drift.onnx, two-outputs.onnx and unsupported.onnx with onnx", onnx.__version__)
+
+# oob-gather.onnx — a 200-byte hostile model: Gather with a constant index far past axis 1 of
+# x[batch, 16]. tract 0.23.9 panics on it at run time (index out of bounds), which kiln must
+# contain as a classified failure.
+idx = numpy_helper.from_array(np.array([100], dtype=np.int64), "idx")
+oob = helper.make_model(
+    helper.make_graph(
+        [helper.make_node("Gather", ["x", "idx"], ["y"], axis=1)],
+        "oob",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
+        [idx],
+    ),
+    opset_imports=[helper.make_opsetid("", 13)],
+    producer_name="kiln-tests",
+)
+onnx.save(oob, os.path.join(here, "oob-gather.onnx"))
