@@ -193,6 +193,10 @@ revisions pkg 1
 wait_for "row pkg Ready" 120 row_is pkg .phase Ready
 wait_for "gate True on server-pkg" 30 warm_is server-pkg True Ready
 pkg_warm_at=$(warm server-pkg lastTransitionTime)
+# The kubelet turns the pod Ready a moment after the gate; from then on it must stay Ready.
+wait_for "pod server-pkg Ready" 30 pod_ready server-pkg True
+ready_at() { kubectl -n "$NS" get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].lastTransitionTime}'; }
+pkg_ready_at=$(ready_at server-pkg)
 kubectl -n "$NS" patch compiledtarget pkg --type=merge -p '{"spec":{"warmup":{"fixtureVersion":"v2"}}}' >/dev/null
 revisions pkg 2
 degraded_for_2() { row_is pkg .phase Degraded && row_is pkg .desiredRevision 2; }
@@ -201,7 +205,8 @@ wait_for "row pkg Degraded, wanting revision 2" 120 degraded_for_2
    $(row pkg .fallback) == PreviousKnownGood ]] || die "pkg row: $(row pkg . | jq -c .)"
 warm_is server-pkg True Degraded || die "pkg gate: $(warm server-pkg status) $(warm server-pkg reason)"
 [[ $(warm server-pkg lastTransitionTime) == "$pkg_warm_at" ]] || die "pkg gate flapped"
-pod_ready server-pkg True || die "server-pkg not Ready on the fallback"
+pod_ready server-pkg True && [[ $(ready_at server-pkg) == "$pkg_ready_at" ]] ||
+  die "server-pkg not Ready on the fallback, or its readiness flapped"
 (($(metric 'kiln_agent_fallbacks_total{reason="ParityExceeded",policy="PreviousKnownGood"}') >= 1)) || die "fallback not counted"
 echo "   $(row pkg .message | cut -c1-160)…"
 curl -fsS http://127.0.0.1:18090/metrics >"$WORK/metrics-1.txt"

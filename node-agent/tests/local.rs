@@ -1234,6 +1234,25 @@ cp "$KILN_MODEL" "$KILN_ARTIFACT""#;
 }
 
 #[test]
+fn exec_compiler_output_that_is_not_utf8_or_endless_does_not_fail_a_good_compile() {
+    // A Latin-1 byte, then 1 MiB without a newline (more than a pipe holds: a reader that
+    // stopped at the bad byte would leave the compiler blocked until its deadline).
+    let case = Case::exec(
+        r#"printf 'caf\351 ok\n'; head -c 1048576 /dev/zero | tr '\0' x; echo; echo done; cp "$KILN_MODEL" "$KILN_ARTIFACT""#,
+    );
+    let mut case = case;
+    case.warmup_extra = "\n  compile: {activeDeadlineSeconds: 20}".into();
+    let run = case.run();
+    assert!(run.success, "{}: {}", run.message(), run.stderr);
+    let log = case.manifest(&run)["converterLog"].to_string();
+    assert!(
+        log.contains("caf\u{fffd} ok") && log.contains("done"),
+        "{}",
+        &log[..200.min(log.len())]
+    );
+}
+
+#[test]
 fn exec_compiler_failure_is_compile_failed_with_its_last_output() {
     let case = Case::exec("echo loading; echo 'fatal: opset 13 not supported' >&2; exit 3");
     case.run().fails_with(
@@ -1349,5 +1368,35 @@ fn exec_compiler_past_its_deadline_is_killed_with_what_it_started() {
         started.elapsed() < std::time::Duration::from_secs(30),
         "a straggler kept the run waiting: {:?}",
         started.elapsed()
+    );
+
+    // A child that leaves the process group (setsid) and keeps the output open: killed too,
+    // at the deadline and after a normal exit, and it does not hang the log readers.
+    let mut case = Case::exec("echo started; setsid sleep 60 & sleep 60");
+    case.warmup_extra = "\n  compile: {activeDeadlineSeconds: 1}".into();
+    let started = std::time::Instant::now();
+    case.run().fails_with("Timeout", &["(1s)"]);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "a setsid child kept the run waiting: {:?}",
+        started.elapsed()
+    );
+    let case = Case::exec("setsid sleep 61 & cp \"$KILN_MODEL\" \"$KILN_ARTIFACT\"");
+    let started = std::time::Instant::now();
+    let run = case.run();
+    assert!(run.success, "{}", run.stderr);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "a setsid straggler kept the run waiting: {:?}",
+        started.elapsed()
+    );
+    let survivors = Command::new("pgrep")
+        .args(["-f", "sleep 6[01]$"])
+        .output()
+        .expect("pgrep");
+    assert!(
+        survivors.stdout.is_empty(),
+        "setsid children outlived the compile: {}",
+        String::from_utf8_lossy(&survivors.stdout)
     );
 }

@@ -39,6 +39,8 @@ use crate::error::{Error, Result};
 
 /// Lines of compiler output kept for the build manifest.
 const LOG_LINES: usize = 200;
+/// Longest compiler output line kept whole; longer ones are split.
+const MAX_LINE: u64 = 4 << 10;
 /// Lines quoted in a failure message (the operator shows it in a condition).
 const TAIL_LINES: usize = 12;
 /// Environment the compiler must not see.
@@ -144,7 +146,12 @@ impl Exec {
         }
         // Its own process group: on a deadline, and after it exits, whatever it started goes
         // too (a straggler holding its output open would otherwise hang the log readers).
+        // What leaves the group (setsid) is reparented to this process, a child subreaper, and
+        // killed after it as well.
         cmd.process_group(0);
+        if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+            tracing::warn!(error = %e, "cannot become a child subreaper; a compiler's setsid children may outlive it");
+        }
         tracing::info!(command = ?self.command, "running the compiler");
         let mut child = cmd.spawn().map_err(|e| {
             Error::CompileFailed(format!(
@@ -165,8 +172,20 @@ impl Exec {
             {
                 let log = &log;
                 s.spawn(move || {
-                    for line in BufReader::new(stream).lines() {
-                        let Ok(line) = line else { break };
+                    // Bytes, not UTF-8 lines: a stray non-UTF-8 byte must neither end the
+                    // reading (the compiler would block on a full pipe) nor fail the compile.
+                    let mut reader = BufReader::new(stream);
+                    let mut raw = Vec::new();
+                    loop {
+                        raw.clear();
+                        // At most MAX_LINE bytes at a time: a line without end is cut, not held.
+                        match reader.by_ref().take(MAX_LINE).read_until(b'\n', &mut raw) {
+                            Ok(0) | Err(_) => break,
+                            Ok(_) => {}
+                        }
+                        let line = String::from_utf8_lossy(&raw)
+                            .trim_end_matches(['\n', '\r'])
+                            .to_string();
                         tracing::info!(target: "compiler", "{line}");
                         let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
                         if log.len() == LOG_LINES {
@@ -182,6 +201,7 @@ impl Exec {
             {
                 let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
             }
+            kill_orphans();
             status
         });
         let log: Vec<String> = log.into_inner().unwrap_or_else(|p| p.into_inner()).into();
@@ -224,6 +244,42 @@ impl Exec {
             ))),
         }
     }
+}
+
+/// Kills and reaps every process reparented to this one: what a compiler detached from its
+/// process group (setsid) and left running. Rounds, because killing one reparents its children.
+fn kill_orphans() {
+    use rustix::process::{Pid, Signal, WaitOptions, getpid, kill_process, waitpid};
+    let me = getpid().as_raw_nonzero().get();
+    for _ in 0..16 {
+        let orphans = children_of(me);
+        if orphans.is_empty() {
+            return;
+        }
+        for raw in orphans {
+            if let Some(pid) = Pid::from_raw(raw) {
+                tracing::warn!(pid = raw, "killing a process the compiler left running");
+                let _ = kill_process(pid, Signal::KILL);
+                let _ = waitpid(Some(pid), WaitOptions::empty());
+            }
+        }
+    }
+}
+
+/// Pids whose parent is `ppid` (from `/proc/*/stat`).
+fn children_of(ppid: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let parent: i32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+        (parent == ppid).then_some(pid)
+    })
+    .collect()
 }
 
 /// Waits for `child` up to `timeout`; `None` when it ran past it (it is then killed and reaped).
