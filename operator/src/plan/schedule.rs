@@ -247,7 +247,7 @@ fn count_attempts(
             _ => (
                 FailureReason::StoreUnavailable,
                 format!(
-                    "Job {} succeeded but the store has no artifact for key {key}; operator and compile Jobs must share one store",
+                    "Job {} succeeded but the store has no trusted artifact for key {key}; operator and compile Jobs must share one store, and the Jobs' signing key must match the operator's --trust-key",
                     j.name
                 ),
             ),
