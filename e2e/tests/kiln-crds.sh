@@ -73,3 +73,30 @@ if [[ -n $target ]]; then
   WHY="no profiles" PATTERN='profiles' expect_reject create -f - \
     < <(jq '.metadata.name += "-np" | .spec.profiles = []' <<<"$target")
 fi
+
+# The bad-spec corpus (e2e/testdata/specs/), which node-agent/tests/specs.rs runs through local
+# mode: each edit the corpus calls invalid is refused by this apiserver (server-side dry run,
+# strict field validation as kubectl applies it), each valid one accepted. Same verdicts on both
+# sides is the parity between `kiln-agent local` and the cluster.
+corpus=$E2E_DIR/testdata/specs
+mapfile -t base_docs < <(kubectl create --dry-run=client -o json -f "$corpus/base.yaml" |
+  jq -c 'if .kind == "List" then .items[] else . end')
+((${#base_docs[@]} == 2)) || fail "base.yaml: ${#base_docs[@]} documents"
+n=0 wrong=()
+while IFS= read -r case; do
+  name=$(jq -r .name <<<"$case")
+  kind=$(jq -r .doc <<<"$case")
+  for d in "${base_docs[@]}"; do [[ $(jq -r .kind <<<"$d") == "$kind" ]] && doc=$d; done
+  doc=$(jq -c --argjson c "$case" --arg ns "$TEST_NS" '
+    reduce ($c.set // {} | to_entries[]) as $e (.; setpath($e.key | ltrimstr("/") | split("/") | map(tonumber? // .); $e.value))
+    | reduce ($c.delete // [])[] as $p (.; delpaths([$p | ltrimstr("/") | split("/") | map(tonumber? // .)]))
+    | .metadata.namespace = $ns' <<<"$doc")
+  if out=$(kubectl apply --dry-run=server --validate=strict -f - <<<"$doc" 2>&1); then
+    [[ $(jq -r '.valid // false' <<<"$case") == true ]] || wrong+=("$name: accepted by the apiserver")
+  else
+    [[ $(jq -r '.valid // false' <<<"$case") != true ]] || wrong+=("$name: refused: $out")
+  fi
+  n=$((n + 1))
+done < <(jq -c '.cases[]' "$corpus/corpus.json")
+((${#wrong[@]} == 0)) || fail "apiserver and corpus disagree:$(printf '\n  %s' "${wrong[@]}")"
+echo "corpus: $n cases, same verdict from the apiserver as from local mode"

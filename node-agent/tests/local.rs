@@ -836,7 +836,7 @@ fn cel_rules_apply_in_local_mode_too() {
     let mut case = Case::mlp(4);
     case.model_sha = "ABC".into();
     case.run()
-        .fails_with("InvalidSpec", &["spec.source.sha256", "64 lowercase hex"]);
+        .fails_with("InvalidSpec", &["spec.source.sha256", "^[0-9a-f]{64}$"]);
 }
 
 #[test]

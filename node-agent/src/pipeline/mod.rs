@@ -9,6 +9,7 @@ pub mod fixtures;
 pub mod interface;
 pub mod probe;
 pub mod ready;
+pub mod schema;
 pub mod spec;
 pub mod tensor;
 pub mod warmup;

@@ -125,6 +125,9 @@ impl Spec {
                 .unwrap_or("<unnamed>")
                 .to_string();
             let wrap = |e: serde_json::Error| Error::InvalidSpec(format!("{kind} {name}: {e}"));
+            if matches!(kind.as_str(), "ModelArtifact" | "CompiledTarget") {
+                super::schema::check(&kind, &doc)?;
+            }
             match kind.as_str() {
                 "ModelArtifact" if model.is_none() => {
                     model = Some(serde_json::from_value(doc).map_err(wrap)?)
