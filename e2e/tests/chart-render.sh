@@ -132,6 +132,16 @@ oe = env(one(fs, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["con
 check(oe.get("KILN_SIGNING_SECRET") == "kiln-signing" and oe.get("KILN_COMPILE_SERVICE_ACCOUNT") == "kiln-compile", "compile Jobs told the signing Secret and account")
 check("KILN_TRUST_KEY" not in env(one(unsigned, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0]), "attestation.enabled=false")
 
+# The agent's node confinement: the same policy as deploy/agent-policy.yaml, for the release
+# namespace's agent account; off with agent.nodeConfinement=false.
+policy = [d for d in yaml.safe_load_all(open(f"{repo}/deploy/agent-policy.yaml")) if d]
+vap = one(fs, "ValidatingAdmissionPolicy", "kiln-agent-node-confinement")["spec"]
+want = one(policy, "ValidatingAdmissionPolicy", "kiln-agent-node-confinement")["spec"]
+check({k: v for k, v in vap.items() if k != "matchConditions"} == {k: v for k, v in want.items() if k != "matchConditions"}, "agent policy != deploy/agent-policy.yaml")
+check(vap["matchConditions"][0]["expression"] == "request.userInfo.username == 'system:serviceaccount:kiln-system:kiln-agent'", "policy matches the release's agent account")
+check(one(fs, "ValidatingAdmissionPolicyBinding", "kiln-agent-node-confinement")["spec"] == {"policyName": "kiln-agent-node-confinement", "validationActions": ["Deny"]}, "policy binding denies")
+check(not get(minimal, "ValidatingAdmissionPolicy"), "no agent, no agent policy")
+
 # ServiceAccounts and least-privilege RBAC.
 check(sorted(s["metadata"]["name"] for s in get(fs, "ServiceAccount")) == ["kiln-agent", "kiln-compile", "kiln-operator"], "three ServiceAccounts")
 check(one(fs, "ServiceAccount", "kiln-compile").get("automountServiceAccountToken") is False, "compile SA mounts no token")

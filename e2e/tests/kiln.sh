@@ -27,7 +27,7 @@ cleanup() {
   kubectl -n "$NS" delete compiledtarget --all --wait=true --timeout=60s >/dev/null 2>&1 || true
   helm uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
   kubectl label node "$REAL" "$LABEL-" >/dev/null 2>&1 || true
-  kubectl delete kilnnode "$REAL" --ignore-not-found >/dev/null 2>&1 || true
+  kubectl delete kilnnode "$REAL" "$NS-elsewhere" --ignore-not-found >/dev/null 2>&1 || true
   kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
   rm -rf "$WORK"
 }
@@ -131,6 +131,46 @@ jq -e --arg k "$KEY" --arg d "$DIGEST" '.payloadType == "application/vnd.in-toto
   and (.payload | @base64d | fromjson | .predicate.buildDefinition.externalParameters.compileKey == $k
   and any(.subject[]; .digest.sha256 == $d))' <<<"$envelope" >/dev/null || die "attestation: $envelope"
 echo "   attestation ${MDIGEST/:/-}.att: in-toto statement for ${KEY:0:12}…, one signature"
+
+echo "== the agent's token writes only its own node's objects (ValidatingAdmissionPolicy)"
+# The agent above already wrote its KilnNode and its pods' gates under the policy. A token bound to
+# its pod, as the kubelet mounts it, is refused for another node's KilnNode and for a pod on
+# another node, with the policy's message; a token not bound to a pod writes nothing.
+agent_pod=$(kubectl -n "$NS" get pods -l app.kubernetes.io/component=agent -o jsonpath='{.items[0].metadata.name}')
+bound=$(kubectl -n "$NS" create token kiln-agent --bound-object-kind Pod --bound-object-name "$agent_pod" \
+  --bound-object-uid "$(kubectl -n "$NS" get pod "$agent_pod" -o jsonpath='{.metadata.uid}')")
+unbound=$(kubectl -n "$NS" create token kiln-agent)
+kubectl apply -f - >/dev/null <<YAML
+apiVersion: kiln.dev/v1alpha1
+kind: KilnNode
+metadata: {name: $NS-elsewhere}
+spec: {}
+YAML
+kubectl -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: elsewhere}
+spec: {nodeName: $NS-elsewhere, containers: [{name: c, image: $BUSYBOX_IMAGE}]}
+YAML
+server=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$WORK/ca.crt"
+# as_agent TOKEN PATH BODY: a status merge-patch as the agent; prints the HTTP code and message.
+as_agent() {
+  curl -sS --cacert "$WORK/ca.crt" -H "Authorization: Bearer $1" -X PATCH \
+    -H 'Content-Type: application/merge-patch+json' "$server$2" -d "$3" |
+    jq -r '"\(.code // 200) \(.message // "")"'
+}
+out=$(as_agent "$bound" "/apis/kiln.dev/v1alpha1/kilnnodes/$NS-elsewhere/status" '{"status":{"targets":[]}}')
+[[ $out == "422 "*"may write only KilnNode $REAL, not $NS-elsewhere"* ]] || die "another node's KilnNode: $out"
+out=$(as_agent "$bound" "/api/v1/namespaces/$NS/pods/elsewhere/status" '{"status":{"conditions":[{"type":"kiln.dev/warm","status":"True"}]}}')
+[[ $out == "422 "*"may write only pods on that node"* ]] || die "a pod on another node: $out"
+out=$(as_agent "$unbound" "/apis/kiln.dev/v1alpha1/kilnnodes/$REAL/status" '{"status":{}}')
+[[ $out == "422 "*"token bound to its pod"* ]] || die "unbound token: $out"
+out=$(as_agent "$bound" "/apis/kiln.dev/v1alpha1/kilnnodes/$REAL/status" '{"status":{}}')
+[[ $out == "200 "* ]] || die "own KilnNode refused: $out"
+kubectl delete kilnnode "$NS-elsewhere" >/dev/null
+kubectl -n "$NS" delete pod elsewhere --wait=false >/dev/null
+echo "   refused: KilnNode $NS-elsewhere, pod on $NS-elsewhere, an unbound token; allowed: KilnNode $REAL"
 
 echo "== node readiness label"
 label() { kubectl get node "$REAL" -o json | jq -er --arg l "$LABEL" '.metadata.labels[$l] // empty'; }
