@@ -65,6 +65,8 @@ pub mod reasons {
     pub const FIXTURE_NOT_FOUND: &str = "FixtureNotFound";
     /// A shape profile does not bind the model's symbolic dims.
     pub const INVALID_PROFILE: &str = "InvalidProfile";
+    /// `spec.compile` asks for more resources, or other tolerations, than the operator allows.
+    pub const COMPILE_REQUEST_REFUSED: &str = "CompileRequestRefused";
 
     // ModelArtifact.
 

@@ -129,6 +129,7 @@ for obj in (one(fs, "Deployment", "kiln-operator"), one(fs, "DaemonSet", "kiln-a
     check(len(trust) == 1 and trust[0]["secret"] == {"secretName": "kiln-signing", "items": [{"key": "signing.pub", "path": "signing.pub"}]}, f"{obj['kind']} mounts only signing.pub: {trust}")
     check({"name": "trust", "mountPath": "/var/run/kiln/trust", "readOnly": True} in ps["containers"][0]["volumeMounts"], f"{obj['kind']} trust mount")
 oe = env(one(fs, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0])
+check(oe.get("KILN_COMPILE_MAX_MEMORY") == "64Gi" and oe.get("KILN_COMPILE_TOLERATION_KEYS") == "nvidia.com/gpu", "compile bounds passed to the operator")
 check(oe.get("KILN_SIGNING_SECRET") == "kiln-signing" and oe.get("KILN_COMPILE_SERVICE_ACCOUNT") == "kiln-compile", "compile Jobs told the signing Secret and account")
 check("KILN_TRUST_KEY" not in env(one(unsigned, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0]), "attestation.enabled=false")
 

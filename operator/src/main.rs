@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use kiln_operator::job::{JobSettings, JobStore};
-use kiln_operator::plan::Settings;
+use kiln_operator::plan::{CompileBounds, Settings, quantity};
 use kiln_operator::run::{Config, Election, run};
 use kiln_operator::telemetry::{self, LogFormat};
 
@@ -41,6 +41,24 @@ struct Cli {
     /// mounted). Empty: the namespace's default account.
     #[arg(long, env = "KILN_COMPILE_SERVICE_ACCOUNT")]
     compile_service_account: Option<String>,
+    /// Largest memory a CompiledTarget may request or limit for its compile Jobs (a quantity).
+    #[arg(long, env = "KILN_COMPILE_MAX_MEMORY", default_value = "64Gi")]
+    compile_max_memory: String,
+    /// Largest CPU a CompiledTarget may request or limit for its compile Jobs (a quantity).
+    #[arg(long, env = "KILN_COMPILE_MAX_CPU", default_value = "32")]
+    compile_max_cpu: String,
+    /// Most `nvidia.com/gpu` a compile Job may ask for.
+    #[arg(long, env = "KILN_COMPILE_MAX_GPUS", default_value_t = 1)]
+    compile_max_gpus: u64,
+    /// Toleration keys CompiledTargets may give their compile Jobs (`*`: any, including a
+    /// keyless toleration of every taint).
+    #[arg(
+        long,
+        env = "KILN_COMPILE_TOLERATION_KEYS",
+        value_delimiter = ',',
+        default_value = "nvidia.com/gpu"
+    )]
+    compile_toleration_keys: Vec<String>,
     /// Secret (keys `username`, `password`) that compile Jobs read registry credentials from;
     /// it must exist in each target's namespace, where the Jobs run.
     #[arg(long, env = "KILN_REGISTRY_SECRET")]
@@ -148,6 +166,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let bound = |q: &str, scale: f64, flag: &str| {
+        quantity(q, scale)
+            .map(|v| v as u64)
+            .ok_or_else(|| eprintln!("kiln-operator: {flag} {q:?}: not a Kubernetes quantity"))
+    };
+    let (Ok(max_memory_bytes), Ok(max_cpu_millis)) = (
+        bound(&cli.compile_max_memory, 1.0, "--compile-max-memory"),
+        bound(&cli.compile_max_cpu, 1000.0, "--compile-max-cpu"),
+    ) else {
+        return ExitCode::from(2);
+    };
     let config = Config {
         store,
         trust,
@@ -156,6 +185,17 @@ fn main() -> ExitCode {
             default_max_attempts: cli.max_attempts,
             backoff_base: Duration::from_secs(cli.retry_backoff_seconds),
             max_concurrent_compiles: cli.max_concurrent_compiles,
+            compile_bounds: CompileBounds {
+                max_memory_bytes,
+                max_cpu_millis,
+                max_gpus: cli.compile_max_gpus,
+                toleration_keys: cli
+                    .compile_toleration_keys
+                    .iter()
+                    .map(|k| k.trim().to_string())
+                    .filter(|k| !k.is_empty())
+                    .collect(),
+            },
             ..Settings::default()
         },
         job_settings: JobSettings {

@@ -25,6 +25,34 @@ pub struct Settings {
     pub revision_history: usize,
     /// Compile Jobs running at once across all targets; more wait (phase `Queued`).
     pub max_concurrent_compiles: usize,
+    /// What a target may ask of its compile Jobs.
+    pub compile_bounds: CompileBounds,
+}
+
+/// Upper bounds on the tenant-chosen parts of a compile Job (`spec.compile.resources` and
+/// `spec.compile.tolerations`), from the operator's flags (chart `compile.bounds`).
+#[derive(Clone, Debug)]
+pub struct CompileBounds {
+    /// Largest memory request or limit, bytes.
+    pub max_memory_bytes: u64,
+    /// Largest CPU request or limit, millicores.
+    pub max_cpu_millis: u64,
+    /// Largest `nvidia.com/gpu` request or limit.
+    pub max_gpus: u64,
+    /// Toleration keys a target may use (a toleration without a key tolerates every taint and
+    /// is allowed only with `*` here).
+    pub toleration_keys: Vec<String>,
+}
+
+impl Default for CompileBounds {
+    fn default() -> Self {
+        Self {
+            max_memory_bytes: 64 << 30,
+            max_cpu_millis: 32_000,
+            max_gpus: 1,
+            toleration_keys: vec!["nvidia.com/gpu".into()],
+        }
+    }
 }
 
 impl Default for Settings {
@@ -36,6 +64,7 @@ impl Default for Settings {
             backoff_max: Duration::from_secs(300),
             revision_history: 10,
             max_concurrent_compiles: 4,
+            compile_bounds: CompileBounds::default(),
         }
     }
 }

@@ -36,9 +36,10 @@ use kiln_crds::CompiledTargetStatus;
 
 pub use classify::{key_for, wanted_keys};
 pub use events::{CLASS_COMPILED, COMPILE_JOB_CREATED, RETRY_REQUESTED, REVISION_PROMOTED};
-pub use inputs::{Inputs, JobState, JobView, ModelLookup, Settings, Stored};
+pub use inputs::{CompileBounds, Inputs, JobState, JobView, ModelLookup, Settings, Stored};
 pub use outputs::{Event, LabelChange, NewJob, NodeLabel, Plan};
 pub use schedule::job_name;
+pub use validate::quantity;
 
 use crate::admission::{self, Admission};
 use classify::Classified;

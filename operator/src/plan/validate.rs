@@ -24,6 +24,7 @@ pub fn check<'a>(
 ) -> Result<&'a ModelArtifact, Invalid> {
     let model = model_of(target, model)?;
     match backend(target, settings)
+        .or_else(|| compile_request(target, &settings.compile_bounds))
         .or_else(|| fixture(target, model))
         .or_else(|| profiles(target, model))
     {
@@ -120,9 +121,159 @@ fn profiles(target: &CompiledTarget, model: &ModelArtifact) -> Option<Invalid> {
     })
 }
 
+/// Resources and tolerations of the compile Jobs within the operator's bounds: a tenant cannot
+/// ask for a node's whole memory, every GPU, or to land on nodes tainted for someone else.
+fn compile_request(target: &CompiledTarget, bounds: &super::CompileBounds) -> Option<Invalid> {
+    let refuse = |message: String| {
+        Some(Invalid {
+            reason: reasons::COMPILE_REQUEST_REFUSED,
+            message,
+        })
+    };
+    let c = &target.spec.compile;
+    if let Some(r) = &c.resources {
+        for (which, map) in [("requests", &r.requests), ("limits", &r.limits)] {
+            for (name, q) in map.iter().flatten() {
+                let (parsed, max, unit) = match name.as_str() {
+                    "memory" => (quantity(&q.0, 1.0), bounds.max_memory_bytes, "bytes"),
+                    "cpu" => (quantity(&q.0, 1000.0), bounds.max_cpu_millis, "millicores"),
+                    "nvidia.com/gpu" => (quantity(&q.0, 1.0), bounds.max_gpus, "GPUs"),
+                    "ephemeral-storage" => continue,
+                    other => {
+                        return refuse(format!(
+                            "spec.compile.resources.{which}.{other}: compile Jobs may ask for cpu, memory, ephemeral-storage and nvidia.com/gpu only"
+                        ));
+                    }
+                };
+                match parsed {
+                    Some(v) if v <= max as f64 => {}
+                    Some(_) => {
+                        return refuse(format!(
+                            "spec.compile.resources.{which}.{name} is {}, above this cluster's bound of {max} {unit} for a compile Job (the operator's --compile-max-* flags); ask for less",
+                            q.0
+                        ));
+                    }
+                    None => {
+                        return refuse(format!(
+                            "spec.compile.resources.{which}.{name} {:?} is not a Kubernetes quantity",
+                            q.0
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let allowed = |key: &str| bounds.toleration_keys.iter().any(|k| k == "*" || k == key);
+    for (i, t) in c.tolerations.iter().enumerate() {
+        let key = t.key.as_deref().unwrap_or("");
+        if !allowed(key) {
+            let what = if key.is_empty() {
+                "has no key, so it tolerates every taint".to_string()
+            } else {
+                format!("key {key:?} is not allowed")
+            };
+            return refuse(format!(
+                "spec.compile.tolerations[{i}] {what}; compile Jobs may tolerate only {:?} (the operator's --compile-toleration-keys)",
+                bounds.toleration_keys
+            ));
+        }
+    }
+    None
+}
+
+/// A Kubernetes quantity (`512Mi`, `1.5G`, `500m`, `2e9`) in base units times `scale`.
+pub fn quantity(s: &str, scale: f64) -> Option<f64> {
+    let s = s.trim();
+    let suffixes: [(&str, f64); 14] = [
+        ("Ki", 1024f64),
+        ("Mi", 1024f64.powi(2)),
+        ("Gi", 1024f64.powi(3)),
+        ("Ti", 1024f64.powi(4)),
+        ("Pi", 1024f64.powi(5)),
+        ("Ei", 1024f64.powi(6)),
+        ("n", 1e-9),
+        ("u", 1e-6),
+        ("m", 1e-3),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+        ("P", 1e15),
+    ];
+    let (number, factor) = suffixes
+        .iter()
+        .find_map(|(suffix, f)| s.strip_suffix(suffix).map(|n| (n, *f)))
+        .or_else(|| s.strip_suffix('E').map(|n| (n, 1e18)))
+        .unwrap_or((s, 1.0));
+    let v: f64 = number
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v >= 0.0)?;
+    Some(v * factor * scale)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compile_requests_are_bounded() {
+        let b = super::super::CompileBounds::default();
+        let with = |json: serde_json::Value| {
+            let mut t = target();
+            t.spec.compile = serde_json::from_value(json).expect("compile");
+            compile_request(&t, &b).map(|i| (i.reason, i.message))
+        };
+        assert_eq!(with(serde_json::json!({})), None);
+        assert_eq!(
+            with(
+                serde_json::json!({"resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "64Gi", "nvidia.com/gpu": "1"}},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]})
+            ),
+            None
+        );
+        for (json, needle) in [
+            (
+                serde_json::json!({"resources": {"limits": {"memory": "65Gi"}}}),
+                "limits.memory is 65Gi",
+            ),
+            (
+                serde_json::json!({"resources": {"requests": {"memory": "1e12"}}}),
+                "requests.memory",
+            ),
+            (
+                serde_json::json!({"resources": {"requests": {"cpu": "33"}}}),
+                "requests.cpu is 33",
+            ),
+            (
+                serde_json::json!({"resources": {"limits": {"nvidia.com/gpu": "8"}}}),
+                "nvidia.com/gpu is 8",
+            ),
+            (
+                serde_json::json!({"resources": {"limits": {"memory": "lots"}}}),
+                "not a Kubernetes quantity",
+            ),
+            (
+                serde_json::json!({"resources": {"limits": {"example.com/fpga": "1"}}}),
+                "example.com/fpga",
+            ),
+            (
+                serde_json::json!({"tolerations": [{"operator": "Exists"}]}),
+                "tolerates every taint",
+            ),
+            (
+                serde_json::json!({"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}),
+                "control-plane",
+            ),
+        ] {
+            let (reason, message) = with(json.clone()).unwrap_or_else(|| panic!("{json} accepted"));
+            assert_eq!(reason, reasons::COMPILE_REQUEST_REFUSED);
+            assert!(message.contains(needle), "{message}");
+        }
+        assert_eq!(quantity("1.5Gi", 1.0), Some(1.5 * 1024f64.powi(3)));
+        assert_eq!(quantity("250m", 1000.0), Some(250.0));
+        assert_eq!(quantity("-1", 1.0), None);
+    }
 
     fn target() -> CompiledTarget {
         serde_json::from_value(serde_json::json!({
