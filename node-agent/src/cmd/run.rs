@@ -35,6 +35,13 @@ pub struct Args {
     resync_seconds: u64,
     #[command(flatten)]
     fetch: crate::pipeline::fetch::FetchLimits,
+    /// Seconds one target's artifact pull (and fixture fetch) may take before it is `Timeout`
+    /// and the agent goes on with the others.
+    #[arg(long, env = "KILN_PULL_DEADLINE_SECONDS", default_value_t = 1800)]
+    pull_deadline_seconds: u64,
+    /// Seconds loading, and then warming, one target's engine may each take.
+    #[arg(long, env = "KILN_WARMUP_DEADLINE_SECONDS", default_value_t = 600)]
+    warmup_deadline_seconds: u64,
     /// PEM public key(s) (P-256): use only artifacts whose attestation one of them signed. The
     /// chart sets it; without it unsigned artifacts are accepted.
     #[arg(long, env = "KILN_TRUST_KEY")]
@@ -58,6 +65,10 @@ pub fn main(args: Args) -> ExitCode {
     }
     let config = crate::run::Config {
         trust,
+        deadlines: crate::run::deadline::Deadlines {
+            pull: Duration::from_secs(args.pull_deadline_seconds.max(1)),
+            warm: Duration::from_secs(args.warmup_deadline_seconds.max(1)),
+        },
         node_name: args.node_name,
         cache: args.cache,
         store: args.store,

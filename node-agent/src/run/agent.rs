@@ -25,6 +25,7 @@ use kube::runtime::reflector::Store as Reader;
 use kube::{Api, Client, ResourceExt};
 
 use super::cache::{Cache, KnownGood};
+use super::deadline::{blocking_within, within};
 use super::decide::{Next, Pick, after_failure, wanted};
 use super::plan::rows::{self, Fallback, Prepared, policy_name, serves};
 use super::plan::{Action, Attempt, State, TargetKey, next_action};
@@ -61,6 +62,8 @@ pub struct Agent {
     pub source_base: PathBuf,
     /// Wait before retrying a failed artifact.
     pub retry: Duration,
+    /// How long pulling, and loading plus warming, one target may take.
+    pub deadlines: super::deadline::Deadlines,
     /// Metrics.
     pub metrics: Metrics,
     /// Probed hardware.
@@ -276,12 +279,18 @@ impl Agent {
     ) -> Result<Prepared> {
         self.phase(key, pick, NodePhase::Pulling).await;
         let backend = backend::for_target(&t.spec.backend)?;
-        let pulled = target::pull(
-            self.store.as_ref(),
-            &self.trust,
-            &self.cache,
-            pick,
-            &self.metrics,
+        let name = format!("target {}/{}", key.namespace, key.name);
+        let pulled = within(
+            self.deadlines.pull,
+            &format!("pulling the artifact of {name}"),
+            "--pull-deadline-seconds",
+            target::pull(
+                self.store.as_ref(),
+                &self.trust,
+                &self.cache,
+                pick,
+                &self.metrics,
+            ),
         )
         .await?;
         let probed = class_facts(
@@ -297,26 +306,48 @@ impl Agent {
             &self.metrics,
         )?;
         let spec = self.spec(t).await?;
-        let fixture = crate::pipeline::build::fetch_fixture(&spec, &self.fetcher)
-            .await?
-            .file;
+        let fixture = within(
+            self.deadlines.pull,
+            &format!("fetching the fixture of {name}"),
+            "--pull-deadline-seconds",
+            crate::pipeline::build::fetch_fixture(&spec, &self.fetcher),
+        )
+        .await?
+        .file;
         self.phase(key, pick, NodePhase::Loading).await;
-        let loaded = tokio::task::block_in_place(|| {
-            ready::load(backend.as_ref(), &pulled.path, &pick.class, &self.metrics)
-        })?;
+        // Load, then warm, each on a blocking thread under the deadline.
+        let (path, class, metrics) = (
+            pulled.path.clone(),
+            pick.class.clone(),
+            self.metrics.clone(),
+        );
+        let loaded = blocking_within(
+            self.deadlines.warm,
+            &format!("loading {name}"),
+            "--warmup-deadline-seconds",
+            move || ready::load(backend.as_ref(), &path, &class, &metrics),
+        )
+        .await?;
         self.phase(key, pick, NodePhase::Warming).await;
-        let warmup = tokio::task::block_in_place(|| {
-            ready::warm_engine(
-                loaded.engine.as_ref(),
-                &fixture,
-                &t.spec.warmup,
-                &pick.class,
-                &self.metrics,
-            )
-        })?;
-        // The agent proves the engine; serving pods load their own copy from the cache.
         let load_seconds = loaded.seconds;
-        drop(loaded);
+        let (class, metrics) = (pick.class.clone(), self.metrics.clone());
+        let warmup_spec = t.spec.warmup.clone();
+        let warmup = blocking_within(
+            self.deadlines.warm,
+            &format!("warming {name}"),
+            "--warmup-deadline-seconds",
+            move || {
+                // The agent proves the engine and drops it; serving pods load their own copy.
+                ready::warm_engine(
+                    loaded.engine.as_ref(),
+                    &fixture,
+                    &warmup_spec,
+                    &class,
+                    &metrics,
+                )
+            },
+        )
+        .await?;
         Ok(Prepared {
             pick: pick.clone(),
             pull_bytes: pulled.bytes,

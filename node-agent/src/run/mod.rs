@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod cache;
+pub mod deadline;
 pub mod decide;
 pub mod gate;
 pub mod plan;
@@ -55,6 +56,8 @@ pub struct Config {
     pub fetch: crate::pipeline::fetch::FetchLimits,
     /// Whose attestations an artifact needs.
     pub trust: kiln_store::attest::Trust,
+    /// Per-step deadlines of one target.
+    pub deadlines: deadline::Deadlines,
 }
 
 /// Runs until SIGTERM/SIGINT.
@@ -136,6 +139,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         fetcher,
         source_base: config.source_base.clone(),
         retry: config.retry,
+        deadlines: config.deadlines,
         metrics,
         hardware,
         probed_at: Instant::now(),
