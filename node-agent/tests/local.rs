@@ -770,6 +770,74 @@ fn an_engine_panic_on_a_hostile_model_is_a_classified_failure() {
     assert!(!case.path("oob.safetensors").exists());
 }
 
+/// The MatMul test model whose weights are ONNX external data: `model_file` (ext.onnx or
+/// ext-sneaky.onnx) with ext-weights.bin beside it, the asset declared or not.
+fn external_data_case(model_file: &str, declare: bool) -> Case {
+    let mut case = Case::mlp(4);
+    std::fs::copy(data(model_file), case.path("model.onnx")).expect("model");
+    std::fs::copy(data("ext-weights.bin"), case.path("ext-weights.bin")).expect("weights");
+    (case.model_sha, case.model_size) = sha256_file(&case.path("model.onnx")).expect("hash");
+    // Golden outputs from the honest model next to its weights.
+    let honest = case.path("honest");
+    std::fs::create_dir_all(&honest).expect("dir");
+    std::fs::copy(data("ext.onnx"), honest.join("ext.onnx")).expect("copy");
+    std::fs::copy(data("ext-weights.bin"), honest.join("ext-weights.bin")).expect("copy");
+    let fixture = make_fixtures::make(
+        &Tract,
+        &make_fixtures::Request {
+            model: &honest.join("ext.onnx"),
+            version: "v1",
+            shapes: [("x".to_string(), vec![4, 16])].into(),
+            given: None,
+            seed: 7,
+            tolerance: None,
+        },
+    )
+    .expect("fixture");
+    case.write_fixture(&fixture);
+    if declare {
+        let (sha, _) = sha256_file(&case.path("ext-weights.bin")).expect("hash");
+        case.model_extra = format!(
+            "\n  assets:\n    - {{name: ext-weights.bin, kind: other, uri: \"file://ext-weights.bin\", sha256: \"{sha}\"}}"
+        );
+    }
+    case
+}
+
+#[test]
+fn onnx_external_data_reaches_only_declared_assets() {
+    // Declared as an asset: staged beside the model under its name, and it works.
+    let declared = external_data_case("ext.onnx", true);
+    let run = declared.run();
+    assert!(run.success, "{}", run.message());
+    // Not declared: the file lying beside the YAML is not beside the model being compiled.
+    let undeclared = external_data_case("ext.onnx", false);
+    undeclared
+        .run()
+        .fails_with("CompileFailed", &["ext-weights.bin"]);
+    // A model naming the weights' blob in the shared blob cache (its sha256) cannot read it,
+    // although the declared run above put exactly that blob there.
+    let sneaky = external_data_case("ext-sneaky.onnx", false);
+    std::fs::write(sneaky.path("kiln.yaml"), sneaky.yaml()).expect("yaml");
+    let (sha, _) = sha256_file(&declared.path("ext-weights.bin")).expect("hash");
+    assert!(
+        declared.store().join("blobs").join(&sha).exists(),
+        "the blob is in the cache"
+    );
+    let run = run_local(
+        &sneaky.path("kiln.yaml"),
+        &declared.store(),
+        &sneaky.path("metrics.prom"),
+    );
+    run.fails_with("CompileFailed", &[&sha]);
+    // Asset names are file names in that directory: nothing else.
+    let mut bad = external_data_case("ext.onnx", true);
+    bad.model_extra = bad
+        .model_extra
+        .replace("{name: ext-weights.bin", "{name: ../ext-weights.bin");
+    bad.run().fails_with("InvalidSpec", &["plain file name"]);
+}
+
 #[test]
 fn corrupt_cached_source_blob_is_refetched() {
     let case = Case::mlp(4);

@@ -27,8 +27,12 @@ use crate::pipeline::warmup;
 
 /// Verified local copies of everything a model run needs.
 pub struct Inputs {
-    /// The model source.
+    /// The model source, alone in a private directory with the declared assets (named by their
+    /// `name`): ONNX external data resolves inside the model's directory, so it can name only
+    /// declared assets — never another model's blob in the shared cache.
     pub model: PathBuf,
+    /// That directory; removed when the inputs go.
+    _staged: tempfile::TempDir,
     /// Asset name → path.
     pub assets: BTreeMap<String, PathBuf>,
     /// The warmup fixture, parsed.
@@ -65,12 +69,46 @@ pub async fn fetch_inputs(spec: &Spec, fetcher: &Fetcher) -> Result<Inputs> {
         file: fixture,
         sha256: fixture_digest,
     } = fetch_fixture(spec, fetcher).await?;
+    let staged = stage_model(fetcher.cache_dir(), &model, &assets)?;
     Ok(Inputs {
-        model,
+        model: staged.path().join("model.onnx"),
+        _staged: staged,
         assets,
         fixture,
         fixture_digest,
     })
+}
+
+/// A private directory holding `model.onnx` and each asset under its declared name (hard links
+/// into the blob cache where possible, copies otherwise).
+fn stage_model(
+    cache: &Path,
+    model: &Path,
+    assets: &BTreeMap<String, PathBuf>,
+) -> Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new()
+        .prefix(".model-")
+        .tempdir_in(cache)
+        .map_err(|e| Error::store(cache, e))?;
+    let place = |from: &Path, name: &str| {
+        let to = dir.path().join(name);
+        std::fs::hard_link(from, &to)
+            .or_else(|_| std::fs::copy(from, &to).map(|_| ()))
+            .map_err(|e| Error::store(&to, e))
+    };
+    place(model, "model.onnx")?;
+    for (name, path) in assets {
+        let single = Path::new(name)
+            .components()
+            .eq([std::path::Component::Normal(name.as_ref())]);
+        if !single || name == "model.onnx" {
+            return Err(Error::InvalidSpec(format!(
+                "spec.assets[{name}]: an asset name must be a plain file name other than model.onnx (the model's external data refers to assets by it)"
+            )));
+        }
+        place(path, name)?;
+    }
+    Ok(dir)
 }
 
 /// A warmup fixture, fetched and verified.

@@ -128,6 +128,11 @@ impl Fetcher {
         })
     }
 
+    /// The directory verified blobs are kept in.
+    pub fn cache_dir(&self) -> &std::path::Path {
+        &self.cache
+    }
+
     /// A verified local copy of `wanted`: from the cache when a re-hash proves it intact,
     /// otherwise fetched, verified while streaming, and moved into place.
     pub async fn fetch(&self, wanted: &Wanted<'_>) -> Result<PathBuf> {

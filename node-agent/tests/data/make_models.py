@@ -96,3 +96,35 @@ oob = helper.make_model(
     producer_name="kiln-tests",
 )
 onnx.save(oob, os.path.join(here, "oob-gather.onnx"))
+
+# ext.onnx + ext-weights.bin — y = x @ w with w[16, 4] stored as ONNX external data in
+# ext-weights.bin (declared as an asset of that name). ext-sneaky.onnx is the same graph whose
+# external data location is the sha256 of ext-weights.bin: the file name that blob has in a
+# store's shared blob cache, where a model must not reach.
+import hashlib
+import shutil
+import tempfile
+w = numpy_helper.from_array(np.random.default_rng(7).normal(0, 0.5, (16, 4)).astype(np.float32), "w")
+ext = helper.make_model(
+    helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "ext",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [w],
+    ),
+    opset_imports=[helper.make_opsetid("", 13)],
+    producer_name="kiln-tests",
+)
+tmp = tempfile.mkdtemp()
+onnx.save_model(ext, os.path.join(tmp, "ext.onnx"), save_as_external_data=True,
+                all_tensors_to_one_file=True, location="ext-weights.bin", size_threshold=0)
+shutil.copy(os.path.join(tmp, "ext.onnx"), os.path.join(here, "ext.onnx"))
+shutil.copy(os.path.join(tmp, "ext-weights.bin"), os.path.join(here, "ext-weights.bin"))
+weights_sha = hashlib.sha256(open(os.path.join(here, "ext-weights.bin"), "rb").read()).hexdigest()
+sneaky = onnx.load(os.path.join(tmp, "ext.onnx"), load_external_data=False)
+for init in sneaky.graph.initializer:
+    for entry in init.external_data:
+        if entry.key == "location":
+            entry.value = weights_sha
+onnx.save_model(sneaky, os.path.join(here, "ext-sneaky.onnx"))
