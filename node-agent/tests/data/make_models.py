@@ -8,6 +8,9 @@
   abs = Abs(x), symbolic batch: the non-finite golden and unchecked-output paths of parity.
 * unsupported.onnx — one standard ONNX operator tract does not implement (for the
   UnsupportedOperator path).
+* oob-gather.onnx — a Gather indexing past its input (tract's reference execution panics).
+* ext.onnx + ext-weights.bin, ext-sneaky.onnx — weights as ONNX external data; the sneaky copy
+  names the weights' blob in a shared blob cache by its sha256.
 
 Usage: pip install onnx==1.23.2 numpy && python3 node-agent/tests/data/make_models.py
 """
