@@ -191,6 +191,41 @@ positive kiln_agent_load_seconds_count "$agent_m"
 positive kiln_agent_warmup_seconds_count "$agent_m"
 positive kiln_agent_target_ready "$agent_m"
 
+echo "== an entry rewritten in the registry is refused by the operator and rebuilt, signed"
+# Someone with push access (but not the signing key) retags the compile key to another manifest
+# (here the same layers with one more annotation: every digest in it is consistent). At its next
+# reconcile (a spec change, a Job, or the 10-minute resync; an annotation forces it here) the
+# operator refuses the unsigned entry, a compile Job rebuilds and re-signs the key, and the node
+# keeps serving what it verified.
+OCI_MT=application/vnd.oci.image.manifest.v1+json
+tag_digest() {
+  curl -fsSI -H "Accept: $OCI_MT" "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/$KEY" |
+    tr -d '\r' | awk -F': ' 'tolower($1) == "docker-content-digest" {print $2}'
+}
+forged=$(curl -fsS -H "Accept: $OCI_MT" "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/$KEY" |
+  jq -c '.annotations["dev.kiln.forged"] = "yes"')
+curl -fsS -X PUT -H "Content-Type: $OCI_MT" --data-binary "$forged" \
+  "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/$KEY" >/dev/null || die "retagging $KEY"
+FORGED=$(tag_digest)
+[[ $FORGED != "$MDIGEST" ]] || die "the retag did not move $KEY"
+kubectl -n "$NS" annotate compiledtarget "$TARGET" kiln.dev/e2e-reconcile="$(date +%s)" --overwrite >/dev/null
+op_metric() {
+  kubectl get --raw "/api/v1/namespaces/$NS/services/kiln-operator-metrics:metrics/proxy/metrics" |
+    awk -v m="$1" '$1 == m {print $2}'
+}
+refused() { (($(op_metric kiln_operator_untrusted_entries_total) > 0)); }
+wait_for "operator refuses the rewritten entry" 60 refused
+signed_again() {
+  local d
+  d=$(tag_digest) && [[ $d != "$FORGED" ]] &&
+    curl -fsS -o /dev/null -H "Accept: $OCI_MT" "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/${d/:/-}.att"
+}
+wait_for "$KEY rebuilt and signed again" 240 signed_again
+[[ $(curl -fsS -H "Accept: $OCI_MT" "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/$KEY" | jq -r '.layers[0].digest') == "sha256:$DIGEST" ]] ||
+  die "the rebuild produced another artifact than sha256:$DIGEST"
+[[ $(row | jq -r .phase) == Ready ]] || die "the node stopped serving: $(row)"
+echo "   retagged to ${FORGED:7:12}…, refused, rebuilt as ${DIGEST:0:12}… and signed; node stayed Ready"
+
 echo "== a flipped byte in the registry's blob, fresh node cache: HashMismatch, fail closed"
 BLOB_PATH=$REGISTRY_DIR/docker/registry/v2/blobs/sha256/${DIGEST:0:2}/$DIGEST/data
 [[ -f $BLOB_PATH ]] || die "no blob at $BLOB_PATH"
