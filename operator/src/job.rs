@@ -116,12 +116,6 @@ pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &J
         "KILN_BUILDER_IMAGE",
         t.backend.image.as_deref().unwrap_or(&s.image),
     ));
-    let runner = Runner {
-        image: s.image.clone(),
-        pull_policy: s.image_pull_policy.clone(),
-        command: vec!["/bin/kiln-agent".into()],
-        init,
-    };
     Job {
         metadata: ObjectMeta {
             name: Some(new.name.clone()),
@@ -145,7 +139,7 @@ pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &J
                     labels: Some(labels),
                     ..Default::default()
                 }),
-                spec: Some(pod(target, new, s, wiring, runner)),
+                spec: Some(pod(target, new, s, wiring, init)),
             },
             ..Default::default()
         }),
@@ -158,14 +152,6 @@ struct Wiring {
     env: Vec<EnvVar>,
     mounts: Vec<VolumeMount>,
     volumes: Vec<Volume>,
-}
-
-/// What runs the compile: image, pull policy, command, and the init containers it needs.
-struct Runner {
-    image: String,
-    pull_policy: String,
-    command: Vec<String>,
-    init: Option<Vec<Container>>,
 }
 
 impl Wiring {
@@ -327,13 +313,14 @@ impl Wiring {
     }
 }
 
-/// The compile pod: pinned to the class, no API access, non-root, one `compile` container.
+/// The compile pod: pinned to the class, no API access, non-root, one `compile` container
+/// (the agent image) after the `init` containers an exec compiler needs.
 fn pod(
     target: &CompiledTarget,
     new: &NewJob,
     s: &JobSettings,
     wiring: Wiring,
-    runner: Runner,
+    init: Option<Vec<Container>>,
 ) -> PodSpec {
     let t = &target.spec;
     PodSpec {
@@ -359,12 +346,12 @@ fn pod(
             }),
             ..Default::default()
         }),
-        init_containers: runner.init,
+        init_containers: init,
         containers: vec![Container {
             name: "compile".into(),
-            image: Some(runner.image),
-            image_pull_policy: Some(runner.pull_policy),
-            command: Some(runner.command),
+            image: Some(s.image.clone()),
+            image_pull_policy: Some(s.image_pull_policy.clone()),
+            command: Some(vec!["/bin/kiln-agent".into()]),
             args: Some(vec!["compile".into()]),
             env: Some(wiring.env),
             resources: Some(compile_resources(target)),
