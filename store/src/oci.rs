@@ -172,6 +172,27 @@ impl OciStore {
         Error::unavailable(location, message)
     }
 
+    /// Pushes `image` as the manifest at `reference`; returns its digest.
+    async fn push_image(
+        &self,
+        reference: &Reference,
+        image: &OciImageManifest,
+        doing: &str,
+    ) -> Result<String> {
+        let bytes =
+            serde_json::to_vec(image).map_err(|e| Error::unavailable(self.location(), e))?;
+        let digest = oci_digest(&bytes);
+        self.client
+            .push_manifest_raw(
+                reference,
+                bytes,
+                http::HeaderValue::from_static(OCI_IMAGE_MEDIA_TYPE),
+            )
+            .await
+            .map_err(|e| self.error(doing, e))?;
+        Ok(digest)
+    }
+
     /// The raw manifest at `reference`, or `None` if the registry does not know it.
     async fn manifest_bytes(&self, reference: &Reference, doing: &str) -> Result<Option<Vec<u8>>> {
         match self
@@ -375,17 +396,9 @@ impl Store for OciStore {
             artifact_type: Some(ARTIFACT_TYPE.into()),
             annotations: Some([("dev.kiln.compile-key".to_string(), key.clone())].into()),
         };
-        let bytes =
-            serde_json::to_vec(&image).map_err(|e| Error::unavailable(self.location(), e))?;
-        let manifest_digest = oci_digest(&bytes);
-        self.client
-            .push_manifest_raw(
-                &reference,
-                bytes,
-                http::HeaderValue::from_static(OCI_IMAGE_MEDIA_TYPE),
-            )
-            .await
-            .map_err(|e| self.error(&format!("{doing}: manifest"), e))?;
+        let manifest_digest = self
+            .push_image(&reference, &image, &format!("{doing}: manifest"))
+            .await?;
         Ok(Entry {
             manifest: manifest.clone(),
             manifest_digest,
@@ -436,16 +449,7 @@ impl Store for OciStore {
             artifact_type: Some(PAYLOAD_TYPE.into()),
             annotations: Some([("dev.kiln.compile-key".to_string(), key.to_string())].into()),
         };
-        let bytes =
-            serde_json::to_vec(&image).map_err(|e| Error::unavailable(self.location(), e))?;
-        self.client
-            .push_manifest_raw(
-                &reference,
-                bytes,
-                http::HeaderValue::from_static(OCI_IMAGE_MEDIA_TYPE),
-            )
-            .await
-            .map_err(|e| self.error(&doing, e))?;
+        self.push_image(&reference, &image, &doing).await?;
         Ok(())
     }
 
