@@ -114,7 +114,6 @@ pub async fn hand_off(job: &Job, metrics: &Metrics) -> Result<()> {
     )?;
     let inputs = fetch_inputs(&p.spec, &fetcher).await?;
     let profiles = p.spec.shapes()?;
-    let scratch = tempfile::tempdir().map_err(|e| Error::store(std::env::temp_dir(), e))?;
     tokio::task::block_in_place(|| {
         exec.hand_off(
             &crate::backend::CompileRequest {
@@ -122,12 +121,8 @@ pub async fn hand_off(job: &Job, metrics: &Metrics) -> Result<()> {
                 profiles: &profiles,
                 precision: t.precision,
                 flags: &t.backend.flags,
-                out: &scratch.path().join("unused"),
-                timeout: t
-                    .compile
-                    .active_deadline_seconds
-                    .and_then(|s| u64::try_from(s).ok())
-                    .map(std::time::Duration::from_secs),
+                out: &dir.join(crate::backend::exec::HANDOFF_MODEL),
+                timeout: p.spec.compile_timeout(),
             },
             dir,
         )
@@ -246,71 +241,57 @@ pub struct Args {
 
 /// Compiles, prints the manifest as JSON, and leaves the one-line outcome in the termination log.
 pub fn main(args: Args) -> ExitCode {
-    let trust = match args.trust.load() {
-        Ok(t) => t,
-        Err(e) => {
-            let line = format!("{}: {e}", e.reason());
-            tracing::error!(error = %e, "cannot read the signing key");
-            let _ = std::fs::write(&args.termination_log, line.as_bytes());
-            return ExitCode::FAILURE;
-        }
-    };
-    let job = Job {
-        publish: Publish {
-            trust,
-            builder_image: args.builder_image,
-        },
-        handoff: args.handoff,
-        spec_json: args.spec,
-        class_facts_json: args.class_facts,
-        compile_key: args.compile_key,
-        store: args.store,
-        registry: args.registry.options(),
-        source_base: args.source_base,
-        fetch: args.fetch,
-    };
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let Some(runtime) = super::runtime() else {
         return ExitCode::FAILURE;
     };
-    if args.stage == Stage::Compiler {
-        let (line, code) = match runtime.block_on(hand_off(&job, &metrics)) {
-            Ok(()) => (
-                "Compiled: model handed to the publisher".to_string(),
-                ExitCode::SUCCESS,
-            ),
-            Err(e) => {
-                tracing::error!(reason = %e.reason(), error = %e, "compiler stage failed");
-                (format!("{}: {e}", e.reason()), ExitCode::FAILURE)
-            }
+    let termination_log = args.termination_log.clone();
+    let stage = args.stage;
+    let outcome = args.trust.load().map_err(Error::from).and_then(|trust| {
+        let job = Job {
+            publish: Publish {
+                trust,
+                builder_image: args.builder_image,
+            },
+            handoff: args.handoff,
+            spec_json: args.spec,
+            class_facts_json: args.class_facts,
+            compile_key: args.compile_key,
+            store: args.store,
+            registry: args.registry.options(),
+            source_base: args.source_base,
+            fetch: args.fetch,
         };
-        let _ = std::fs::write(&args.termination_log, line.as_bytes());
-        return code;
-    }
-    let (line, code) = match runtime.block_on(run(&job, &metrics)) {
-        Ok(Built {
-            entry: Entry { manifest, .. },
-            reused,
-        }) => {
-            println!("{}", serde_json::to_string(&manifest).unwrap_or_default());
-            tracing::info!(digest = %manifest.artifact_digest, reused, "compile done");
-            (
-                format!(
-                    "Compiled: sha256:{}{}",
-                    manifest.artifact_digest,
-                    if reused { " (already stored)" } else { "" }
-                ),
-                ExitCode::SUCCESS,
-            )
+        match stage {
+            Stage::Compiler => runtime
+                .block_on(hand_off(&job, &metrics))
+                .map(|()| "Compiled: model handed to the publisher".to_string()),
+            Stage::Publish => runtime.block_on(run(&job, &metrics)).map(
+                |Built {
+                     entry: Entry { manifest, .. },
+                     reused,
+                 }| {
+                    println!("{}", serde_json::to_string(&manifest).unwrap_or_default());
+                    tracing::info!(digest = %manifest.artifact_digest, reused, "compile done");
+                    format!(
+                        "Compiled: sha256:{}{}",
+                        manifest.artifact_digest,
+                        if reused { " (already stored)" } else { "" }
+                    )
+                },
+            ),
         }
+    });
+    let (line, code) = match outcome {
+        Ok(line) => (line, ExitCode::SUCCESS),
         Err(e) => {
-            tracing::error!(reason = %e.reason(), error = %e, "compile failed");
+            tracing::error!(reason = %e.reason(), error = %e, ?stage, "compile failed");
             (format!("{}: {e}", e.reason()), ExitCode::FAILURE)
         }
     };
     // Best effort: outside a pod there may be no termination log.
-    let _ = std::fs::write(&args.termination_log, line.as_bytes());
+    let _ = std::fs::write(&termination_log, line.as_bytes());
     code
 }
 

@@ -266,11 +266,7 @@ fn compile(
         precision: t.precision,
         flags: &t.backend.flags,
         out: &out,
-        timeout: t
-            .compile
-            .active_deadline_seconds
-            .and_then(|s| u64::try_from(s).ok())
-            .map(std::time::Duration::from_secs),
+        timeout: spec.compile_timeout(),
     })?;
     // Parity of the compiled engine against the fixture's golden outputs, before anything is stored.
     let engine = backend.load(&out)?;

@@ -212,6 +212,16 @@ impl Spec {
         self.shapes().map(|_| ())
     }
 
+    /// How long a foreign compiler may run: `spec.compile.activeDeadlineSeconds`.
+    pub fn compile_timeout(&self) -> Option<std::time::Duration> {
+        self.target
+            .spec
+            .compile
+            .active_deadline_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map(std::time::Duration::from_secs)
+    }
+
     /// Profile name → input name → concrete shape, bounds-checked.
     pub fn shapes(&self) -> Result<BTreeMap<String, Shapes>> {
         self.target
