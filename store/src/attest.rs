@@ -494,6 +494,17 @@ impl Trust {
     }
 }
 
+impl<'a> From<&'a crate::ArtifactRef> for Subject<'a> {
+    /// What the attestation of the entry a node pulls by `r` must name.
+    fn from(r: &'a crate::ArtifactRef) -> Self {
+        Self {
+            compile_key: &r.compile_key,
+            manifest_digest: &r.manifest_digest,
+            artifact_digest: &r.artifact_digest,
+        }
+    }
+}
+
 /// What the attestation of `entry` must name.
 pub fn subject(entry: &Entry) -> Subject<'_> {
     Subject {

@@ -62,18 +62,13 @@ pub async fn pull_verified(
     dest: &Path,
     metrics: &Metrics,
 ) -> Result<BuildManifest> {
-    let subject = Subject {
-        compile_key: &r.compile_key,
-        manifest_digest: &r.manifest_digest,
-        artifact_digest: &r.artifact_digest,
-    };
-    let pulled = match trust.check(store, &subject).await {
-        Ok(()) => store.pull(r, dest).await,
-        Err(e) => Err(e),
-    };
-    pulled
-        .map_err(Error::from)
-        .inspect_err(|e| metrics.verify_failure(e.reason()))
+    async {
+        trust.check(store, &Subject::from(r)).await?;
+        store.pull(r, dest).await
+    }
+    .await
+    .map_err(Error::from)
+    .inspect_err(|e| metrics.verify_failure(e.reason()))
 }
 
 /// Loads and warms the verified artifact at `artifact` (from [`pull_verified`]).
