@@ -102,7 +102,8 @@ impl Exec {
             .rev()
             .take(LOG_LINES)
             .rev()
-            .map(|l| l.chars().take(1000).collect())
+            // The compiler container wrote this file: bound its lines as the reader does.
+            .map(|l| l.chars().take(MAX_LINE as usize).collect())
             .collect())
     }
 
