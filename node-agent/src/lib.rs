@@ -6,10 +6,12 @@
 //!   with parity, probe the hardware.
 //! * [`run`] — the DaemonSet's loop (watches, decisions, KilnNode status, pod gates).
 //! * [`backend`] — the engine backends (tract, a foreign compiler via `exec`).
+//! * [`memory`] — the heap ceiling (the binary's global allocator).
 
 pub mod backend;
 pub mod cmd;
 pub mod error;
+pub mod memory;
 pub mod metrics;
 pub mod pipeline;
 pub mod run;

@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use kiln_agent::cmd;
+use kiln_agent::{cmd, memory};
 use kiln_serve::logging::{self, LogFormat};
 
 #[derive(Parser)]
@@ -19,6 +19,11 @@ struct Cli {
     /// Log format on stderr (default: json for `run`, plain otherwise).
     #[arg(long, env = "KILN_LOG_FORMAT", value_enum, global = true)]
     log_format: Option<LogFormat>,
+    /// Ceiling on this process's heap (e.g. 3Gi): an allocation past it is refused, so a model
+    /// that asks for more fails classified instead of exhausting the machine. Default: 80% of the
+    /// smaller of the cgroup memory limit and the machine's memory.
+    #[arg(long, env = "KILN_MEMORY_LIMIT", global = true, value_parser = memory::parse_bytes)]
+    memory_limit: Option<usize>,
     #[command(subcommand)]
     command: Command,
 }
@@ -53,8 +58,14 @@ enum Command {
     BenchVerify(cmd::bench_verify::Args),
 }
 
+#[global_allocator]
+static HEAP: memory::Cap<std::alloc::System> = memory::Cap::new(std::alloc::System, usize::MAX);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(limit) = cli.memory_limit.or_else(memory::default_limit) {
+        memory::install(&HEAP, limit);
+    }
     let default_format = match cli.command {
         Command::Run(_) => LogFormat::Json,
         _ => LogFormat::Plain,

@@ -27,6 +27,9 @@ pub fn guard<T>(
             .or_else(|| payload.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "no message".into());
         tracing::error!(what, panic = %message, "engine library panicked; contained");
+        if let Some(refused) = crate::memory::explain(&message) {
+            return Err(classify(format!("{what} panicked: {message}; {refused}")));
+        }
         Err(classify(format!(
             "{what} panicked: {message}; the model is malformed or hostile, or the runtime has a bug"
         )))

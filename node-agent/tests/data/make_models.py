@@ -9,6 +9,7 @@
 * unsupported.onnx — one standard ONNX operator tract does not implement (for the
   UnsupportedOperator path).
 * oob-gather.onnx — a Gather indexing past its input (tract's reference execution panics).
+* huge.onnx — 212 bytes that ask for a 40 GB tensor (ConstantOfShape [100000, 100000] f32).
 * ext.onnx + ext-weights.bin, ext-sneaky.onnx — weights as ONNX external data; the sneaky copy
   names the weights' blob in a shared blob cache by its sha256.
 
@@ -131,3 +132,24 @@ for init in sneaky.graph.initializer:
         if entry.key == "location":
             entry.value = weights_sha
 onnx.save_model(sneaky, os.path.join(here, "ext-sneaky.onnx"))
+
+# huge.onnx — y = x + ReduceSum(ConstantOfShape([100000, 100000], 1.0)): a 212-byte model whose
+# constant is 40 GB of f32. With overcommit the allocation succeeds and filling it exhausts the
+# machine; kiln's heap ceiling must refuse it.
+huge = helper.make_model(
+    helper.make_graph(
+        [
+            helper.make_node("ConstantOfShape", ["shape"], ["big"],
+                             value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
+            helper.make_node("ReduceSum", ["big"], ["s"], keepdims=0),
+            helper.make_node("Add", ["x", "s"], ["y"]),
+        ],
+        "huge",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
+        [numpy_helper.from_array(np.array([100000, 100000], dtype=np.int64), "shape")],
+    ),
+    opset_imports=[helper.make_opsetid("", 13)],
+)
+huge.ir_version = 8
+onnx.save(huge, os.path.join(here, "huge.onnx"))
