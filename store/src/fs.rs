@@ -73,7 +73,7 @@ impl FsStore {
         let path = self.entry_dir(key)?.join(MANIFEST);
         match std::fs::read(&path) {
             Ok(bytes) => {
-                let manifest = serde_json::from_slice(&bytes).map_err(|e| {
+                let manifest: BuildManifest = serde_json::from_slice(&bytes).map_err(|e| {
                     Error::store(
                         &path,
                         format!(
@@ -82,6 +82,18 @@ impl FsStore {
                         ),
                     )
                 })?;
+                // A manifest moved or rewritten under another key would send every later step
+                // to that key's directory.
+                if manifest.compile_key != key {
+                    return Err(Error::HashMismatch {
+                        what: format!("stored manifest {}", path.display()),
+                        message: format!(
+                            "it describes compile key {}, not {key}; the store was changed or is corrupt, delete {} to rebuild",
+                            manifest.compile_key,
+                            path.parent().unwrap_or(&path).display()
+                        ),
+                    });
+                }
                 Ok(Some(Entry {
                     manifest,
                     manifest_digest: oci_digest(&bytes),
@@ -111,8 +123,10 @@ impl FsStore {
             .and_then(|f| f.sync_all())
             .map_err(|e| Error::store(&staged_artifact, e))?;
         // The entry being replaced moves aside first (a directory renames only onto nothing),
-        // and goes once the new one is in place.
-        let old = if replace && dest.exists() {
+        // and goes once the new one is in place. So does a directory without a manifest, which
+        // no store write leaves (entries are installed whole) and no lookup finds: left there it
+        // would refuse every new entry for the key.
+        let old = if dest.exists() && (replace || !dest.join(MANIFEST).exists()) {
             let old = self.scratch_sync()?.keep();
             std::fs::rename(&dest, old.join("old")).map_err(|e| Error::store(&dest, e))?;
             Some(old)
@@ -152,6 +166,25 @@ impl FsStore {
             serde_json::from_slice(&bytes).map_err(|e| Error::store(&path, e))?;
         check_manifest(&self.location(), r, &manifest, self.max_artifact_bytes)?;
         let src = dir.join(ARTIFACT);
+        // Only the file the entry was stored with: not a link to something else, and a missing
+        // one is a broken entry, not an unavailable store.
+        let not_a_file = match std::fs::symlink_metadata(&src) {
+            Ok(m) if m.is_file() => None,
+            Ok(m) if m.is_symlink() => Some("is a symbolic link"),
+            Ok(m) if m.is_dir() => Some("is a directory"),
+            Ok(_) => Some("is not a file"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("is missing"),
+            Err(e) => return Err(Error::store(&src, e)),
+        };
+        if let Some(problem) = not_a_file {
+            return Err(Error::HashMismatch {
+                what: format!("stored artifact {}", src.display()),
+                message: format!(
+                    "it {problem}; the store was changed or is corrupt, delete {} to rebuild",
+                    dir.display()
+                ),
+            });
+        }
         copy_verified(
             &src,
             dest,

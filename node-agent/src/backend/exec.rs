@@ -43,6 +43,9 @@ const LOG_LINES: usize = 200;
 const MAX_LINE: u64 = 4 << 10;
 /// Lines quoted in a failure message (the operator shows it in a condition).
 const TAIL_LINES: usize = 12;
+/// Bytes of those lines quoted at most, their end: a line is cut at 4 KiB of raw output, but
+/// each byte that is not UTF-8 becomes a 3-byte replacement character.
+const TAIL_BYTES: usize = 8 << 10;
 /// Environment the compiler must not see.
 const WITHHELD: &[&str] = &[
     "KILN_REGISTRY_USERNAME",
@@ -83,6 +86,17 @@ impl Exec {
     /// has exited; the copy is what gets built) and reads the log, bounded.
     fn take_handoff(&self, dir: &Path, onnx: &Path) -> Result<Vec<String>> {
         let model = dir.join(HANDOFF_MODEL);
+        // The compiler container wrote the handoff directory: a link there would make this
+        // container, which holds the keys, read a file of its own choosing.
+        if let Ok(m) = std::fs::symlink_metadata(&model)
+            && !m.is_file()
+        {
+            return Err(Error::CompileFailed(format!(
+                "the compiler container left {} at {}, not a file",
+                not_a_file(&m),
+                model.display()
+            )));
+        }
         std::fs::copy(&model, onnx).map_err(|e| {
             Error::CompileFailed(format!(
                 "the compiler container left no model at {} ({e}); see its log",
@@ -207,11 +221,18 @@ impl Exec {
         });
         let log: Vec<String> = log.into_inner().unwrap_or_else(|p| p.into_inner()).into();
         let tail = || {
-            let from = log.len().saturating_sub(TAIL_LINES);
             if log.is_empty() {
-                "(no output)".to_string()
+                return "(no output)".to_string();
+            }
+            let text = log[log.len().saturating_sub(TAIL_LINES)..].join(" | ");
+            let mut cut = text.len().saturating_sub(TAIL_BYTES);
+            while !text.is_char_boundary(cut) {
+                cut += 1;
+            }
+            if cut == 0 {
+                text
             } else {
-                log[from..].join(" | ")
+                format!("…{}", &text[cut..])
             }
         };
         let status = match status {
@@ -236,14 +257,34 @@ impl Exec {
                 tail()
             )));
         }
-        match std::fs::metadata(onnx) {
-            Ok(m) if m.len() > 0 => Ok(log),
+        // Not followed: a link would have kiln read (and build, store, sign) whatever file it
+        // names, which the compiler could not read itself in a compile Job's own container.
+        match std::fs::symlink_metadata(onnx) {
+            Ok(m) if m.is_file() && m.len() > 0 => Ok(log),
+            Ok(m) if !m.is_file() => Err(Error::CompileFailed(format!(
+                "backend.command {program:?} left {} at $KILN_ARTIFACT ({}), not a file; write the model itself there; its last output: {}",
+                not_a_file(&m),
+                onnx.display(),
+                tail()
+            ))),
             _ => Err(Error::CompileFailed(format!(
                 "backend.command {program:?} exited 0 but wrote no model to $KILN_ARTIFACT ({}); its last output: {}",
                 onnx.display(),
                 tail()
             ))),
         }
+    }
+}
+
+/// What a path that should be a file is instead, for messages.
+fn not_a_file(m: &std::fs::Metadata) -> &'static str {
+    let kind = m.file_type();
+    if kind.is_symlink() {
+        "a symbolic link"
+    } else if kind.is_dir() {
+        "a directory"
+    } else {
+        "something other than a file"
     }
 }
 

@@ -106,23 +106,26 @@ impl Backend for Tract {
         let file = std::fs::File::open(artifact).map_err(|e| load_failed(e.to_string()))?;
         let mut archive = tar::Archive::new(file);
         let mut files = BTreeMap::new();
-        for entry in archive.entries().map_err(|e| load_failed(e.to_string()))? {
-            let mut entry = entry.map_err(|e| load_failed(e.to_string()))?;
+        // Entries are read into memory by name, never extracted: a name with `..` or a leading
+        // `/` reaches nothing.
+        let not_tar = |e: std::io::Error| load_failed(format!("not a readable tar archive: {e}"));
+        for entry in archive.entries().map_err(not_tar)? {
+            let mut entry = entry.map_err(not_tar)?;
             let path = entry
                 .path()
-                .map_err(|e| load_failed(e.to_string()))?
+                .map_err(not_tar)?
                 .to_string_lossy()
                 .into_owned();
             let mut bytes = Vec::new();
-            entry
-                .read_to_end(&mut bytes)
-                .map_err(|e| load_failed(e.to_string()))?;
+            entry.read_to_end(&mut bytes).map_err(not_tar)?;
             files.insert(path, bytes);
         }
         let index: Index = files
             .get(INDEX)
             .ok_or_else(|| load_failed(format!("no {INDEX}: not a kiln tract artifact")))
-            .and_then(|b| serde_json::from_slice(b).map_err(|e| load_failed(e.to_string())))?;
+            .and_then(|b| {
+                serde_json::from_slice(b).map_err(|e| load_failed(format!("{INDEX}: {e}")))
+            })?;
         let nnef = tract_nnef::nnef().with_onnx();
         let mut profiles = Vec::new();
         for entry in index.profiles {
@@ -151,13 +154,7 @@ impl Backend for Tract {
     }
 
     fn inputs(&self, model: &Path) -> Result<Vec<InputInfo>> {
-        let inference = tract_onnx::onnx().model_for_path(model).map_err(|e| {
-            Error::CompileFailed(format!(
-                "cannot read ONNX model {}: {}",
-                model.display(),
-                chain(&e)
-            ))
-        })?;
+        let inference = read_onnx(&tract_onnx::onnx(), model)?;
         let outlets = inference
             .input_outlets()
             .map_err(|e| Error::CompileFailed(chain(&e)))?;
@@ -191,16 +188,7 @@ impl Backend for Tract {
 
     fn interface(&self, model: &Path) -> Result<super::GraphInterface> {
         // Output shapes and types as the file states them (tract ignores them by default).
-        let inference = tract_onnx::onnx()
-            .with_ignore_output_shapes(false)
-            .model_for_path(model)
-            .map_err(|e| {
-                Error::CompileFailed(format!(
-                    "cannot read ONNX model {}: {}",
-                    model.display(),
-                    chain(&e)
-                ))
-            })?;
+        let inference = read_onnx(&tract_onnx::onnx().with_ignore_output_shapes(false), model)?;
         let failed = |e: TractError| Error::CompileFailed(chain(&e));
         let mut graph = super::GraphInterface::default();
         for (ix, o) in inference
@@ -227,8 +215,88 @@ impl Backend for Tract {
                 .unwrap_or_else(|| inference.node(o.node).name.clone());
             graph.outputs.push(tensor_info(name, fact));
         }
+        // A graph input or output of a type no fixture can hold (strings, complex numbers) can
+        // be neither fed nor compared: refused here, not at the first warmup run.
+        let mut unsupported = Vec::new();
+        for (what, facts) in [
+            ("input", inference.input_outlets()),
+            ("output", inference.output_outlets()),
+        ] {
+            for (ix, o) in facts.map_err(failed)?.iter().enumerate() {
+                let fact = if what == "input" {
+                    inference.input_fact(ix)
+                } else {
+                    inference.output_fact(ix)
+                }
+                .map_err(failed)?;
+                if let Some(dt) = fact.datum_type.concretize()
+                    && crate::pipeline::tensor::safetensors_dtype(dt).is_none()
+                {
+                    let name = inference
+                        .outlet_label(*o)
+                        .map(str::to_string)
+                        .unwrap_or_else(|| inference.node(o.node).name.clone());
+                    unsupported.push(format!("{what} {name} of dtype {dt:?}"));
+                }
+            }
+        }
+        if !unsupported.is_empty() {
+            return Err(Error::UnsupportedOperator {
+                backend: "tract".into(),
+                operators: unsupported,
+            });
+        }
         Ok(graph)
     }
+}
+
+/// The newest ai.onnx operator set and IR version an ONNX release defines (onnx 1.23: opset 28,
+/// IR version 14). tract parses a model that claims a newer one anyway (it only logs a warning
+/// outside opsets 9 to 18), reading its operators as the versions it knows; such a model comes
+/// from a future exporter or is forged, and is refused rather than built on a guess.
+const NEWEST_OPSET: i64 = 28;
+const NEWEST_IR_VERSION: i64 = 14;
+
+/// Reads an ONNX file as `onnx` is configured, with external data resolved beside it (as
+/// `model_for_path` does), refusing operator sets and IR versions from the future.
+fn read_onnx(onnx: &tract_onnx::Onnx, model: &Path) -> Result<InferenceModel> {
+    let unreadable = |e: TractError| {
+        Error::CompileFailed(format!(
+            "cannot read ONNX model {}: {}",
+            model.display(),
+            chain(&e)
+        ))
+    };
+    let proto = onnx.proto_model_for_path(model).map_err(unreadable)?;
+    if proto.ir_version > NEWEST_IR_VERSION {
+        return Err(unreadable(format_err!(
+            "IR version {} is newer than any ONNX release ({NEWEST_IR_VERSION} is the newest)",
+            proto.ir_version
+        )));
+    }
+    if let Some(opset) = proto
+        .opset_import
+        .iter()
+        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map(|o| o.version)
+        && opset > NEWEST_OPSET
+    {
+        return Err(Error::UnsupportedOperator {
+            backend: "tract".into(),
+            operators: vec![format!(
+                "operator set ai.onnx {opset} (no ONNX release defines it; {NEWEST_OPSET} is the newest)"
+            )],
+        });
+    }
+    let dir = model.parent().and_then(Path::to_str);
+    let parsed = onnx.parse(&proto, dir).map_err(unreadable)?;
+    if !parsed.unresolved_inputs.is_empty() {
+        return Err(unreadable(format_err!(
+            "Could not resolve inputs at top-level: {:?}",
+            parsed.unresolved_inputs
+        )));
+    }
+    Ok(parsed.model)
 }
 
 /// What an inference fact states: dtype if concrete, dims if the rank is known.
@@ -254,13 +322,7 @@ fn typed_for(
     declutter: bool,
     log: &mut Vec<String>,
 ) -> Result<(TypedModel, ProfileEntry)> {
-    let mut inference = tract_onnx::onnx().model_for_path(model).map_err(|e| {
-        Error::CompileFailed(format!(
-            "cannot read ONNX model {}: {}",
-            model.display(),
-            chain(&e)
-        ))
-    })?;
+    let mut inference = read_onnx(&tract_onnx::onnx(), model)?;
     let unsupported: std::collections::BTreeSet<String> = inference
         .nodes()
         .iter()

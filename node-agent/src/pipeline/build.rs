@@ -12,6 +12,7 @@ use kiln_crds::FailureReason;
 use kiln_crds::class::ClassFacts;
 use kiln_crds::kiln_node::HardwareFacts;
 use kiln_crds::manifest::MANIFEST_VERSION;
+use kiln_crds::model_artifact::ModelFormat;
 use kiln_crds::{BuildManifest, CompileKeyInput, compile_key};
 use kiln_store::attest::{Trust, subject};
 use kiln_store::staged::sha256_file;
@@ -44,6 +45,18 @@ pub struct Inputs {
 /// Fetches and verifies the source, every asset and the warmup fixture; fails closed.
 pub async fn fetch_inputs(spec: &Spec, fetcher: &Fetcher) -> Result<Inputs> {
     let m = &spec.model.spec;
+    // Every backend reads the source as ONNX (exec's compiler gets it as model.onnx, and its
+    // declared interface is checked against it): bytes declared as anything else are not built
+    // as if they were ONNX.
+    if m.format != ModelFormat::Onnx {
+        let format = serde_json::to_value(m.format)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        return Err(Error::InvalidSpec(format!(
+            "spec.format is {format}, but kiln-agent builds ONNX sources only; export the model to ONNX and declare format: onnx"
+        )));
+    }
     let model = fetcher
         .fetch(&Wanted {
             what: "model source",
@@ -137,7 +150,13 @@ pub async fn fetch_fixture(spec: &Spec, fetcher: &Fetcher) -> Result<VerifiedFix
             size: None,
         })
         .await?;
-    let fixture = FixtureFile::read(&path)?;
+    let bytes = std::fs::read(&path).map_err(|e| Error::store(&path, e))?;
+    let fixture = FixtureFile::parse(&bytes).map_err(|m| {
+        Error::InvalidSpec(format!(
+            "{what} ({}): {m}; make fixture files with kiln-agent fixtures",
+            declared.uri
+        ))
+    })?;
     if &fixture.version != version {
         return Err(Error::InvalidSpec(format!(
             "fixture file {} says version {:?}, the ModelArtifact lists it as {version:?}",

@@ -2,10 +2,11 @@
 //! bytes stream in (kiln-store's verified write, the one the store's pulls use). A blob only
 //! ever appears under its final name after its size and sha256 matched and it was fsynced; a
 //! failed or interrupted fetch leaves no usable file behind. Every fetch is bounded
-//! ([`FetchLimits`]): connect and read timeouts, redirects (HTTPS to HTTPS only, a few at most),
-//! and a size (the declared one, else a configured maximum), so a hostile or broken source can
-//! neither hang the caller nor fill its disk. Touches the blob cache directory and the source (a
-//! file or an HTTPS URL); nothing else.
+//! ([`FetchLimits`]): connect and read timeouts, a minimum transfer rate, redirects (HTTPS to
+//! HTTPS only, a few at most), and a size (the declared one, else a configured maximum), and a
+//! `file://` source must not be a FIFO, so a hostile or broken source can neither hang the
+//! caller nor fill its disk. Touches the blob cache directory and the source (a file or an
+//! HTTPS URL); nothing else.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -61,6 +62,15 @@ pub struct FetchLimits {
         default_value_t = 5
     )]
     pub max_redirects: usize,
+    /// Bytes per second an HTTPS transfer must average over every --fetch-read-timeout window
+    /// (0: no floor). A server dripping a byte now and then never trips the read timeout; this
+    /// cuts it off.
+    #[arg(
+        long = "fetch-min-rate",
+        env = "KILN_FETCH_MIN_RATE",
+        default_value_t = 1024
+    )]
+    pub min_bytes_per_second: u64,
 }
 
 impl FetchLimits {
@@ -138,8 +148,13 @@ impl Fetcher {
     pub async fn fetch(&self, wanted: &Wanted<'_>) -> Result<PathBuf> {
         let final_path = self.cache.join(wanted.sha256);
         if final_path.exists() {
-            let (digest, size) = tokio::task::block_in_place(|| sha256_file(&final_path))
-                .map_err(|e| Error::store(&final_path, e))?;
+            let (digest, size) =
+                tokio::task::block_in_place(|| sha256_file(&final_path)).map_err(|e| {
+                    Error::store(
+                        &final_path,
+                        format!("{e}; a cached blob is a file, delete this to fetch it again"),
+                    )
+                })?;
             if digest == wanted.sha256 && wanted.size.is_none_or(|s| s == size) {
                 tracing::debug!(what = wanted.what, path = %final_path.display(), "blob cache hit, re-verified");
                 return Ok(final_path);
@@ -214,10 +229,12 @@ impl Fetcher {
             over(wanted, bound, length)?;
         }
         let mut progress = Progress::new(wanted);
+        let mut rate = RateFloor::new(&self.limits);
         while let Some(chunk) = response.chunk().await.map_err(|e| unavailable(chain(&e)))? {
             over(wanted, bound, out.written() + chunk.len() as u64)?;
             out.write(&chunk).map_err(|e| refused(wanted, e))?;
             progress.update(out.written());
+            rate.update(chunk.len() as u64).map_err(unavailable)?;
         }
         self.metrics.fetched(out.written());
         tokio::task::block_in_place(|| out.finish()).map_err(|e| refused(wanted, e))
@@ -254,6 +271,45 @@ impl Owned {
     }
 }
 
+/// A transfer whose average rate over a read-timeout window falls below the floor is cut off:
+/// the read timeout alone lets a byte every few seconds keep a fetch alive for days.
+struct RateFloor {
+    window: Duration,
+    min_bytes_per_second: u64,
+    started: Instant,
+    bytes: u64,
+}
+
+impl RateFloor {
+    fn new(limits: &FetchLimits) -> Self {
+        Self {
+            window: Duration::from_secs(limits.read_timeout_seconds.max(1)),
+            min_bytes_per_second: limits.min_bytes_per_second,
+            started: Instant::now(),
+            bytes: 0,
+        }
+    }
+
+    fn update(&mut self, received: u64) -> std::result::Result<(), String> {
+        self.bytes += received;
+        let elapsed = self.started.elapsed();
+        if elapsed < self.window {
+            return Ok(());
+        }
+        let rate = self.bytes as f64 / elapsed.as_secs_f64();
+        if rate < self.min_bytes_per_second as f64 {
+            return Err(format!(
+                "the transfer stalled: {} bytes in {:.1} s, below --fetch-min-rate {} bytes/s",
+                self.bytes,
+                elapsed.as_secs_f64(),
+                self.min_bytes_per_second
+            ));
+        }
+        (self.started, self.bytes) = (Instant::now(), 0);
+        Ok(())
+    }
+}
+
 fn copy_file(
     src: &Path,
     mut out: VerifiedWrite,
@@ -262,10 +318,27 @@ fn copy_file(
     metrics: &Metrics,
 ) -> Result<()> {
     let wanted = wanted.wanted();
-    let mut input = std::fs::File::open(src).map_err(|e| Error::SourceUnavailable {
+    let unavailable = |message: String| Error::SourceUnavailable {
         uri: wanted.uri.into(),
-        message: e.to_string(),
-    })?;
+        message,
+    };
+    // Opening a FIFO blocks until something writes to it, and reading it may block forever:
+    // no file:// source may be one. (Devices such as /dev/zero read without blocking and are
+    // cut off at the size bound.)
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let kind = std::fs::metadata(src)
+            .map_err(|e| unavailable(e.to_string()))?
+            .file_type();
+        if kind.is_fifo() || kind.is_socket() {
+            return Err(unavailable(format!(
+                "{} is a {}, not a file; a file:// URI must name a file",
+                src.display(),
+                if kind.is_fifo() { "FIFO" } else { "socket" }
+            )));
+        }
+    }
+    let mut input = std::fs::File::open(src).map_err(|e| unavailable(e.to_string()))?;
     let mut buf = vec![0u8; CHUNK];
     let mut progress = Progress::new(&wanted);
     loop {

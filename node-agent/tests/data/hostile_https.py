@@ -9,6 +9,9 @@ Usage: hostile_https.py CERT KEY PORT ROOT
   /stall                headers and 16 bytes of a 1000-byte body, then silence
   /zero                 zeros without a length until the client goes away
   /huge-length          claims a 1 PB body, sends 16 bytes, then silence
+  /short                claims a 1000-byte body, sends 16 bytes, then closes the connection
+  /drip                 a byte every 0.2 s without a length, forever (never silent for long)
+  /status/N             answers status N with an empty body
   /NAME                 ROOT/NAME
 """
 import http.server
@@ -51,6 +54,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self.stall(1000)
             elif parts[0] == "huge-length":
                 self.stall(1 << 50)
+            elif parts[0] == "short":
+                self.send_response(200)
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                self.wfile.write(b"\0" * 16)
+                self.wfile.flush()
+                self.close_connection = True
+            elif parts[0] == "drip":
+                self.send_response(200)
+                self.end_headers()
+                while True:
+                    self.wfile.write(b"\0")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            elif parts[0] == "status":
+                self.send_response(int(parts[1]))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
             elif parts[0] == "zero":
                 self.send_response(200)
                 self.end_headers()
