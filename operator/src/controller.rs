@@ -118,7 +118,20 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
         settings: &ctx.settings,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
-    let stored = stored(ctx, plan::wanted_keys(&inputs)).await?;
+    let stored = match stored(ctx, plan::wanted_keys(&inputs)).await {
+        Ok(stored) => stored,
+        Err(e) => {
+            // Said on the target, not only in the log: `kubectl get` shows why nothing moves.
+            let status = plan::store_unreachable(
+                &target.status.clone().unwrap_or_default(),
+                &e.to_string(),
+                target.metadata.generation,
+                &inputs.now,
+            );
+            writes::status_if_changed(target, &ns, &status, ctx).await;
+            return Err(e);
+        }
+    };
     inputs.stored = &stored;
 
     let plan = decide(&inputs, ctx, &ns, &uid);

@@ -275,12 +275,21 @@ where
     let triggers = Arc::new(Triggers::default());
     let (g1, g2) = (triggers.clone(), triggers);
     let target_ctl = target_ctl
-        .watches_stream(job_stream, move |j: Job| crate::triggers::job(&j, &t4))
-        .watches_stream(node_stream, move |n: Node| g1.node(&n, &t1))
-        .watches_stream(kiln_stream, move |k: KilnNode| g2.kiln_node(&k, &t2))
-        .watches_stream(model_stream, move |m: ModelArtifact| {
-            controller::targets_of_model(&t3, &m.namespace().unwrap_or_default(), &m.name_any())
+        .watches_stream(retried(job_stream, "Job"), move |j: Job| {
+            crate::triggers::job(&j, &t4)
         })
+        .watches_stream(retried(node_stream, "Node"), move |n: Node| {
+            g1.node(&n, &t1)
+        })
+        .watches_stream(retried(kiln_stream, "KilnNode"), move |k: KilnNode| {
+            g2.kiln_node(&k, &t2)
+        })
+        .watches_stream(
+            retried(model_stream, "ModelArtifact"),
+            move |m: ModelArtifact| {
+                controller::targets_of_model(&t3, &m.namespace().unwrap_or_default(), &m.name_any())
+            },
+        )
         .graceful_shutdown_on(stopped());
 
     let model_ctl = Controller::new(Api::<ModelArtifact>::all(client.clone()), wc)
@@ -335,6 +344,26 @@ where
         controller::drain(model_ctl)
     );
     Ok(())
+}
+
+/// A trigger stream without its errors, each logged: the watcher behind it already retries with
+/// backoff, so an error is news, not an event. Handing errors to the controller's queue instead
+/// stalled every trigger after an apiserver restart (kube-runtime 5.0: the queue's error branch
+/// and its scheduler branch share one peeked stream; the fault table's apiserver-restart case
+/// sat for minutes with watch sockets unread until this).
+fn retried<T: Send + 'static>(
+    stream: impl futures::Stream<Item = Result<T, watcher::Error>> + Send + 'static,
+    kind: &'static str,
+) -> impl futures::Stream<Item = Result<T, watcher::Error>> + Send + 'static {
+    stream.filter_map(move |r| {
+        std::future::ready(match r {
+            Ok(obj) => Some(Ok(obj)),
+            Err(e) => {
+                tracing::warn!(kind, error = %e, "watch error; the watcher retries with backoff");
+                None
+            }
+        })
+    })
 }
 
 /// A watch-event filter that passes an object when `fingerprint` changes and always when it is

@@ -186,6 +186,22 @@ fn record_metrics(
 }
 
 /// Applies the target's status (server-side apply, the operator's field manager).
+/// Writes `status` when it differs from the target's; a failed write is logged, not returned
+/// (the caller is already failing for another reason and will retry).
+pub async fn status_if_changed(
+    target: &CompiledTarget,
+    ns: &str,
+    status: &CompiledTargetStatus,
+    ctx: &Context,
+) {
+    if target.status.as_ref() == Some(status) {
+        return;
+    }
+    if let Err(e) = write_status(target, ns, status, ctx).await {
+        tracing::warn!(target = %target.name_any(), %e, "cannot record the failure on the target");
+    }
+}
+
 async fn write_status(
     target: &CompiledTarget,
     ns: &str,

@@ -316,11 +316,82 @@ pub fn apply(
     conditions
 }
 
+/// The status to record when the artifact store cannot be read, so nothing can be decided:
+/// `Reconciling=True` with reason `StoreUnavailable` and what failed; every other condition and
+/// field stays as it was (nodes keep serving what they verified). The next reconcile that reads
+/// the store replaces it with the plan's own.
+pub fn store_unreachable(
+    old: &kiln_crds::CompiledTargetStatus,
+    error: &str,
+    generation: Option<i64>,
+    now: &Time,
+) -> kiln_crds::CompiledTargetStatus {
+    let message = format!(
+        "cannot read the artifact store, so nothing is compiled, reused or rolled out until it \
+         answers (retried every 15 s): {error}"
+    );
+    let mut status = old.clone();
+    upsert(
+        &mut status.conditions,
+        condition(
+            RECONCILING,
+            true,
+            FailureReason::StoreUnavailable.as_str(),
+            message,
+            generation,
+            now.clone(),
+        ),
+    );
+    status
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::plan::rollout::Unmet;
     use crate::readiness::ClassNodes;
+
+    #[test]
+    fn an_unreadable_store_is_said_and_nothing_else_moves() {
+        let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let ready = condition(
+            READY,
+            true,
+            reasons::READY,
+            "all ready",
+            Some(3),
+            now.clone(),
+        );
+        let old = kiln_crds::CompiledTargetStatus {
+            revision: Some(2),
+            conditions: vec![
+                ready.clone(),
+                condition(
+                    RECONCILING,
+                    false,
+                    reasons::READY,
+                    "done",
+                    Some(3),
+                    now.clone(),
+                ),
+            ],
+            ..Default::default()
+        };
+        let later = Time(k8s_openapi::jiff::Timestamp::from_second(60).expect("time"));
+        let new = store_unreachable(&old, "connection refused", Some(4), &later);
+        assert_eq!(new.revision, Some(2));
+        assert_eq!(new.conditions[0], ready, "Ready is left alone");
+        let r = &new.conditions[1];
+        assert_eq!((r.type_.as_str(), r.status.as_str()), (RECONCILING, "True"));
+        assert_eq!(r.reason, "StoreUnavailable");
+        assert!(r.message.contains("connection refused"), "{}", r.message);
+        assert_eq!(r.observed_generation, Some(4));
+        // The same failure again writes nothing new.
+        assert_eq!(
+            store_unreachable(&new, "connection refused", Some(4), &later),
+            new
+        );
+    }
 
     fn progress(unmet: Vec<Unmet>, waiting: usize) -> Progress {
         Progress {

@@ -35,6 +35,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::CompiledTargetStatus;
 
 pub use classify::{key_for, wanted_keys};
+pub use conditions::store_unreachable;
 pub use events::{CLASS_COMPILED, COMPILE_JOB_CREATED, RETRY_REQUESTED, REVISION_PROMOTED};
 pub use inputs::{CompileBounds, Inputs, JobState, JobView, ModelLookup, Settings, Stored};
 pub use outputs::{Event, LabelChange, NewJob, NodeLabel, Plan};
