@@ -1,0 +1,381 @@
+#!/usr/bin/env bash
+# The fault table: kiln installed by its chart with the store on the cluster's registry, serving
+# the example model; then each fault below, repeated KILN_E2E_FAULT_TRIALS times (default 2), each
+# trial on a fresh revision of the target (a new profile name, so a new compile key):
+#
+#   operator-reconcile  the operator is SIGKILLed right after a spec change (mid-reconcile)
+#   operator-compile    the operator is SIGKILLed while the compile Job runs
+#   agent-download      the agent is SIGKILLed mid-download (traffic to its pod shaped to
+#                       4 Mbit/s, killed in phase Pulling with a partial file in the cache)
+#   agent-warmup        the agent is SIGKILLed in phase Warming (a 400-iteration warmup)
+#   registry-down       the registry is down for 60 s across a spec change (the target says
+#                       StoreUnavailable meanwhile)
+#   apiserver-restart   the apiserver is stopped for 10 s right after a spec change
+#   class-change        the node's class label changes (kiln.dev/cpu-level): a compile is
+#                       scheduled for the new class and refused on this hardware; the label
+#                       changes back and the stored artifact of the real class is served again
+#
+# (A stored artifact flipped in the registry, or its tag moved to another valid manifest, is the
+# end of kiln.sh; flipped, truncated and replaced store entries are rows of the agent's hostile
+# corpus, node-agent/tests/hostile.rs.)
+#
+# A killed component is SIGKILLed (no chance to clean up) and its pod deleted, as a node loss or an
+# OOM kill would leave it. A trial survives when the target converges (status revision, class
+# compile key and digest, the node's row Ready with that digest and the pod gate True) within its
+# deadline; "lost" counts what was recorded before the fault and missing after: a known-good
+# revision gone from status, or its entry gone from the registry. KILN_E2E_FAULT_CASES
+# (space-separated names) runs only those cases. Prints the table; fails when any trial did not
+# survive or lost anything.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/kiln-lib.sh"
+ensure_busybox
+test_namespace
+NS=$TEST_NS
+REL=$NS
+TARGET=squeezenet-cpu
+REPOSITORY=kiln-e2e/$NS
+TRIALS=${KILN_E2E_FAULT_TRIALS:-2}
+WORK=$(mktemp -d /var/tmp/kiln-e2e-faults.XXXXXX)
+chmod 755 "$WORK"
+REAL=$(kubectl get nodes -o jsonpath='{.items[0].metadata.name}')
+NETNS=kiln-e2e
+SHAPED=()
+TRUNCATED=
+cleanup() {
+  local dev
+  for dev in "${SHAPED[@]}"; do ip netns exec "$NETNS" tc qdisc del dev "$dev" root 2>/dev/null || true; done
+  [[ -z $TRUNCATED ]] || cp "$WORK/blob.orig" "$TRUNCATED" 2>/dev/null || true
+  "$E2E_DIR/cluster" start registry >/dev/null 2>&1 || true
+  "$E2E_DIR/cluster" start kube-apiserver >/dev/null 2>&1 || true
+  kubectl label node "$REAL" kiln.dev/cpu-level- >/dev/null 2>&1 || true
+  kubectl -n "$NS" delete compiledtarget --all --wait=true --timeout=60s >/dev/null 2>&1 || true
+  helm uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
+  kubectl label node "$REAL" "$NS.ready.kiln.dev/$TARGET-" >/dev/null 2>&1 || true
+  kubectl delete kilnnode "$REAL" --ignore-not-found >/dev/null 2>&1 || true
+  kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+die() {
+  kubectl -n "$NS" get all,compiledtargets -o wide >&2 || true
+  kubectl -n "$NS" get compiledtarget "$TARGET" -o json 2>/dev/null | jq '.status | del(.revisions)' >&2 || true
+  kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq '.status.targets' >&2 || true
+  kubectl -n "$NS" logs deploy/kiln-operator --tail=20 >&2 || true
+  kubectl -n "$NS" logs ds/kiln-agent --tail=30 >&2 || true
+  dump "$NS" >&2
+  fail "$*"
+}
+
+kiln_images "$WORK"
+install -d -m 755 "$WORK/sources" "$WORK/cache"
+cp "$REPO/examples/squeezenet/model.onnx" "$REPO/examples/squeezenet/fixture-v1.safetensors" "$WORK/sources/"
+chmod 644 "$WORK/sources/"*
+kiln_fresh_crds
+# KILN_E2E_FAULT_RUST_LOG: the operator's and agent's RUST_LOG, to look into a failing case.
+LOG_ARGS=()
+[[ -z ${KILN_E2E_FAULT_RUST_LOG:-} ]] || for c in operator agent; do
+  LOG_ARGS+=(--set "$c.extraEnv[0].name=RUST_LOG" --set "$c.extraEnv[0].value=${KILN_E2E_FAULT_RUST_LOG//,/\\,}")
+done
+kiln_install "$REL" "$NS" --set store.url="oci://$REGISTRY_ADDR/$REPOSITORY" --set store.insecure=true \
+  --set sources.hostPath="$WORK/sources" --set agent.cacheHostPath="$WORK/cache" "${LOG_ARGS[@]}" >/dev/null ||
+  die "helm install failed"
+kubectl -n "$NS" wait --for=condition=Available deploy/kiln-operator --timeout=120s >/dev/null || die "operator not Available"
+kubectl -n "$NS" rollout status ds/kiln-agent --timeout=120s >/dev/null || die "agent DaemonSet not ready"
+
+# The example's ModelArtifact as it is; the target is applied by `revise`.
+python3 -c 'import sys, yaml; [print("---\n" + yaml.safe_dump(d)) for d in yaml.safe_load_all(open(sys.argv[1])) if d["kind"] == "ModelArtifact"]' \
+  "$REPO/examples/squeezenet/kiln.yaml" | kubectl -n "$NS" apply -f - >/dev/null
+kubectl -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: serve
+  annotations: {kiln.dev/target: $TARGET}
+spec:
+  readinessGates: [{conditionType: kiln.dev/warm}]
+  nodeName: $REAL
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+    - {name: serve, image: $BUSYBOX_IMAGE, imagePullPolicy: Never, command: [sleep, "3600"]}
+YAML
+
+# revise PROFILE [ITERATIONS]: the target with one profile named PROFILE (batch 1: same model,
+# new compile key) and that many warmup iterations.
+revise() {
+  kubectl -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {name: $TARGET}
+spec:
+  modelRef: {name: squeezenet}
+  backend: {kind: tract}
+  profiles: [{name: $1, dims: {batch: 1}}]
+  warmup: {iterations: ${2:-5}, fixtureVersion: v1, defaultTolerance: {atol: 1.0e-5, rtol: 1.0e-4}}
+  rollout: {knownGoodHistory: 100}
+YAML
+  GEN=$(kubectl -n "$NS" get compiledtarget "$TARGET" -o jsonpath='{.metadata.generation}')
+}
+ct() { kubectl -n "$NS" get compiledtarget "$TARGET" -o json; }
+row() { kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq -c --arg ns "$NS" --arg t "$TARGET" '.status.targets[]? | select(.namespace == $ns and .name == $t)'; }
+gate() { kubectl -n "$NS" get pod serve -o json | jq -r '.status.conditions[]? | select(.type == "kiln.dev/warm") | .status'; }
+# converged: the target reconciled generation $GEN into a revision whose one class has a digest,
+# and the node serves exactly that digest, Ready, with the pod's gate True. Sets KEY and DIGEST.
+converged() {
+  local s r
+  s=$(ct) && r=$(row) || return 1
+  jq -e --argjson g "$GEN" '.status.revision as $r | .status.observedGeneration == $g
+    and (.status.classes | length) == 1 and (.status.classes[0].artifactDigest // "") != ""
+    and any(.status.revisions[]; .generation == $g and .number == $r)' <<<"$s" >/dev/null || return 1
+  KEY=$(jq -r '.status.classes[0].compileKey' <<<"$s")
+  DIGEST=$(jq -r '.status.classes[0].artifactDigest' <<<"$s")
+  jq -e --arg d "$DIGEST" --argjson rev "$(jq .status.revision <<<"$s")" \
+    '.phase == "Ready" and .revision == $rev and (.artifactDigest | endswith($d))' <<<"$r" >/dev/null || return 1
+  [[ $(gate) == True ]]
+}
+# jobs_for KEY: how many compile Jobs were created for KEY.
+jobs_for() {
+  kubectl -n "$NS" get jobs -o json |
+    jq --arg k "$1" '[.items[] | select(.metadata.annotations["kiln.dev/compile-key"] == $k)] | length'
+}
+# known_good: "number compileKey" of every known-good revision in status.
+known_good() { ct | jq -r '.status.revisions[] | select(.knownGood) | "\(.number) \(.artifacts[0].compileKey)"' | sort; }
+has_tag() { curl -fsS -o /dev/null -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/$1"; }
+# lost BEFORE: known-good revisions (and their registry entries) recorded in BEFORE and gone now.
+lost() {
+  local n=0 number key
+  while read -r number key; do
+    [[ -n $number ]] || continue
+    if ! known_good | grep -qx "$number $key" || ! has_tag "$key"; then
+      n=$((n + 1)); echo "   lost: revision $number ($key)" >&2
+    fi
+  done <<<"$1"
+  echo "$n"
+}
+# pid_of PATTERN: the one host process whose command line starts with PATTERN (containers' processes
+# are visible from here).
+pid_of() {
+  local pids
+  pids=$(pgrep -f "^$1") || return 1
+  [[ $(wc -l <<<"$pids") == 1 ]] || die "several processes match $1: $pids"
+  echo "$pids"
+}
+# kill_component COMPONENT: SIGKILL its process, delete its pod, wait until the replacement runs.
+kill_component() {
+  local comp=$1 pattern pod
+  case $comp in
+    operator) pattern='/bin/kiln-operator' ;;
+    agent) pattern='/bin/kiln-agent run' ;;
+  esac
+  pod=$(kubectl -n "$NS" get pod -l "app.kubernetes.io/component=$comp" -o jsonpath='{.items[0].metadata.name}')
+  kill -KILL "$(pid_of "$pattern")" || die "no $comp process"
+  kubectl -n "$NS" delete pod "$pod" --wait=false >/dev/null
+  replaced() {
+    kubectl -n "$NS" get pod -l "app.kubernetes.io/component=$comp" -o json |
+      jq -e --arg old "$pod" '[.items[] | select(.metadata.name != $old and .status.phase == "Running")] | length == 1'
+  }
+  wait_for "a new $comp pod" 120 replaced
+}
+# shape: everything the node sends to the agent's pod at 4 Mbit/s (a token bucket on the host side
+# of its veth; only tbf is certain to be in the kernel, so the artifact pull and the API watch
+# traffic share it, which the watches' few KiB/s do not notice).
+shape() {
+  local pid link dev
+  pid=$(pid_of '/bin/kiln-agent run') || die "no agent process"
+  # "2: eth0@if13: …": the host-side peer's ifindex.
+  link=$(nsenter -t "$pid" -n ip -o link show eth0 | sed -n 's/^[0-9]*: eth0@if\([0-9]*\):.*/\1/p')
+  [[ -n $link ]] || die "agent pod's eth0"
+  dev=$(ip netns exec "$NETNS" ip -o link | awk -F': ' -v i="$link" '$1 == i {sub(/@.*/, "", $2); print $2}')
+  [[ -n $dev ]] || die "no host veth with ifindex $link"
+  ip netns exec "$NETNS" tc qdisc add dev "$dev" root tbf rate 4mbit burst 16kb latency 2s || die "tc on $dev"
+  SHAPED+=("$dev")
+}
+unshape() {
+  local dev
+  for dev in "${SHAPED[@]}"; do ip netns exec "$NETNS" tc qdisc del dev "$dev" root 2>/dev/null || true; done
+  SHAPED=()
+}
+# row_phase REVISION PHASE: the node prepares REVISION in PHASE, as its own row or, while it
+# serves an older revision, as that row's desiredRevision and message.
+row_phase() {
+  row | jq -e --argjson g "$1" --arg p "$2" '(.revision == $g and .phase == $p)
+    or (.desiredRevision == $g and (.message // "" | endswith(": " + $p)))'
+}
+target_revision() { ct | jq -r '.status.revision // 0'; }
+wait_revision_after() { # wait until status.revision > $1 (the spec change was reconciled)
+  local before=$1
+  newer() { (($(target_revision) > before)); }
+  wait_for "a new revision after $before" 120 newer
+}
+
+echo "== baseline: the example target Ready"
+revise base
+wait_for "baseline converged" 300 converged
+echo "   revision $(target_revision), key ${KEY:0:12}…, digest ${DIGEST:0:12}…"
+
+TABLE=()
+FAILED=0
+N=0
+# trial CASE FN: one trial of CASE; FN injects the fault after `revise` and returns when the
+# fault is over; the trial then waits for convergence and counts what was lost.
+trial() {
+  local name=$1 fn=$2 before t0 lost_n ok=1 note
+  before=$(known_good)
+  N=$((N + 1))
+  t0=$SECONDS
+  NOTE=
+  "$fn" "$name-$N" || ok=0
+  if ((ok)); then
+    local i
+    ok=0
+    for ((i = 0; i < 240 * 5; i++)); do
+      converged && { ok=1; break; }
+      sleep 0.2
+    done
+  fi
+  if ((ok)) && [[ -n ${EXPECT_JOBS:-} ]] && (($(jobs_for "$KEY") != EXPECT_JOBS)); then
+    echo "   $name: $(jobs_for "$KEY") compile Jobs for ${KEY:0:12}…, expected $EXPECT_JOBS" >&2
+    ok=0
+  fi
+  lost_n=$(lost "$before")
+  note="${NOTE:-}"
+  printf '   %-20s trial: %s in %ss, lost %s %s\n' "$name" "$( ((ok)) && echo survived || echo FAILED)" "$((SECONDS - t0))" "$lost_n" "$note"
+  RESULTS+=("$name $ok $lost_n")
+  ((ok && lost_n == 0)) || FAILED=1
+}
+RESULTS=()
+
+# --- the faults ---------------------------------------------------------------------------------
+f_operator_reconcile() {
+  revise "$1"
+  kill_component operator
+}
+f_operator_compile() {
+  local before
+  before=$(kubectl -n "$NS" get jobs -o name | sort)
+  revise "$1"
+  new_job_running() {
+    comm -13 <(echo "$before") <(kubectl -n "$NS" get jobs -o name | sort) | grep -q . &&
+      kubectl -n "$NS" get pods -l job-name -o json | jq -e '[.items[] | select(.status.phase == "Running" or .status.phase == "Pending")] | length > 0'
+  }
+  wait_for "the compile Job" 60 new_job_running
+  NOTE="(killed with the Job's pod $(kubectl -n "$NS" get pods -l job-name -o json | jq -r '[.items[] | select(.status.phase != "Succeeded" and .status.phase != "Failed") | .status.phase] | first // "done"'))"
+  kill_component operator
+}
+f_agent_download() {
+  local rev
+  rev=$(target_revision)
+  shape
+  revise "$1"
+  wait_revision_after "$rev"
+  rev=$(target_revision)
+  wait_for "phase Pulling" 120 row_phase "$rev" Pulling
+  # ~1.5 MB of the 3.8 MB artifact in: the first 1 MiB chunk is on disk.
+  sleep 3
+  local agent_pod progress partial
+  agent_pod=$(kubectl -n "$NS" get pod -l app.kubernetes.io/component=agent -o jsonpath='{.items[0].metadata.name}')
+  progress=$(kubectl -n "$NS" logs "$agent_pod" | grep '"message":"pulling"' | tail -1 |
+    jq -r '.fields | "\(.bytes)/\(.total) bytes"')
+  partial=$(find "$WORK/cache/tmp" -name '.kiln-partial-*' -printf '%s\n' | sort -n | tail -1)
+  kill_component agent
+  [[ -n $partial ]] || { echo "   no partial download in the cache at the kill" >&2; return 1; }
+  NOTE="(killed at $progress, a $partial-byte partial file in the cache)"
+  unshape
+  # The partial pull is discarded at start, never served: the cache's tmp/ is empty again.
+  empty_tmp() { [[ -z $(find "$WORK/cache/tmp" -name '.kiln-partial-*' 2>/dev/null) ]]; }
+  wait_for "the partial pull discarded" 120 empty_tmp
+}
+f_agent_warmup() {
+  local rev
+  rev=$(target_revision)
+  revise "$1" 400
+  wait_revision_after "$rev"
+  rev=$(target_revision)
+  wait_for "phase Warming" 120 row_phase "$rev" Warming
+  # Not reported ready before it is warm: the row still serves the previous revision.
+  [[ $(row | jq -r .revision) != "$rev" ]] || { echo "   revision $rev reported while warming: $(row)" >&2; return 1; }
+  kill_component agent
+  NOTE="(killed in Warming; the row served the previous revision meanwhile)"
+}
+f_registry_down() {
+  local down_at=$SECONDS said= i
+  "$E2E_DIR/cluster" stop registry >/dev/null
+  revise "$1"
+  # Said on the target while it is down: nothing can be compiled, reused or rolled out.
+  for ((i = 0; i < 55 * 5; i++)); do
+    said=$(ct | jq -r '.status.conditions[]? | select(.type == "Reconciling" and .status == "True"
+      and .reason == "StoreUnavailable") | .message')
+    [[ -n $said ]] && break
+    sleep 0.2
+  done
+  # And the node keeps serving what it verified.
+  [[ $(row | jq -r .phase) == Ready ]] || { echo "   the node stopped serving: $(row)" >&2; return 1; }
+  sleep $((60 - (SECONDS - down_at) > 0 ? 60 - (SECONDS - down_at) : 0))
+  "$E2E_DIR/cluster" start registry >/dev/null || die "registry did not come back"
+  [[ -n $said ]] || { echo "   the target did not say StoreUnavailable while the registry was down" >&2; return 1; }
+  NOTE="(down $((SECONDS - down_at))s; Reconciling/StoreUnavailable: ${said:0:90}…)"
+}
+
+f_apiserver_restart() {
+  revise "$1"
+  "$E2E_DIR/cluster" stop kube-apiserver >/dev/null
+  sleep 10
+  "$E2E_DIR/cluster" start kube-apiserver >/dev/null || die "apiserver did not come back"
+}
+f_class_change() {
+  # The node's class labels change under it: kiln.dev/cpu-level (over the probe's level) now
+  # names another CPU level. On this one machine the new label can only be a lie, so kiln must
+  # schedule the new class's compile, refuse it where the hardware disagrees (fail closed, not a
+  # wrong-class artifact), keep the verified artifact of the real class serving; and when the
+  # label goes back, return to that class's stored artifact with no new compile.
+  local level other key jobs rev
+  level=$(kubectl get kilnnode "$REAL" -o json | jq -r '.status.hardware.cpuLevel // empty')
+  other=x86-64-v1
+  [[ $level != "$other" ]] || other=x86-64-v2
+  key=$KEY
+  jobs=$(jobs_for "$key")
+  rev=$(row | jq -r .revision)
+  kubectl label node "$REAL" kiln.dev/cpu-level="$other" --overwrite >/dev/null
+  new_class_job() {
+    local k
+    k=$(ct | jq -r --arg o "$other" '.status.classes[] | select(.class | contains($o)) | .compileKey') &&
+      [[ -n $k ]] && (($(jobs_for "$k") > 0))
+  }
+  wait_for "a compile Job for the class at cpu-level $other" 60 new_class_job
+  refused() {
+    ct | jq -e --arg o "$other" '.status.classes[] | select(.class | contains($o))
+      | .reason == "IncompatibleHardware" and (.message | contains("fix the labels"))'
+  }
+  wait_for "the $other compile refused as IncompatibleHardware" 120 refused
+  [[ $(row | jq -r '"\(.revision) \(.phase) \(.class)"') == "$rev Ready "*"$level"* ]] ||
+    { echo "   the node stopped serving its verified artifact: $(row)" >&2; return 1; }
+  kubectl label node "$REAL" kiln.dev/cpu-level- >/dev/null
+  back() { converged && [[ $KEY == "$key" ]]; }
+  wait_for "back on the first class" 120 back
+  (($(jobs_for "$key") == jobs)) || { echo "   the first class was compiled again" >&2; return 1; }
+  NOTE="(cpu-level $other: Job scheduled, refused IncompatibleHardware, $level artifact kept serving; label removed: back on ${key:0:8}… without a compile)"
+}
+
+run_case() {
+  local name=$1 fn=$2 jobs=${3:-} i
+  [[ " ${KILN_E2E_FAULT_CASES:-$name} " == *" $name "* ]] || return 0
+  for ((i = 0; i < TRIALS; i++)); do EXPECT_JOBS=$jobs trial "$name" "$fn"; done
+}
+
+echo "== fault table ($TRIALS trials each)"
+run_case operator-reconcile f_operator_reconcile 1
+run_case operator-compile f_operator_compile 1
+run_case agent-download f_agent_download 1
+run_case agent-warmup f_agent_warmup 1
+run_case registry-down f_registry_down
+run_case apiserver-restart f_apiserver_restart 1
+run_case class-change f_class_change
+# Watches survived every fault: a plain change still converges promptly.
+revise after-faults
+wait_for "a change after the faults" 120 converged
+
+echo "== fault table: case, trials, survived, lost"
+printf '%s\n' "${RESULTS[@]}" | awk '{t[$1]++; s[$1] += $2; l[$1] += $3; if (!($1 in o)) {o[$1] = ++n; name[n] = $1}}
+  END {for (i = 1; i <= n; i++) printf "   %-20s %d trials, %d survived, %d lost\n", name[i], t[name[i]], s[name[i]], l[name[i]]}'
+((FAILED == 0)) || die "a fault was not survived or lost data (see above)"
+echo "faults passed"
