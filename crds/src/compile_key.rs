@@ -13,6 +13,10 @@ use sha2::{Digest, Sha256};
 pub struct CompileKeyInput {
     /// sha256 of the model source.
     pub model_digest: String,
+    /// The source's signature when it has one (absent from the encoding otherwise, so keys of
+    /// unsigned sources are unchanged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_signature: Option<String>,
     /// Asset name → sha256.
     pub asset_digests: BTreeMap<String, String>,
     /// sha256 of the fixture file used for compile-time parity.
@@ -48,6 +52,7 @@ impl CompileKeyInput {
     ) -> Self {
         Self {
             model_digest: model.source.sha256.clone(),
+            source_signature: model.source.signature.clone(),
             asset_digests: model
                 .assets
                 .iter()
@@ -94,6 +99,7 @@ mod tests {
     fn sample() -> CompileKeyInput {
         CompileKeyInput {
             model_digest: "a".repeat(64),
+            source_signature: None,
             asset_digests: BTreeMap::from([
                 ("tok".into(), "b".repeat(64)),
                 ("pre".into(), "c".repeat(64)),

@@ -26,6 +26,7 @@ t --set store.url=oci://10.0.0.1:5000/kiln --set store.insecure=true --set store
 t --set store.url=file:///data/kiln --set crds.enabled=false --set agent.enabled=false \
   --set operator.leaderElection.enabled=false --set metrics.service.enabled=false >"$WORK/min.yaml"
 t --set store.url=/s --set attestation.enabled=false >"$WORK/unsigned.yaml"
+t --set store.url=/s --set sourceSignatures.existingSecret=kiln-source-keys --set sourceSignatures.required=true >"$WORK/srcsig.yaml"
 out=$(t --set store.url=/s --set attestation.existingSecret= 2>&1) && fail "rendered attestation without a Secret"
 [[ $out == *"attestation.existingSecret"* ]] || fail "no clear error without attestation.existingSecret: $out"
 
@@ -49,7 +50,7 @@ def one(docs, kind, name):
 def env(container):
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
 
-fs, oci, minimal, unsigned = load("fs"), load("oci"), load("min"), load("unsigned")
+fs, oci, minimal, unsigned, srcsig = load("fs"), load("oci"), load("min"), load("unsigned"), load("srcsig")
 
 # CRDs: exactly what crdgen writes, with the keep policy by default and switchable.
 files = {}
@@ -131,6 +132,12 @@ for obj in (one(fs, "Deployment", "kiln-operator"), one(fs, "DaemonSet", "kiln-a
 oe = env(one(fs, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0])
 check(oe.get("KILN_COMPILE_MAX_MEMORY") == "64Gi" and oe.get("KILN_COMPILE_TOLERATION_KEYS") == "nvidia.com/gpu", "compile bounds passed to the operator")
 check(oe.get("KILN_SIGNING_SECRET") == "kiln-signing" and oe.get("KILN_COMPILE_SERVICE_ACCOUNT") == "kiln-compile", "compile Jobs told the signing Secret and account")
+# Source signatures: off by default; the Secret's name and the policy go to the operator (which
+# mounts the key into the compile Jobs' publisher), nothing to anything else.
+check(not any(k.startswith("KILN_SOURCE_TRUST") or k == "KILN_REQUIRE_SOURCE_SIGNATURE" for k in oe), "source signatures off by default")
+se = env(one(srcsig, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0])
+check(se.get("KILN_SOURCE_TRUST_SECRET") == "kiln-source-keys" and se.get("KILN_REQUIRE_SOURCE_SIGNATURE") == "true", f"source signature settings: {se}")
+check(not any(k.startswith("KILN_SOURCE") for k in env(one(srcsig, "DaemonSet", "kiln-agent")["spec"]["template"]["spec"]["containers"][0])), "agents get no source keys")
 check("KILN_TRUST_KEY" not in env(one(unsigned, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0]), "attestation.enabled=false")
 
 # The agent's node confinement: the same policy as deploy/agent-policy.yaml, for the release

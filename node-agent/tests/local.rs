@@ -1093,3 +1093,116 @@ fn exec_compiler_past_its_deadline_is_killed_with_what_it_started() {
         String::from_utf8_lossy(&survivors.stdout)
     );
 }
+
+/// `openssl` as cosign signs a blob with a key (`cosign sign-blob --key`: ECDSA P-256 over the
+/// blob's SHA-256, ASN.1 DER, base64): a key pair in `dir` and the signature of `blob`.
+fn cosign_like_signature(dir: &Path, name: &str, blob: &Path) -> (PathBuf, String) {
+    let key = dir.join(format!("{name}.key"));
+    let public = dir.join(format!("{name}.pub"));
+    let sig = dir.join(format!("{name}.sig"));
+    for args in [
+        vec![
+            "ecparam",
+            "-genkey",
+            "-name",
+            "prime256v1",
+            "-noout",
+            "-out",
+            key.to_str().unwrap_or_default(),
+        ],
+        vec![
+            "ec",
+            "-in",
+            key.to_str().unwrap_or_default(),
+            "-pubout",
+            "-out",
+            public.to_str().unwrap_or_default(),
+        ],
+        vec![
+            "dgst",
+            "-sha256",
+            "-sign",
+            key.to_str().unwrap_or_default(),
+            "-out",
+            sig.to_str().unwrap_or_default(),
+            blob.to_str().unwrap_or_default(),
+        ],
+    ] {
+        let out = Command::new("openssl")
+            .args(&args)
+            .output()
+            .expect("openssl (Debian package openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let b64 = Command::new("base64")
+        .arg("-w0")
+        .arg(&sig)
+        .output()
+        .expect("base64 (coreutils)");
+    (public, String::from_utf8(b64.stdout).expect("ascii"))
+}
+
+#[test]
+fn a_signed_source_is_built_only_with_a_trusted_key_that_made_it() {
+    let mut case = Case::mlp(4);
+    let unsigned = case.run();
+    assert_eq!(unsigned.outcome["ready"], true, "{}", unsigned.stderr);
+    let (publisher, signature) =
+        cosign_like_signature(case.dir.path(), "publisher", &case.path("model.onnx"));
+    let (stranger, _) =
+        cosign_like_signature(case.dir.path(), "stranger", &case.path("model.onnx"));
+    case.source_extra = format!(", signature: \"{signature}\"");
+
+    // Signed, nobody to check it: refused rather than silently unchecked.
+    case.run().fails_with(
+        "SignatureInvalid",
+        &["model source", "no trusted source key is configured"],
+    );
+    // Signed by another key than the trusted one.
+    case.run_with_env(&[("KILN_SOURCE_TRUST_KEY", stranger.as_path())])
+        .fails_with(
+            "SignatureInvalid",
+            &[
+                "does not verify",
+                "no trusted source key made this signature",
+            ],
+        );
+    // The publisher's key: built, under its own compile key (the signature is part of it).
+    let signed = case.run_with_env(&[("KILN_SOURCE_TRUST_KEY", publisher.as_path())]);
+    assert_eq!(signed.outcome["ready"], true, "{}", signed.stderr);
+    assert_ne!(signed.outcome["compileKey"], unsigned.outcome["compileKey"]);
+    // A signature over other bytes (the source changed, the signature did not) is refused.
+    let (_, other) = cosign_like_signature(
+        case.dir.path(),
+        "publisher2",
+        &case.path("fixture.safetensors"),
+    );
+    case.source_extra = format!(", signature: \"{other}\"");
+    case.run_with_env(&[("KILN_SOURCE_TRUST_KEY", publisher.as_path())])
+        .fails_with("SignatureInvalid", &["does not verify"]);
+    // Unsigned where signatures are required.
+    case.source_extra.clear();
+    std::fs::write(case.path("kiln.yaml"), case.yaml()).expect("yaml");
+    let out = Command::new(AGENT)
+        .env("KILN_REQUIRE_SOURCE_SIGNATURE", "true")
+        .args(["local", "--output", "json", "--store"])
+        .arg(case.store())
+        .arg(case.path("kiln.yaml"))
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last: Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("json");
+    assert_eq!(last["reason"], "SignatureInvalid", "{last}");
+    assert!(
+        last["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("required here"),
+        "{last}"
+    );
+}

@@ -41,6 +41,10 @@ pub const SOURCES_MOUNT: &str = "/var/lib/kiln/sources";
 pub const SIGNING_MOUNT: &str = "/var/run/kiln/signing";
 /// Key of the signing Secret that holds the PKCS#8 PEM private key.
 pub const SIGNING_KEY: &str = "signing.key";
+/// Where the trusted source keys are mounted in the publisher.
+pub const SOURCE_TRUST_MOUNT: &str = "/var/run/kiln/source-trust";
+/// The key of the source-trust Secret: what `cosign generate-key-pair` names the public key.
+pub const SOURCE_TRUST_KEY: &str = "cosign.pub";
 /// Where an exec compiler hands its model to the publisher.
 pub const HANDOFF_MOUNT: &str = "/kiln/handoff";
 /// Name of an exec Job's compiler init container.
@@ -84,6 +88,11 @@ pub struct JobSettings {
     pub signing_secret: Option<String>,
     /// ServiceAccount of compile pods (no token is mounted either way).
     pub service_account: Option<String>,
+    /// Secret (key [`SOURCE_TRUST_KEY`], a cosign.pub) of the keys model sources may be signed
+    /// with; the publisher verifies `spec.source.signature` against it.
+    pub source_trust_secret: Option<String>,
+    /// The publisher refuses unsigned sources.
+    pub require_source_signature: bool,
 }
 
 /// The Job for `new`: its identity, the wiring of the compile container (environment, mounts),
@@ -111,6 +120,14 @@ pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &J
     wiring.store(&s.store);
     if let Some(secret) = &s.signing_secret {
         wiring.signing(secret);
+    }
+    if let Some(secret) = &s.source_trust_secret {
+        wiring.source_trust(secret);
+    }
+    if s.require_source_signature {
+        wiring
+            .env
+            .push(env("KILN_REQUIRE_SOURCE_SIGNATURE", "true"));
     }
     wiring.env.push(env(
         "KILN_BUILDER_IMAGE",
@@ -245,6 +262,31 @@ impl Wiring {
                         mode: Some(0o440),
                     }]),
                     default_mode: Some(0o440),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+    }
+
+    fn source_trust(&mut self, secret: &str) {
+        self.env.push(env(
+            "KILN_SOURCE_TRUST_KEY",
+            &format!("{SOURCE_TRUST_MOUNT}/{SOURCE_TRUST_KEY}"),
+        ));
+        self.mount(
+            "source-trust",
+            SOURCE_TRUST_MOUNT,
+            true,
+            Volume {
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(secret.into()),
+                    items: Some(vec![KeyToPath {
+                        key: SOURCE_TRUST_KEY.into(),
+                        path: SOURCE_TRUST_KEY.into(),
+                        mode: Some(0o444),
+                    }]),
+                    default_mode: Some(0o444),
                     ..Default::default()
                 }),
                 ..Default::default()

@@ -37,6 +37,15 @@ struct Cli {
     /// artifacts with; it must exist in each target's namespace. Only the Jobs' publisher mounts it.
     #[arg(long, env = "KILN_SIGNING_SECRET")]
     signing_secret: Option<String>,
+    /// Secret (key `cosign.pub`: one or more PEM P-256 public keys) whose keys may sign model
+    /// sources; compile Jobs verify `spec.source.signature` against it. Must exist in each
+    /// target's namespace.
+    #[arg(long, env = "KILN_SOURCE_TRUST_SECRET")]
+    source_trust_secret: Option<String>,
+    /// Refuse ModelArtifacts whose source has no `spec.source.signature` (Stalled,
+    /// SignatureInvalid); compile Jobs refuse them too.
+    #[arg(long, env = "KILN_REQUIRE_SOURCE_SIGNATURE")]
+    require_source_signature: bool,
     /// ServiceAccount of compile pods (must exist in each target's namespace; no token is
     /// mounted). Empty: the namespace's default account.
     #[arg(long, env = "KILN_COMPILE_SERVICE_ACCOUNT")]
@@ -196,6 +205,7 @@ fn main() -> ExitCode {
                     .filter(|k| !k.is_empty())
                     .collect(),
             },
+            require_source_signature: cli.require_source_signature,
             ..Settings::default()
         },
         job_settings: JobSettings {
@@ -215,6 +225,8 @@ fn main() -> ExitCode {
             ttl_seconds_after_finished: cli.job_ttl_seconds,
             signing_secret: cli.signing_secret.filter(|s| !s.is_empty()),
             service_account: cli.compile_service_account.filter(|s| !s.is_empty()),
+            source_trust_secret: cli.source_trust_secret.filter(|s| !s.is_empty()),
+            require_source_signature: cli.require_source_signature,
         },
         listen: cli.listen,
         election: (!cli.no_leader_election).then(|| Election {

@@ -32,6 +32,8 @@ fn settings(store: JobStore) -> JobSettings {
         ttl_seconds_after_finished: 60,
         signing_secret: None,
         service_account: None,
+        source_trust_secret: None,
+        require_source_signature: false,
     }
 }
 
@@ -353,5 +355,76 @@ fn signing_key_and_service_account_reach_only_the_publisher() {
             .unwrap()
             .iter()
             .all(|e| e.name != "KILN_SIGNING_KEY")
+    );
+}
+
+#[test]
+fn source_trust_keys_and_the_signature_policy_reach_only_the_publisher() {
+    let (mut target, model) = objects();
+    target.spec.backend.kind = kiln_crds::compiled_target::BackendKind::Exec;
+    target.spec.backend.image = Some(format!("r/c@sha256:{}", "e".repeat(64)));
+    target.spec.backend.command = vec!["c".into()];
+    let mut s = settings(JobStore::HostPath("/s".into()));
+    s.source_trust_secret = Some("kiln-source-keys".into());
+    s.require_source_signature = true;
+    let job = build(&target, &model, &new_job(), &s);
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let volume = pod
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == "source-trust")
+        .expect("source-trust volume");
+    let secret = volume.secret.as_ref().unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("kiln-source-keys"));
+    let items = secret.items.as_ref().unwrap();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].key, "cosign.pub");
+    let publisher = &pod.containers[0];
+    let env = publisher.env.as_ref().unwrap();
+    assert_eq!(
+        value(env, "KILN_SOURCE_TRUST_KEY").as_deref(),
+        Some("/var/run/kiln/source-trust/cosign.pub")
+    );
+    assert_eq!(
+        value(env, "KILN_REQUIRE_SOURCE_SIGNATURE").as_deref(),
+        Some("true")
+    );
+    let compiler = &pod.init_containers.as_ref().unwrap()[1];
+    assert!(
+        compiler
+            .volume_mounts
+            .iter()
+            .flatten()
+            .all(|m| m.name != "source-trust")
+    );
+    assert!(
+        compiler
+            .env
+            .iter()
+            .flatten()
+            .all(|e| !e.name.starts_with("KILN_SOURCE_TRUST"))
+    );
+    // Without the settings, nothing of it.
+    let plain = build(
+        &target,
+        &model,
+        &new_job(),
+        &settings(JobStore::HostPath("/s".into())),
+    );
+    let pod = plain.spec.unwrap().template.spec.unwrap();
+    assert!(
+        pod.volumes
+            .iter()
+            .flatten()
+            .all(|v| v.name != "source-trust")
+    );
+    assert!(
+        pod.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .all(|e| !e.name.contains("SOURCE_SIGNATURE"))
     );
 }

@@ -116,6 +116,8 @@ async fn child_exports_a_reconcile_span() {
             ttl_seconds_after_finished: 60,
             signing_secret: None,
             service_account: None,
+            source_trust_secret: None,
+            require_source_signature: false,
         },
         metrics: Metrics::register(&mut registry),
         recorder: Recorder::new(

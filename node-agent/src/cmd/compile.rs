@@ -16,7 +16,9 @@ use prometheus_client::registry::Registry;
 use crate::backend;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::pipeline::build::{Built, Publish, compile_or_reuse, fetch_inputs, key_for};
+use crate::pipeline::build::{
+    Built, Publish, SourcePolicy, SourceTrustArgs, compile_or_reuse, fetch_inputs, key_for,
+};
 use crate::pipeline::fetch::{FetchLimits, Fetcher};
 use crate::pipeline::probe;
 use crate::pipeline::spec::Spec;
@@ -41,6 +43,8 @@ pub struct Job {
     pub publish: Publish,
     /// The directory an `exec` compiler's model is handed over in (see [`crate::backend::exec`]).
     pub handoff: Option<PathBuf>,
+    /// Who may sign model sources.
+    pub sources: SourcePolicy,
 }
 
 /// Which container of the compile Job this is.
@@ -112,7 +116,7 @@ pub async fn hand_off(job: &Job, metrics: &Metrics) -> Result<()> {
         metrics.clone(),
         job.fetch.clone(),
     )?;
-    let inputs = fetch_inputs(&p.spec, &fetcher).await?;
+    let inputs = fetch_inputs(&p.spec, &fetcher, None).await?;
     let profiles = p.spec.shapes()?;
     tokio::task::block_in_place(|| {
         exec.hand_off(
@@ -159,7 +163,7 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<Built> {
         }
     };
     let fetcher = Fetcher::new(blobs, metrics.clone(), job.fetch.clone())?;
-    let inputs = fetch_inputs(&spec, &fetcher).await?;
+    let inputs = fetch_inputs(&spec, &fetcher, Some(&job.sources)).await?;
     compile_or_reuse(
         &spec,
         &inputs,
@@ -228,6 +232,8 @@ pub struct Args {
     fetch: FetchLimits,
     #[command(flatten)]
     trust: kiln_store::TrustArgs,
+    #[command(flatten)]
+    sources: SourceTrustArgs,
     /// Which container of the Job this is (`compiler`: an exec Job's init container).
     #[arg(long, env = "KILN_COMPILE_STAGE", value_enum, default_value_t = Stage::Publish)]
     stage: Stage,
@@ -248,8 +254,14 @@ pub fn main(args: Args) -> ExitCode {
     };
     let termination_log = args.termination_log.clone();
     let stage = args.stage;
-    let outcome = args.trust.load().map_err(Error::from).and_then(|trust| {
+    let loaded = args
+        .trust
+        .load()
+        .map_err(Error::from)
+        .and_then(|trust| Ok((trust, args.sources.load()?)));
+    let outcome = loaded.and_then(|(trust, sources)| {
         let job = Job {
+            sources,
             publish: Publish {
                 trust,
                 builder_image: args.builder_image,

@@ -15,7 +15,9 @@ use serde::Serialize;
 use crate::backend;
 use crate::error::Result;
 use crate::metrics::Metrics;
-use crate::pipeline::build::{Built, Publish, compile_or_reuse, fetch_inputs, key_for};
+use crate::pipeline::build::{
+    Built, Publish, SourceTrustArgs, compile_or_reuse, fetch_inputs, key_for,
+};
 use crate::pipeline::fetch::{FetchLimits, Fetcher};
 use crate::pipeline::probe;
 use crate::pipeline::ready::{load_warm, pull_verified};
@@ -63,9 +65,19 @@ pub async fn run(
     metrics: &Metrics,
     fetch: &FetchLimits,
     trust: &TrustArgs,
+    sources: &SourceTrustArgs,
 ) -> Outcome {
     let mut outcome = Outcome::default();
-    match pipeline(file, store_dir, metrics, fetch, trust, &mut outcome).await {
+    match pipeline(
+        file,
+        store_dir,
+        metrics,
+        fetch,
+        (trust, sources),
+        &mut outcome,
+    )
+    .await
+    {
         Ok(()) => outcome.ready = true,
         Err(err) => {
             metrics.failure(err.reason());
@@ -84,7 +96,7 @@ async fn pipeline(
     store_dir: &Path,
     metrics: &Metrics,
     fetch: &FetchLimits,
-    trust: &TrustArgs,
+    (trust, sources): (&TrustArgs, &SourceTrustArgs),
     outcome: &mut Outcome,
 ) -> Result<()> {
     let publish = Publish {
@@ -104,7 +116,7 @@ async fn pipeline(
 
     let store = FsStore::open(store_dir)?;
     let fetcher = Fetcher::new(store.blobs(), metrics.clone(), fetch.clone())?;
-    let inputs = fetch_inputs(&spec, &fetcher).await?;
+    let inputs = fetch_inputs(&spec, &fetcher, Some(&sources.load()?)).await?;
 
     let Built {
         entry,
@@ -209,6 +221,8 @@ pub struct Args {
     fetch: FetchLimits,
     #[command(flatten)]
     trust: TrustArgs,
+    #[command(flatten)]
+    sources: SourceTrustArgs,
 }
 
 /// What stdout gets.
@@ -239,7 +253,14 @@ pub fn main(args: Args) -> ExitCode {
     let Some(runtime) = super::runtime() else {
         return ExitCode::FAILURE;
     };
-    let outcome = runtime.block_on(run(&file, &store, &metrics, &args.fetch, &args.trust));
+    let outcome = runtime.block_on(run(
+        &file,
+        &store,
+        &metrics,
+        &args.fetch,
+        &args.trust,
+        &args.sources,
+    ));
     if let Some(path) = args.metrics_file
         && let Err(e) = std::fs::write(&path, kiln_serve::exposition(&registry, None).0)
     {

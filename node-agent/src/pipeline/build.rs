@@ -42,8 +42,76 @@ pub struct Inputs {
     pub fixture_digest: String,
 }
 
-/// Fetches and verifies the source, every asset and the warmup fixture; fails closed.
-pub async fn fetch_inputs(spec: &Spec, fetcher: &Fetcher) -> Result<Inputs> {
+/// Who may sign model sources: `spec.source.signature`, as `cosign sign-blob --key` makes it.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SourceTrustArgs {
+    /// PEM public key(s) (a cosign.pub; several concatenated for rotation) whose signatures on
+    /// model sources are trusted. A source with `spec.source.signature` is refused without one.
+    #[arg(long, env = "KILN_SOURCE_TRUST_KEY")]
+    pub source_trust_key: Option<PathBuf>,
+    /// Refuse a model source that has no `spec.source.signature`.
+    #[arg(long, env = "KILN_REQUIRE_SOURCE_SIGNATURE")]
+    pub require_source_signature: bool,
+}
+
+/// The checked form of [`SourceTrustArgs`].
+#[derive(Default)]
+pub struct SourcePolicy {
+    keys: Option<kiln_store::attest::Verifier>,
+    required: bool,
+}
+
+impl SourceTrustArgs {
+    /// Reads the keys; a missing or malformed key file is `SignatureInvalid` naming it.
+    pub fn load(&self) -> Result<SourcePolicy> {
+        let keys = self
+            .source_trust_key
+            .as_deref()
+            .map(kiln_store::attest::Verifier::from_pem_file)
+            .transpose()?;
+        Ok(SourcePolicy {
+            keys,
+            required: self.require_source_signature,
+        })
+    }
+}
+
+impl SourcePolicy {
+    /// Checks the signature of `source`, whose bytes already hashed to its sha256; returns the
+    /// id of the key that signed it (`None`: unsigned, and allowed).
+    pub fn check(&self, source: &kiln_crds::model_artifact::Source) -> Result<Option<String>> {
+        let refuse = |message: String| Error::SignatureInvalid {
+            what: format!("model source {}", source.uri),
+            message,
+        };
+        match (&source.signature, &self.keys) {
+            (None, _) if self.required => Err(refuse(
+                "spec.source.signature is required here (--require-source-signature); sign the \
+                 source with cosign sign-blob --key and put the signature in the ModelArtifact"
+                    .into(),
+            )),
+            (None, _) => Ok(None),
+            (Some(_), None) => Err(refuse(
+                "spec.source.signature is set but no trusted source key is configured to check \
+                 it (--source-trust-key / KILN_SOURCE_TRUST_KEY)"
+                    .into(),
+            )),
+            (Some(signature), Some(keys)) => keys
+                .verify_blob(&source.sha256, signature)
+                .map(|id| Some(id.to_string()))
+                .map_err(|m| refuse(format!("spec.source.signature does not verify: {m}"))),
+        }
+    }
+}
+
+/// Fetches and verifies the source, every asset and the warmup fixture; fails closed. `sources`
+/// checks the source's signature (`None`: not checked here — an `exec` Job's compiler container,
+/// whose result the publisher rebuilds its trust on).
+pub async fn fetch_inputs(
+    spec: &Spec,
+    fetcher: &Fetcher,
+    sources: Option<&SourcePolicy>,
+) -> Result<Inputs> {
     let m = &spec.model.spec;
     // Every backend reads the source as ONNX (exec's compiler gets it as model.onnx, and its
     // declared interface is checked against it): bytes declared as anything else are not built
@@ -65,6 +133,11 @@ pub async fn fetch_inputs(spec: &Spec, fetcher: &Fetcher) -> Result<Inputs> {
             size: u64::try_from(m.source.size).ok(),
         })
         .await?;
+    if let Some(policy) = sources
+        && let Some(key) = policy.check(&m.source)?
+    {
+        tracing::info!(uri = %m.source.uri, key, "model source signature verified");
+    }
     let mut assets = BTreeMap::new();
     for asset in &m.assets {
         let what = format!("asset {}", asset.name);

@@ -43,6 +43,8 @@ pub struct Case {
     pub input: (&'static str, &'static str, &'static str),
     /// Extra YAML under `spec` of the ModelArtifact (e.g. `outputs`).
     pub model_extra: String,
+    /// Extra YAML inside `spec.source` (e.g. `, signature: "…"`).
+    pub source_extra: String,
     /// `spec.format` of the ModelArtifact.
     pub format: &'static str,
 }
@@ -74,6 +76,7 @@ impl Case {
             fixture_uri: "file://fixture.safetensors".into(),
             input: ("x", "f32", "{size: 16}"),
             model_extra: String::new(),
+            source_extra: String::new(),
             format: "onnx",
         };
         let fixture = make_fixtures::make(
@@ -116,7 +119,7 @@ impl Case {
 kind: ModelArtifact
 metadata: {{name: mlp}}
 spec:
-  source: {{uri: "{}", sha256: "{}", size: {}}}
+  source: {{uri: "{}", sha256: "{}", size: {}{}}}
   format: {}
   inputs:
     - name: {}
@@ -140,6 +143,7 @@ spec:
             self.source_uri,
             self.model_sha,
             self.model_size,
+            self.source_extra,
             self.format,
             self.input.0,
             self.input.1,

@@ -27,6 +27,9 @@ pub struct Settings {
     pub max_concurrent_compiles: usize,
     /// What a target may ask of its compile Jobs.
     pub compile_bounds: CompileBounds,
+    /// Model sources must carry `spec.source.signature` (checked by the compile Jobs against
+    /// the trusted source keys; refused here so that no stored artifact is reused for one).
+    pub require_source_signature: bool,
 }
 
 /// Upper bounds on the tenant-chosen parts of a compile Job (`spec.compile.resources` and
@@ -65,6 +68,7 @@ impl Default for Settings {
             revision_history: 10,
             max_concurrent_compiles: 4,
             compile_bounds: CompileBounds::default(),
+            require_source_signature: false,
         }
     }
 }

@@ -27,6 +27,7 @@ pub fn check<'a>(
         .or_else(|| compile_request(target, &settings.compile_bounds))
         .or_else(|| fixture(target, model))
         .or_else(|| profiles(target, model))
+        .or_else(|| source_signature(model, settings))
     {
         Some(invalid) => Err(invalid),
         None => Ok(model),
@@ -107,6 +108,20 @@ fn fixture(target: &CompiledTarget, model: &ModelArtifact) -> Option<Invalid> {
                 .iter()
                 .map(|f| &f.version)
                 .collect::<Vec<_>>()
+        ),
+    })
+}
+
+/// An unsigned source where the operator requires signatures: refused before the store is
+/// consulted, so an artifact built from it earlier is not reused either.
+fn source_signature(model: &ModelArtifact, settings: &Settings) -> Option<Invalid> {
+    (settings.require_source_signature && model.spec.source.signature.is_none()).then(|| Invalid {
+        reason: kiln_crds::FailureReason::SignatureInvalid.as_str(),
+        message: format!(
+            "ModelArtifact {}'s spec.source has no signature and this cluster requires one \
+             (--require-source-signature); sign the source with cosign sign-blob --key and set \
+             spec.source.signature in a new ModelArtifact",
+            model.metadata.name.as_deref().unwrap_or_default()
         ),
     })
 }
@@ -215,6 +230,30 @@ pub fn quantity(s: &str, scale: f64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unsigned_source_is_refused_only_where_signatures_are_required() {
+        let mut model: ModelArtifact = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kiln.dev/v1alpha1", "kind": "ModelArtifact",
+            "metadata": {"name": "m", "namespace": "ml"},
+            "spec": {"source": {"uri": "https://x/m.onnx", "sha256": "a".repeat(64), "size": 1},
+                     "format": "onnx", "inputs": [{"name": "x", "dtype": "f32", "dims": [{"size": 1}]}],
+                     "fixtures": [{"version": "v1", "uri": "https://x/f", "sha256": "b".repeat(64)}]}
+        }))
+        .expect("model");
+        let mut settings = Settings::default();
+        assert!(source_signature(&model, &settings).is_none());
+        settings.require_source_signature = true;
+        let refused = source_signature(&model, &settings).expect("refused");
+        assert_eq!(refused.reason, "SignatureInvalid");
+        assert!(
+            refused.message.contains("ModelArtifact m"),
+            "{}",
+            refused.message
+        );
+        model.spec.source.signature = Some("MEUCIQ==".into());
+        assert!(source_signature(&model, &settings).is_none());
+    }
 
     #[test]
     fn compile_requests_are_bounded() {
