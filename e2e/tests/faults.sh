@@ -15,9 +15,12 @@
 #                       scheduled for the new class and refused on this hardware; the label
 #                       changes back and the stored artifact of the real class is served again
 #
-# (A stored artifact flipped in the registry, or its tag moved to another valid manifest, is the
-# end of kiln.sh; flipped, truncated and replaced store entries are rows of the agent's hostile
-# corpus, node-agent/tests/hostile.rs.)
+#   artifact-corrupt    the served artifact's blob in the registry is flipped (odd trials) or
+#                       truncated (even), the node's cache emptied, the agent restarted: fail
+#                       closed; the blob repaired: served again
+#
+# (A tag moved to another valid manifest is the end of kiln.sh; flipped, truncated and replaced
+# store entries are also rows of the agent's hostile corpus, node-agent/tests/hostile.rs.)
 #
 # A killed component is SIGKILLed (no chance to clean up) and its pod deleted, as a node loss or an
 # OOM kill would leave it. A trial survives when the target converges (status revision, class
@@ -363,6 +366,43 @@ f_class_change() {
     { echo "   the first class was compiled again: $(comm -13 <(echo "$jobs") <(job_names "$key"))" >&2; return 1; }
   NOTE="(cpu-level $other: Job scheduled, refused IncompatibleHardware, $level artifact kept serving; label removed: back on ${key:0:8}… without a compile)"
 }
+f_artifact_corrupt() {
+  # A fresh revision served, then its blob in the registry's storage damaged (odd trials: one
+  # byte flipped; even: cut to half) and the node's cache emptied under a restarted agent: the
+  # pull fails verification, the node fails closed (row Failed/HashMismatch, gate False). The
+  # blob repaired and the agent restarted, it serves again (the trial's convergence check).
+  revise "$1"
+  wait_for "revision served" 240 converged
+  local blob=$REGISTRY_DIR/docker/registry/v2/blobs/sha256/${DIGEST:0:2}/$DIGEST/data how
+  [[ -f $blob ]] || die "no blob at $blob"
+  cp "$blob" "$WORK/blob.orig"
+  TRUNCATED=$blob
+  if ((N % 2)); then
+    how=flipped
+    python3 - "$blob" <<'PY'
+import os, sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(os.path.getsize(sys.argv[1]) // 2)
+    b = f.read(1)
+    f.seek(-1, 1)
+    f.write(bytes([b[0] ^ 1]))
+PY
+  else
+    how=truncated
+    truncate -s $(($(stat -c %s "$blob") / 2)) "$blob"
+  fi
+  find "$WORK/cache" -mindepth 1 -delete
+  kill_component agent
+  failed_closed() {
+    [[ $(row | jq -r '"\(.phase) \(.reason)"') == "Failed HashMismatch" && $(gate) == False ]]
+  }
+  wait_for "fail closed on the $how blob" 120 failed_closed
+  [[ -z $(find "$WORK/cache" -type f -size +1M) ]] || { echo "   a corrupt artifact is in the cache" >&2; return 1; }
+  cp "$WORK/blob.orig" "$blob"
+  TRUNCATED=
+  kill_component agent
+  NOTE="(blob $how: Failed/HashMismatch, gate False, nothing cached; repaired: served again)"
+}
 
 run_case() {
   local name=$1 fn=$2 jobs=${3:-} i
@@ -378,6 +418,7 @@ run_case agent-warmup f_agent_warmup 1
 run_case registry-down f_registry_down
 run_case apiserver-restart f_apiserver_restart 1
 run_case class-change f_class_change
+run_case artifact-corrupt f_artifact_corrupt 1
 # Watches survived every fault: a plain change still converges promptly.
 revise after-faults
 wait_for "a change after the faults" 120 converged
