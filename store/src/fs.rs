@@ -28,6 +28,38 @@ pub struct FsStore {
     max_artifact_bytes: u64,
 }
 
+/// Leftovers older than this are swept when a store is opened.
+pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Removes the entries of `dir` whose name passes `sweep` and that were last modified more than
+/// [`STALE_AFTER`] ago; failures are logged, never fatal.
+fn sweep_stale(dir: &Path, sweep: impl Fn(&str) -> bool) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let stale = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > STALE_AFTER);
+        if !stale || !sweep(&entry.file_name().to_string_lossy()) {
+            continue;
+        }
+        let removed = if path.is_dir() && !path.is_symlink() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        match removed {
+            Ok(()) => tracing::info!(path = %path.display(), "removed a stale leftover"),
+            Err(e) => tracing::warn!(path = %path.display(), %e, "cannot remove a stale leftover"),
+        }
+    }
+}
+
 impl FsStore {
     /// A store at `root`; creates nothing and needs no write access until something is written
     /// (the operator only reads; a store nobody has written to yet simply holds nothing).
@@ -66,6 +98,13 @@ impl FsStore {
         tempfile::tempfile_in(root.join("tmp")).map_err(|e| {
             Error::store(root, format!("not writable: {e}; pass a writable --store"))
         })?;
+        // What a killed process left: scratch directories, staged models, partial blobs. Other
+        // processes may share this store (compile Jobs on one hostPath), so only what nobody
+        // has touched for a day goes.
+        sweep_stale(&root.join("tmp"), |_| true);
+        sweep_stale(&root.join("blobs"), |name| {
+            name.starts_with(".model-") || name.starts_with(crate::staged::PARTIAL_PREFIX)
+        });
         Ok(())
     }
 

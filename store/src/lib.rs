@@ -17,7 +17,7 @@ use std::sync::Arc;
 use kiln_crds::BuildManifest;
 
 pub use error::{Error, Result};
-pub use fs::FsStore;
+pub use fs::{FsStore, STALE_AFTER};
 pub use oci::{ARTIFACT_TYPE, BUILD_MANIFEST_MEDIA_TYPE, ENGINE_MEDIA_TYPE, OciStore};
 
 /// Default cap on one artifact's size (a pull refuses anything larger before writing a byte).

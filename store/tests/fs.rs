@@ -134,3 +134,42 @@ async fn a_rewritten_entry_is_refused_by_its_attestation() {
     let err = store.attestation(&key, "sha256:../../x").await.unwrap_err();
     assert_eq!(err.reason(), FailureReason::HashMismatch, "{err}");
 }
+
+/// What a killed process left in a store (scratch directories, staged models, partial blobs)
+/// goes when the store is next opened, once nobody has touched it for a day; fresh leftovers
+/// (another process sharing the store may be using them) and the store's own data stay.
+#[test]
+fn stale_leftovers_are_swept_when_the_store_opens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("store");
+    kiln_store::FsStore::open(&root).unwrap();
+    let old = std::time::SystemTime::now() - kiln_store::STALE_AFTER * 2;
+    let age = |p: &std::path::Path| {
+        std::fs::File::open(p).unwrap().set_modified(old).unwrap();
+    };
+    let scratch = root.join("tmp/.tmpKILLED");
+    std::fs::create_dir_all(scratch.join("inner")).unwrap();
+    std::fs::write(scratch.join("inner/half"), b"x").unwrap();
+    age(&scratch);
+    let staged = root.join("blobs/.model-KILLED");
+    std::fs::create_dir_all(&staged).unwrap();
+    age(&staged);
+    let partial = root.join("blobs/.kiln-partial-KILLED");
+    std::fs::write(&partial, b"half").unwrap();
+    age(&partial);
+    let blob = root.join("blobs").join("a".repeat(64));
+    std::fs::write(&blob, b"verified").unwrap();
+    age(&blob);
+    let fresh = root.join("tmp/.tmpLIVE");
+    std::fs::create_dir_all(&fresh).unwrap();
+
+    kiln_store::FsStore::open(&root).unwrap();
+    for gone in [&scratch, &staged, &partial] {
+        assert!(!gone.exists(), "{} survived", gone.display());
+    }
+    assert!(blob.exists(), "a verified blob is data, not a leftover");
+    assert!(
+        fresh.exists(),
+        "a fresh scratch directory may be another process's"
+    );
+}
