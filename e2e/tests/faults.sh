@@ -11,9 +11,10 @@
 #   registry-down       the registry is down for 60 s across a spec change (the target says
 #                       StoreUnavailable meanwhile)
 #   apiserver-restart   the apiserver is stopped for 10 s right after a spec change
-#   class-change        the node's class label changes (kiln.dev/cpu-level): a compile is
-#                       scheduled for the new class and refused on this hardware; the label
-#                       changes back and the stored artifact of the real class is served again
+#   class-change        the node's class label changes (kiln.dev/cpu-level): readiness is
+#                       withdrawn, a compile is scheduled for the new class and refused on this
+#                       hardware (the node stays not ready); the label changes back and the
+#                       real class's stored artifact is warmed again without a compile
 #
 #   artifact-corrupt    the served artifact's blob in the registry is flipped (odd trials) or
 #                       truncated (even), the node's cache emptied, the agent restarted: fail
@@ -333,18 +334,24 @@ f_apiserver_restart() {
 }
 f_class_change() {
   # The node's class labels change under it: kiln.dev/cpu-level (over the probe's level) now
-  # names another CPU level. On this one machine the new label can only be a lie, so kiln must
-  # schedule the new class's compile, refuse it where the hardware disagrees (fail closed, not a
-  # wrong-class artifact), keep the verified artifact of the real class serving; and when the
-  # label goes back, return to that class's stored artifact with no new compile.
-  local level other key jobs rev
+  # names another CPU level. Readiness is withdrawn at once (the engine was proved for the old
+  # class), a compile is scheduled for the new class; on this one machine the new label can only
+  # be a lie, so that compile is refused where the hardware disagrees and the node stays not
+  # ready (fail closed, no wrong-class artifact). When the label goes back the node returns to its
+  # class's stored artifact with no new compile, verified, loaded and warmed again.
+  local level other key jobs changed_at
   level=$(kubectl get kilnnode "$REAL" -o json | jq -r '.status.hardware.cpuLevel // empty')
   other=x86-64-v1
   [[ $level != "$other" ]] || other=x86-64-v2
   key=$KEY
   jobs=$(job_names "$key")
-  rev=$(row | jq -r .revision)
+  changed_at=$(date -u +%s)
   kubectl label node "$REAL" kiln.dev/cpu-level="$other" --overwrite >/dev/null
+  withdrawn() {
+    [[ $(row | jq -r '"\(.phase) \(.class)"') == "Pending "*"$other"* && $(gate) == False ]] &&
+      ! kubectl get node "$REAL" -o json | jq -e --arg l "$NS.ready.kiln.dev/$TARGET" '.metadata.labels[$l]'
+  }
+  wait_for "readiness withdrawn on the class change" 60 withdrawn
   new_class_job() {
     local k
     k=$(ct | jq -r --arg o "$other" '.status.classes[] | select(.class | contains($o)) | .compileKey') &&
@@ -356,16 +363,18 @@ f_class_change() {
       | .reason == "IncompatibleHardware" and (.message | contains("fix the labels"))'
   }
   wait_for "the $other compile refused as IncompatibleHardware" 120 refused
-  [[ $(row | jq -r '"\(.revision) \(.phase) \(.class)"') == "$rev Ready "*"$level"* ]] ||
-    { echo "   the node stopped serving its verified artifact: $(row)" >&2; return 1; }
+  [[ $(row | jq -r .phase) != Ready && $(gate) == False ]] ||
+    { echo "   ready on a class whose compile was refused: $(row)" >&2; return 1; }
   kubectl label node "$REAL" kiln.dev/cpu-level- >/dev/null
   back() { converged && [[ $KEY == "$key" ]]; }
   wait_for "back on the first class" 120 back
-  # (Its finished Job may be gone: the operator deletes Jobs no class wants.)
   [[ -z $(comm -13 <(echo "$jobs") <(job_names "$key")) ]] ||
     { echo "   the first class was compiled again: $(comm -13 <(echo "$jobs") <(job_names "$key"))" >&2; return 1; }
-  NOTE="(cpu-level $other: Job scheduled, refused IncompatibleHardware, $level artifact kept serving; label removed: back on ${key:0:8}… without a compile)"
+  (($(date -d "$(row | jq -r .readySince)" +%s) >= changed_at)) ||
+    { echo "   not warmed again: ready since $(row | jq -r .readySince)" >&2; return 1; }
+  NOTE="(cpu-level $other: withdrawn, Job refused IncompatibleHardware, not ready; label removed: ${key:0:8}… re-warmed without a compile)"
 }
+
 f_artifact_corrupt() {
   # A fresh revision served, then its blob in the registry's storage damaged (odd trials: one
   # byte flipped; even: cut to half) and the node's cache emptied under a restarted agent: the

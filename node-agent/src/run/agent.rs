@@ -120,6 +120,13 @@ impl Agent {
     /// Decides what to do for one target ([`next_action`]) and does it.
     async fn step(&mut self, key: &TargetKey, t: &CompiledTarget, facts: &ClassFacts) {
         let class = class_id(facts);
+        if let Some(state) = self.states.get_mut(key)
+            && let Some(row) = rows::class_moved(&state.row, key, &class)
+        {
+            tracing::warn!(target = %key, from = %state.row.class, to = %class, "node class changed; readiness withdrawn");
+            state.row = row;
+            state.attempt = None;
+        }
         let generation = t.metadata.generation;
         let wanted = wanted(t.status.as_ref(), t.spec.rollout.pinned_revision, &class);
         let state = self.states.entry(key.clone()).or_default();

@@ -75,6 +75,31 @@ pub fn serves_same(row: &NodeTargetStatus, pick: &Pick) -> bool {
         && row.artifact_digest.as_deref() == Some(pick.digest.as_str())
 }
 
+/// The row once this node's class for the target is `class` and no longer the class of the
+/// artifact `row` serves: readiness is withdrawn (the engine was proved for other hardware, a
+/// driver or an operator decision that no longer holds) until `class`'s own artifact is warm.
+/// `None` when nothing changes: the row serves nothing, serves `class`, or serves another class
+/// on purpose (a `Class` fallback, which its `fallback` field records).
+pub fn class_moved(
+    row: &NodeTargetStatus,
+    key: &TargetKey,
+    class: &str,
+) -> Option<NodeTargetStatus> {
+    (serves(row) && row.fallback.is_none() && !row.class.is_empty() && row.class != class).then(
+        || {
+            pending(
+                key,
+                class,
+                format!(
+                    "this node's class changed from {} to {class}: readiness withdrawn until \
+                     {class}'s artifact is verified, loaded and warm",
+                    row.class
+                ),
+            )
+        },
+    )
+}
+
 /// A target with nothing to pick yet; `message` says what is missing.
 pub fn pending(key: &TargetKey, class: &str, message: String) -> NodeTargetStatus {
     NodeTargetStatus {
@@ -267,6 +292,54 @@ pub fn policy_name(policy: FallbackPolicy) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_class_change_withdraws_readiness_unless_the_other_class_is_a_fallback() {
+        let key = TargetKey {
+            namespace: "ml".into(),
+            name: "t".into(),
+        };
+        let ready = NodeTargetStatus {
+            namespace: "ml".into(),
+            name: "t".into(),
+            revision: 3,
+            class: "cpu-v4".into(),
+            phase: NodePhase::Ready,
+            artifact_digest: Some("d".into()),
+            ..NodeTargetStatus::default()
+        };
+        let moved = class_moved(&ready, &key, "cpu-v1").expect("withdrawn");
+        assert_eq!(moved.phase, NodePhase::Pending);
+        assert!(!serves(&moved));
+        assert_eq!(moved.class, "cpu-v1");
+        assert!(
+            moved
+                .message
+                .as_deref()
+                .unwrap_or_default()
+                .contains("from cpu-v4 to cpu-v1")
+        );
+        assert_eq!(class_moved(&ready, &key, "cpu-v4"), None, "same class");
+        let degraded = NodeTargetStatus {
+            phase: NodePhase::Degraded,
+            fallback: Some(FallbackPolicy::Class),
+            ..ready.clone()
+        };
+        assert_eq!(
+            class_moved(&degraded, &key, "cpu-v1"),
+            None,
+            "a Class fallback on purpose"
+        );
+        let pending_row = NodeTargetStatus {
+            phase: NodePhase::Pending,
+            ..ready
+        };
+        assert_eq!(
+            class_moved(&pending_row, &key, "cpu-v1"),
+            None,
+            "serves nothing"
+        );
+    }
 
     fn at(secs: i64) -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(secs).expect("timestamp"))
