@@ -198,9 +198,8 @@ impl Exec {
                             Ok(0) | Err(_) => break,
                             Ok(_) => {}
                         }
-                        let line = String::from_utf8_lossy(&raw)
-                            .trim_end_matches(['\n', '\r'])
-                            .to_string();
+                        let line =
+                            printable(String::from_utf8_lossy(&raw).trim_end_matches(['\n', '\r']));
                         tracing::info!(target: "compiler", "{line}");
                         let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
                         if log.len() == LOG_LINES {
@@ -421,5 +420,35 @@ impl Backend for Exec {
 
     fn interface(&self, model: &Path) -> Result<super::GraphInterface> {
         Tract.interface(model)
+    }
+}
+
+/// A compiler's output line as kiln repeats it (logs, failure messages, status): control
+/// characters other than tab become U+FFFD, so a hostile compiler cannot forge log lines, move a
+/// terminal's cursor or hide text in `kubectl describe` with escape sequences.
+fn printable(line: &str) -> String {
+    line.chars()
+        .map(|c| {
+            if c.is_control() && c != '\t' {
+                '\u{FFFD}'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compiler_output_cannot_carry_control_characters() {
+        assert_eq!(printable("ok\tdone"), "ok\tdone");
+        assert_eq!(
+            printable("\u{1b}[2K\rCompileFailed: fake\u{7}"),
+            "\u{FFFD}[2K\u{FFFD}CompileFailed: fake\u{FFFD}"
+        );
+        assert_eq!(printable("naïve ✓"), "naïve ✓");
     }
 }

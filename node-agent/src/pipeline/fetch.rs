@@ -323,11 +323,19 @@ fn copy_file(
         message,
     };
     // Opening a FIFO blocks until something writes to it, and reading it may block forever:
-    // no file:// source may be one. (Devices such as /dev/zero read without blocking and are
-    // cut off at the size bound.)
-    {
-        use std::os::unix::fs::FileTypeExt;
-        let kind = std::fs::metadata(src)
+    // no file:// source may be one. Opened without blocking and checked on the open descriptor,
+    // so a FIFO swapped in after a path check cannot slip through. (Devices such as /dev/zero
+    // read without blocking and are cut off at the size bound; for files the flag changes
+    // nothing.)
+    let mut input = {
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        let input = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+            .open(src)
+            .map_err(|e| unavailable(e.to_string()))?;
+        let kind = input
+            .metadata()
             .map_err(|e| unavailable(e.to_string()))?
             .file_type();
         if kind.is_fifo() || kind.is_socket() {
@@ -337,8 +345,8 @@ fn copy_file(
                 if kind.is_fifo() { "FIFO" } else { "socket" }
             )));
         }
-    }
-    let mut input = std::fs::File::open(src).map_err(|e| unavailable(e.to_string()))?;
+        input
+    };
     let mut buf = vec![0u8; CHUNK];
     let mut progress = Progress::new(&wanted);
     loop {
