@@ -89,20 +89,7 @@ kubectl -n "$NS" rollout status ds/kiln-agent --timeout=120s >/dev/null || die "
 # The example's ModelArtifact as it is; the target is applied by `revise`.
 python3 -c 'import sys, yaml; [print("---\n" + yaml.safe_dump(d)) for d in yaml.safe_load_all(open(sys.argv[1])) if d["kind"] == "ModelArtifact"]' \
   "$REPO/examples/squeezenet/kiln.yaml" | kubectl -n "$NS" apply -f - >/dev/null
-kubectl -n "$NS" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata:
-  name: serve
-  annotations: {kiln.dev/target: $TARGET}
-spec:
-  readinessGates: [{conditionType: kiln.dev/warm}]
-  nodeName: $REAL
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  containers:
-    - {name: serve, image: $BUSYBOX_IMAGE, imagePullPolicy: Never, command: [sleep, "3600"]}
-YAML
+serving_pod "$NS" "$TARGET" "$REAL"
 
 # revise PROFILE [ITERATIONS]: the target with one profile named PROFILE (batch 1: same model,
 # new compile key) and that many warmup iterations.

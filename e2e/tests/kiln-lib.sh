@@ -33,3 +33,22 @@ kiln_install() {
     --set agent.image.tag=$KILN_TAG --set agent.image.pullPolicy=Never \
     --set compile.retryBackoffSeconds=2 "$@"
 }
+
+# serving_pod NAMESPACE TARGET NODE: pod "serve" on NODE, annotated for TARGET and gated on
+# kiln.dev/warm, as a serving workload declares itself to kiln.
+serving_pod() {
+  kubectl -n "$1" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: serve
+  annotations: {kiln.dev/target: $2}
+spec:
+  readinessGates: [{conditionType: kiln.dev/warm}]
+  nodeName: $3
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+    - {name: serve, image: $BUSYBOX_IMAGE, imagePullPolicy: Never, command: [sleep, "3600"]}
+YAML
+}

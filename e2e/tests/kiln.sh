@@ -68,20 +68,7 @@ kubectl -n "$NS" rollout status ds/kiln-agent --timeout=120s >/dev/null || die "
 echo "== apply the example and a serving pod gated on kiln.dev/warm"
 T_APPLY=$(date +%s.%N)
 kubectl -n "$NS" apply -f "$REPO/examples/squeezenet/kiln.yaml" >/dev/null
-kubectl -n "$NS" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata:
-  name: serve
-  annotations: {kiln.dev/target: $TARGET}
-spec:
-  readinessGates: [{conditionType: kiln.dev/warm}]
-  nodeName: $REAL
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  containers:
-    - {name: serve, image: $BUSYBOX_IMAGE, imagePullPolicy: Never, command: [sleep, "3600"]}
-YAML
+serving_pod "$NS" "$TARGET" "$REAL"
 
 row() { kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq -c --arg ns "$NS" --arg t "$TARGET" '.status.targets[]? | select(.namespace == $ns and .name == $t)'; }
 pod_ready() { kubectl -n "$NS" get pod serve -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}'; }

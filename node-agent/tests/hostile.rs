@@ -2084,23 +2084,6 @@ fn every_hostile_input_is_classified_and_leaves_nothing_behind() {
     );
 }
 
-/// Writes the fixture `kiln-agent fixtures` would make for the case's model at batch 4.
-fn fixture_of_the_model(case: &mut Case) {
-    let fixture = kiln_agent::cmd::fixtures::make(
-        &kiln_agent::backend::tract::Tract,
-        &kiln_agent::cmd::fixtures::Request {
-            model: &case.path("model.onnx"),
-            version: "v1",
-            shapes: [("x".to_string(), vec![4, 16])].into(),
-            given: None,
-            seed: 7,
-            tolerance: None,
-        },
-    )
-    .expect("fixture");
-    case.write_fixture(&fixture);
-}
-
 /// The ONNX writer above makes models tract runs: a hostile row fails for what it changed, not
 /// for a broken encoding.
 #[test]
@@ -2111,7 +2094,7 @@ fn the_onnx_writer_makes_models_that_are_ready() {
         &model(vec![node("Relu", &["x"], &["y"])]).bytes(),
     )
     .expect("model");
-    fixture_of_the_model(&mut case);
+    case.fixture_from(&case.path("model.onnx"), 4);
     let run = agent(&case, &[]).expect("run");
     assert!(run.success, "{}: {}", run.message(), run.stderr);
     // And the external-data tensor it writes loads when its file is declared beside it.
@@ -2125,7 +2108,7 @@ fn the_onnx_writer_makes_models_that_are_ready() {
         &matmul_with(onnx::external("w", &[16, 16], "w.bin", "1024")),
     )
     .expect("model");
-    fixture_of_the_model(&mut case);
+    case.fixture_from(&case.path("model.onnx"), 4);
     case.model_extra = format!(
         "\n  assets:\n    - {{name: w.bin, kind: other, uri: \"file://w.bin\", sha256: \"{}\"}}",
         sha256_bytes(&weights)

@@ -8,8 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{AGENT, Case, HttpsServer, data, metric, run_local};
-use kiln_agent::backend::tract::Tract;
-use kiln_agent::cmd::fixtures as make_fixtures;
 use kiln_agent::pipeline::fixtures::FixtureFile;
 use kiln_store::staged::{sha256_bytes, sha256_file};
 use serde_json::Value;
@@ -553,19 +551,7 @@ fn external_data_case(model_file: &str, declare: bool) -> Case {
     std::fs::create_dir_all(&honest).expect("dir");
     std::fs::copy(data("ext.onnx"), honest.join("ext.onnx")).expect("copy");
     std::fs::copy(data("ext-weights.bin"), honest.join("ext-weights.bin")).expect("copy");
-    let fixture = make_fixtures::make(
-        &Tract,
-        &make_fixtures::Request {
-            model: &honest.join("ext.onnx"),
-            version: "v1",
-            shapes: [("x".to_string(), vec![4, 16])].into(),
-            given: None,
-            seed: 7,
-            tolerance: None,
-        },
-    )
-    .expect("fixture");
-    case.write_fixture(&fixture);
+    case.fixture_from(&honest.join("ext.onnx"), 4);
     if declare {
         let (sha, _) = sha256_file(&case.path("ext-weights.bin")).expect("hash");
         case.model_extra = format!(

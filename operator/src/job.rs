@@ -245,48 +245,52 @@ impl Wiring {
 
     /// The signing key, for the publisher only (a file readable by the pod's group).
     fn signing(&mut self, secret: &str) {
-        self.env.push(env(
-            "KILN_SIGNING_KEY",
-            &format!("{SIGNING_MOUNT}/{SIGNING_KEY}"),
-        ));
-        self.mount(
+        self.secret_file(
             "signing",
             SIGNING_MOUNT,
-            true,
-            Volume {
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(secret.into()),
-                    items: Some(vec![KeyToPath {
-                        key: SIGNING_KEY.into(),
-                        path: SIGNING_KEY.into(),
-                        mode: Some(0o440),
-                    }]),
-                    default_mode: Some(0o440),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
+            secret,
+            SIGNING_KEY,
+            0o440,
+            "KILN_SIGNING_KEY",
         );
     }
 
     fn source_trust(&mut self, secret: &str) {
-        self.env.push(env(
-            "KILN_SOURCE_TRUST_KEY",
-            &format!("{SOURCE_TRUST_MOUNT}/{SOURCE_TRUST_KEY}"),
-        ));
-        self.mount(
+        self.secret_file(
             "source-trust",
             SOURCE_TRUST_MOUNT,
+            secret,
+            SOURCE_TRUST_KEY,
+            0o444,
+            "KILN_SOURCE_TRUST_KEY",
+        );
+    }
+
+    /// One key of `secret`, nothing else of it, at `mount/key` (read-only, `mode`), named to
+    /// the publisher by `variable`.
+    fn secret_file(
+        &mut self,
+        volume: &str,
+        mount: &str,
+        secret: &str,
+        key: &str,
+        mode: i32,
+        variable: &str,
+    ) {
+        self.env.push(env(variable, &format!("{mount}/{key}")));
+        self.mount(
+            volume,
+            mount,
             true,
             Volume {
                 secret: Some(SecretVolumeSource {
                     secret_name: Some(secret.into()),
                     items: Some(vec![KeyToPath {
-                        key: SOURCE_TRUST_KEY.into(),
-                        path: SOURCE_TRUST_KEY.into(),
-                        mode: Some(0o444),
+                        key: key.into(),
+                        path: key.into(),
+                        mode: Some(mode),
                     }]),
-                    default_mode: Some(0o444),
+                    default_mode: Some(mode),
                     ..Default::default()
                 }),
                 ..Default::default()

@@ -79,20 +79,26 @@ impl Case {
             source_extra: String::new(),
             format: "onnx",
         };
+        case.fixture_from(&case.path("model.onnx"), fixture_batch);
+        case
+    }
+
+    /// Writes the v1 fixture of `model` (input `x: f32[batch, 16]`, seed 7, golden outputs from
+    /// the reference execution) as this case's fixture.
+    pub fn fixture_from(&mut self, model: &Path, batch: usize) {
         let fixture = make_fixtures::make(
             &Tract,
             &make_fixtures::Request {
-                model: &case.path("model.onnx"),
+                model,
                 version: "v1",
-                shapes: [("x".to_string(), vec![fixture_batch, 16])].into(),
+                shapes: [("x".to_string(), vec![batch, 16])].into(),
                 given: None,
                 seed: 7,
                 tolerance: None,
             },
         )
         .expect("fixture");
-        case.write_fixture(&fixture);
-        case
+        self.write_fixture(&fixture);
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
