@@ -15,6 +15,10 @@ export CARGO_TERM_COLOR=never
 # promtool (both components' exposition is checked with it); as root a missing one fails those
 # tests, so install them here (as non-root the tests say they skip and why).
 scripts/ensure-test-packages.sh
+# The ONNX Runtime library (PyPI wheel, pinned, cached outside the work tree) that kiln-agent loads
+# at run time for backend.kind onnxruntime; the tests and the e2e agent image use it.
+ORT_DYLIB_PATH=$(scripts/ensure-onnxruntime.sh)
+export ORT_DYLIB_PATH
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -23,7 +23,8 @@ pub struct CompileKeyInput {
     pub fixture_digest: String,
     /// Backend name.
     pub backend: String,
-    /// Backend version.
+    /// Backend version; for a runtime loaded at run time (ONNX Runtime) it names the library's
+    /// bytes too (`1.31.1@sha256:<hex>`), so a swapped library is another key.
     pub backend_version: String,
     /// Digest of the compiler image, for foreign backends.
     pub compiler_image: Option<String>,
@@ -39,6 +40,10 @@ pub struct CompileKeyInput {
     pub class: BTreeMap<String, String>,
     /// Backend flags.
     pub flags: BTreeMap<String, String>,
+    /// Typed backend settings (execution provider, optimisation level, CPU fallback policy;
+    /// absent from the encoding when empty, so keys of targets that set none are unchanged).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub backend_options: BTreeMap<String, String>,
 }
 
 impl CompileKeyInput {
@@ -74,6 +79,7 @@ impl CompileKeyInput {
                 .collect(),
             class: class.clone(),
             flags: target.backend.flags.clone(),
+            backend_options: target.backend.options(),
         }
     }
 }
@@ -116,6 +122,7 @@ mod tests {
                 ("kiln.dev/cpu-level".into(), "x86-64-v3".into()),
             ]),
             flags: BTreeMap::from([("opt".into(), "1".into())]),
+            backend_options: BTreeMap::new(),
         }
     }
 
@@ -221,6 +228,31 @@ assetDigests: {pre: cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
                     i.flags.insert("opt".into(), "2".into());
                 }),
             ),
+            (
+                "runtime library bytes",
+                Box::new(|i| i.backend_version = format!("0.23.9@sha256:{}", "1".repeat(64))),
+            ),
+            (
+                "execution provider",
+                Box::new(|i| {
+                    i.backend_options
+                        .insert("executionProvider".into(), "cuda".into());
+                }),
+            ),
+            (
+                "optimisation level",
+                Box::new(|i| {
+                    i.backend_options
+                        .insert("optimizationLevel".into(), "all".into());
+                }),
+            ),
+            (
+                "cpu fallback policy",
+                Box::new(|i| {
+                    i.backend_options
+                        .insert("cpuFallback".into(), "UpToShare:10".into());
+                }),
+            ),
         ];
         let mut seen = std::collections::BTreeSet::from([base.clone()]);
         for (what, edit) in edits {
@@ -233,6 +265,51 @@ assetDigests: {pre: cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
                 "changing {what} collided with another edit"
             );
         }
+    }
+
+    #[test]
+    fn backend_options_fill_defaults_and_stay_out_of_tract_keys() {
+        use crate::compiled_target::{
+            Backend, BackendKind, CpuFallback, CpuFallbackPolicy, ExecutionProvider,
+            OptimizationLevel,
+        };
+        let backend = |kind| Backend {
+            kind,
+            version: None,
+            image: None,
+            command: Vec::new(),
+            flags: BTreeMap::new(),
+            execution_provider: None,
+            optimization_level: None,
+            cpu_fallback: None,
+        };
+        // A tract target that sets nothing keeps the key it had before these settings existed.
+        assert!(backend(BackendKind::Tract).options().is_empty());
+        let encoded = serde_json::to_string(&sample()).expect("encode");
+        assert!(!encoded.contains("backendOptions"), "{encoded}");
+        // ONNX Runtime: spelling out the defaults gives the same options as leaving them out.
+        let implicit = backend(BackendKind::Onnxruntime);
+        let mut explicit = implicit.clone();
+        explicit.execution_provider = Some(ExecutionProvider::Cpu);
+        explicit.optimization_level = Some(OptimizationLevel::Extended);
+        explicit.cpu_fallback = Some(CpuFallback {
+            policy: CpuFallbackPolicy::Allowed,
+            max_share_percent: None,
+        });
+        assert_eq!(implicit.options(), explicit.options());
+        assert_eq!(
+            implicit.options(),
+            BTreeMap::from([
+                ("cpuFallback".into(), "Allowed".into()),
+                ("executionProvider".into(), "cpu".into()),
+                ("optimizationLevel".into(), "extended".into()),
+            ])
+        );
+        explicit.cpu_fallback = Some(CpuFallback {
+            policy: CpuFallbackPolicy::UpToShare,
+            max_share_percent: Some(10),
+        });
+        assert_eq!(explicit.options()["cpuFallback"], "UpToShare:10");
     }
 
     #[test]

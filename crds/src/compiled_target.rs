@@ -81,6 +81,8 @@ pub struct ModelRef {
 #[x_kube(validation = Rule::new("self.kind != 'exec' || (has(self.image) && has(self.command) && size(self.command) > 0)").message("backend kind exec needs backend.image (the compiler image) and backend.command (what to run in it)"))]
 #[x_kube(validation = Rule::new("self.kind == 'exec' || (!has(self.image) && !has(self.command))").message("backend.image and backend.command are for kind exec; drop them or set kind: exec"))]
 #[x_kube(validation = Rule::new("!has(self.image) || self.image.matches('^[^@]+@sha256:[0-9a-f]{64}$')").message("pin backend.image by digest (name@sha256:<64 hex>): the compile key must name the exact compiler"))]
+#[x_kube(validation = Rule::new("!has(self.optimizationLevel) || self.kind == 'onnxruntime'").message("backend.optimizationLevel is for kind onnxruntime; drop it or set kind: onnxruntime"))]
+#[x_kube(validation = Rule::new("!has(self.executionProvider) || self.executionProvider == 'cpu' || self.kind == 'onnxruntime'").message("backend.executionProvider cuda and tensorrt need kind onnxruntime; tract and exec run on the CPU"))]
 pub struct Backend {
     /// `tract` (built in), `onnxruntime`, `tensorrt`, or `exec` (any compiler image).
     pub kind: BackendKind,
@@ -104,6 +106,146 @@ pub struct Backend {
     /// Backend-specific compile flags; part of the compile key.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub flags: BTreeMap<String, String>,
+    /// Where the engine runs: `cpu` (the default), or for kind `onnxruntime` the `cuda` or
+    /// `tensorrt` execution provider. Part of the compile key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_provider: Option<ExecutionProvider>,
+    /// Kind `onnxruntime`: the graph optimisation applied at compile and saved as the artifact:
+    /// `disabled`, `basic`, `extended` (the default), `layout` or `all`. `layout` and `all` lay
+    /// tensors out for the build machine's instruction set, so such an artifact is bound to its
+    /// CPU level and refused elsewhere. Part of the compile key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimization_level: Option<OptimizationLevel>,
+    /// Whether graph nodes the requested provider cannot run may fall back to the CPU. Measured
+    /// at compile and on every node; absent means `Allowed`. Part of the compile key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_fallback: Option<CpuFallback>,
+}
+
+impl Backend {
+    /// The typed backend settings as they enter the compile key: empty for a `tract` or `exec`
+    /// backend that sets none (so their keys are unchanged), otherwise every setting with its
+    /// default filled in, so that spelling out a default gives the same key.
+    pub fn options(&self) -> BTreeMap<String, String> {
+        let ort = self.kind == BackendKind::Onnxruntime;
+        let mut options = BTreeMap::new();
+        if ort || self.execution_provider.is_some() {
+            let provider = self.execution_provider.unwrap_or_default();
+            options.insert("executionProvider".into(), provider.as_str().into());
+        }
+        if ort || self.optimization_level.is_some() {
+            let level = self.optimization_level.unwrap_or_default();
+            options.insert("optimizationLevel".into(), level.as_str().into());
+        }
+        if ort || self.cpu_fallback.is_some() {
+            let fallback = self.cpu_fallback.clone().unwrap_or_default();
+            options.insert("cpuFallback".into(), fallback.describe());
+        }
+        options
+    }
+}
+
+/// An execution provider: the device and library that runs an engine's nodes.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecutionProvider {
+    /// The CPU.
+    #[default]
+    Cpu,
+    /// NVIDIA GPUs through CUDA.
+    Cuda,
+    /// NVIDIA GPUs through TensorRT.
+    Tensorrt,
+}
+
+impl ExecutionProvider {
+    /// The name in specs, status and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+            Self::Tensorrt => "tensorrt",
+        }
+    }
+}
+
+/// ONNX Runtime's graph optimisation levels.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizationLevel {
+    /// No rewrite: the graph as exported.
+    Disabled,
+    /// Semantics-preserving rewrites (constant folding, redundant node removal).
+    Basic,
+    /// Basic plus operator fusions.
+    #[default]
+    Extended,
+    /// Extended plus layout transformations for the build machine's instruction set.
+    Layout,
+    /// Everything ONNX Runtime has, machine-specific layouts included.
+    All,
+}
+
+impl OptimizationLevel {
+    /// The name in specs and manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Disabled => "disabled",
+            Self::Basic => "basic",
+            Self::Extended => "extended",
+            Self::Layout => "layout",
+            Self::All => "all",
+        }
+    }
+
+    /// Whether the saved graph depends on the instruction set of the machine that made it.
+    pub fn machine_specific(self) -> bool {
+        matches!(self, Self::Layout | Self::All)
+    }
+}
+
+/// What share of an engine may run on the CPU when another provider was requested.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(self.policy == 'UpToShare') == has(self.maxSharePercent)").message("cpuFallback.maxSharePercent is required with policy UpToShare and not allowed otherwise"))]
+pub struct CpuFallback {
+    /// `Forbidden` (the provider must take every node, or the compile and the node fail closed
+    /// with `UnsupportedOperator` naming the nodes it cannot run), `Allowed` (the default), or
+    /// `UpToShare` (refused when more than `maxSharePercent` of the nodes run on the CPU).
+    #[serde(default)]
+    pub policy: CpuFallbackPolicy,
+    /// With `UpToShare`: the largest percentage of nodes that may run on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_share_percent: Option<u32>,
+}
+
+impl CpuFallback {
+    /// The policy in one word, as it enters the compile key (`UpToShare:10`).
+    pub fn describe(&self) -> String {
+        match (self.policy, self.max_share_percent) {
+            (CpuFallbackPolicy::UpToShare, Some(p)) => format!("UpToShare:{p}"),
+            (policy, _) => format!("{policy:?}"),
+        }
+    }
+}
+
+/// CPU fallback policies.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq,
+)]
+pub enum CpuFallbackPolicy {
+    /// Every node on the requested provider.
+    Forbidden,
+    /// Whatever the runtime places on the CPU, measured and reported.
+    #[default]
+    Allowed,
+    /// At most `maxSharePercent` of the nodes on the CPU.
+    UpToShare,
 }
 
 /// Backends kiln can drive.
@@ -433,6 +575,10 @@ pub struct ClassStatus {
     /// Digest (`sha256:<hex>`) of the stored manifest that agents pull the artifact by.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest_digest: Option<String>,
+    /// Which execution provider ran which nodes in the compile's parity run (from the build
+    /// manifest), and how much fell back to the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<crate::placement::Placement>,
     /// Nodes whose agent reports the current revision ready (verified, loaded, warmed).
     #[serde(default)]
     pub ready_nodes: i32,

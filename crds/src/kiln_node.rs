@@ -175,4 +175,8 @@ pub struct NodeTargetStatus {
     /// When the served artifact became ready on this node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_since: Option<Time>,
+    /// Which execution provider ran which nodes in this node's warmup, and how much fell back
+    /// to the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<crate::placement::Placement>,
 }

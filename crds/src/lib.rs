@@ -15,6 +15,7 @@ pub mod kiln_node;
 pub mod labels;
 pub mod manifest;
 pub mod model_artifact;
+pub mod placement;
 pub mod reason;
 mod schema;
 

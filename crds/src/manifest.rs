@@ -6,12 +6,13 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::kiln_node::HardwareFacts;
+use crate::placement::Placement;
 
 /// Schema version of [`BuildManifest`].
 pub const MANIFEST_VERSION: u32 = 1;
 
 /// How an artifact was made.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct BuildManifest {
     /// Schema version.
@@ -52,4 +53,30 @@ pub struct BuildManifest {
     pub compile_seconds: f64,
     /// What the converter said.
     pub converter_log: Vec<String>,
+    /// Typed backend settings that shaped the artifact, as in the compile key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub backend_options: BTreeMap<String, String>,
+    /// sha256 of the runtime library that built it, for a runtime loaded at run time (ONNX
+    /// Runtime); a node must load the same bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_digest: Option<String>,
+    /// Set when the artifact depends on the build machine's instruction set (ONNX Runtime's
+    /// layout optimisations): a node must match it to load the artifact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound_to: Option<MachineBinding>,
+    /// Which provider ran which nodes in the compile's parity run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+}
+
+/// The machine an artifact is bound to.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineBinding {
+    /// CPU architecture (`amd64`).
+    pub arch: String,
+    /// x86-64 level (`x86-64-v4`) or `baseline`.
+    pub cpu_level: String,
+    /// Why it is bound, for the refusal message.
+    pub why: String,
 }

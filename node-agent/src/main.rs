@@ -24,6 +24,11 @@ struct Cli {
     /// smaller of the cgroup memory limit and the machine's memory.
     #[arg(long, env = "KILN_MEMORY_LIMIT", global = true, value_parser = memory::parse_bytes)]
     memory_limit: Option<usize>,
+    /// The ONNX Runtime 1.31 shared library for `backend.kind: onnxruntime`
+    /// (`libonnxruntime.so.1.31.1` from the PyPI onnxruntime wheel; scripts/ensure-onnxruntime.sh
+    /// fetches it). Default: `ORT_DYLIB_PATH`. Without it only tract targets run.
+    #[arg(long, env = "KILN_ONNXRUNTIME_LIB", global = true)]
+    onnxruntime_lib: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -74,6 +79,7 @@ fn main() -> ExitCode {
         eprintln!("kiln-agent: cannot set up logging: {e}");
         return ExitCode::FAILURE;
     }
+    kiln_agent::backend::onnxruntime::configure(cli.onnxruntime_lib);
     // reqwest is built without a default crypto provider; kiln uses ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
     match cli.command {

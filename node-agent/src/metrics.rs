@@ -60,6 +60,15 @@ pub struct TargetLabels {
     pub class: String,
 }
 
+/// Node class and execution provider of a placement.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderLabels {
+    /// Class id.
+    pub class: String,
+    /// Short provider name, one of [`kiln_crds::placement::PROVIDERS`].
+    pub provider: String,
+}
+
 /// Why a fallback was taken and which policy took it.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FallbackLabels {
@@ -93,6 +102,9 @@ struct Inner {
     fallbacks: Family<FallbackLabels, Counter>,
     fail_closed: Family<ReasonLabel, Counter>,
     revision_ready_seconds: Histogram,
+    partition_nodes: Family<ProviderLabels, Gauge>,
+    partitions: Family<ClassLabel, Gauge>,
+    fallback_share: Family<ClassLabel, Gauge<f64, AtomicU64>>,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -123,6 +135,9 @@ impl Metrics {
             fallbacks: Family::default(),
             fail_closed: Family::default(),
             revision_ready_seconds: seconds_histogram(),
+            partition_nodes: Family::default(),
+            partitions: Family::default(),
+            fallback_share: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("kiln_agent");
         r.register(
@@ -174,6 +189,21 @@ impl Metrics {
             "ready",
             "1 when the engine is verified, loaded and warmed",
             inner.ready.clone(),
+        );
+        r.register(
+            "partition_nodes",
+            "Graph nodes each execution provider ran in the engine's first warmup run",
+            inner.partition_nodes.clone(),
+        );
+        r.register(
+            "partitions",
+            "Runs of consecutive nodes on one execution provider (1: one provider ran everything)",
+            inner.partitions.clone(),
+        );
+        r.register(
+            "fallback_share",
+            "Share of graph nodes the CPU ran although another execution provider was requested",
+            inner.fallback_share.clone(),
         );
         r.register(
             "artifact_pull_bytes",
@@ -280,6 +310,33 @@ impl Metrics {
             .parity_max_abs_error
             .get_or_create(&label)
             .set(parity_max_abs_error);
+    }
+
+    /// Records which provider ran which nodes of a class's engine.
+    pub fn placement(&self, class: &str, placement: &kiln_crds::placement::Placement) {
+        let class = class_label(class);
+        for provider in kiln_crds::placement::PROVIDERS {
+            let labels = ProviderLabels {
+                class: class.class.clone(),
+                provider: provider.to_string(),
+            };
+            match placement.nodes.get(provider) {
+                Some(n) => {
+                    self.inner.partition_nodes.get_or_create(&labels).set(*n);
+                }
+                None => {
+                    self.inner.partition_nodes.remove(&labels);
+                }
+            }
+        }
+        self.inner
+            .partitions
+            .get_or_create(&class)
+            .set(placement.partitions);
+        self.inner
+            .fallback_share
+            .get_or_create(&class)
+            .set(placement.fallback_share);
     }
 
     /// Sets the ready state of a class.

@@ -216,6 +216,7 @@ async fn stored(ctx: &Context, keys: Vec<String>) -> Result<BTreeMap<String, Sto
             let entry = Stored {
                 digest: entry.manifest.artifact_digest,
                 manifest_digest: entry.manifest_digest,
+                placement: entry.manifest.placement,
             };
             stored.insert(key, entry);
         }

@@ -99,7 +99,8 @@ struct Cli {
     /// Finished compile Jobs are deleted this many seconds after they end.
     #[arg(long, env = "KILN_JOB_TTL_SECONDS", default_value_t = 3600)]
     job_ttl_seconds: i32,
-    /// Backend versions the agent image carries, NAME=VERSION (part of the compile key).
+    /// Backend versions the agent image carries, NAME=VERSION (part of the compile key); a
+    /// runtime loaded at run time names its library too: onnxruntime=1.31.1@sha256:<hex>.
     #[arg(
         long = "backend-version",
         env = "KILN_BACKEND_VERSIONS",

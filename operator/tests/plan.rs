@@ -133,6 +133,7 @@ impl World {
                 Stored {
                     digest: format!("d{i}"),
                     manifest_digest: format!("sha256:m{i}"),
+                    placement: None,
                 },
             );
         }
@@ -301,6 +302,7 @@ fn a_stored_key_is_reused_without_a_job_and_all_stored_makes_a_revision() {
         Stored {
             digest: "d0".into(),
             manifest_digest: "sha256:m0".into(),
+            placement: Some(kiln_crds::placement::Placement::single("tract", 66)),
         },
     );
     let p = w.plan(0);
@@ -321,6 +323,9 @@ fn a_stored_key_is_reused_without_a_job_and_all_stored_makes_a_revision() {
         ("Compiled", Some("d0"), None)
     );
     assert_eq!(row.manifest_digest.as_deref(), Some("sha256:m0"));
+    // The build manifest's partition evidence reaches the class row.
+    let placement = row.placement.as_ref().expect("placement from the manifest");
+    assert_eq!((placement.total(), placement.partitions), (66, 1));
     assert!(
         p.status.revisions.is_empty(),
         "a revision needs every class"
@@ -333,6 +338,7 @@ fn a_stored_key_is_reused_without_a_job_and_all_stored_makes_a_revision() {
             Stored {
                 digest: format!("d{i}"),
                 manifest_digest: format!("sha256:m{i}"),
+                placement: None,
             },
         );
     }

@@ -635,6 +635,7 @@ mod tests {
             parity_max_abs_error: None,
             compile_seconds: 1.0,
             converter_log: vec![],
+            ..Default::default()
         };
         Entry {
             manifest,

@@ -403,6 +403,7 @@ impl Backend for Exec {
         Ok(Compiled {
             outputs: built.outputs,
             log,
+            machine_bound: built.machine_bound,
         })
     }
 

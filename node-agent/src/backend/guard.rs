@@ -48,6 +48,14 @@ impl Backend for Guarded {
         self.0.version()
     }
 
+    fn identity(&self) -> String {
+        self.0.identity()
+    }
+
+    fn runtime_digest(&self) -> Option<String> {
+        self.0.runtime_digest()
+    }
+
     fn media_type(&self) -> &'static str {
         self.0.media_type()
     }
@@ -99,6 +107,10 @@ impl Engine for GuardedEngine {
 
     fn input_dtypes(&self) -> BTreeMap<String, safetensors::Dtype> {
         self.0.input_dtypes()
+    }
+
+    fn placement(&self) -> Option<kiln_crds::placement::Placement> {
+        self.0.placement()
     }
 }
 

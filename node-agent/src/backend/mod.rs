@@ -13,6 +13,7 @@ use crate::pipeline::tensor::HostTensor;
 
 pub mod exec;
 pub mod guard;
+pub mod onnxruntime;
 pub mod tract;
 
 /// Input name → concrete shape.
@@ -41,6 +42,9 @@ pub struct Compiled {
     pub outputs: Vec<String>,
     /// What the converter did, line by line.
     pub log: Vec<String>,
+    /// Why the artifact depends on the build machine's instruction set, when it does: it is
+    /// then bound to that machine's CPU level.
+    pub machine_bound: Option<String>,
 }
 
 /// A compiler and loader for one kind of engine.
@@ -49,6 +53,15 @@ pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
     /// Version of the backend library.
     fn version(&self) -> String;
+    /// What the compile key names as the backend version: the version, and for a library
+    /// loaded at run time also its bytes (`1.31.1@sha256:<hex>`).
+    fn identity(&self) -> String {
+        self.version()
+    }
+    /// sha256 of a library loaded at run time (recorded in the build manifest).
+    fn runtime_digest(&self) -> Option<String> {
+        None
+    }
     /// Media type of its artifacts.
     fn media_type(&self) -> &'static str;
     /// Compiles `req.model` into `req.out`.
@@ -72,6 +85,11 @@ pub trait Engine: Send + Sync {
     fn profiles(&self) -> Vec<(String, Shapes)>;
     /// Element type of each input (the same in every profile), for checking fixtures.
     fn input_dtypes(&self) -> BTreeMap<String, safetensors::Dtype>;
+    /// Which provider ran which nodes, once the engine has run (`None` before, or for an engine
+    /// that cannot tell).
+    fn placement(&self) -> Option<kiln_crds::placement::Placement> {
+        None
+    }
 }
 
 /// The backend a target asks for, refusing a version other than the one this binary carries.
@@ -87,13 +105,14 @@ pub fn for_target_with(
 ) -> Result<Box<dyn Backend>> {
     let backend: Box<dyn Backend> = match spec.kind {
         BackendKind::Tract => Box::new(tract::Tract),
+        BackendKind::Onnxruntime => Box::new(onnxruntime::OnnxRuntime::for_spec(spec)?),
         BackendKind::Exec => Box::new(exec::Exec {
             command: spec.command.clone(),
             handoff: handoff.map(std::path::Path::to_path_buf),
         }),
         other => {
             return Err(Error::InvalidSpec(format!(
-                "backend {} is not built into kiln-agent; use backend.kind: tract, or kind: exec with a compiler image that writes ONNX",
+                "backend {} is not built into kiln-agent; use backend.kind: tract or onnxruntime, or kind: exec with a compiler image that writes ONNX",
                 other.as_str()
             )));
         }
@@ -112,7 +131,15 @@ pub fn for_target_with(
 
 /// The runtimes this binary carries, for the hardware facts.
 pub fn runtimes() -> BTreeMap<String, String> {
-    BTreeMap::from([(tract::Tract.name().to_string(), tract::Tract.version())])
+    let mut runtimes = BTreeMap::from([(tract::Tract.name().to_string(), tract::Tract.version())]);
+    // ONNX Runtime when a library is configured and loads (a broken one is reported when a
+    // target asks for it).
+    if onnxruntime::library_path().is_some()
+        && let Ok(rt) = onnxruntime::runtime()
+    {
+        runtimes.insert("onnxruntime".into(), rt.version.clone());
+    }
+    runtimes
 }
 
 /// One graph input as the model file declares it.

@@ -98,7 +98,11 @@ impl Backend for Tract {
             .into_inner()
             .map_err(|e| Error::CompileFailed(e.to_string()))?;
         kiln_store::staged::write_synced(req.out, &bytes).map_err(|e| Error::store(req.out, e))?;
-        Ok(Compiled { outputs, log })
+        Ok(Compiled {
+            outputs,
+            log,
+            machine_bound: None,
+        })
     }
 
     fn load(&self, artifact: &Path) -> Result<Box<dyn Engine>> {
@@ -494,5 +498,19 @@ impl Engine for TractEngine {
                 Some((name.clone(), dtype))
             })
             .collect()
+    }
+
+    /// tract runs every node of its plan itself: one partition, no fallback (the largest
+    /// profile's node count).
+    fn placement(&self) -> Option<kiln_crds::placement::Placement> {
+        let nodes = self
+            .profiles
+            .iter()
+            .map(|(_, plan)| plan.model().nodes().len())
+            .max()?;
+        Some(kiln_crds::placement::Placement::single(
+            "tract",
+            nodes as i64,
+        ))
     }
 }

@@ -187,6 +187,7 @@ fn manifest(key: &str, digest: &str, size: u64) -> BuildManifest {
         parity_max_abs_error: None,
         compile_seconds: 0.0,
         converter_log: Vec::new(),
+        ..Default::default()
     }
 }
 

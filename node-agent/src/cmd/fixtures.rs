@@ -116,7 +116,7 @@ pub struct Args {
     /// Fixture version to record.
     #[arg(long = "fixture-version", env = "KILN_FIXTURE_VERSION")]
     version: String,
-    /// Shape of an input with symbolic dims: NAME=D0,D1,... (repeatable).
+    /// Shape of an input with symbolic dims: NAME=D0,D1,... (repeatable; NAME= for a scalar).
     #[arg(long = "shape", env = "KILN_FIXTURE_SHAPES", value_delimiter = ';')]
     shapes: Vec<String>,
     /// Safetensors file with given input tensors, named like the inputs.
@@ -134,9 +134,27 @@ pub struct Args {
     /// Output file.
     #[arg(long, short, env = "KILN_FIXTURE_OUT")]
     out: PathBuf,
+    /// Which runtime executes the source model, unoptimised, for the golden outputs: `tract`,
+    /// or `onnxruntime` for models tract cannot run (needs `--onnxruntime-lib`).
+    #[arg(
+        long,
+        env = "KILN_FIXTURE_REFERENCE",
+        value_enum,
+        default_value = "tract"
+    )]
+    reference: Reference,
 }
 
-/// Makes the fixture with the tract reference execution, writes it and prints
+/// The runtime golden outputs come from.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum Reference {
+    /// tract, built in.
+    Tract,
+    /// ONNX Runtime on the CPU, graph optimisation disabled.
+    Onnxruntime,
+}
+
+/// Makes the fixture with the reference execution (`--reference`), writes it and prints
 /// `<sha256>  <file>`; exit status 2 for a malformed `--shape`.
 pub fn main(args: Args) -> ExitCode {
     let shapes = match parse_shapes(&args.shapes) {
@@ -158,8 +176,26 @@ pub fn main(args: Args) -> ExitCode {
             .map(|(atol, rtol)| Tolerance { atol, rtol }),
     };
     let out = &args.out;
-    let tract = crate::backend::guard::Guarded(Box::new(crate::backend::tract::Tract));
-    let result = make(&tract, &request)
+    let reference = match args.reference {
+        Reference::Tract => Ok(crate::backend::guard::Guarded(Box::new(
+            crate::backend::tract::Tract,
+        ))),
+        Reference::Onnxruntime => crate::backend::onnxruntime::OnnxRuntime::for_spec(
+            &kiln_crds::compiled_target::Backend {
+                kind: kiln_crds::compiled_target::BackendKind::Onnxruntime,
+                version: None,
+                image: None,
+                command: Vec::new(),
+                flags: BTreeMap::new(),
+                execution_provider: None,
+                optimization_level: None,
+                cpu_fallback: None,
+            },
+        )
+        .map(|ort| crate::backend::guard::Guarded(Box::new(ort))),
+    };
+    let result = reference
+        .and_then(|r| make(&r, &request))
         .and_then(|f| f.to_bytes())
         .and_then(|bytes| {
             std::fs::write(out, &bytes)
@@ -186,6 +222,10 @@ fn parse_shapes(shapes: &[String]) -> std::result::Result<Shapes, String> {
             let (name, dims) = s
                 .split_once('=')
                 .ok_or_else(|| format!("--shape {s:?}: expected NAME=D0,D1,..."))?;
+            // `NAME=` is a scalar (rank 0).
+            if dims.trim().is_empty() {
+                return Ok((name.to_string(), Vec::new()));
+            }
             let dims = dims
                 .split(',')
                 .map(|d| {
@@ -208,6 +248,8 @@ mod tests {
         let parsed = parse_shapes(&["x=1, 3,224".into(), "y=2".into()]).expect("shapes");
         assert_eq!(parsed["x"], vec![1, 3, 224]);
         assert_eq!(parsed["y"], vec![2]);
+        let scalar = parse_shapes(&["sr=".into()]).expect("scalar");
+        assert_eq!(scalar["sr"], Vec::<usize>::new());
         let err = parse_shapes(&["x".into()]).expect_err("no =");
         assert!(err.contains("expected NAME=D0,D1"), "{err}");
         let err = parse_shapes(&["x=1,b".into()]).expect_err("not a size");

@@ -56,6 +56,8 @@ pub struct Outcome {
     pub p50_seconds: Option<f64>,
     /// Steady-state p99 latency.
     pub p99_seconds: Option<f64>,
+    /// Which execution provider ran which nodes in warmup.
+    pub placement: Option<kiln_crds::placement::Placement>,
 }
 
 /// Runs the pipeline for the YAML at `file` with the store at `store_dir`.
@@ -159,7 +161,7 @@ async fn pipeline(
             &class,
             &id,
             &inputs.fixture,
-            &t.warmup,
+            t,
             metrics,
         )
     })?;
@@ -170,6 +172,7 @@ async fn pipeline(
     outcome.first_seconds = Some(w.first_seconds);
     outcome.p50_seconds = Some(w.p50_seconds);
     outcome.p99_seconds = Some(w.p99_seconds);
+    outcome.placement = w.placement.clone();
     outcome.message = format!(
         "{} verified, loaded and warmed: {} iterations, parity max abs error {:.3e}",
         spec.target.metadata.name.as_deref().unwrap_or("target"),
@@ -319,6 +322,16 @@ fn print_plain(outcome: &Outcome) {
         ms(outcome.p50_seconds),
         ms(outcome.p99_seconds)
     );
+    if let Some(p) = &outcome.placement {
+        let nodes: Vec<String> = p.nodes.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        println!(
+            "  placement        asked {}; nodes {}; {} partition(s); CPU fallback {:.1}%",
+            p.requested,
+            nodes.join(", "),
+            p.partitions,
+            p.fallback_share * 100.0
+        );
+    }
 }
 
 /// `$XDG_CACHE_HOME/kiln/store`, else `~/.cache/kiln/store`, else under the temp directory.

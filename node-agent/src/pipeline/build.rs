@@ -248,7 +248,7 @@ pub fn key_for(spec: &Spec, backend: &dyn Backend, class: &ClassFacts) -> String
         &spec.model.spec,
         &spec.target.spec,
         class,
-        &backend.version(),
+        &backend.identity(),
     ))
 }
 
@@ -367,6 +367,14 @@ fn compile(
     let outputs = engine.run(&inputs.fixture.inputs)?;
     let parity = warmup::parity(&outputs, &inputs.fixture, &t.warmup)?;
     let parity_max = parity.values().copied().fold(0.0, f64::max);
+    let placement = engine.placement();
+    if let Some(p) = &placement {
+        crate::pipeline::placement::check(
+            backend.name(),
+            &t.backend.cpu_fallback.clone().unwrap_or_default(),
+            p,
+        )?;
+    }
     let (digest, size) = sha256_file(&out).map_err(|e| Error::store(&out, e))?;
     let mut input_digests = BTreeMap::from([
         ("model".to_string(), spec.model.spec.source.sha256.clone()),
@@ -398,6 +406,16 @@ fn compile(
         parity_max_abs_error: Some(parity_max),
         compile_seconds: started.elapsed().as_secs_f64(),
         converter_log: compiled.log,
+        backend_options: t.backend.options(),
+        runtime_digest: backend.runtime_digest(),
+        bound_to: compiled
+            .machine_bound
+            .map(|why| kiln_crds::manifest::MachineBinding {
+                arch: host.arch.clone(),
+                cpu_level: host.cpu_level.clone(),
+                why,
+            }),
+        placement,
     };
     tracing::info!(compile_key = %key, digest = %manifest.artifact_digest, parity_max_abs_error = parity_max, "compiled; parity within tolerance");
     Ok(manifest)

@@ -7,6 +7,7 @@ pub mod build;
 pub mod fetch;
 pub mod fixtures;
 pub mod interface;
+pub mod placement;
 pub mod probe;
 pub mod ready;
 pub mod schema;

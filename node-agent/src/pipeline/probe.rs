@@ -34,6 +34,12 @@ pub fn probe(runtimes: BTreeMap<String, String>) -> HardwareFacts {
     facts
 }
 
+/// This machine's CPU architecture and x86-64 level, which an artifact bound to its build
+/// machine's instruction set must match (cheap: no NVML).
+pub fn cpu_identity() -> (String, String) {
+    (kube_arch(std::env::consts::ARCH).to_string(), cpu().0)
+}
+
 /// The node labels this machine would carry: what GPU Feature Discovery and kiln would set.
 pub fn labels(facts: &HardwareFacts) -> BTreeMap<String, String> {
     kiln_crds::class::fact_labels(facts)

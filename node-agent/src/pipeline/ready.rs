@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use kiln_crds::BuildManifest;
 use kiln_crds::class::ClassFacts;
-use kiln_crds::compiled_target::Warmup;
 use kiln_store::attest::{Subject, Trust};
 use kiln_store::{ArtifactRef, Store};
 
@@ -27,11 +26,26 @@ pub struct Ready {
     pub warmup: WarmupReport,
 }
 
-/// Checks the manifest against this machine's class and this binary's backend.
+/// Checks the manifest against this machine's class and CPU and this binary's backend.
 pub fn check_compatible(
     manifest: &BuildManifest,
     backend: &dyn Backend,
     class: &ClassFacts,
+) -> Result<()> {
+    check_against(
+        manifest,
+        backend,
+        class,
+        &crate::pipeline::probe::cpu_identity(),
+    )
+}
+
+/// [`check_compatible`] against a given CPU (architecture, x86-64 level). Pure.
+pub fn check_against(
+    manifest: &BuildManifest,
+    backend: &dyn Backend,
+    class: &ClassFacts,
+    (arch, cpu_level): &(String, String),
 ) -> Result<()> {
     if manifest.backend != backend.name() || manifest.backend_version != backend.version() {
         return Err(Error::IncompatibleRuntime(format!(
@@ -42,10 +56,29 @@ pub fn check_compatible(
             backend.version()
         )));
     }
+    if manifest.runtime_digest.is_some() && manifest.runtime_digest != backend.runtime_digest() {
+        return Err(Error::IncompatibleRuntime(format!(
+            "artifact built with the {} library of sha256 {}, this agent loaded sha256 {}; install the same library build on every node",
+            manifest.backend,
+            manifest.runtime_digest.as_deref().unwrap_or_default(),
+            backend.runtime_digest().unwrap_or_default()
+        )));
+    }
     if &manifest.class != class {
         return Err(Error::IncompatibleHardware(format!(
             "artifact built for class {:?}, this machine is {:?}",
             manifest.class, class
+        )));
+    }
+    if let Some(bound) = &manifest.bound_to
+        && (&bound.arch != arch || &bound.cpu_level != cpu_level)
+    {
+        return Err(Error::IncompatibleHardware(format!(
+            "artifact is bound to {} {} ({}), this machine probes {arch} {cpu_level}; add {} to the target's classLabelKeys so each CPU level gets its own build, or use a lower optimizationLevel",
+            bound.arch,
+            bound.cpu_level,
+            bound.why,
+            kiln_crds::labels::CPU_LEVEL
         )));
     }
     Ok(())
@@ -80,12 +113,12 @@ pub fn load_warm(
     class: &ClassFacts,
     class_id: &str,
     fixture: &FixtureFile,
-    warmup: &Warmup,
+    target: &kiln_crds::CompiledTargetSpec,
     metrics: &Metrics,
 ) -> Result<Ready> {
     check_compatible(manifest, backend, class)?;
     let loaded = load(backend, artifact, class_id, metrics)?;
-    let report = warm_engine(loaded.engine.as_ref(), fixture, warmup, class_id, metrics)?;
+    let report = warm_engine(loaded.engine.as_ref(), fixture, target, class_id, metrics)?;
     Ok(Ready {
         load_seconds: loaded.seconds,
         warmup: report,
@@ -114,15 +147,24 @@ pub fn load(
     Ok(Loaded { engine, seconds })
 }
 
-/// Runs the warmup fixtures through a loaded engine with parity and the latency budget.
+/// Runs the warmup fixtures through a loaded engine with parity and the latency budget, and
+/// holds the placement its first run measured to the target's CPU fallback policy.
 pub fn warm_engine(
     engine: &dyn Engine,
     fixture: &FixtureFile,
-    warmup: &Warmup,
+    target: &kiln_crds::CompiledTargetSpec,
     class_id: &str,
     metrics: &Metrics,
 ) -> Result<WarmupReport> {
-    let report = warm(engine, fixture, warmup)?;
+    let report = warm(engine, fixture, &target.warmup)?;
+    if let Some(p) = &report.placement {
+        metrics.placement(class_id, p);
+        crate::pipeline::placement::check(
+            target.backend.kind.runtime().as_str(),
+            &target.backend.cpu_fallback.clone().unwrap_or_default(),
+            p,
+        )?;
+    }
     metrics.warmup(
         class_id,
         report.total_seconds,

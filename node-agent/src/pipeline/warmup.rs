@@ -32,6 +32,8 @@ pub struct WarmupReport {
     pub p99_seconds: f64,
     /// Wall time of the whole warmup.
     pub total_seconds: f64,
+    /// Which provider ran which nodes (from the engine's first run).
+    pub placement: Option<kiln_crds::placement::Placement>,
 }
 
 /// Checks that the fixture's inputs are exactly what one of the engine's profiles takes: names,
@@ -124,6 +126,7 @@ pub fn warm(engine: &dyn Engine, fixture: &FixtureFile, warmup: &Warmup) -> Resu
         }
     }
     report.total_seconds = started.elapsed().as_secs_f64();
+    report.placement = engine.placement();
     report.first_seconds = report.latencies.first().copied().unwrap_or(0.0);
     let mut steady: Vec<f64> = if report.latencies.len() > 1 {
         report.latencies[1..].to_vec()

@@ -338,7 +338,7 @@ impl Agent {
         self.phase(key, pick, NodePhase::Warming).await;
         let load_seconds = loaded.seconds;
         let (class, metrics) = (pick.class.clone(), self.metrics.clone());
-        let warmup_spec = t.spec.warmup.clone();
+        let target_spec = t.spec.clone();
         let warmup = blocking_within(
             self.deadlines.warm,
             &format!("warming {name}"),
@@ -348,7 +348,7 @@ impl Agent {
                 ready::warm_engine(
                     loaded.engine.as_ref(),
                     &fixture,
-                    &warmup_spec,
+                    &target_spec,
                     &class,
                     &metrics,
                 )

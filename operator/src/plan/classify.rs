@@ -129,23 +129,30 @@ pub fn key_for(
     settings: &Settings,
 ) -> String {
     let t = &target.spec;
-    let backend_version = t
-        .backend
-        .version
-        .clone()
-        .or_else(|| {
-            settings
-                .backend_versions
-                .get(t.backend.kind.runtime().as_str())
-                .cloned()
-        })
-        .unwrap_or_default();
+    let backend_version = backend_version(
+        t.backend.version.as_deref(),
+        settings
+            .backend_versions
+            .get(t.backend.kind.runtime().as_str())
+            .map(String::as_str),
+    );
     compile_key(&CompileKeyInput::for_target(
         &model.spec,
         t,
         facts,
         &backend_version,
     ))
+}
+
+/// The backend version a key names: what the workers carry (`1.31.1@sha256:<library>` for a
+/// runtime loaded at run time) when the target pins nothing or the same version; a version the
+/// target pins that they do not carry still keys on it, and the Job refuses it.
+fn backend_version(pinned: Option<&str>, carried: Option<&str>) -> String {
+    match (pinned, carried) {
+        (Some(wanted), Some(have)) if have.split('@').next() == Some(wanted) => have.into(),
+        (Some(wanted), _) => wanted.into(),
+        (None, have) => have.unwrap_or_default().into(),
+    }
 }
 
 fn keyed_with(inputs: &Inputs<'_>, model: &ModelArtifact) -> Vec<Keyed> {
@@ -217,6 +224,16 @@ mod tests {
             "{message}"
         );
         assert!(halt(&classes, &[], Some(&note)).is_none());
+    }
+
+    #[test]
+    fn a_pinned_version_keys_on_the_library_the_workers_carry() {
+        let carried = format!("1.31.1@sha256:{}", "f".repeat(64));
+        assert_eq!(backend_version(None, Some(&carried)), carried);
+        assert_eq!(backend_version(Some("1.31.1"), Some(&carried)), carried);
+        assert_eq!(backend_version(Some("1.30.0"), Some(&carried)), "1.30.0");
+        assert_eq!(backend_version(Some("0.23.9"), Some("0.23.9")), "0.23.9");
+        assert_eq!(backend_version(None, None), "");
     }
 
     #[test]

@@ -114,12 +114,14 @@ pub struct JobView {
 }
 
 /// An artifact the store holds.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Stored {
     /// sha256 of the artifact.
     pub digest: String,
     /// Digest of the stored manifest (`sha256:<hex>`), what agents pull by.
     pub manifest_digest: String,
+    /// Which provider ran which nodes in the compile's parity run (from the build manifest).
+    pub placement: Option<kiln_crds::placement::Placement>,
 }
 
 /// Everything the plan reads.

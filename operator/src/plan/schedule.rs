@@ -150,6 +150,7 @@ fn class_step(cx: &Ctx<'_>, k: &Keyed) -> Step {
         row.phase = ClassPhase::Compiled;
         row.artifact_digest = Some(stored.digest.clone());
         row.manifest_digest = Some(stored.manifest_digest.clone());
+        row.placement.clone_from(&stored.placement);
         return Step::only(row);
     }
     if let Some(active) = jobs.iter().find(|j| j.state == JobState::Active) {

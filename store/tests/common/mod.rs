@@ -49,6 +49,7 @@ pub fn manifest(key: &str, bytes: &[u8]) -> BuildManifest {
         parity_max_abs_error: Some(0.0),
         compile_seconds: 1.5,
         converter_log: vec![],
+        ..Default::default()
     }
 }
 

@@ -168,6 +168,7 @@ pub fn served(
         load_seconds: Some(p.load_seconds),
         warmup_seconds: Some(p.warmup.total_seconds),
         parity_max_abs_error: Some(p.warmup.parity_max_abs_error),
+        placement: p.warmup.placement.clone(),
         revision_seen_at: if same {
             old.revision_seen_at.clone()
         } else {
@@ -203,6 +204,7 @@ pub fn served(
         row.load_seconds = mine(old.load_seconds);
         row.warmup_seconds = mine(old.warmup_seconds);
         row.parity_max_abs_error = mine(old.parity_max_abs_error);
+        row.placement = old.placement.clone().filter(|_| same);
         row.pull_seconds = mine(old.pull_seconds);
         row.pull_bytes = old.pull_bytes.filter(|_| same);
     }

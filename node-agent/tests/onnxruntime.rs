@@ -1,0 +1,477 @@
+//! `backend.kind: onnxruntime` through `kiln-agent local` and `kiln-agent fixtures`, on the real
+//! ONNX Runtime 1.31.1 library from the PyPI wheel (fetched and cached by
+//! `scripts/ensure-onnxruntime.sh`, which these tests run): the example model; real models tract
+//! cannot compile (Silero VAD's `If`, the ONNX backend tests' `Loop` and `If`) with fixtures made
+//! by ONNX Runtime; partition evidence in the outcome, the build manifest and the metrics; the
+//! artifact bound to its CPU level; and every bad path (no library, a wrong-version library, not
+//! a library, a provider the library lacks, a golden moved) with its reason and message.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{AGENT, Run, data, metric, run_local_env};
+use kiln_store::staged::{sha256_bytes, sha256_file};
+use serde_json::{Value, json};
+
+/// The ONNX Runtime library (`--old`: the 1.20.1 release, for the wrong-version test), fetched
+/// once by the project's script.
+fn library(old: bool) -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure-onnxruntime.sh");
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script);
+    if old {
+        cmd.arg("--old");
+    }
+    let out = cmd.output().expect("run ensure-onnxruntime.sh");
+    assert!(
+        out.status.success(),
+        "scripts/ensure-onnxruntime.sh failed (it needs PyPI once, then its cache): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// One graph input or output as the ModelArtifact declares it.
+struct Io {
+    name: &'static str,
+    dtype: &'static str,
+    dims: &'static str,
+}
+
+/// A model with given inputs, a fixture made by ONNX Runtime, and the YAML of a local run.
+struct Model {
+    dir: tempfile::TempDir,
+    sha: String,
+    size: u64,
+    fixture_sha: String,
+    inputs: Vec<Io>,
+    backend: String,
+    tolerance: &'static str,
+    /// `dims` of the target's one shape profile.
+    profile: &'static str,
+}
+
+impl Model {
+    /// `file` from tests/data with a fixture made by `kiln-agent fixtures --reference
+    /// onnxruntime --inputs <file>-inputs.safetensors`.
+    fn new(file: &str, inputs: Vec<Io>) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model = dir.path().join("model.onnx");
+        std::fs::copy(data(&format!("ort/{file}.onnx")), &model).expect("copy model");
+        let (sha, size) = sha256_file(&model).expect("hash");
+        let fixture = dir.path().join("fixture.safetensors");
+        let out = Command::new(AGENT)
+            .env("ORT_DYLIB_PATH", library(false))
+            .args([
+                "fixtures",
+                "--reference",
+                "onnxruntime",
+                "--fixture-version",
+                "v1",
+            ])
+            .arg("--model")
+            .arg(&model)
+            .arg("--inputs")
+            .arg(data(&format!("ort/{file}-inputs.safetensors")))
+            .arg("--out")
+            .arg(&fixture)
+            .output()
+            .expect("run fixtures");
+        assert!(
+            out.status.success(),
+            "fixtures --reference onnxruntime for {file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let fixture_sha = sha256_bytes(&std::fs::read(&fixture).expect("fixture"));
+        Self {
+            dir,
+            sha,
+            size,
+            fixture_sha,
+            inputs,
+            backend: "{kind: onnxruntime}".into(),
+            tolerance: "{atol: 1.0e-5, rtol: 1.0e-4}",
+            profile: "{}",
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn yaml(&self) -> String {
+        let inputs: String = self
+            .inputs
+            .iter()
+            .map(|i| {
+                format!(
+                    "\n    - {{name: \"{}\", dtype: {}, dims: [{}]}}",
+                    i.name, i.dtype, i.dims
+                )
+            })
+            .collect();
+        format!(
+            r#"apiVersion: kiln.dev/v1alpha1
+kind: ModelArtifact
+metadata: {{name: m}}
+spec:
+  source: {{uri: "file://model.onnx", sha256: "{}", size: {}}}
+  format: onnx
+  inputs:{inputs}
+  fixtures:
+    - {{version: v1, uri: "file://fixture.safetensors", sha256: "{}"}}
+---
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {{name: m-cpu}}
+spec:
+  modelRef: {{name: m}}
+  backend: {}
+  profiles: [{{name: p, dims: {}}}]
+  warmup:
+    iterations: 5
+    fixtureVersion: v1
+    defaultTolerance: {}
+"#,
+            self.sha, self.size, self.fixture_sha, self.backend, self.profile, self.tolerance
+        )
+    }
+
+    fn run(&self, env: &[(&str, &Path)]) -> Run {
+        std::fs::write(self.path("kiln.yaml"), self.yaml()).expect("yaml");
+        run_local_env(
+            &self.path("kiln.yaml"),
+            &self.path("store"),
+            &self.path("metrics.prom"),
+            env,
+        )
+    }
+
+    fn run_ort(&self) -> Run {
+        self.run(&[("ORT_DYLIB_PATH", &library(false))])
+    }
+
+    /// The stored build manifest of the outcome's compile key.
+    fn manifest(&self, run: &Run) -> Value {
+        let key = run.outcome["compileKey"].as_str().expect("compile key");
+        let path = self
+            .path("store")
+            .join("artifacts")
+            .join(key)
+            .join("manifest.json");
+        serde_json::from_slice(&std::fs::read(path).expect("manifest")).expect("json")
+    }
+}
+
+/// The example SqueezeNet (its tract-made fixture) on ONNX Runtime.
+fn squeezenet(backend: &str) -> Model {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/squeezenet");
+    for f in ["model.onnx", "fixture-v1.safetensors"] {
+        std::fs::copy(example.join(f), dir.path().join(f)).expect("copy example");
+    }
+    std::fs::rename(
+        dir.path().join("fixture-v1.safetensors"),
+        dir.path().join("fixture.safetensors"),
+    )
+    .expect("rename");
+    let (sha, size) = sha256_file(&dir.path().join("model.onnx")).expect("hash");
+    let (fixture_sha, _) = sha256_file(&dir.path().join("fixture.safetensors")).expect("hash");
+    Model {
+        dir,
+        sha,
+        size,
+        fixture_sha,
+        inputs: vec![Io {
+            name: "data_0",
+            dtype: "f32",
+            dims: "{symbol: batch, min: 1, max: 8}, {size: 3}, {size: 224}, {size: 224}",
+        }],
+        backend: backend.into(),
+        tolerance: "{atol: 1.0e-4, rtol: 1.0e-3}",
+        profile: "{batch: 1}",
+    }
+}
+
+fn run_squeezenet(m: &Model) -> Run {
+    m.run_ort()
+}
+
+#[test]
+fn the_example_runs_on_onnxruntime_with_partition_evidence_everywhere() {
+    let m = squeezenet("{kind: onnxruntime}");
+    let run = run_squeezenet(&m);
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    assert_eq!(run.outcome["ready"], true);
+    // Every node ran on the CPU provider that was asked for: one partition, nothing fell back.
+    let p = &run.outcome["placement"];
+    assert_eq!(p["requested"], "cpu", "{p}");
+    let cpu_nodes = p["nodes"]["cpu"].as_i64().expect("cpu nodes");
+    assert!(cpu_nodes >= 10, "{p}");
+    assert_eq!(p["nodes"].as_object().map(|o| o.len()), Some(1), "{p}");
+    assert_eq!(
+        (p["partitions"].as_i64(), p["fallbackShare"].as_f64()),
+        (Some(1), Some(0.0))
+    );
+    // The build manifest names the library's bytes, the settings and the compile's placement.
+    let manifest = m.manifest(&run);
+    let (lib_sha, _) = sha256_file(&library(false)).expect("hash library");
+    assert_eq!(manifest["backend"], "onnxruntime");
+    assert_eq!(manifest["backendVersion"], "1.31.1");
+    assert_eq!(manifest["runtimeDigest"], json!(lib_sha));
+    assert_eq!(
+        manifest["backendOptions"],
+        json!({"cpuFallback": "Allowed", "executionProvider": "cpu", "optimizationLevel": "extended"})
+    );
+    assert_eq!(manifest["placement"]["nodes"]["cpu"], json!(cpu_nodes));
+    assert!(
+        manifest["boundTo"].is_null(),
+        "extended is portable: {manifest}"
+    );
+    assert!(
+        manifest["converterLog"][0]
+            .as_str()
+            .is_some_and(|l| l.contains("CPUExecutionProvider at level extended")),
+        "{manifest}"
+    );
+    // Metrics: nodes per provider, partitions and the fallback share, by class.
+    let class = run.outcome["class"].as_str().expect("class");
+    let exposition = std::fs::read_to_string(m.path("metrics.prom")).expect("metrics");
+    assert_eq!(
+        metric(
+            &exposition,
+            &format!("kiln_agent_partition_nodes{{class=\"{class}\",provider=\"cpu\"}}")
+        ),
+        Some(cpu_nodes as f64),
+        "{exposition}"
+    );
+    assert_eq!(
+        metric(
+            &exposition,
+            &format!("kiln_agent_partitions{{class=\"{class}\"}}")
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &exposition,
+            &format!("kiln_agent_fallback_share{{class=\"{class}\"}}")
+        ),
+        Some(0.0)
+    );
+
+    // tract reports the same fields: one partition on `tract`, no fallback.
+    let t = squeezenet("{kind: tract}");
+    let run = run_squeezenet(&t);
+    assert!(run.success, "{}", run.message());
+    let p = &run.outcome["placement"];
+    assert_eq!(
+        (p["requested"].as_str(), p["partitions"].as_i64()),
+        (Some("tract"), Some(1)),
+        "{p}"
+    );
+    assert!(p["nodes"]["tract"].as_i64().is_some_and(|n| n > 0), "{p}");
+}
+
+#[test]
+fn the_settings_and_the_library_are_in_the_compile_key() {
+    let keys: Vec<String> = [
+        "{kind: onnxruntime}",
+        "{kind: onnxruntime, executionProvider: cpu, optimizationLevel: extended, cpuFallback: {policy: Allowed}}",
+        "{kind: onnxruntime, optimizationLevel: basic}",
+        "{kind: onnxruntime, cpuFallback: {policy: Forbidden}}",
+        "{kind: onnxruntime, cpuFallback: {policy: UpToShare, maxSharePercent: 5}}",
+    ]
+    .iter()
+    .map(|backend| {
+        let m = squeezenet(backend);
+        let run = run_squeezenet(&m);
+        // On the CPU provider nothing can fall back, so every policy is ready.
+        assert!(run.success, "{backend}: {}", run.message());
+        run.outcome["compileKey"].as_str().expect("key").to_string()
+    })
+    .collect();
+    assert_eq!(keys[0], keys[1], "spelled-out defaults are the same key");
+    let distinct: std::collections::BTreeSet<_> = keys[1..].iter().collect();
+    assert_eq!(distinct.len(), 4, "every setting changes the key: {keys:?}");
+}
+
+/// The models tract cannot compile, with their interfaces.
+fn control_flow_models() -> Vec<(&'static str, Vec<Io>)> {
+    let io = |name, dtype, dims| Io { name, dtype, dims };
+    vec![
+        (
+            "silero-vad",
+            vec![
+                io("input", "f32", "{size: 1}, {size: 512}"),
+                io("state", "f32", "{size: 2}, {size: 1}, {size: 128}"),
+                io("sr", "i64", ""),
+            ],
+        ),
+        (
+            "loop11",
+            vec![
+                io("trip_count", "i64", ""),
+                io("cond", "bool", ""),
+                io("y", "f32", "{size: 1}"),
+            ],
+        ),
+        (
+            "range-loop",
+            vec![
+                io("start", "f32", ""),
+                io("limit", "f32", ""),
+                io("delta", "f32", ""),
+            ],
+        ),
+        ("if", vec![io("cond", "bool", "")]),
+    ]
+}
+
+#[test]
+fn models_tract_cannot_compile_are_ready_on_onnxruntime() {
+    for (file, inputs) in control_flow_models() {
+        let mut m = Model::new(file, inputs);
+        let run = m.run_ort();
+        assert!(
+            run.success,
+            "{file} on onnxruntime: {}\n{}",
+            run.message(),
+            run.stderr
+        );
+        assert_eq!(run.outcome["placement"]["requested"], "cpu", "{file}");
+        assert_eq!(run.outcome["placement"]["fallbackNodeCount"], 0, "{file}");
+
+        // tract on the same model fails, and says why.
+        m.backend = "{kind: tract}".into();
+        let _ = std::fs::remove_dir_all(m.path("store"));
+        let run = m.run(&[]);
+        assert!(!run.success, "{file} must not compile on tract");
+        assert!(
+            ["CompileFailed", "UnsupportedOperator"].contains(&run.reason()),
+            "{file} on tract: {} {}",
+            run.reason(),
+            run.message()
+        );
+        assert!(!run.message().is_empty());
+    }
+}
+
+#[test]
+fn a_golden_moved_by_half_is_parity_exceeded_on_onnxruntime() {
+    let (file, inputs) = control_flow_models().remove(0);
+    let mut m = Model::new(file, inputs);
+    let mut fixture =
+        kiln_agent::pipeline::fixtures::FixtureFile::read(&m.path("fixture.safetensors"))
+            .expect("fixture");
+    let out = fixture
+        .outputs
+        .get_mut("output")
+        .expect("VAD probability output");
+    let mut v = f32::from_le_bytes(out.data[..4].try_into().expect("f32"));
+    v += 0.5;
+    out.data[..4].copy_from_slice(&v.to_le_bytes());
+    let bytes = fixture.to_bytes().expect("bytes");
+    std::fs::write(m.path("fixture.safetensors"), &bytes).expect("write");
+    m.fixture_sha = sha256_bytes(&bytes);
+    m.run_ort().fails_with("ParityExceeded", &["output"]);
+}
+
+#[test]
+fn layout_optimised_artifacts_are_bound_to_their_cpu_level() {
+    let m = squeezenet("{kind: onnxruntime, optimizationLevel: all}");
+    let run = run_squeezenet(&m);
+    assert!(run.success, "{}", run.message());
+    let manifest = m.manifest(&run);
+    let bound = &manifest["boundTo"];
+    assert_eq!(
+        bound["cpuLevel"], manifest["host"]["cpuLevel"],
+        "{manifest}"
+    );
+    assert!(
+        bound["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("instruction set")),
+        "{bound}"
+    );
+    // The same stored artifact, as if built on a machine of another level: refused before load.
+    let key = run.outcome["compileKey"].as_str().expect("key").to_string();
+    let path = m
+        .path("store")
+        .join("artifacts")
+        .join(&key)
+        .join("manifest.json");
+    let mut edited = manifest.clone();
+    let other = if bound["cpuLevel"] == "x86-64-v2" {
+        "x86-64-v4"
+    } else {
+        "x86-64-v2"
+    };
+    edited["boundTo"]["cpuLevel"] = json!(other);
+    std::fs::write(&path, serde_json::to_vec_pretty(&edited).expect("json")).expect("write");
+    let run = run_squeezenet(&m);
+    run.fails_with(
+        "IncompatibleHardware",
+        &["bound to amd64", other, "classLabelKeys"],
+    );
+}
+
+#[test]
+fn a_missing_wrong_or_foreign_library_is_incompatible_runtime_saying_what_to_install() {
+    let m = squeezenet("{kind: onnxruntime}");
+    std::fs::write(m.path("kiln.yaml"), m.yaml()).expect("yaml");
+    let run_with = |env: &[(&str, &Path)]| {
+        run_local_env(
+            &m.path("kiln.yaml"),
+            &m.path("store"),
+            &m.path("metrics.prom"),
+            env,
+        )
+    };
+    // None configured (an empty ORT_DYLIB_PATH counts as unset).
+    run_with(&[("ORT_DYLIB_PATH", Path::new(""))]).fails_with(
+        "IncompatibleRuntime",
+        &[
+            "none is configured",
+            "scripts/ensure-onnxruntime.sh",
+            "--onnxruntime-lib",
+        ],
+    );
+    // A path that does not exist.
+    run_with(&[("ORT_DYLIB_PATH", &m.path("nope.so"))])
+        .fails_with("IncompatibleRuntime", &["nope.so", "ensure-onnxruntime.sh"]);
+    // A file that is not a shared library.
+    run_with(&[("ORT_DYLIB_PATH", &m.path("model.onnx"))]).fails_with(
+        "IncompatibleRuntime",
+        &["cannot load ONNX Runtime", "ensure-onnxruntime.sh"],
+    );
+    // A real ONNX Runtime of another release: refused, never a silent switch to tract.
+    run_with(&[("ORT_DYLIB_PATH", &library(true))]).fails_with(
+        "IncompatibleRuntime",
+        &["1.20.1", "1.31", "ensure-onnxruntime.sh"],
+    );
+    assert!(
+        !m.path("store").join("artifacts").exists()
+            || std::fs::read_dir(m.path("store").join("artifacts"))
+                .map(|d| d.count() == 0)
+                .unwrap_or(true),
+        "nothing stored"
+    );
+}
+
+#[test]
+fn a_provider_the_library_lacks_is_refused_not_replaced_by_the_cpu() {
+    // The CPU wheel has no CUDA provider: asking for it must fail, not run on the CPU.
+    let m = squeezenet("{kind: onnxruntime, executionProvider: cuda}");
+    let run = run_squeezenet(&m);
+    assert!(!run.success);
+    assert!(
+        ["IncompatibleRuntime", "CompileFailed"].contains(&run.reason()),
+        "{} {}",
+        run.reason(),
+        run.message()
+    );
+    assert!(run.message().contains("CUDA"), "{}", run.message());
+}

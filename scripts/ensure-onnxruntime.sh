@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Fetches the ONNX Runtime shared library kiln-agent loads at run time (the `ort` crate with
+# `load-dynamic`: nothing is downloaded at build time) and prints its path.
+#
+# The library comes from the PyPI wheel `onnxruntime` 1.31.1 (manylinux x86-64), pinned by the
+# wheel's sha256; it is fetched once with `pip download` and kept outside the work tree, in
+# $KILN_CACHE_DIR (default /var/cache/kiln as root, ~/.cache/kiln otherwise). Idempotent: a
+# cached, checked library is printed without touching the network.
+#
+#   scripts/ensure-onnxruntime.sh            # prints .../libonnxruntime.so.1.31.1
+#   scripts/ensure-onnxruntime.sh --old      # prints an older release (1.20.1), for the test
+#                                            # that an agent refuses a wrong-version library
+set -euo pipefail
+
+version=1.31.1
+wheel_sha256=5752bd508126ae7c49894d3b9d2e83f0c3d487319246d04c444b393308d7ad7f
+lib_sha256=fc44112fbe06d7d689c57e11d3862031f64711007e4ee020f8eed5185fd2c1d3
+if [[ ${1:-} == --old ]]; then
+  version=1.20.1
+  wheel_sha256=5eec64c0269dcdb8d9a9a53dc4d64f87b9e0c19801d9321246a53b7eb5a7d1bc
+  lib_sha256=
+fi
+
+if [[ $(uname -m) != x86_64 ]]; then
+  echo "ensure-onnxruntime: only the x86-64 wheel is pinned; this machine is $(uname -m)" >&2
+  exit 1
+fi
+if [[ -z ${KILN_CACHE_DIR:-} ]]; then
+  if [[ $EUID -eq 0 ]]; then KILN_CACHE_DIR=/var/cache/kiln; else KILN_CACHE_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/kiln; fi
+fi
+dir=$KILN_CACHE_DIR/onnxruntime-$version
+lib=$dir/libonnxruntime.so.$version
+
+check() { [[ -z $2 ]] || [[ $(sha256sum "$1" | cut -d' ' -f1) == "$2" ]]; }
+
+if [[ -f $lib ]] && check "$lib" "$lib_sha256"; then
+  echo "$lib"
+  exit 0
+fi
+
+mkdir -p "$dir"
+tmp=$(mktemp -d "$dir/.fetch-XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+# The library inside does not depend on the Python version; pin one so the same wheel (and
+# digest) is fetched whatever python3 this machine has.
+python3 -m pip download --quiet --no-deps --only-binary=:all: \
+  --python-version 3.11 --platform manylinux_2_28_x86_64 --implementation cp \
+  "onnxruntime==$version" -d "$tmp" >&2
+whl=$(ls "$tmp"/onnxruntime-"$version"-*.whl)
+if ! check "$whl" "$wheel_sha256"; then
+  echo "ensure-onnxruntime: $whl does not have the pinned sha256 $wheel_sha256" >&2
+  exit 1
+fi
+python3 - "$whl" "onnxruntime/capi/libonnxruntime.so.$version" "$tmp/lib" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+if ! check "$tmp/lib" "$lib_sha256"; then
+  echo "ensure-onnxruntime: the library in the wheel does not have the pinned sha256 $lib_sha256" >&2
+  exit 1
+fi
+chmod 0755 "$tmp/lib"
+mv -f "$tmp/lib" "$lib"
+echo "$lib"
