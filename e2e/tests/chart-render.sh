@@ -29,6 +29,11 @@ t --set store.url=/s --set attestation.enabled=false >"$WORK/unsigned.yaml"
 t --set store.url=/s --set sourceSignatures.existingSecret=kiln-source-keys --set sourceSignatures.required=true >"$WORK/srcsig.yaml"
 out=$(t --set store.url=/s --set attestation.existingSecret= 2>&1) && fail "rendered attestation without a Secret"
 [[ $out == *"attestation.existingSecret"* ]] || fail "no clear error without attestation.existingSecret: $out"
+out=$(t --set store.url=/s --set backends.onnxruntime=1.31.1 2>&1) && fail "rendered an onnxruntime backend without its library digest"
+grep -q "VERSION@sha256" <<<"$out" || fail "backends.onnxruntime refusal: $out"
+ident="1.31.1@sha256:$(printf '%064d' 0)"
+t --set store.url=/s --set backends.onnxruntime="$ident" | grep -qF "KILN_BACKEND_VERSIONS, value: \"tract=0.23.9,onnxruntime=$ident\"" ||
+  fail "backends.onnxruntime does not reach the operator's KILN_BACKEND_VERSIONS"
 
 python3 - "$REPO" "$WORK" <<'PY'
 import glob, re, sys, yaml

@@ -5,10 +5,20 @@ REPO=$(cd "$E2E_DIR/.." && pwd)
 # Tag of the images built here; the chart runs them with imagePullPolicy Never.
 KILN_TAG=e2e
 
-# kiln_images DIR: kiln/operator:e2e and kiln/agent:e2e (kiln_image).
+# The ONNX Runtime library the agent image carries (scripts/ensure-onnxruntime.sh: the pinned
+# PyPI wheel's, cached), where it goes in the image, and what the operator keys on
+# (chart backends.onnxruntime: VERSION@sha256:<library>).
+ORT_LIB=${ORT_DYLIB_PATH:-$("$REPO/scripts/ensure-onnxruntime.sh")}
+ORT_IN_IMAGE=/usr/lib/onnxruntime/$(basename "$ORT_LIB")
+ORT_IDENTITY="${ORT_LIB##*libonnxruntime.so.}@sha256:$(sha256sum "$ORT_LIB" | cut -d' ' -f1)"
+
+# kiln_images DIR: kiln/operator:e2e and kiln/agent:e2e (kiln_image), the agent with ONNX
+# Runtime (its libraries come along; ORT_DYLIB_PATH set in the image, so the DaemonSet and the
+# compile Jobs find it).
 kiln_images() {
-  local name
-  for name in operator agent; do kiln_image "kiln-$name" "kiln/$name:$KILN_TAG" "$1"; done
+  kiln_image kiln-operator "kiln/operator:$KILN_TAG" "$1"
+  kiln_image kiln-agent "kiln/agent:$KILN_TAG" "$1" \
+    --add "$ORT_LIB:$ORT_IN_IMAGE" --env "ORT_DYLIB_PATH=$ORT_IN_IMAGE"
 }
 
 # kiln_fresh_crds: delete kiln's CRDs if present, so that the install under test creates them
@@ -31,7 +41,7 @@ kiln_install() {
   helm install "$rel" "$REPO/charts/kiln" -n "$ns" \
     --set operator.image.tag=$KILN_TAG --set operator.image.pullPolicy=Never \
     --set agent.image.tag=$KILN_TAG --set agent.image.pullPolicy=Never \
-    --set compile.retryBackoffSeconds=2 "$@"
+    --set compile.retryBackoffSeconds=2 --set backends.onnxruntime="$ORT_IDENTITY" "$@"
 }
 
 # serving_pod NAMESPACE TARGET NODE: pod "serve" on NODE, annotated for TARGET and gated on

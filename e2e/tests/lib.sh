@@ -70,14 +70,15 @@ bin() {
   echo "$newest"
 }
 
-# kiln_image NAME IMAGE DIR: the stripped binary NAME (see bin) at /bin/NAME, with CA
-# certificates (the HTTPS clients load the system roots even for file:// work), built by
-# build-image in DIR and loaded into the node as IMAGE.
+# kiln_image NAME IMAGE DIR [BUILD-IMAGE ARGS...]: the stripped binary NAME (see bin) at
+# /bin/NAME, with CA certificates (the HTTPS clients load the system roots even for file://
+# work), built by build-image in DIR and loaded into the node as IMAGE.
 kiln_image() {
   local name=$1 image=$2 dir=$3
+  shift 3
   strip -o "$dir/$name" "$(bin "$name")"
   "$E2E_DIR/build-image" --name "$image" --out "$dir/$name.tar" \
-    --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt "$dir/$name" >/dev/null
+    --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt "$@" "$dir/$name" >/dev/null
   "$E2E_DIR/cluster" load-image "$dir/$name.tar" >/dev/null
 }
 

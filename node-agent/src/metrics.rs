@@ -60,12 +60,17 @@ pub struct TargetLabels {
     pub class: String,
 }
 
-/// Node class and execution provider of a placement.
+/// One target's engine on this node and an execution provider (bounded like
+/// [`TargetLabels`], times the five [`kiln_crds::placement::PROVIDERS`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProviderLabels {
-    /// Class id.
+    /// CompiledTarget namespace.
+    pub namespace: String,
+    /// CompiledTarget name.
+    pub target: String,
+    /// Class whose artifact ran.
     pub class: String,
-    /// Short provider name, one of [`kiln_crds::placement::PROVIDERS`].
+    /// Short provider name.
     pub provider: String,
 }
 
@@ -103,8 +108,8 @@ struct Inner {
     fail_closed: Family<ReasonLabel, Counter>,
     revision_ready_seconds: Histogram,
     partition_nodes: Family<ProviderLabels, Gauge>,
-    partitions: Family<ClassLabel, Gauge>,
-    fallback_share: Family<ClassLabel, Gauge<f64, AtomicU64>>,
+    partitions: Family<TargetLabels, Gauge>,
+    fallback_share: Family<TargetLabels, Gauge<f64, AtomicU64>>,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -312,30 +317,26 @@ impl Metrics {
             .set(parity_max_abs_error);
     }
 
-    /// Records which provider ran which nodes of a class's engine.
-    pub fn placement(&self, class: &str, placement: &kiln_crds::placement::Placement) {
-        let class = class_label(class);
+    /// Records which provider ran which nodes of a target's engine on this node.
+    pub fn placement(&self, labels: &TargetLabels, placement: &kiln_crds::placement::Placement) {
         for provider in kiln_crds::placement::PROVIDERS {
-            let labels = ProviderLabels {
-                class: class.class.clone(),
-                provider: provider.to_string(),
-            };
+            let series = provider_labels(labels, provider);
             match placement.nodes.get(provider) {
                 Some(n) => {
-                    self.inner.partition_nodes.get_or_create(&labels).set(*n);
+                    self.inner.partition_nodes.get_or_create(&series).set(*n);
                 }
                 None => {
-                    self.inner.partition_nodes.remove(&labels);
+                    self.inner.partition_nodes.remove(&series);
                 }
             }
         }
         self.inner
             .partitions
-            .get_or_create(&class)
+            .get_or_create(labels)
             .set(placement.partitions);
         self.inner
             .fallback_share
-            .get_or_create(&class)
+            .get_or_create(labels)
             .set(placement.fallback_share);
     }
 
@@ -374,6 +375,13 @@ impl Metrics {
     /// Drops the series of a target that no longer selects this node.
     pub fn forget_target(&self, labels: &TargetLabels) {
         self.inner.target_ready.remove(labels);
+        self.inner.partitions.remove(labels);
+        self.inner.fallback_share.remove(labels);
+        for provider in kiln_crds::placement::PROVIDERS {
+            self.inner
+                .partition_nodes
+                .remove(&provider_labels(labels, provider));
+        }
     }
 
     /// Counts a fallback.
@@ -398,6 +406,15 @@ impl Metrics {
     /// Records the time from first seeing a revision to serving it.
     pub fn revision_ready(&self, seconds: f64) {
         self.inner.revision_ready_seconds.observe(seconds);
+    }
+}
+
+fn provider_labels(labels: &TargetLabels, provider: &str) -> ProviderLabels {
+    ProviderLabels {
+        namespace: labels.namespace.clone(),
+        target: labels.target.clone(),
+        class: labels.class.clone(),
+        provider: provider.into(),
     }
 }
 

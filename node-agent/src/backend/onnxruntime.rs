@@ -252,10 +252,14 @@ fn classify(e: ort::Error, what: &str, other: fn(String) -> Error) -> Error {
             operators: vec![message],
         };
     }
-    if lower.contains("execution provider") && lower.contains("not") && lower.contains("avail")
-        || lower.contains("failed to load library")
-    {
-        return Error::IncompatibleRuntime(format!("{what}: {message}"));
+    let provider_missing = lower.contains("execution provider")
+        && ["not enabled", "not available", "not built", "not supported"]
+            .iter()
+            .any(|m| lower.contains(m));
+    if provider_missing || lower.contains("failed to load library") {
+        return Error::IncompatibleRuntime(format!(
+            "{what}: {message}; this ONNX Runtime library does not carry the requested execution provider (the GPU providers need the onnxruntime-gpu build and its CUDA libraries)"
+        ));
     }
     other(format!("{what}: {message}"))
 }

@@ -161,7 +161,7 @@ async fn pipeline(
             &class,
             &id,
             &inputs.fixture,
-            t,
+            &spec.target,
             metrics,
         )
     })?;

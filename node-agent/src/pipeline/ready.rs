@@ -113,12 +113,23 @@ pub fn load_warm(
     class: &ClassFacts,
     class_id: &str,
     fixture: &FixtureFile,
-    target: &kiln_crds::CompiledTargetSpec,
+    target: &kiln_crds::CompiledTarget,
     metrics: &Metrics,
 ) -> Result<Ready> {
     check_compatible(manifest, backend, class)?;
     let loaded = load(backend, artifact, class_id, metrics)?;
-    let report = warm_engine(loaded.engine.as_ref(), fixture, target, class_id, metrics)?;
+    let labels = crate::metrics::TargetLabels {
+        namespace: target.metadata.namespace.clone().unwrap_or_default(),
+        target: target.metadata.name.clone().unwrap_or_default(),
+        class: class_id.to_string(),
+    };
+    let report = warm_engine(
+        loaded.engine.as_ref(),
+        fixture,
+        &target.spec,
+        &labels,
+        metrics,
+    )?;
     Ok(Ready {
         load_seconds: loaded.seconds,
         warmup: report,
@@ -153,12 +164,13 @@ pub fn warm_engine(
     engine: &dyn Engine,
     fixture: &FixtureFile,
     target: &kiln_crds::CompiledTargetSpec,
-    class_id: &str,
+    labels: &crate::metrics::TargetLabels,
     metrics: &Metrics,
 ) -> Result<WarmupReport> {
+    let class_id = labels.class.as_str();
     let report = warm(engine, fixture, &target.warmup)?;
     if let Some(p) = &report.placement {
-        metrics.placement(class_id, p);
+        metrics.placement(labels, p);
         crate::pipeline::placement::check(
             target.backend.kind.runtime().as_str(),
             &target.backend.cpu_fallback.clone().unwrap_or_default(),

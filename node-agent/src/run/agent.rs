@@ -337,7 +337,12 @@ impl Agent {
         .await?;
         self.phase(key, pick, NodePhase::Warming).await;
         let load_seconds = loaded.seconds;
-        let (class, metrics) = (pick.class.clone(), self.metrics.clone());
+        let metrics = self.metrics.clone();
+        let labels = TargetLabels {
+            namespace: key.namespace.clone(),
+            target: key.name.clone(),
+            class: pick.class.clone(),
+        };
         let target_spec = t.spec.clone();
         let warmup = blocking_within(
             self.deadlines.warm,
@@ -349,7 +354,7 @@ impl Agent {
                     loaded.engine.as_ref(),
                     &fixture,
                     &target_spec,
-                    &class,
+                    &labels,
                     &metrics,
                 )
             },

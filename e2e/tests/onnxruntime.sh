@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# backend.kind onnxruntime on the real cluster, installed by the chart with the store on the
+# cluster's registry: the agent image carries the ONNX Runtime library of
+# scripts/ensure-onnxruntime.sh (ORT_DYLIB_PATH in the image) and the operator keys on its
+# version and sha256 (backends.onnxruntime). The example model, targeted by a tract and an
+# onnxruntime CompiledTarget: two compile Jobs, two artifacts in the registry (the ONNX Runtime
+# one's build manifest names the library and its placement), the target's class row and the
+# node's KilnNode row both show the partition evidence (every node on the CPU provider, one
+# partition, no fallback), the agent's metrics export it, and the node reports the runtime in its
+# hardware facts. Then a target asking for the CUDA provider, which the CPU library lacks, fails
+# (never served on the CPU instead).
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/kiln-lib.sh"
+test_namespace
+NS=$TEST_NS
+REL=$NS
+REPOSITORY=kiln-e2e/$NS
+WORK=$(mktemp -d /var/tmp/kiln-e2e-ort.XXXXXX)
+chmod 755 "$WORK"
+REAL=$(kubectl get nodes -o jsonpath='{.items[0].metadata.name}')
+cleanup() {
+  kubectl -n "$NS" delete compiledtarget --all --wait=true --timeout=60s >/dev/null 2>&1 || true
+  helm uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
+  kubectl delete kilnnode "$REAL" --ignore-not-found >/dev/null 2>&1 || true
+  kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+die() {
+  kubectl -n "$NS" get all,compiledtargets -o wide >&2 || true
+  kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq '.status.targets' >&2 || true
+  kubectl -n "$NS" logs deploy/kiln-operator --tail=20 >&2 || true
+  kubectl -n "$NS" logs ds/kiln-agent --tail=30 >&2 || true
+  dump "$NS" >&2
+  fail "$*"
+}
+
+kiln_images "$WORK"
+install -d -m 755 "$WORK/sources" "$WORK/cache"
+cp "$REPO/examples/squeezenet/model.onnx" "$REPO/examples/squeezenet/fixture-v1.safetensors" "$WORK/sources/"
+chmod 644 "$WORK/sources/"*
+
+echo "== install with ONNX Runtime $ORT_IDENTITY in the agent image"
+kiln_fresh_crds
+kiln_install "$REL" "$NS" --set store.url="oci://$REGISTRY_ADDR/$REPOSITORY" --set store.insecure=true \
+  --set sources.hostPath="$WORK/sources" --set agent.cacheHostPath="$WORK/cache" >/dev/null || die "helm install failed"
+kubectl -n "$NS" wait --for=condition=Available deploy/kiln-operator --timeout=120s >/dev/null || die "operator not Available"
+kubectl -n "$NS" rollout status ds/kiln-agent --timeout=120s >/dev/null || die "agent DaemonSet not ready"
+wait_for "KilnNode $REAL reports the onnxruntime runtime" 60 \
+  bash -c "kubectl get kilnnode $REAL -o json | jq -e '.status.hardware.runtimes.onnxruntime == \"${ORT_IDENTITY%%@*}\"'"
+
+echo "== the example on tract and on onnxruntime"
+t0=$SECONDS
+{
+  cat "$REPO/examples/squeezenet/kiln.yaml"
+  printf -- '---\n'
+  sed -e 's/name: squeezenet-cpu/name: squeezenet-ort/' -e 's/kind: tract/kind: onnxruntime/' \
+    <(awk '/^kind: CompiledTarget/{p=1; print "apiVersion: kiln.dev/v1alpha1"} p' "$REPO/examples/squeezenet/kiln.yaml")
+} | kubectl -n "$NS" apply -f - >/dev/null || die "apply"
+row() { kubectl get kilnnode "$REAL" -o json | jq -c --arg ns "$NS" --arg t "$1" '.status.targets[]? | select(.namespace == $ns and .name == $t)'; }
+for t in squeezenet-cpu squeezenet-ort; do
+  wait_for "$t Ready on $REAL" 300 bash -c "[[ \$(kubectl get kilnnode $REAL -o json | jq -r --arg ns $NS --arg t $t '.status.targets[]? | select(.namespace == \$ns and .name == \$t) | .phase') == Ready ]]"
+done
+echo "   both Ready $((SECONDS - t0))s after apply"
+
+ORT=$(kubectl -n "$NS" get compiledtarget squeezenet-ort -o json)
+TRACT=$(kubectl -n "$NS" get compiledtarget squeezenet-cpu -o json)
+[[ $(jq -r '.status.classes[0].compileKey' <<<"$ORT") != $(jq -r '.status.classes[0].compileKey' <<<"$TRACT") ]] ||
+  die "the two backends share a compile key"
+echo "== the class row carries the compile's placement"
+jq -e '.status.classes[0].placement | .requested == "cpu" and .nodes.cpu > 10 and (.nodes | length) == 1 and
+  .partitions == 1 and .fallbackNodeCount == 0 and .fallbackShare == 0' <<<"$ORT" >/dev/null ||
+  die "onnxruntime class placement: $(jq -c '.status.classes[0].placement' <<<"$ORT")"
+jq -e '.status.classes[0].placement | .requested == "tract" and .nodes.tract > 0 and .partitions == 1' <<<"$TRACT" >/dev/null ||
+  die "tract class placement: $(jq -c '.status.classes[0].placement' <<<"$TRACT")"
+echo "   onnxruntime $(jq -c '.status.classes[0].placement.nodes' <<<"$ORT"), tract $(jq -c '.status.classes[0].placement.nodes' <<<"$TRACT")"
+
+echo "== the node's row carries its own warmup's placement"
+ROW=$(row squeezenet-ort)
+jq -e '.placement | .requested == "cpu" and .nodes.cpu > 10 and .partitions == 1 and .fallbackShare == 0' <<<"$ROW" >/dev/null ||
+  die "onnxruntime row: $ROW"
+[[ $(jq -r '.artifactDigest' <<<"$ROW") == *"$(jq -r '.status.classes[0].artifactDigest' <<<"$ORT")" ]] ||
+  die "row digest $(jq -r .artifactDigest <<<"$ROW") is not the class's"
+
+echo "== the registry's build manifest names the library and the placement"
+KEY=$(jq -r '.status.classes[0].compileKey' <<<"$ORT")
+manifest=$(curl -fsS -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/$KEY") ||
+  die "no manifest tagged $KEY"
+config=$(jq -r '.config.digest' <<<"$manifest")
+build=$(curl -fsS "http://$REGISTRY_ADDR/v2/$REPOSITORY/blobs/$config") || die "no config blob $config"
+jq -e --arg sha "${ORT_IDENTITY##*@sha256:}" '.backend == "onnxruntime" and .backendVersion == "1.31.1" and
+  .runtimeDigest == $sha and .placement.nodes.cpu > 10 and .backendOptions.optimizationLevel == "extended"' <<<"$build" >/dev/null ||
+  die "build manifest: $(jq -c '{backend, backendVersion, runtimeDigest, placement, backendOptions}' <<<"$build")"
+
+echo "== the agent's metrics export the placement"
+m=$(kubectl get --raw "/api/v1/namespaces/$NS/services/kiln-agent-metrics:metrics/proxy/metrics") || die "no agent /metrics"
+series() { printf '^kiln_agent_%s\\{namespace="%s",target="%s",class="[^"]+"%s\\} ' "$1" "$NS" "$2" "${3:+,provider=\"$3\"}"; }
+grep -Eq "$(series partition_nodes squeezenet-ort cpu)[1-9]" <<<"$m" || die "no cpu partition_nodes: $(grep partition <<<"$m")"
+grep -Eq "$(series partition_nodes squeezenet-cpu tract)[1-9]" <<<"$m" || die "no tract partition_nodes: $(grep partition <<<"$m")"
+grep -Eq "$(series fallback_share squeezenet-ort)0" <<<"$m" || die "no fallback_share: $(grep fallback_share <<<"$m")"
+promtool check metrics <<<"$m" || die "promtool rejects the agent's exposition"
+
+echo "== a provider the library lacks fails, it is not served on the CPU"
+kubectl -n "$NS" apply -f - >/dev/null <<YAML || die "apply cuda target"
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {name: squeezenet-cuda}
+spec:
+  modelRef: {name: squeezenet}
+  backend: {kind: onnxruntime, executionProvider: cuda}
+  compile: {maxAttempts: 1}
+  profiles: [{name: batch1, dims: {batch: 1}}]
+  warmup: {iterations: 2, fixtureVersion: v1}
+YAML
+wait_for "squeezenet-cuda Stalled" 180 bash -c "kubectl -n $NS get compiledtarget squeezenet-cuda -o json | jq -e '.status.conditions[]? | select(.type == \"Stalled\" and .status == \"True\")'"
+CUDA=$(kubectl -n "$NS" get compiledtarget squeezenet-cuda -o json)
+jq -e '.status.classes[0] | .phase == "Failed" and .reason == "IncompatibleRuntime" and (.message | test("CUDA"))' <<<"$CUDA" >/dev/null ||
+  die "cuda target: $(jq -c '.status.classes[0] | {phase, reason, message}' <<<"$CUDA")"
+[[ -z $(row squeezenet-cuda | jq -r 'select(.phase == "Ready")') ]] || die "the cuda target is Ready on a CPU-only node"
+echo "   $(jq -r '.status.classes[0].reason + ": " + (.status.classes[0].message | .[0:160])' <<<"$CUDA")"
