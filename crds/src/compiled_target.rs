@@ -353,6 +353,13 @@ pub struct Warmup {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0))]
     pub latency_budget_p99_ms: Option<f64>,
+    /// Memory the engine may take on a node, as a byte quantity (`512Mi`, `2Gi`, `1500M`): a
+    /// node with less memory (its agent's limit or the machine's) refuses the target before
+    /// loading (`IncompatibleHardware`), and an engine whose resident memory peaks higher in
+    /// load and warmup fails (`MemoryBudgetExceeded`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[1-9][0-9]{0,17}(Ki|Mi|Gi|Ti|k|M|G|T)?$"))]
+    pub memory_budget: Option<String>,
 }
 
 fn default_iterations() -> u32 {

@@ -179,4 +179,8 @@ pub struct NodeTargetStatus {
     /// to the CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<crate::placement::Placement>,
+    /// Resident memory the engine added at its peak during load and warmup, in bytes (the
+    /// agent's peak resident set above its resident set before the load).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<i64>,
 }

@@ -31,6 +31,8 @@ pub enum FailureReason {
     ParityExceeded,
     /// Warmup latency exceeded the configured budget.
     LatencyBudgetExceeded,
+    /// The engine's peak memory in load and warmup exceeded `warmup.memoryBudget`.
+    MemoryBudgetExceeded,
     /// A step ran past its deadline.
     Timeout,
     /// The artifact store could not be read or written.
@@ -41,7 +43,7 @@ pub enum FailureReason {
 
 impl FailureReason {
     /// Every reason, for pre-registering metric label values.
-    pub const ALL: [FailureReason; 14] = [
+    pub const ALL: [FailureReason; 15] = [
         Self::SourceUnavailable,
         Self::HashMismatch,
         Self::SignatureInvalid,
@@ -53,6 +55,7 @@ impl FailureReason {
         Self::WarmupFailed,
         Self::ParityExceeded,
         Self::LatencyBudgetExceeded,
+        Self::MemoryBudgetExceeded,
         Self::Timeout,
         Self::StoreUnavailable,
         Self::InvalidSpec,
@@ -72,6 +75,7 @@ impl FailureReason {
             Self::WarmupFailed => "WarmupFailed",
             Self::ParityExceeded => "ParityExceeded",
             Self::LatencyBudgetExceeded => "LatencyBudgetExceeded",
+            Self::MemoryBudgetExceeded => "MemoryBudgetExceeded",
             Self::Timeout => "Timeout",
             Self::StoreUnavailable => "StoreUnavailable",
             Self::InvalidSpec => "InvalidSpec",

@@ -6,7 +6,7 @@
 # onnxruntime CompiledTarget: two compile Jobs, two artifacts in the registry (the ONNX Runtime
 # one's build manifest names the library and its placement), the target's class row and the
 # node's KilnNode row both show the partition evidence (every node on the CPU provider, one
-# partition, no fallback), the agent's metrics export it, and the node reports the runtime in its
+# partition, no fallback), the row the engine's peak memory, the agent's metrics export both, and the node reports the runtime in its
 # hardware facts. Then a target asking for the CUDA provider, which the CPU library lacks, fails
 # (never served on the CPU instead).
 source "$(dirname "$0")/lib.sh"
@@ -77,8 +77,9 @@ echo "   onnxruntime $(jq -c '.status.classes[0].placement.nodes' <<<"$ORT"), tr
 
 echo "== the node's row carries its own warmup's placement"
 ROW=$(row squeezenet-ort)
-jq -e '.placement | .requested == "cpu" and .nodes.cpu > 10 and .partitions == 1 and .fallbackShare == 0' <<<"$ROW" >/dev/null ||
-  die "onnxruntime row: $ROW"
+jq -e '(.placement | .requested == "cpu" and .nodes.cpu > 10 and .partitions == 1 and .fallbackShare == 0) and
+  .peakMemoryBytes > 0' <<<"$ROW" >/dev/null || die "onnxruntime row: $ROW"
+echo "   row: $(jq -c '{placement: .placement.nodes, peakMemoryBytes}' <<<"$ROW")"
 [[ $(jq -r '.artifactDigest' <<<"$ROW") == *"$(jq -r '.status.classes[0].artifactDigest' <<<"$ORT")" ]] ||
   die "row digest $(jq -r .artifactDigest <<<"$ROW") is not the class's"
 
@@ -98,6 +99,7 @@ series() { printf '^kiln_agent_%s\\{namespace="%s",target="%s",class="[^"]+"%s\\
 grep -Eq "$(series partition_nodes squeezenet-ort cpu)[1-9]" <<<"$m" || die "no cpu partition_nodes: $(grep partition <<<"$m")"
 grep -Eq "$(series partition_nodes squeezenet-cpu tract)[1-9]" <<<"$m" || die "no tract partition_nodes: $(grep partition <<<"$m")"
 grep -Eq "$(series fallback_share squeezenet-ort)0" <<<"$m" || die "no fallback_share: $(grep fallback_share <<<"$m")"
+grep -Eq "$(series engine_peak_memory_bytes squeezenet-ort)[1-9]" <<<"$m" || die "no engine_peak_memory_bytes: $(grep peak <<<"$m")"
 promtool check metrics <<<"$m" || die "promtool rejects the agent's exposition"
 
 echo "== a provider the library lacks fails, it is not served on the CPU"

@@ -50,6 +50,9 @@ pub enum Error {
     /// Steady-state latency above budget.
     #[error("latency budget exceeded: {0}")]
     LatencyBudgetExceeded(String),
+
+    #[error("memory budget exceeded: {0}")]
+    MemoryBudgetExceeded(String),
     /// A step ran past its deadline.
     #[error("timeout: {0}")]
     Timeout(String),
@@ -74,6 +77,7 @@ impl Error {
             Self::WarmupFailed(_) => FailureReason::WarmupFailed,
             Self::ParityExceeded(_) => FailureReason::ParityExceeded,
             Self::LatencyBudgetExceeded(_) => FailureReason::LatencyBudgetExceeded,
+            Self::MemoryBudgetExceeded(_) => FailureReason::MemoryBudgetExceeded,
             Self::Timeout(_) => FailureReason::Timeout,
             Self::StoreUnavailable { .. } => FailureReason::StoreUnavailable,
         }

@@ -62,6 +62,12 @@ fn explain_for(heap: &Cap<System>, message: &str) -> Option<String> {
 /// The default ceiling: 80% of the smaller of the cgroup's memory limit and the machine's
 /// memory; `None` (unbounded) when neither can be read.
 pub fn default_limit() -> Option<usize> {
+    usize::try_from(available()? / 5 * 4).ok()
+}
+
+/// The memory this process may use: the smaller of its cgroup's limit and the machine's
+/// memory.
+pub fn available() -> Option<u64> {
     let cgroup = [
         "/sys/fs/cgroup/memory.max",
         "/sys/fs/cgroup/memory/memory.limit_in_bytes",
@@ -75,11 +81,43 @@ pub fn default_limit() -> Option<usize> {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .map(|kib| kib.saturating_mul(1024))
     });
-    let smallest = match (cgroup, total) {
-        (Some(c), Some(t)) => c.min(t),
-        (c, t) => c.or(t)?,
-    };
-    usize::try_from(smallest / 5 * 4).ok()
+    match (cgroup, total) {
+        (Some(c), Some(t)) => Some(c.min(t)),
+        (c, t) => c.or(t),
+    }
+}
+
+/// The peak resident memory of this process over a window, above its resident set at the
+/// start: what an engine loaded and warmed in the window added. Linux: the window starts by
+/// resetting the peak (`5` into `/proc/self/clear_refs`); where that is not allowed there is no
+/// honest figure and [`PeakWindow::peak_bytes`] is `None`. The agent loads and warms one engine
+/// at a time, so the window sees only that engine (and what it freed is not subtracted).
+pub struct PeakWindow {
+    start_rss: u64,
+}
+
+impl PeakWindow {
+    /// Starts a window; `None` where the peak cannot be reset or read.
+    pub fn start() -> Option<Self> {
+        let start_rss = status_bytes("VmRSS:")?;
+        std::fs::write("/proc/self/clear_refs", "5").ok()?;
+        Some(Self { start_rss })
+    }
+
+    /// Peak resident bytes since the start, above the resident set at the start.
+    pub fn peak_bytes(&self) -> Option<u64> {
+        Some(status_bytes("VmHWM:")?.saturating_sub(self.start_rss))
+    }
+}
+
+/// A `kB` field of `/proc/self/status`, in bytes.
+fn status_bytes(field: &str) -> Option<u64> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib.saturating_mul(1024))
 }
 
 /// Parses a byte count: an integer with an optional `K`/`M`/`G`/`T` (powers of 1000) or
@@ -93,7 +131,7 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
         .map_err(|_| format!("{s:?} is not a byte count (e.g. 3Gi, 500M, 1073741824)"))?;
     let unit: u64 = match suffix {
         "" => 1,
-        "K" => 1_000,
+        "K" | "k" => 1_000,
         "M" => 1_000_000,
         "G" => 1_000_000_000,
         "T" => 1_000_000_000_000,

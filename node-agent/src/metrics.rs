@@ -110,6 +110,7 @@ struct Inner {
     partition_nodes: Family<ProviderLabels, Gauge>,
     partitions: Family<TargetLabels, Gauge>,
     fallback_share: Family<TargetLabels, Gauge<f64, AtomicU64>>,
+    peak_memory: Family<TargetLabels, Gauge>,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -143,6 +144,7 @@ impl Metrics {
             partition_nodes: Family::default(),
             partitions: Family::default(),
             fallback_share: Family::default(),
+            peak_memory: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("kiln_agent");
         r.register(
@@ -204,6 +206,11 @@ impl Metrics {
             "partitions",
             "Runs of consecutive nodes on one execution provider (1: one provider ran everything)",
             inner.partitions.clone(),
+        );
+        r.register(
+            "engine_peak_memory_bytes",
+            "Resident memory a target's engine added at its peak during load and warmup",
+            inner.peak_memory.clone(),
         );
         r.register(
             "fallback_share",
@@ -340,6 +347,14 @@ impl Metrics {
             .set(placement.fallback_share);
     }
 
+    /// Records the peak memory a target's engine added in load and warmup.
+    pub fn peak_memory(&self, labels: &TargetLabels, bytes: u64) {
+        self.inner
+            .peak_memory
+            .get_or_create(labels)
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
     /// Sets the ready state of a class.
     pub fn ready(&self, class: &str, ready: bool) {
         self.inner
@@ -377,6 +392,7 @@ impl Metrics {
         self.inner.target_ready.remove(labels);
         self.inner.partitions.remove(labels);
         self.inner.fallback_share.remove(labels);
+        self.inner.peak_memory.remove(labels);
         for provider in kiln_crds::placement::PROVIDERS {
             self.inner
                 .partition_nodes

@@ -51,6 +51,8 @@ struct Model {
     tolerance: &'static str,
     /// `dims` of the target's one shape profile.
     profile: &'static str,
+    /// Extra YAML under the target's `spec.warmup`.
+    warmup_extra: String,
 }
 
 impl Model {
@@ -94,6 +96,7 @@ impl Model {
             backend: "{kind: onnxruntime}".into(),
             tolerance: "{atol: 1.0e-5, rtol: 1.0e-4}",
             profile: "{}",
+            warmup_extra: String::new(),
         }
     }
 
@@ -133,9 +136,15 @@ spec:
   warmup:
     iterations: 5
     fixtureVersion: v1
-    defaultTolerance: {}
+    defaultTolerance: {}{}
 "#,
-            self.sha, self.size, self.fixture_sha, self.backend, self.profile, self.tolerance
+            self.sha,
+            self.size,
+            self.fixture_sha,
+            self.backend,
+            self.profile,
+            self.tolerance,
+            self.warmup_extra
         )
     }
 
@@ -192,6 +201,7 @@ fn squeezenet(backend: &str) -> Model {
         backend: backend.into(),
         tolerance: "{atol: 1.0e-4, rtol: 1.0e-3}",
         profile: "{batch: 1}",
+        warmup_extra: String::new(),
     }
 }
 
@@ -472,4 +482,41 @@ fn a_provider_the_library_lacks_is_refused_not_replaced_by_the_cpu() {
         ],
     );
     assert!(run.outcome["placement"].is_null(), "nothing ran");
+}
+
+#[test]
+fn peak_memory_is_measured_and_held_to_the_budget() {
+    let mut m = squeezenet("{kind: onnxruntime}");
+    m.warmup_extra = "\n    memoryBudget: 4Gi".into();
+    let run = m.run_ort();
+    assert!(run.success, "{}", run.message());
+    let peak = run.outcome["peakMemoryBytes"]
+        .as_u64()
+        .expect("peak measured");
+    assert!(peak > 0 && peak < 4 << 30, "{peak}");
+    let exposition = std::fs::read_to_string(m.path("metrics.prom")).expect("metrics");
+    let class = run.outcome["class"].as_str().expect("class");
+    assert_eq!(
+        metric(
+            &exposition,
+            &format!(
+                "kiln_agent_engine_peak_memory_bytes{{namespace=\"\",target=\"m-cpu\",class=\"{class}\"}}"
+            )
+        ),
+        Some(peak as f64)
+    );
+    // An engine bigger than its budget fails after warmup, with the measured figure.
+    m.warmup_extra = "\n    memoryBudget: 1k".into();
+    m.run_ort().fails_with(
+        "MemoryBudgetExceeded",
+        &["peaked", "over warmup.memoryBudget 1000 bytes"],
+    );
+    // A budget no node of this size can hold is refused before anything is loaded.
+    m.warmup_extra = "\n    memoryBudget: 64Ti".into();
+    let run = m.run_ort();
+    run.fails_with(
+        "IncompatibleHardware",
+        &["memoryBudget 64Ti", "does not fit this node"],
+    );
+    assert!(run.outcome["placement"].is_null(), "nothing was loaded");
 }

@@ -58,6 +58,8 @@ pub struct Outcome {
     pub p99_seconds: Option<f64>,
     /// Which execution provider ran which nodes in warmup.
     pub placement: Option<kiln_crds::placement::Placement>,
+    /// Resident memory the engine added at its peak in load and warmup.
+    pub peak_memory_bytes: Option<u64>,
 }
 
 /// Runs the pipeline for the YAML at `file` with the store at `store_dir`.
@@ -173,6 +175,7 @@ async fn pipeline(
     outcome.p50_seconds = Some(w.p50_seconds);
     outcome.p99_seconds = Some(w.p99_seconds);
     outcome.placement = w.placement.clone();
+    outcome.peak_memory_bytes = w.peak_memory_bytes;
     outcome.message = format!(
         "{} verified, loaded and warmed: {} iterations, parity max abs error {:.3e}",
         spec.target.metadata.name.as_deref().unwrap_or("target"),
@@ -322,6 +325,12 @@ fn print_plain(outcome: &Outcome) {
         ms(outcome.p50_seconds),
         ms(outcome.p99_seconds)
     );
+    if let Some(peak) = outcome.peak_memory_bytes {
+        println!(
+            "  peak memory      {} above the baseline in load and warmup",
+            crate::memory::human(peak as usize)
+        );
+    }
     if let Some(p) = &outcome.placement {
         let nodes: Vec<String> = p.nodes.iter().map(|(k, v)| format!("{k} {v}")).collect();
         println!(

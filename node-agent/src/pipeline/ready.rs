@@ -13,7 +13,8 @@ use kiln_store::{ArtifactRef, Store};
 
 use crate::backend::{Backend, Engine};
 use crate::error::{Error, Result};
-use crate::metrics::Metrics;
+use crate::memory::{PeakWindow, human};
+use crate::metrics::{Metrics, TargetLabels};
 use crate::pipeline::fixtures::FixtureFile;
 use crate::pipeline::warmup::{WarmupReport, warm};
 
@@ -117,21 +118,32 @@ pub fn load_warm(
     metrics: &Metrics,
 ) -> Result<Ready> {
     check_compatible(manifest, backend, class)?;
+    fits_node(&target.spec.warmup, crate::memory::available())?;
+    let window = PeakWindow::start();
     let loaded = load(backend, artifact, class_id, metrics)?;
-    let labels = crate::metrics::TargetLabels {
+    let labels = TargetLabels {
         namespace: target.metadata.namespace.clone().unwrap_or_default(),
         target: target.metadata.name.clone().unwrap_or_default(),
         class: class_id.to_string(),
     };
-    let report = warm_engine(
+    let mut report = warm_engine(
         loaded.engine.as_ref(),
         fixture,
         &target.spec,
         &labels,
         metrics,
     )?;
+    let load_seconds = loaded.seconds;
+    drop(loaded);
+    account_memory(
+        window.as_ref(),
+        &mut report,
+        &target.spec.warmup,
+        &labels,
+        metrics,
+    )?;
     Ok(Ready {
-        load_seconds: loaded.seconds,
+        load_seconds,
         warmup: report,
     })
 }
@@ -164,7 +176,7 @@ pub fn warm_engine(
     engine: &dyn Engine,
     fixture: &FixtureFile,
     target: &kiln_crds::CompiledTargetSpec,
-    labels: &crate::metrics::TargetLabels,
+    labels: &TargetLabels,
     metrics: &Metrics,
 ) -> Result<WarmupReport> {
     let class_id = labels.class.as_str();
@@ -184,4 +196,103 @@ pub fn warm_engine(
         report.parity_max_abs_error,
     );
     Ok(report)
+}
+
+/// `warmup.memoryBudget` in bytes.
+pub fn memory_budget(warmup: &kiln_crds::compiled_target::Warmup) -> Result<Option<u64>> {
+    warmup
+        .memory_budget
+        .as_deref()
+        .map(|q| {
+            crate::memory::parse_bytes(q)
+                .map(|b| b as u64)
+                .map_err(|m| Error::InvalidSpec(format!("warmup.memoryBudget: {m}")))
+        })
+        .transpose()
+}
+
+/// Refuses, before anything is loaded, a node whose memory (`available`: the agent's cgroup
+/// limit or the machine's) is below the target's memory budget. Pure.
+pub fn fits_node(
+    warmup: &kiln_crds::compiled_target::Warmup,
+    available: Option<u64>,
+) -> Result<()> {
+    match (memory_budget(warmup)?, available) {
+        (Some(budget), Some(have)) if budget > have => Err(Error::IncompatibleHardware(format!(
+            "warmup.memoryBudget {} ({}) does not fit this node: the agent may use {}; schedule the target on nodes with more memory (nodeSelector) or raise the agent's memory limit",
+            warmup.memory_budget.as_deref().unwrap_or_default(),
+            human(budget as usize),
+            human(have as usize)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Records the engine's peak memory since `window` started in `report` and the metrics, and
+/// holds it to the target's memory budget: over it is `MemoryBudgetExceeded`; a budget that
+/// cannot be checked on this node (no peak figure) fails closed.
+pub fn account_memory(
+    window: Option<&PeakWindow>,
+    report: &mut WarmupReport,
+    warmup: &kiln_crds::compiled_target::Warmup,
+    labels: &TargetLabels,
+    metrics: &Metrics,
+) -> Result<()> {
+    report.peak_memory_bytes = window.and_then(PeakWindow::peak_bytes);
+    if let Some(peak) = report.peak_memory_bytes {
+        metrics.peak_memory(labels, peak);
+    }
+    within_budget(memory_budget(warmup)?, report.peak_memory_bytes)
+}
+
+/// Whether a measured peak is within the budget. Pure.
+pub fn within_budget(budget: Option<u64>, peak: Option<u64>) -> Result<()> {
+    match (budget, peak) {
+        (None, _) => Ok(()),
+        (Some(_), None) => Err(Error::WarmupFailed(
+            "warmup.memoryBudget is set but this node cannot measure the engine's peak memory (/proc/self/clear_refs and VmHWM); remove the budget or run the agent on Linux with its own /proc".into(),
+        )),
+        (Some(budget), Some(peak)) if peak > budget => Err(Error::MemoryBudgetExceeded(format!(
+            "the engine's resident memory peaked {} above the agent's baseline in load and warmup, over warmup.memoryBudget {}",
+            human(peak as usize),
+            human(budget as usize)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn warmup(budget: Option<&str>) -> kiln_crds::compiled_target::Warmup {
+        serde_json::from_value(serde_json::json!({
+            "fixtureVersion": "v1",
+            "memoryBudget": budget,
+        }))
+        .expect("warmup")
+    }
+
+    #[test]
+    fn a_budget_refuses_small_nodes_and_big_engines() {
+        let gi = 1u64 << 30;
+        fits_node(&warmup(Some("2Gi")), Some(4 * gi)).expect("fits");
+        fits_node(&warmup(None), Some(1)).expect("no budget");
+        let err = fits_node(&warmup(Some("8Gi")), Some(4 * gi)).expect_err("too small");
+        assert_eq!(err.reason(), kiln_crds::FailureReason::IncompatibleHardware);
+        assert!(
+            err.to_string().contains("8Gi (8.6 GB) does not fit"),
+            "{err}"
+        );
+        within_budget(Some(gi), Some(gi)).expect("at the budget");
+        let err = within_budget(Some(gi), Some(gi + 1)).expect_err("over");
+        assert_eq!(err.reason(), kiln_crds::FailureReason::MemoryBudgetExceeded);
+        assert_eq!(
+            within_budget(Some(gi), None)
+                .expect_err("unmeasured")
+                .reason(),
+            kiln_crds::FailureReason::WarmupFailed
+        );
+        within_budget(None, None).expect("nothing asked");
+    }
 }

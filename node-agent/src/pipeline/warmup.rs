@@ -34,6 +34,9 @@ pub struct WarmupReport {
     pub total_seconds: f64,
     /// Which provider ran which nodes (from the engine's first run).
     pub placement: Option<kiln_crds::placement::Placement>,
+    /// Resident memory the engine added at its peak in load and warmup (set by
+    /// [`crate::pipeline::ready::account_memory`]).
+    pub peak_memory_bytes: Option<u64>,
 }
 
 /// Checks that the fixture's inputs are exactly what one of the engine's profiles takes: names,
@@ -314,6 +317,7 @@ mod tests {
             outputs: vec![],
             exclude_outputs: vec![],
             latency_budget_p99_ms: None,
+            memory_budget: None,
         }
     }
 

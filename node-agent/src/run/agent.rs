@@ -328,6 +328,8 @@ impl Agent {
             pick.class.clone(),
             self.metrics.clone(),
         );
+        ready::fits_node(&t.spec.warmup, crate::memory::available())?;
+        let window = crate::memory::PeakWindow::start();
         let loaded = blocking_within(
             self.deadlines.warm,
             &format!("loading {name}"),
@@ -349,14 +351,23 @@ impl Agent {
             &format!("warming {name}"),
             "--warmup-deadline-seconds",
             move || {
-                // The agent proves the engine and drops it; serving pods load their own copy.
-                ready::warm_engine(
+                let mut report = ready::warm_engine(
                     loaded.engine.as_ref(),
                     &fixture,
                     &target_spec,
                     &labels,
                     &metrics,
-                )
+                )?;
+                // The agent proves the engine and drops it; serving pods load their own copy.
+                drop(loaded);
+                ready::account_memory(
+                    window.as_ref(),
+                    &mut report,
+                    &target_spec.warmup,
+                    &labels,
+                    &metrics,
+                )?;
+                Ok(report)
             },
         )
         .await?;

@@ -169,6 +169,10 @@ pub fn served(
         warmup_seconds: Some(p.warmup.total_seconds),
         parity_max_abs_error: Some(p.warmup.parity_max_abs_error),
         placement: p.warmup.placement.clone(),
+        peak_memory_bytes: p
+            .warmup
+            .peak_memory_bytes
+            .map(|b| i64::try_from(b).unwrap_or(i64::MAX)),
         revision_seen_at: if same {
             old.revision_seen_at.clone()
         } else {
@@ -205,6 +209,7 @@ pub fn served(
         row.warmup_seconds = mine(old.warmup_seconds);
         row.parity_max_abs_error = mine(old.parity_max_abs_error);
         row.placement = old.placement.clone().filter(|_| same);
+        row.peak_memory_bytes = old.peak_memory_bytes.filter(|_| same);
         row.pull_seconds = mine(old.pull_seconds);
         row.pull_bytes = old.pull_bytes.filter(|_| same);
     }
