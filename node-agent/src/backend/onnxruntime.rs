@@ -438,24 +438,41 @@ impl Backend for OnnxRuntime {
             .tempdir_in(dir)
             .map_err(|e| Error::store(dir, e))?;
         // The graph is already optimised: open it as saved.
-        let session = self
-            .builder(
-                config.execution_provider,
-                GraphOptimizationLevel::Disable,
-                None,
-                Some(&profile_dir.path().join("run")),
-            )
-            .map_err(|e| classify(e, "configuring the session", Error::LoadFailed))
-            .and_then(|mut b| {
-                b.commit_from_memory(&graph)
-                    .map_err(|e| classify(e, "loading the optimised graph", Error::LoadFailed))
-            })?;
-        Ok(Box::new(OrtEngine::new(
-            session,
-            config.profiles,
-            self.provider,
-            Some(profile_dir),
-        )))
+        let profile = profile_dir.path().join("run");
+        let open = |backend: &Self| {
+            backend
+                .builder(
+                    config.execution_provider,
+                    GraphOptimizationLevel::Disable,
+                    None,
+                    Some(&profile),
+                )
+                .map_err(|e| classify(e, "configuring the session", Error::LoadFailed))
+                .and_then(|mut b| {
+                    b.commit_from_memory(&graph)
+                        .map_err(|e| classify(e, "loading the optimised graph", Error::LoadFailed))
+                })
+        };
+        let (session, refused) = match open(self) {
+            Ok(session) => (session, None),
+            // The provider cannot take every node and cpuFallback is Forbidden. ONNX Runtime
+            // does not say which nodes: open the graph once more with fallback allowed, only to
+            // run the first fixture and name the nodes the CPU takes; that run then fails.
+            Err(Error::UnsupportedOperator { operators, .. })
+                if self.fallback.policy == CpuFallbackPolicy::Forbidden
+                    && operators.iter().any(|m| m.contains("explicitly disabled")) =>
+            {
+                let diagnose = Self {
+                    fallback: CpuFallback::default(),
+                    ..*self
+                };
+                (open(&diagnose)?, Some(operators.join("; ")))
+            }
+            Err(e) => return Err(e),
+        };
+        let mut engine = OrtEngine::new(session, config.profiles, self.provider, Some(profile_dir));
+        engine.refused = refused;
+        Ok(Box::new(engine))
     }
 
     fn reference(&self, model: &Path, shapes: &Shapes) -> Result<Box<dyn Engine>> {
@@ -650,6 +667,9 @@ struct OrtEngine {
     /// Where the first run's profile goes; taken (and removed) once it is read.
     profile_dir: Mutex<Option<tempfile::TempDir>>,
     placement: Mutex<Option<Placement>>,
+    /// ONNX Runtime refused the graph under `cpuFallback: Forbidden`; this engine runs with
+    /// fallback allowed only to name the nodes, then fails.
+    refused: Option<String>,
 }
 
 impl OrtEngine {
@@ -671,12 +691,22 @@ impl OrtEngine {
             requested,
             profile_dir: Mutex::new(profile_dir),
             placement: Mutex::new(None),
+            refused: None,
         }
     }
 }
 
 impl Engine for OrtEngine {
     fn run(&self, inputs: &BTreeMap<String, HostTensor>) -> Result<BTreeMap<String, HostTensor>> {
+        // A refused graph serves no run but the one that names its CPU nodes.
+        if let Some(refused) = &self.refused
+            && self.profile_dir.lock().map(|d| d.is_none()).unwrap_or(true)
+        {
+            return Err(Error::UnsupportedOperator {
+                backend: "onnxruntime".into(),
+                operators: vec![refused.clone()],
+            });
+        }
         let fits = self.profiles.iter().any(|p| {
             p.inputs.len() == inputs.len()
                 && p.inputs
@@ -720,6 +750,17 @@ impl Engine for OrtEngine {
                     Error::WarmupFailed(format!("reading the run's profile {file}: {m}"))
                 })?;
             drop(dir);
+            if let Some(refused) = &self.refused {
+                let forbidden = CpuFallback {
+                    policy: CpuFallbackPolicy::Forbidden,
+                    max_share_percent: None,
+                };
+                crate::pipeline::placement::check("onnxruntime", &forbidden, &placement)?;
+                return Err(Error::UnsupportedOperator {
+                    backend: "onnxruntime".into(),
+                    operators: vec![refused.clone()],
+                });
+            }
             if let Ok(mut p) = self.placement.lock() {
                 *p = Some(placement);
             }
