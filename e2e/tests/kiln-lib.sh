@@ -14,11 +14,11 @@ ORT_IDENTITY="${ORT_LIB##*libonnxruntime.so.}@sha256:$(sha256sum "$ORT_LIB" | cu
 
 # kiln_images DIR: kiln/operator:e2e and kiln/agent:e2e (kiln_image), the agent with ONNX
 # Runtime (its libraries come along; ORT_DYLIB_PATH set in the image, so the DaemonSet and the
-# compile Jobs find it).
+# compile Jobs find it, and ORT_DISABLE_TELEMETRY=1, which keeps the library's telemetry off).
 kiln_images() {
   kiln_image kiln-operator "kiln/operator:$KILN_TAG" "$1"
   kiln_image kiln-agent "kiln/agent:$KILN_TAG" "$1" \
-    --add "$ORT_LIB:$ORT_IN_IMAGE" --env "ORT_DYLIB_PATH=$ORT_IN_IMAGE"
+    --add "$ORT_LIB:$ORT_IN_IMAGE" --env "ORT_DYLIB_PATH=$ORT_IN_IMAGE" --env ORT_DISABLE_TELEMETRY=1
 }
 
 # kiln_fresh_crds: delete kiln's CRDs if present, so that the install under test creates them

@@ -520,3 +520,25 @@ fn peak_memory_is_measured_and_held_to_the_budget() {
     );
     assert!(run.outcome["placement"].is_null(), "nothing was loaded");
 }
+
+#[test]
+fn onnx_runtime_telemetry_is_switched_off_before_the_library_loads() {
+    // The official library's telemetry SDK keeps a `.ses` session file in $TMPDIR unless
+    // ORT_DISABLE_TELEMETRY=1 is set before it loads; kiln-agent sets it for itself.
+    let m = squeezenet("{kind: onnxruntime}");
+    let tmp = m.path("tmp");
+    std::fs::create_dir(&tmp).expect("tmp");
+    std::fs::write(m.path("kiln.yaml"), m.yaml()).expect("yaml");
+    let run = run_local_env(
+        &m.path("kiln.yaml"),
+        &m.path("store"),
+        &m.path("metrics.prom"),
+        &[("ORT_DYLIB_PATH", &library(false)), ("TMPDIR", &tmp)],
+    );
+    assert!(run.success, "{}", run.message());
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .expect("tmp")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(left.is_empty(), "ONNX Runtime left {left:?} in TMPDIR");
+}

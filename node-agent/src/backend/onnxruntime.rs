@@ -107,7 +107,12 @@ fn load_library() -> std::result::Result<Runtime, String> {
     let built = tracing::subscriber::with_default(listener, || {
         ort::init_from(&path)
             .map_err(|e| e.to_string())
-            .and_then(|b| b.with_name("kiln").build().map_err(|e| e.to_string()))
+            .and_then(|b| {
+                b.with_name("kiln")
+                    .with_telemetry(false)
+                    .build()
+                    .map_err(|e| e.to_string())
+            })
     });
     let env =
         built.map_err(|e| format!("cannot load ONNX Runtime from {shown}: {e}; {INSTALL}"))?;
