@@ -79,7 +79,7 @@ impl CompileKeyInput {
                 .collect(),
             class: class.clone(),
             flags: target.backend.flags.clone(),
-            backend_options: target.backend.options(),
+            backend_options: target.backend.options(class),
         }
     }
 }
@@ -284,7 +284,8 @@ assetDigests: {pre: cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
             cpu_fallback: None,
         };
         // A tract target that sets nothing keeps the key it had before these settings existed.
-        assert!(backend(BackendKind::Tract).options().is_empty());
+        let cpu = BTreeMap::from([("kubernetes.io/arch".to_string(), "amd64".to_string())]);
+        assert!(backend(BackendKind::Tract).options(&cpu).is_empty());
         let encoded = serde_json::to_string(&sample()).expect("encode");
         assert!(!encoded.contains("backendOptions"), "{encoded}");
         // ONNX Runtime: spelling out the defaults gives the same options as leaving them out.
@@ -296,9 +297,9 @@ assetDigests: {pre: cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
             policy: CpuFallbackPolicy::Allowed,
             max_share_percent: None,
         });
-        assert_eq!(implicit.options(), explicit.options());
+        assert_eq!(implicit.options(&cpu), explicit.options(&cpu));
         assert_eq!(
-            implicit.options(),
+            implicit.options(&cpu),
             BTreeMap::from([
                 ("cpuFallback".into(), "Allowed".into()),
                 ("executionProvider".into(), "cpu".into()),
@@ -309,7 +310,20 @@ assetDigests: {pre: cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
             policy: CpuFallbackPolicy::UpToShare,
             max_share_percent: Some(10),
         });
-        assert_eq!(explicit.options()["cpuFallback"], "UpToShare:10");
+        assert_eq!(explicit.options(&cpu)["cpuFallback"], "UpToShare:10");
+        // Unset, the provider follows the class: CUDA where the class has an NVIDIA GPU.
+        let mut gpu = cpu.clone();
+        gpu.insert(
+            "nvidia.com/gpu.product".into(),
+            "NVIDIA-H100-80GB-HBM3".into(),
+        );
+        assert_eq!(implicit.options(&gpu)["executionProvider"], "cuda");
+        assert_eq!(
+            explicit.options(&gpu)["executionProvider"],
+            "cpu",
+            "named: kept"
+        );
+        assert!(backend(BackendKind::Tract).options(&gpu).is_empty());
     }
 
     #[test]

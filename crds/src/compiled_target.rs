@@ -106,8 +106,9 @@ pub struct Backend {
     /// Backend-specific compile flags; part of the compile key.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub flags: BTreeMap<String, String>,
-    /// Where the engine runs: `cpu` (the default), or for kind `onnxruntime` the `cuda` or
-    /// `tensorrt` execution provider. Part of the compile key.
+    /// Where the engine runs: `cpu`, or for kind `onnxruntime` the `cuda` or `tensorrt`
+    /// execution provider. Unset: `cuda` on classes with an NVIDIA GPU for kind `onnxruntime`,
+    /// `cpu` otherwise. Part of the compile key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub execution_provider: Option<ExecutionProvider>,
     /// Kind `onnxruntime`: the graph optimisation applied at compile and saved as the artifact:
@@ -123,14 +124,32 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// The typed backend settings as they enter the compile key: empty for a `tract` or `exec`
-    /// backend that sets none (so their keys are unchanged), otherwise every setting with its
-    /// default filled in, so that spelling out a default gives the same key.
-    pub fn options(&self) -> BTreeMap<String, String> {
+    /// The execution provider a class's engine runs on: the one the target names; otherwise,
+    /// for kind `onnxruntime`, CUDA on a class with an NVIDIA GPU (its class facts name a
+    /// `nvidia.com/gpu.product`) and the CPU elsewhere, so one target gets a GPU engine on GPU
+    /// classes and a CPU engine on CPU classes; the CPU for other kinds.
+    pub fn provider_for(&self, class: &crate::class::ClassFacts) -> ExecutionProvider {
+        self.execution_provider.unwrap_or_else(|| {
+            let gpu = class
+                .get(crate::labels::GPU_PRODUCT)
+                .is_some_and(|p| !p.is_empty());
+            if self.kind == BackendKind::Onnxruntime && gpu {
+                ExecutionProvider::Cuda
+            } else {
+                ExecutionProvider::Cpu
+            }
+        })
+    }
+
+    /// The typed backend settings for a class as they enter the compile key: empty for a
+    /// `tract` or `exec` backend that sets none (so their keys are unchanged), otherwise every
+    /// setting with its default filled in (the provider resolved for the class), so that
+    /// spelling out a default gives the same key.
+    pub fn options(&self, class: &crate::class::ClassFacts) -> BTreeMap<String, String> {
         let ort = self.kind == BackendKind::Onnxruntime;
         let mut options = BTreeMap::new();
         if ort || self.execution_provider.is_some() {
-            let provider = self.execution_provider.unwrap_or_default();
+            let provider = self.provider_for(class);
             options.insert("executionProvider".into(), provider.as_str().into());
         }
         if ort || self.optimization_level.is_some() {

@@ -389,6 +389,7 @@ impl Backend for Exec {
                 model: &onnx,
                 profiles: req.profiles,
                 precision: Precision::Fp32,
+                provider: req.provider,
                 flags: &BTreeMap::new(),
                 out: req.out,
                 timeout: None,

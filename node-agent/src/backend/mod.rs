@@ -27,6 +27,8 @@ pub struct CompileRequest<'a> {
     pub profiles: &'a BTreeMap<String, Shapes>,
     /// Numeric precision.
     pub precision: Precision,
+    /// The execution provider for the class ([`kiln_crds::compiled_target::Backend::provider_for`]).
+    pub provider: kiln_crds::compiled_target::ExecutionProvider,
     /// Backend flags.
     pub flags: &'a BTreeMap<String, String>,
     /// Where to write the artifact.

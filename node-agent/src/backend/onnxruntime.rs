@@ -174,7 +174,6 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Heard {
 /// The ONNX Runtime backend as a target configures it.
 pub struct OnnxRuntime {
     rt: &'static Runtime,
-    provider: ExecutionProvider,
     level: OptimizationLevel,
     fallback: CpuFallback,
 }
@@ -184,7 +183,6 @@ impl OnnxRuntime {
     pub fn for_spec(spec: &kiln_crds::compiled_target::Backend) -> Result<Self> {
         Ok(Self {
             rt: runtime()?,
-            provider: spec.execution_provider.unwrap_or_default(),
             level: spec.optimization_level.unwrap_or_default(),
             fallback: spec.cpu_fallback.clone().unwrap_or_default(),
         })
@@ -348,7 +346,7 @@ impl Backend for OnnxRuntime {
             .map_err(|e| Error::store(scratch, e))?;
         let optimized = work.path().join(MODEL);
         let session = self
-            .builder(self.provider, ort_level(self.level), Some(&optimized), None)
+            .builder(req.provider, ort_level(self.level), Some(&optimized), None)
             .map_err(|e| classify(e, "configuring the session", Error::CompileFailed))
             .and_then(|mut b| {
                 b.commit_from_file(req.model)
@@ -376,7 +374,7 @@ impl Backend for OnnxRuntime {
         let source_size = std::fs::metadata(req.model).map(|m| m.len()).unwrap_or(0);
         log.push(format!(
             "optimised for {} at level {} by ONNX Runtime {}: {source_size} bytes → {} bytes",
-            provider_name(self.provider),
+            provider_name(req.provider),
             self.level.as_str(),
             self.rt.version,
             graph.len()
@@ -393,7 +391,7 @@ impl Backend for OnnxRuntime {
         let config = ArtifactConfig {
             runtime_version: self.rt.version.clone(),
             runtime_sha256: self.rt.sha256.clone(),
-            execution_provider: self.provider,
+            execution_provider: req.provider,
             optimization_level: self.level,
             cpu_fallback: self.fallback.clone(),
             profiles,
@@ -428,12 +426,12 @@ impl Backend for OnnxRuntime {
                 self.rt.path.display()
             )));
         }
-        if config.execution_provider != self.provider || config.cpu_fallback != self.fallback {
+        // The provider is the artifact's (the compile key binds it to the class); the fallback
+        // policy must still be the target's.
+        if config.cpu_fallback != self.fallback {
             return Err(Error::IncompatibleRuntime(format!(
-                "artifact made for provider {} with cpuFallback {}, the target asks for {} with {}",
-                config.execution_provider.as_str(),
+                "artifact made with cpuFallback {}, the target asks for {}",
                 config.cpu_fallback.describe(),
-                self.provider.as_str(),
                 self.fallback.describe()
             )));
         }
@@ -475,7 +473,12 @@ impl Backend for OnnxRuntime {
             }
             Err(e) => return Err(e),
         };
-        let mut engine = OrtEngine::new(session, config.profiles, self.provider, Some(profile_dir));
+        let mut engine = OrtEngine::new(
+            session,
+            config.profiles,
+            config.execution_provider,
+            Some(profile_dir),
+        );
         engine.refused = refused;
         Ok(Box::new(engine))
     }

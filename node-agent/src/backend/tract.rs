@@ -68,6 +68,12 @@ impl Backend for Tract {
                 "the tract backend takes no flags; remove backend.flags.{flag}"
             )));
         }
+        if req.provider != kiln_crds::compiled_target::ExecutionProvider::Cpu {
+            return Err(Error::InvalidSpec(format!(
+                "the tract backend runs on the CPU, not {}; set backend.executionProvider: cpu or kind: onnxruntime",
+                req.provider.as_str()
+            )));
+        }
         let mut log = Vec::new();
         let nnef = tract_nnef::nnef().with_onnx();
         let mut index = Index {

@@ -124,6 +124,7 @@ pub async fn hand_off(job: &Job, metrics: &Metrics) -> Result<()> {
                 model: &inputs.model,
                 profiles: &profiles,
                 precision: t.precision,
+                provider: kiln_crds::compiled_target::ExecutionProvider::Cpu,
                 flags: &t.backend.flags,
                 out: &dir.join(crate::backend::exec::HANDOFF_MODEL),
                 timeout: p.spec.compile_timeout(),

@@ -356,6 +356,7 @@ fn compile(
         model: &inputs.model,
         profiles: &profiles,
         precision: t.precision,
+        provider: t.backend.provider_for(class),
         flags: &t.backend.flags,
         out: &out,
         timeout: spec.compile_timeout(),
@@ -406,7 +407,7 @@ fn compile(
         parity_max_abs_error: Some(parity_max),
         compile_seconds: started.elapsed().as_secs_f64(),
         converter_log: compiled.log,
-        backend_options: t.backend.options(),
+        backend_options: t.backend.options(class),
         runtime_digest: backend.runtime_digest(),
         bound_to: compiled
             .machine_bound
