@@ -187,12 +187,27 @@ impl VerifiedWrite {
     }
 }
 
-/// Streams `chunks` into `dest` through a verified write. Hashing and writing run on a blocking
-/// thread while the download continues on this task, so the two overlap. A stream error means
-/// the transfer broke off (`Unavailable`); a stream that ends is judged by size and sha256.
-pub(crate) async fn stream_verified<S>(mut chunks: S, dest: &Path, expected: Expected) -> Result<()>
+/// A byte stream of an artifact, and the offset of the object its first byte is at.
+pub(crate) type Opened<S> = (S, u64);
+
+/// How many times a broken-off download is resumed before the pull fails.
+pub const MAX_RESUMES: u32 = 3;
+
+/// Streams the object `open(offset)` serves into `dest` through a verified write. Hashing and
+/// writing run on a blocking thread while the download continues on this task, so the two
+/// overlap, and every byte is hashed once. A stream that breaks off is reopened at the first
+/// byte not yet received (an HTTP range request), up to [`MAX_RESUMES`] times; a server that
+/// answers from an earlier offset has the bytes already taken skipped. A stream that ends is
+/// judged by size and sha256 of the whole object.
+pub(crate) async fn stream_verified<S, F, Fut>(
+    mut open: F,
+    dest: &Path,
+    expected: Expected,
+) -> Result<()>
 where
     S: futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Unpin,
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<Opened<S>>>,
 {
     use futures_util::StreamExt;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
@@ -223,20 +238,50 @@ where
         }
         Ok(staged)
     });
-    let mut failed = None;
-    while let Some(item) = chunks.next().await {
-        match item {
-            Ok(chunk) => {
-                if tx.send(chunk).await.is_err() {
-                    break; // the writer stopped: its error says why
-                }
-            }
+    let mut sent = 0u64;
+    let mut resumes = 0;
+    let failed = 'download: loop {
+        let (mut chunks, mut at) = match open(sent).await {
+            Ok(opened) => opened,
+            Err(e) if resumes > 0 => break 'download Some(e.to_string()),
             Err(e) => {
-                failed = Some(e);
-                break;
+                drop(tx);
+                let _ = writer.await;
+                return Err(e);
             }
+        };
+        let broke = loop {
+            match chunks.next().await {
+                Some(Ok(mut chunk)) => {
+                    // Bytes before `sent` (a server that ignored the range) were taken already.
+                    if at < sent {
+                        let skip = (sent - at).min(chunk.len() as u64);
+                        at += skip;
+                        chunk = chunk.slice(skip as usize..);
+                        if chunk.is_empty() {
+                            continue;
+                        }
+                    }
+                    let n = chunk.len() as u64;
+                    if tx.send(chunk).await.is_err() {
+                        break None; // the writer stopped: its error says why
+                    }
+                    at += n;
+                    sent += n;
+                }
+                Some(Err(e)) => break Some(e),
+                None => break None,
+            }
+        };
+        let Some(e) = broke else {
+            break 'download None;
+        };
+        if resumes >= MAX_RESUMES {
+            break 'download Some(format!("{e} (after {resumes} resumed attempts)"));
         }
-    }
+        resumes += 1;
+        tracing::warn!(what = %what, bytes = sent, error = %e, attempt = resumes, "download broke off; resuming from the next byte");
+    };
     drop(tx);
     let staged = writer
         .await
@@ -254,6 +299,9 @@ where
                 dest.display()
             ),
         ));
+    }
+    if resumes > 0 {
+        tracing::info!(what = %what, resumes, "download resumed by range; verifying the whole object");
     }
     tokio::task::spawn_blocking(move || staged.finish())
         .await

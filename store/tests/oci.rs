@@ -316,3 +316,135 @@ async fn a_retagged_entry_is_refused_by_its_attestation() {
     );
     assert!(head.contains(" 200 "), "{head}");
 }
+
+/// A TCP proxy in front of the real registry that cuts the first `cuts` responses to a GET of
+/// the blob `digest` after `keep` body bytes (a connection that breaks off mid-download, which
+/// the registry cannot be made to do on demand), and records the Range header of every such
+/// GET.
+struct CuttingProxy {
+    addr: std::net::SocketAddr,
+    ranges: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl CuttingProxy {
+    async fn start(upstream: std::net::SocketAddr, digest: String, cuts: usize, keep: u64) -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let ranges = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let cut = Arc::new(AtomicUsize::new(cuts));
+        let seen = ranges.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(upstream).await.unwrap();
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                // Body bytes to let through once this connection asks for the blob; MAX: all.
+                let budget = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+                let (budget_up, seen, cut, digest) =
+                    (budget.clone(), seen.clone(), cut.clone(), digest.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 << 10];
+                    while let Ok(n) = cr.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        let text = String::from_utf8_lossy(&buf[..n]).to_string();
+                        if text.starts_with("GET ")
+                            && text.contains(&format!("/blobs/sha256:{digest}"))
+                        {
+                            let range = text
+                                .lines()
+                                .find(|l| l.to_ascii_lowercase().starts_with("range:"))
+                                .unwrap_or("no range")
+                                .to_string();
+                            seen.lock().unwrap().push(range);
+                            if cut.load(Ordering::SeqCst) > 0 {
+                                cut.fetch_sub(1, Ordering::SeqCst);
+                                // Header (well under 4 KiB) plus `keep` body bytes.
+                                budget_up.store(keep + 4096, Ordering::SeqCst);
+                            }
+                        }
+                        if sw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 << 10];
+                    while let Ok(n) = sr.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        let left = budget.load(Ordering::SeqCst);
+                        let n = n.min(usize::try_from(left).unwrap_or(usize::MAX));
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        if left != u64::MAX {
+                            budget.store(left - n as u64, Ordering::SeqCst);
+                            if left == n as u64 {
+                                let _ = cw.shutdown().await;
+                                break; // the connection breaks off mid-body
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Self { addr, ranges }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_that_breaks_off_resumes_by_range_and_is_verified_whole() {
+    let Some(reg) = Registry::start() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (path, manifest) = common::artifact(tmp.path(), "artifact", 8 << 20, 9);
+    let direct = open(&reg.url("kiln/resume"), &insecure()).unwrap();
+    let entry = direct.put(&path, &manifest, false).await.unwrap();
+
+    // Two breaks, each after 1 MiB of body: resumed twice, from where each one stopped.
+    let proxy = CuttingProxy::start(reg.addr, manifest.artifact_digest.clone(), 2, 1 << 20).await;
+    let store = open(&format!("oci://{}/kiln/resume", proxy.addr), &insecure()).unwrap();
+    let dest = tmp.path().join("cache").join(&manifest.artifact_digest);
+    store.pull(&entry.artifact_ref(), &dest).await.unwrap();
+    assert_eq!(std::fs::read(&dest).unwrap(), std::fs::read(&path).unwrap());
+    let ranges = proxy.ranges.lock().unwrap().clone();
+    assert_eq!(ranges.len(), 3, "one GET and two resumptions: {ranges:?}");
+    let offsets: Vec<u64> = ranges
+        .iter()
+        .map(|r| {
+            let from = r
+                .split('=')
+                .nth(1)
+                .and_then(|v| v.split('-').next())
+                .unwrap_or("x");
+            from.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("no byte range in {r:?}"))
+        })
+        .collect();
+    assert_eq!(offsets[0], 0, "{ranges:?}");
+    assert!(
+        offsets[1] > 0 && offsets[2] > offsets[1],
+        "each resumption starts where the last broke off, not from zero: {ranges:?}"
+    );
+
+    // A connection that breaks every time: given up after the resumptions, nothing written.
+    let proxy = CuttingProxy::start(reg.addr, manifest.artifact_digest.clone(), 100, 1 << 20).await;
+    let store = open(&format!("oci://{}/kiln/resume", proxy.addr), &insecure()).unwrap();
+    let dest = tmp.path().join("cache2").join(&manifest.artifact_digest);
+    let err = store.pull(&entry.artifact_ref(), &dest).await.unwrap_err();
+    assert_eq!(err.reason(), FailureReason::StoreUnavailable, "{err}");
+    assert!(err.to_string().contains("broke off after"), "{err}");
+    assert!(err.to_string().contains("resumed attempts"), "{err}");
+    assert_eq!(
+        proxy.ranges.lock().unwrap().len(),
+        1 + kiln_store::staged::MAX_RESUMES as usize
+    );
+    assert!(!dest.exists());
+    assert!(common::names(&tmp.path().join("cache2")).is_empty());
+}
