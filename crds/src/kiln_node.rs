@@ -154,6 +154,13 @@ pub struct NodeTargetStatus {
     /// Seconds of warmup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warmup_seconds: Option<f64>,
+    /// Median latency of the steady warmup runs (all but the first), in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p50_seconds: Option<f64>,
+    /// Latency of the first fixture run after warmup, in seconds: what the first request after
+    /// Ready finds (the goal is within 1.2x `p50Seconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_request_seconds: Option<f64>,
     /// Largest absolute error of any output against its golden value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parity_max_abs_error: Option<f64>,

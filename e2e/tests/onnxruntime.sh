@@ -8,7 +8,8 @@
 # node's KilnNode row both show the partition evidence (every node on the CPU provider, one
 # partition, no fallback), the row the engine's peak memory, the agent's metrics export both, and the node reports the runtime in its
 # hardware facts. Then a target asking for the CUDA provider, which the CPU library lacks, fails
-# (never served on the CPU instead).
+# (never served on the CPU instead). Throughout, each engine is loaded once: a new target,
+# annotations and an unrelated node label make the agent look again but load nothing again.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/kiln-lib.sh"
 test_namespace
@@ -21,6 +22,7 @@ REAL=$(kubectl get nodes -o jsonpath='{.items[0].metadata.name}')
 cleanup() {
   kubectl -n "$NS" delete compiledtarget --all --wait=true --timeout=60s >/dev/null 2>&1 || true
   helm uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
+  kubectl label node "$REAL" example.com/unrelated- >/dev/null 2>&1 || true
   kubectl delete kilnnode "$REAL" --ignore-not-found >/dev/null 2>&1 || true
   kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
   rm -rf "$WORK"
@@ -78,8 +80,9 @@ echo "   onnxruntime $(jq -c '.status.classes[0].placement.nodes' <<<"$ORT"), tr
 echo "== the node's row carries its own warmup's placement"
 ROW=$(row squeezenet-ort)
 jq -e '(.placement | .requested == "cpu" and .nodes.cpu > 10 and .partitions == 1 and .fallbackShare == 0) and
-  .peakMemoryBytes > 0' <<<"$ROW" >/dev/null || die "onnxruntime row: $ROW"
-echo "   row: $(jq -c '{placement: .placement.nodes, peakMemoryBytes}' <<<"$ROW")"
+  .peakMemoryBytes > 0 and .p50Seconds > 0 and .firstRequestSeconds > 0' <<<"$ROW" >/dev/null || die "onnxruntime row: $ROW"
+echo "   row: $(jq -c '{placement: .placement.nodes, peakMemoryBytes, p50Seconds, firstRequestSeconds,
+  firstRequestOverP50: (.firstRequestSeconds / .p50Seconds * 100 | round / 100)}' <<<"$ROW")"
 [[ $(jq -r '.artifactDigest' <<<"$ROW") == *"$(jq -r '.status.classes[0].artifactDigest' <<<"$ORT")" ]] ||
   die "row digest $(jq -r .artifactDigest <<<"$ROW") is not the class's"
 
@@ -120,3 +123,20 @@ jq -e '.status.classes[0] | .phase == "Failed" and .reason == "IncompatibleRunti
   die "cuda target: $(jq -c '.status.classes[0] | {phase, reason, message}' <<<"$CUDA")"
 [[ -z $(row squeezenet-cuda | jq -r 'select(.phase == "Ready")') ]] || die "the cuda target is Ready on a CPU-only node"
 echo "   $(jq -r '.status.classes[0].reason + ": " + (.status.classes[0].message | .[0:160])' <<<"$CUDA")"
+
+echo "== no redundant node work: each engine was loaded once, and unrelated events load none again"
+loads() {
+  kubectl get --raw "/api/v1/namespaces/$NS/services/kiln-agent-metrics:metrics/proxy/metrics" |
+    awk '/^kiln_agent_load_seconds_count/ {s += $NF} END {print s + 0}'
+}
+since() { row "$1" | jq -r .readySince; }
+before=$(loads) ort_since=$(since squeezenet-ort) tract_since=$(since squeezenet-cpu)
+[[ $before == 2 ]] || die "$before loads for two targets (the cuda one never had an artifact)"
+kubectl -n "$NS" annotate compiledtarget squeezenet-ort example.com/note=unrelated >/dev/null
+kubectl -n "$NS" annotate modelartifact squeezenet example.com/note=unrelated >/dev/null
+kubectl label node "$REAL" example.com/unrelated=1 >/dev/null
+sleep 10
+[[ $(loads) == "$before" ]] || die "unrelated events reloaded an engine: $before -> $(loads) loads"
+[[ $(since squeezenet-ort) == "$ort_since" && $(since squeezenet-cpu) == "$tract_since" ]] ||
+  die "readySince moved: $(row squeezenet-ort)"
+echo "   $before loads for 2 served targets after a new target, 2 annotations and a node label"

@@ -56,6 +56,8 @@ pub struct Outcome {
     pub p50_seconds: Option<f64>,
     /// Steady-state p99 latency.
     pub p99_seconds: Option<f64>,
+    /// Latency of the first fixture run after warmup (what a first request finds).
+    pub first_request_seconds: Option<f64>,
     /// Which execution provider ran which nodes in warmup.
     pub placement: Option<kiln_crds::placement::Placement>,
     /// Resident memory the engine added at its peak in load and warmup.
@@ -174,6 +176,7 @@ async fn pipeline(
     outcome.first_seconds = Some(w.first_seconds);
     outcome.p50_seconds = Some(w.p50_seconds);
     outcome.p99_seconds = Some(w.p99_seconds);
+    outcome.first_request_seconds = Some(w.first_request_seconds);
     outcome.placement = w.placement.clone();
     outcome.peak_memory_bytes = w.peak_memory_bytes;
     outcome.message = format!(
@@ -325,6 +328,13 @@ fn print_plain(outcome: &Outcome) {
         ms(outcome.p50_seconds),
         ms(outcome.p99_seconds)
     );
+    if let (Some(first), Some(p50)) = (outcome.first_request_seconds, outcome.p50_seconds) {
+        println!(
+            "  first request    {} after Ready ({:.2}x the steady p50)",
+            ms(Some(first)),
+            first / p50.max(f64::MIN_POSITIVE)
+        );
+    }
     if let Some(peak) = outcome.peak_memory_bytes {
         println!(
             "  peak memory      {} above the baseline in load and warmup",

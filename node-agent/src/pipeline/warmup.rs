@@ -37,6 +37,8 @@ pub struct WarmupReport {
     /// Resident memory the engine added at its peak in load and warmup (set by
     /// [`crate::pipeline::ready::account_memory`]).
     pub peak_memory_bytes: Option<u64>,
+    /// Latency of one fixture run once warmup is over: what the first request after Ready finds.
+    pub first_request_seconds: f64,
 }
 
 /// Checks that the fixture's inputs are exactly what one of the engine's profiles takes: names,
@@ -149,6 +151,14 @@ pub fn warm(engine: &dyn Engine, fixture: &FixtureFile, warmup: &Warmup) -> Resu
             warmup.iterations
         )));
     }
+    // The first request after Ready: one more run once warmup is over, parity-checked too.
+    let t = Instant::now();
+    let outputs = engine.run(&fixture.inputs)?;
+    report.first_request_seconds = t.elapsed().as_secs_f64();
+    parity(&outputs, fixture, warmup).map_err(|e| match e {
+        Error::ParityExceeded(m) => Error::ParityExceeded(format!("first run after warmup: {m}")),
+        other => other,
+    })?;
     Ok(report)
 }
 

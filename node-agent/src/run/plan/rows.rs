@@ -167,6 +167,8 @@ pub fn served(
         pull_bytes: Some(i64::try_from(p.pull_bytes).unwrap_or(i64::MAX)),
         load_seconds: Some(p.load_seconds),
         warmup_seconds: Some(p.warmup.total_seconds),
+        p50_seconds: Some(p.warmup.p50_seconds),
+        first_request_seconds: Some(p.warmup.first_request_seconds),
         parity_max_abs_error: Some(p.warmup.parity_max_abs_error),
         placement: p.warmup.placement.clone(),
         peak_memory_bytes: p
@@ -207,6 +209,8 @@ pub fn served(
         let mine = |v: Option<f64>| v.filter(|_| same);
         row.load_seconds = mine(old.load_seconds);
         row.warmup_seconds = mine(old.warmup_seconds);
+        row.p50_seconds = mine(old.p50_seconds);
+        row.first_request_seconds = mine(old.first_request_seconds);
         row.parity_max_abs_error = mine(old.parity_max_abs_error);
         row.placement = old.placement.clone().filter(|_| same);
         row.peak_memory_bytes = old.peak_memory_bytes.filter(|_| same);
