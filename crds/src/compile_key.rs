@@ -273,16 +273,7 @@ assetDigests: {pre: cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
             Backend, BackendKind, CpuFallback, CpuFallbackPolicy, ExecutionProvider,
             OptimizationLevel,
         };
-        let backend = |kind| Backend {
-            kind,
-            version: None,
-            image: None,
-            command: Vec::new(),
-            flags: BTreeMap::new(),
-            execution_provider: None,
-            optimization_level: None,
-            cpu_fallback: None,
-        };
+        let backend = Backend::of;
         // A tract target that sets nothing keeps the key it had before these settings existed.
         let cpu = BTreeMap::from([("kubernetes.io/arch".to_string(), "amd64".to_string())]);
         assert!(backend(BackendKind::Tract).options(&cpu).is_empty());

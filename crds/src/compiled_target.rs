@@ -124,6 +124,20 @@ pub struct Backend {
 }
 
 impl Backend {
+    /// A backend of `kind` with every setting left to its default.
+    pub fn of(kind: BackendKind) -> Self {
+        Self {
+            kind,
+            version: None,
+            image: None,
+            command: Vec::new(),
+            flags: BTreeMap::new(),
+            execution_provider: None,
+            optimization_level: None,
+            cpu_fallback: None,
+        }
+    }
+
     /// The execution provider a class's engine runs on: the one the target names; otherwise,
     /// for kind `onnxruntime`, CUDA on a class with an NVIDIA GPU (its class facts name a
     /// `nvidia.com/gpu.product`) and the CPU elsewhere, so one target gets a GPU engine on GPU

@@ -106,8 +106,13 @@ impl PeakWindow {
 
     /// Peak resident bytes since the start, above the resident set at the start.
     pub fn peak_bytes(&self) -> Option<u64> {
-        Some(status_bytes("VmHWM:")?.saturating_sub(self.start_rss))
+        Some(peak_rss()?.saturating_sub(self.start_rss))
     }
+}
+
+/// The peak resident set of this process (`VmHWM`), in bytes; `PeakWindow::start` resets it.
+pub fn peak_rss() -> Option<u64> {
+    status_bytes("VmHWM:")
 }
 
 /// A `kB` field of `/proc/self/status`, in bytes.

@@ -11,6 +11,7 @@ use kiln_crds::compiled_target::{BackendKind, Precision};
 use crate::error::{Error, Result};
 use crate::pipeline::tensor::HostTensor;
 
+pub mod archive;
 pub mod exec;
 pub mod guard;
 pub mod onnxruntime;

@@ -12,7 +12,6 @@
 //! the artifact path it is given and a private profile directory beside the artifact.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -26,17 +25,16 @@ use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
 use safetensors::Dtype;
 use serde::{Deserialize, Serialize};
 
+use super::archive::{append, entries};
 use super::{Backend, CompileRequest, Compiled, Engine, GraphInterface, InputInfo, Shapes};
 use crate::error::{Error, Result};
-use crate::pipeline::tensor::HostTensor;
+use crate::pipeline::tensor::{HostTensor, le_vec};
 
 /// The ONNX Runtime release line the binding is built for (`ort` 2.0.0-rc.15, API 31).
 pub const RELEASE_LINE: &str = "1.31";
 const MEDIA_TYPE: &str = "application/vnd.kiln.onnxruntime.optimized.v1.tar";
 const CONFIG: &str = "kiln-onnxruntime.json";
 const MODEL: &str = "model.onnx";
-/// Fixed mtime so the same graph archives to the same bytes.
-const MTIME: u64 = 315_532_800;
 /// A profile bigger than this is not read (a run of a million nodes, or a hostile graph).
 const MAX_PROFILE_BYTES: u64 = 256 << 20;
 const INSTALL: &str = "fetch the library with scripts/ensure-onnxruntime.sh (the PyPI onnxruntime \
@@ -227,16 +225,17 @@ impl OnnxRuntime {
 
     /// A session over the file as written, on the CPU, for reading its interface.
     fn inspect(&self, model: &Path) -> Result<Session> {
-        let inspect = || -> ort::Result<SessionBuilder> {
-            Ok(Session::builder(&self.rt.env)?
-                .with_optimization_level(GraphOptimizationLevel::Disable)?)
-        };
-        inspect()
-            .map_err(|e| Error::CompileFailed(e.to_string()))
-            .and_then(|mut b| {
-                b.commit_from_file(model)
-                    .map_err(|e| classify(e, "reading the model", Error::CompileFailed))
-            })
+        self.builder(
+            ExecutionProvider::Cpu,
+            GraphOptimizationLevel::Disable,
+            None,
+            None,
+        )
+        .map_err(|e| Error::CompileFailed(e.to_string()))
+        .and_then(|mut b| {
+            b.commit_from_file(model)
+                .map_err(|e| classify(e, "reading the model", Error::CompileFailed))
+        })
     }
 }
 
@@ -623,46 +622,22 @@ fn dtype(ty: TensorElementType) -> Option<Dtype> {
     })
 }
 
-fn append(builder: &mut tar::Builder<Vec<u8>>, path: &str, bytes: &[u8]) -> Result<()> {
-    let mut header = tar::Header::new_gnu();
-    header.set_size(bytes.len() as u64);
-    header.set_mode(0o644);
-    header.set_mtime(MTIME);
-    header.set_cksum();
-    builder
-        .append_data(&mut header, path, bytes)
-        .map_err(|e| Error::CompileFailed(format!("archiving {path}: {e}")))
-}
-
 /// The configuration and the graph of an artifact, read by name (never extracted).
 fn read_artifact(artifact: &Path) -> std::result::Result<(ArtifactConfig, Vec<u8>), String> {
-    let file = std::fs::File::open(artifact).map_err(|e| e.to_string())?;
-    let mut archive = tar::Archive::new(file);
-    let (mut config, mut graph) = (None, None);
-    let not_tar = |e: std::io::Error| format!("not a readable tar archive: {e}");
-    for entry in archive.entries().map_err(not_tar)? {
-        let mut entry = entry.map_err(not_tar)?;
-        let path = entry
-            .path()
-            .map_err(not_tar)?
-            .to_string_lossy()
-            .into_owned();
-        let mut bytes = Vec::new();
-        entry.read_to_end(&mut bytes).map_err(not_tar)?;
-        match path.as_str() {
-            CONFIG => config = Some(bytes),
-            MODEL => graph = Some(bytes),
-            _ => {
-                return Err(format!(
-                    "unexpected entry {path:?}: not a kiln onnxruntime artifact"
-                ));
-            }
-        }
+    let mut files = entries(artifact)?;
+    if let Some(other) = files.keys().find(|k| *k != CONFIG && *k != MODEL) {
+        return Err(format!(
+            "unexpected entry {other:?}: not a kiln onnxruntime artifact"
+        ));
     }
-    let config = config.ok_or_else(|| format!("no {CONFIG}: not a kiln onnxruntime artifact"))?;
+    let config = files
+        .remove(CONFIG)
+        .ok_or_else(|| format!("no {CONFIG}: not a kiln onnxruntime artifact"))?;
     let config: ArtifactConfig =
         serde_json::from_slice(&config).map_err(|e| format!("{CONFIG}: {e}"))?;
-    let graph = graph.ok_or_else(|| format!("no {MODEL}: not a kiln onnxruntime artifact"))?;
+    let graph = files
+        .remove(MODEL)
+        .ok_or_else(|| format!("no {MODEL}: not a kiln onnxruntime artifact"))?;
     Ok((config, graph))
 }
 
@@ -851,15 +826,6 @@ fn placement_of(profile: &[u8], requested: &str) -> std::result::Result<Placemen
         requested,
         ran.iter().map(|(p, n)| (p.as_str(), n.clone())),
     ))
-}
-
-macro_rules! le_vec {
-    ($bytes:expr, $t:ty) => {
-        $bytes
-            .chunks_exact(std::mem::size_of::<$t>())
-            .map(|c| <$t>::from_le_bytes(c.try_into().unwrap_or_default()))
-            .collect::<Vec<$t>>()
-    };
 }
 
 fn to_value(t: &HostTensor) -> Result<DynValue> {

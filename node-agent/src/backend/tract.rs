@@ -4,7 +4,6 @@
 //! Reads the model, writes (fsynced) only the artifact path it is given.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::Path;
 
 use kiln_crds::compiled_target::Precision;
@@ -13,6 +12,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 use tract_onnx_opl::WithOnnx;
 
+use super::archive::{append, entries};
 use super::{Backend, CompileRequest, Compiled, Engine, InputInfo, Shapes};
 use crate::error::{Error, Result, chain};
 use crate::pipeline::tensor::HostTensor;
@@ -24,8 +24,6 @@ pub struct Tract;
 pub const TRACT_VERSION: &str = "0.23.9";
 const MEDIA_TYPE: &str = "application/vnd.kiln.tract.nnef-profiles.v1.tar";
 const INDEX: &str = "kiln-profiles.json";
-/// Fixed mtime so the same model compiles to the same bytes.
-const MTIME: u64 = 315_532_800;
 
 /// The index inside an artifact: input and output order of every profile's graph.
 #[derive(Serialize, Deserialize)]
@@ -113,23 +111,7 @@ impl Backend for Tract {
 
     fn load(&self, artifact: &Path) -> Result<Box<dyn Engine>> {
         let load_failed = |m: String| Error::LoadFailed(format!("{}: {m}", artifact.display()));
-        let file = std::fs::File::open(artifact).map_err(|e| load_failed(e.to_string()))?;
-        let mut archive = tar::Archive::new(file);
-        let mut files = BTreeMap::new();
-        // Entries are read into memory by name, never extracted: a name with `..` or a leading
-        // `/` reaches nothing.
-        let not_tar = |e: std::io::Error| load_failed(format!("not a readable tar archive: {e}"));
-        for entry in archive.entries().map_err(not_tar)? {
-            let mut entry = entry.map_err(not_tar)?;
-            let path = entry
-                .path()
-                .map_err(not_tar)?
-                .to_string_lossy()
-                .into_owned();
-            let mut bytes = Vec::new();
-            entry.read_to_end(&mut bytes).map_err(not_tar)?;
-            files.insert(path, bytes);
-        }
+        let files = entries(artifact).map_err(load_failed)?;
         let index: Index = files
             .get(INDEX)
             .ok_or_else(|| load_failed(format!("no {INDEX}: not a kiln tract artifact")))
@@ -425,17 +407,6 @@ fn typed_for(
             outputs,
         },
     ))
-}
-
-fn append(builder: &mut tar::Builder<Vec<u8>>, path: &str, bytes: &[u8]) -> Result<()> {
-    let mut header = tar::Header::new_gnu();
-    header.set_size(bytes.len() as u64);
-    header.set_mode(0o644);
-    header.set_mtime(MTIME);
-    header.set_cksum();
-    builder
-        .append_data(&mut header, path, bytes)
-        .map_err(|e| Error::CompileFailed(e.to_string()))
 }
 
 struct TractEngine {

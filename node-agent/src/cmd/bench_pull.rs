@@ -166,7 +166,7 @@ pub async fn run(
         agent,
         download,
         hash,
-        peak_rss: peak_rss(),
+        peak_rss: crate::memory::peak_rss().unwrap_or(0),
         registry: registry.addr,
     })
 }
@@ -188,18 +188,6 @@ fn hash_in_memory(bytes: u64) -> f64 {
     }
     std::hint::black_box(hasher.finalize());
     started.elapsed().as_secs_f64()
-}
-
-/// Peak resident set of this process (`VmHWM`), bytes.
-fn peak_rss() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kib| kib * 1024)
 }
 
 fn manifest(key: &str, digest: &str, size: u64) -> BuildManifest {

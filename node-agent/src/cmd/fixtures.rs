@@ -181,16 +181,9 @@ pub fn main(args: Args) -> ExitCode {
             crate::backend::tract::Tract,
         ))),
         Reference::Onnxruntime => crate::backend::onnxruntime::OnnxRuntime::for_spec(
-            &kiln_crds::compiled_target::Backend {
-                kind: kiln_crds::compiled_target::BackendKind::Onnxruntime,
-                version: None,
-                image: None,
-                command: Vec::new(),
-                flags: BTreeMap::new(),
-                execution_provider: None,
-                optimization_level: None,
-                cpu_fallback: None,
-            },
+            &kiln_crds::compiled_target::Backend::of(
+                kiln_crds::compiled_target::BackendKind::Onnxruntime,
+            ),
         )
         .map(|ort| crate::backend::guard::Guarded(Box::new(ort))),
     };

@@ -18,6 +18,7 @@ pub struct HostTensor {
     pub data: Vec<u8>,
 }
 
+/// Little-endian bytes as a `Vec` of `$t` (for every backend's conversion from a host tensor).
 macro_rules! le_vec {
     ($bytes:expr, $t:ty) => {
         $bytes
@@ -26,6 +27,7 @@ macro_rules! le_vec {
             .collect::<Vec<$t>>()
     };
 }
+pub(crate) use le_vec;
 
 impl HostTensor {
     /// Number of elements.
