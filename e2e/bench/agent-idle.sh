@@ -40,9 +40,7 @@ done
 printf '   %-14s %6.1f MB of the agent image (ONNX Runtime %s)\n' "libonnxruntime" \
   "$(echo "$(stat -c %s "$ORT_LIB") / 1000000" | bc -l)" "${ORT_IDENTITY%%@*}"
 
-install -d -m 755 "$WORK/sources" "$WORK/cache"
-cp "$REPO/examples/squeezenet/model.onnx" "$REPO/examples/squeezenet/fixture-v1.safetensors" "$WORK/sources/"
-chmod 644 "$WORK/sources/"*
+kiln_example_dirs "$WORK"
 kiln_fresh_crds
 kiln_install "$REL" "$NS" --set store.url="oci://$REGISTRY_ADDR/kiln-bench/$NS" --set store.insecure=true \
   --set sources.hostPath="$WORK/sources" --set agent.cacheHostPath="$WORK/cache" >/dev/null || die "helm install"

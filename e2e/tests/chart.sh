@@ -30,9 +30,7 @@ die() {
 kiln_images "$WORK"
 # Store written by the compile Jobs (uid 65532); sources read-only.
 install -d -m 755 -o 65532 -g 65532 "$WORK/store"
-install -d -m 755 "$WORK/sources" "$WORK/cache"
-cp "$REPO/examples/squeezenet/model.onnx" "$REPO/examples/squeezenet/fixture-v1.safetensors" "$WORK/sources/"
-chmod 644 "$WORK/sources/"*
+kiln_example_dirs "$WORK"
 
 echo "== helm install (CRDs, operator, agent, RBAC, metrics Services)"
 kiln_fresh_crds

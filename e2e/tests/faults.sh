@@ -61,19 +61,13 @@ cleanup() {
 }
 trap cleanup EXIT
 die() {
-  kubectl -n "$NS" get all,compiledtargets -o wide >&2 || true
   kubectl -n "$NS" get compiledtarget "$TARGET" -o json 2>/dev/null | jq '.status | del(.revisions)' >&2 || true
-  kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq '.status.targets' >&2 || true
-  kubectl -n "$NS" logs deploy/kiln-operator --tail=20 >&2 || true
-  kubectl -n "$NS" logs ds/kiln-agent --tail=30 >&2 || true
-  dump "$NS" >&2
+  kiln_diagnose "$NS" "$REAL"
   fail "$*"
 }
 
 kiln_images "$WORK"
-install -d -m 755 "$WORK/sources" "$WORK/cache"
-cp "$REPO/examples/squeezenet/model.onnx" "$REPO/examples/squeezenet/fixture-v1.safetensors" "$WORK/sources/"
-chmod 644 "$WORK/sources/"*
+kiln_example_dirs "$WORK"
 kiln_fresh_crds
 # KILN_E2E_FAULT_RUST_LOG: the operator's and agent's RUST_LOG, to look into a failing case.
 LOG_ARGS=()

@@ -21,6 +21,24 @@ kiln_images() {
     --add "$ORT_LIB:$ORT_IN_IMAGE" --env "ORT_DYLIB_PATH=$ORT_IN_IMAGE" --env ORT_DISABLE_TELEMETRY=1
 }
 
+# kiln_example_dirs DIR: DIR/sources holding the example model and fixture (the chart's
+# sources.hostPath, read-only to the pods) and an empty DIR/cache (agent.cacheHostPath).
+kiln_example_dirs() {
+  install -d -m 755 "$1/sources" "$1/cache"
+  cp "$REPO/examples/squeezenet/model.onnx" "$REPO/examples/squeezenet/fixture-v1.safetensors" "$1/sources/"
+  chmod 644 "$1/sources/"*
+}
+
+# kiln_diagnose NAMESPACE NODE: what a failing kiln test shows on stderr: the namespace's
+# objects, the node's KilnNode rows, the components' last log lines and the events.
+kiln_diagnose() {
+  kubectl -n "$1" get all,compiledtargets -o wide >&2 || true
+  kubectl get kilnnode "$2" -o json 2>/dev/null | jq '.status.targets' >&2 || true
+  kubectl -n "$1" logs deploy/kiln-operator --tail=20 >&2 || true
+  kubectl -n "$1" logs ds/kiln-agent --tail=30 >&2 || true
+  dump "$1" >&2
+}
+
 # kiln_fresh_crds: delete kiln's CRDs if present, so that the install under test creates them
 # (Helm refuses to take over objects another release or `kubectl apply` created). Run only
 # while holding the e2e lock: it deletes every kiln object in the cluster.

@@ -33,11 +33,7 @@ cleanup() {
 }
 trap cleanup EXIT
 die() {
-  kubectl -n "$NS" get all,compiledtargets -o wide >&2 || true
-  kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq '.status.targets' >&2 || true
-  kubectl -n "$NS" logs deploy/kiln-operator --tail=20 >&2 || true
-  kubectl -n "$NS" logs ds/kiln-agent --tail=30 >&2 || true
-  dump "$NS" >&2
+  kiln_diagnose "$NS" "$REAL"
   fail "$*"
 }
 epoch() { date -d "$1" +%s; }
@@ -54,9 +50,7 @@ PY
 }
 
 kiln_images "$WORK"
-install -d -m 755 "$WORK/sources" "$WORK/cache"
-cp "$REPO/examples/squeezenet/model.onnx" "$REPO/examples/squeezenet/fixture-v1.safetensors" "$WORK/sources/"
-chmod 644 "$WORK/sources/"*
+kiln_example_dirs "$WORK"
 
 echo "== install: store oci://$REGISTRY_ADDR/$REPOSITORY"
 kiln_fresh_crds
