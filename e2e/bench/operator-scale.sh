@@ -72,10 +72,14 @@ writes() {
 echo "== operator"
 mkdir -p "$WORK/store/artifacts"
 start=$(date +%s.%N)
-"$OP" --store "$WORK/store" --no-leader-election --listen 127.0.0.1:18090 --log-format json \
+${KILN_BENCH_WRAP:-} "$OP" --store "$WORK/store" --no-leader-election --listen 127.0.0.1:18090 --log-format json \
   --agent-image kiln-e2e/agent:bench --max-concurrent-compiles "$L" >"$WORK/operator.log" 2>&1 &
 PID=$!
 trap 'kill $PID 2>/dev/null || true' EXIT
+# The operator itself, also under a wrapper (KILN_BENCH_WRAP=heaptrack: where memory goes).
+sleep 0.5
+OPPID=$(pgrep -n -f -- "--listen 127.0.0.1:18090 " || echo $PID)
+cpu() { awk '{printf "%.1f", ($14 + $15) / 100}' /proc/$OPPID/stat; }
 done_count() {
   kubectl -n "$NS" get compiledtargets -o json |
     jq --argjson m "$M" '[.items[] | select(.status.classCount == $m and ([.status.classes[]? | select(.phase == "Compiling" or .phase == "Queued")] | length) == $m)] | length'
@@ -90,8 +94,8 @@ done
 end=$(date +%s.%N)
 jobs=$(kubectl -n "$NS" get jobs --no-headers 2>/dev/null | wc -l)
 t_operator=$(echo "$end - $start" | bc)
-printf 'reconciled all: %.1f s for %d targets x %d classes at limit %d (%d Jobs, want %d)\n' \
-  "$t_operator" "$N" "$M" "$L" "$jobs" "$want_jobs"
+printf 'reconciled all: %.1f s for %d targets x %d classes at limit %d (%d Jobs, want %d); operator CPU %s s\n' \
+  "$t_operator" "$N" "$M" "$L" "$jobs" "$want_jobs" "$(cpu)"
 sleep 15 # let the last status writes and Events land
 w1=$(writes); o1=$(curl -fsS http://127.0.0.1:18090/metrics | awk '/^kiln_operator_api_writes_total/ {s += $2} END {print s + 0}')
 sleep 60
@@ -101,9 +105,10 @@ echo "Jobs after the minute: $(kubectl -n "$NS" get jobs --no-headers 2>/dev/nul
 echo "Job creates answered AlreadyExists (a Job posted again): $(kubectl get --raw /metrics | awk '
   /^apiserver_request_total\{/ && /verb="POST"/ && /resource="jobs"/ && /code="409"/ { s += $NF }
   END { printf "%d\n", s }')"
-echo "operator peak RSS: $(awk '/VmHWM/ {print $2 " " $3}' /proc/$PID/status), now $(awk '/VmRSS/ {print $2 " " $3}' /proc/$PID/status)"
+echo "operator peak RSS: $(awk '/VmHWM/ {print $2 " " $3}' /proc/$OPPID/status), now $(awk '/VmRSS/ {print $2 " " $3}' /proc/$OPPID/status); CPU $(cpu) s"
 curl -fsS http://127.0.0.1:18090/metrics | grep -E '^kiln_operator_(reconcile_duration_seconds_(sum|count)|api_writes_total|classes)' || true
-kill $PID
+kill $OPPID $PID 2>/dev/null || true
+wait $PID 2>/dev/null || true
 
 # Bound, measured here: one kubectl writing what the operator had to write, the N targets' worth
 # of objects (their apply above, as the N status writes) and the same number of Jobs (copies of

@@ -75,6 +75,8 @@ pub struct Context {
     /// lock, so that reconciles of different targets (they run at once) cannot each take the
     /// same free slot of `--max-concurrent-compiles`; the Jobs are then created outside it.
     pub compile_slots: std::sync::Mutex<TakenSlots>,
+    /// Statuses this replica wrote that the target cache may not show yet ([`writes::as_written`]).
+    pub written: std::sync::Mutex<writes::StatusMemo>,
 }
 
 /// Reconciles one CompiledTarget.
@@ -100,6 +102,8 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
     };
     let ns = target.namespace().ok_or_else(|| malformed("namespace"))?;
     let uid = target.uid().ok_or_else(|| malformed("uid"))?;
+    // The status this replica last wrote, where the cache still holds the object it replaced.
+    let target = &*writes::as_written(target, &uid, &ctx.written);
 
     // Dereference and gather: caches and the store, no writes.
     let model = model_of(target, ctx, &ns);
@@ -352,6 +356,11 @@ pub async fn sweep(ctx: &Context, targets: &Store<CompiledTarget>) {
         }
     }
     let names: std::collections::BTreeSet<&String> = live.values().collect();
+    let uids: std::collections::BTreeSet<String> =
+        targets.state().iter().filter_map(|t| t.uid()).collect();
+    if let Ok(mut written) = ctx.written.lock() {
+        written.retain(|uid, _| uids.contains(uid));
+    }
     if let Ok(mut counts) = ctx.class_counts.lock() {
         let gone: i64 = counts
             .iter()

@@ -114,6 +114,12 @@ struct Cli {
     /// Compile Jobs running at once across all targets; more wait in phase `Queued`.
     #[arg(long, env = "KILN_MAX_CONCURRENT_COMPILES", default_value_t = 4)]
     max_concurrent_compiles: usize,
+    /// CompiledTargets reconciled at once (never two reconciles of one target). Each holds its
+    /// view of the nodes, its plan and an API request; unbounded, 1,000 new targets held 1,000
+    /// of each at once.
+    #[arg(long, env = "KILN_MAX_CONCURRENT_RECONCILES", default_value_t = 32,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    max_concurrent_reconciles: u16,
     /// Wait after a failed attempt, in seconds; doubles per attempt up to 5 minutes.
     #[arg(long, env = "KILN_RETRY_BACKOFF_SECONDS", default_value_t = 10)]
     retry_backoff_seconds: u64,
@@ -230,6 +236,7 @@ fn main() -> ExitCode {
             require_source_signature: cli.require_source_signature,
         },
         listen: cli.listen,
+        concurrency: cli.max_concurrent_reconciles,
         election: (!cli.no_leader_election).then(|| Election {
             lease: cli.lease_name,
             namespace: cli.lease_namespace,

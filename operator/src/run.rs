@@ -52,6 +52,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Leader election, unless disabled.
     pub election: Option<Election>,
+    /// CompiledTargets reconciled at once.
+    pub concurrency: u16,
 }
 
 /// Runs until SIGTERM/SIGINT or, with leader election, until leadership is lost.
@@ -250,6 +252,7 @@ where
         labelled: std::sync::Mutex::new(BTreeMap::new()),
         ready_counts: std::sync::Mutex::new(BTreeMap::new()),
         compile_slots: std::sync::Mutex::new(BTreeMap::new()),
+        written: std::sync::Mutex::new(Default::default()),
     });
 
     // Our own reflector rather than `Controller::new`'s, to learn when it has listed without
@@ -265,7 +268,8 @@ where
             }
         })
         .applied_objects();
-    let target_ctl = Controller::for_stream(target_stream, targets.clone());
+    let target_ctl = Controller::for_stream(target_stream, targets.clone())
+        .with_config(kube::runtime::controller::Config::default().concurrency(config.concurrency));
     let (t1, t2, t3, t4) = (
         targets.clone(),
         targets.clone(),
@@ -274,12 +278,15 @@ where
     );
     let triggers = Arc::new(Triggers::default());
     let (g1, g2) = (triggers.clone(), triggers);
+    let own = ctx.clone();
     let target_ctl = target_ctl
         .watches_stream(retried(job_stream, "Job"), move |j: Job| {
             crate::triggers::job(&j, &t4)
         })
         .watches_stream(retried(node_stream, "Node"), move |n: Node| {
-            g1.node(&n, &t1)
+            g1.node(&n, &t1, |node, key, value| {
+                crate::writes::wrote_label(&own.labelled, node, key, value)
+            })
         })
         .watches_stream(retried(kiln_stream, "KilnNode"), move |k: KilnNode| {
             g2.kiln_node(&k, &t2)

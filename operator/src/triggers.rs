@@ -50,11 +50,15 @@ pub fn fingerprint<T: serde::Serialize>(value: &T) -> u64 {
 }
 
 impl Triggers {
-    /// Targets a Node event concerns (a deleted Node arrives with no labels).
+    /// Targets a Node event concerns (a deleted Node arrives with no labels). A label whose new
+    /// value `own` says this replica wrote itself is the echo of that write, and concerns no
+    /// target: each of the first reconciles of a thousand targets would otherwise, through the
+    /// class labels it sets, reconcile the thousand again.
     pub fn node(
         &self,
         node: &Node,
         targets: &Store<CompiledTarget>,
+        own: impl Fn(&str, &str, Option<&str>) -> bool,
     ) -> Vec<ObjectRef<CompiledTarget>> {
         let labels = node.labels().clone();
         let before = self
@@ -70,6 +74,7 @@ impl Triggers {
             .filter(|(k, v)| before.get(*k) != Some(v))
             .map(|(k, _)| k)
             .chain(before.keys().filter(|k| !labels.contains_key(*k)))
+            .filter(|k| !own(&node.name_any(), k, labels.get(*k).map(String::as_str)))
             .collect();
         if changed.iter().any(|k| !is_ready_label(k)) {
             return every(targets);
@@ -218,5 +223,34 @@ mod tests {
             names(super::job(&job("owner", true), &store)),
             ["owner", "queued"]
         );
+    }
+
+    fn node(labels: serde_json::Value) -> Node {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "n1", "labels": labels}}))
+            .expect("node")
+    }
+
+    #[test]
+    fn the_echo_of_a_label_this_replica_wrote_wakes_no_target() {
+        let (store, mut writer) = reflector::store::<CompiledTarget>();
+        for name in ["a", "b"] {
+            writer.apply_watcher_event(&watcher::Event::Apply(target(name, "Queued")));
+        }
+        let triggers = Triggers::default();
+        let nobody = |_: &str, _: &str, _: Option<&str>| false;
+        let first = node(serde_json::json!({"gpu": "h100"}));
+        assert_eq!(triggers.node(&first, &store, nobody).len(), 2);
+        // The operator set the class label: its own write comes back and concerns nobody.
+        let labelled = node(serde_json::json!({"gpu": "h100", "kiln.dev/class": "c1"}));
+        let mine = |n: &str, k: &str, v: Option<&str>| {
+            n == "n1" && k == "kiln.dev/class" && v == Some("c1")
+        };
+        assert!(triggers.node(&labelled, &store, mine).is_empty());
+        // Somebody else changes it: every target looks again (and puts it right).
+        let edited = node(serde_json::json!({"gpu": "h100", "kiln.dev/class": "x"}));
+        assert_eq!(triggers.node(&edited, &store, mine).len(), 2);
+        // A hardware label change with the echo in the same event still wakes every target.
+        let both = node(serde_json::json!({"gpu": "h200", "kiln.dev/class": "c1"}));
+        assert_eq!(triggers.node(&both, &store, mine).len(), 2);
     }
 }

@@ -131,6 +131,7 @@ async fn child_exports_a_reconcile_span() {
         labelled: Default::default(),
         ready_counts: Default::default(),
         compile_slots: Default::default(),
+        written: Default::default(),
     });
     let mut target: CompiledTarget =
         serde_saphyr::from_str(include_str!("fixtures/target.yaml")).expect("target.yaml");
