@@ -172,7 +172,7 @@ impl FsStore {
         } else {
             None
         };
-        let installed = install_dir(staging, &dest);
+        let installed = install_dir(staging.keep(), &dest);
         if let Some(old) = old {
             let _ = std::fs::remove_dir_all(old);
         }

@@ -89,12 +89,55 @@ pub fn sweep_partials(dir: &Path, idle: std::time::Duration) -> usize {
         .count()
 }
 
+/// The file a verified write fills before the rename.
+enum Partial {
+    /// A temp file, removed if the write is dropped.
+    Temp(tempfile::NamedTempFile),
+    /// A file named after the object, which outlives the write (and the process) so that a
+    /// later write of the same object picks it up ([`VerifiedWrite::resumable`]).
+    Kept(std::fs::File, PathBuf),
+}
+
+impl Partial {
+    fn path(&self) -> &Path {
+        match self {
+            Self::Temp(f) => f.path(),
+            Self::Kept(_, p) => p,
+        }
+    }
+
+    fn file(&self) -> &std::fs::File {
+        match self {
+            Self::Temp(f) => f.as_file(),
+            Self::Kept(f, _) => f,
+        }
+    }
+}
+
+impl Write for Partial {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Temp(f) => f.write(buf),
+            Self::Kept(f, _) => f.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Self::Temp(f) => f.flush(),
+            Self::Kept(f, _) => f.flush(),
+        }
+    }
+}
+
 /// A temp file beside `dest` that becomes `dest` only if verified.
 pub struct VerifiedWrite {
-    out: std::io::BufWriter<tempfile::NamedTempFile>,
+    out: std::io::BufWriter<Partial>,
     dest: PathBuf,
     hasher: Sha256,
     written: u64,
+    /// Bytes taken over from an earlier write of the same object.
+    resumed: u64,
     expected: Expected,
 }
 
@@ -111,12 +154,88 @@ impl VerifiedWrite {
             .tempfile_in(dir)
             .map_err(|e| Error::store(dir, e))?;
         Ok(Self {
-            out: std::io::BufWriter::with_capacity(CHUNK, file),
+            out: std::io::BufWriter::with_capacity(CHUNK, Partial::Temp(file)),
             dest: dest.to_path_buf(),
             hasher: Sha256::new(),
             written: 0,
+            resumed: 0,
             expected,
         })
+    }
+
+    /// Starts a verified write of `dest` that continues where an earlier one of the same object
+    /// stopped (a broken download, a killed process): its partial file, named after the digest
+    /// beside `dest`, is kept when the write is dropped, and taken up again here. The bytes
+    /// already there are hashed now, so the verdict still covers the whole object; a partial
+    /// file longer than the object, or one another write holds (a lock), is not used. Without a
+    /// well-formed digest this is [`VerifiedWrite::create`].
+    pub fn resumable(dest: &Path, expected: Expected) -> Result<Self> {
+        use std::io::{Read, Seek};
+        let well_formed =
+            expected.digest.len() == 64 && expected.digest.bytes().all(|b| b.is_ascii_hexdigit());
+        let dir = dest
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if !well_formed {
+            return Self::create(dest, expected);
+        }
+        std::fs::create_dir_all(dir).map_err(|e| Error::store(dir, e))?;
+        let path = dir.join(format!(
+            "{PARTIAL_PREFIX}{}",
+            expected.digest.to_ascii_lowercase()
+        ));
+        let mut file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| Error::store(&path, e))?;
+        if file.try_lock().is_err() {
+            // Another write of this object is under way: this one goes its own way.
+            return Self::create(dest, expected);
+        }
+        let mut hasher = Sha256::new();
+        let mut have = file.metadata().map_err(|e| Error::store(&path, e))?.len();
+        if expected.size.is_some_and(|size| have > size) {
+            have = 0;
+        }
+        let mut buf = vec![0u8; CHUNK];
+        let mut read = 0u64;
+        while read < have {
+            let want = usize::try_from((have - read).min(CHUNK as u64)).unwrap_or(CHUNK);
+            match file.read(&mut buf[..want]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    hasher.update(&buf[..n]);
+                    read += n as u64;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        if read < have {
+            // Unreadable: start over.
+            hasher = Sha256::new();
+            read = 0;
+        }
+        file.set_len(read).map_err(|e| Error::store(&path, e))?;
+        file.seek(std::io::SeekFrom::Start(read))
+            .map_err(|e| Error::store(&path, e))?;
+        Ok(Self {
+            out: std::io::BufWriter::with_capacity(CHUNK, Partial::Kept(file, path)),
+            dest: dest.to_path_buf(),
+            hasher,
+            written: read,
+            resumed: read,
+            expected,
+        })
+    }
+
+    /// Bytes taken over from an earlier write of the same object ([`VerifiedWrite::resumable`]).
+    pub fn resumed(&self) -> u64 {
+        self.resumed
     }
 
     /// Hashes and writes `chunk`; refuses to write past the expected size.
@@ -164,14 +283,22 @@ impl VerifiedWrite {
         let Self { mut out, dest, .. } = self;
         out.flush()
             .map_err(|e| Error::store(out.get_ref().path(), e))?;
-        let file = out
+        let partial = out
             .into_inner()
             .map_err(|e| Error::store(&dest, e.error()))?;
-        file.as_file()
+        partial
+            .file()
             .sync_all()
-            .map_err(|e| Error::store(file.path(), e))?;
-        file.persist(&dest)
-            .map_err(|e| Error::store(&dest, e.error))?;
+            .map_err(|e| Error::store(partial.path(), e))?;
+        match partial {
+            Partial::Temp(file) => {
+                file.persist(&dest)
+                    .map_err(|e| Error::store(&dest, e.error))?;
+            }
+            Partial::Kept(_, path) => {
+                std::fs::rename(&path, &dest).map_err(|e| Error::store(&dest, e))?;
+            }
+        }
         if let Some(dir) = dest.parent() {
             sync_dir(dir);
         }
@@ -179,6 +306,10 @@ impl VerifiedWrite {
     }
 
     fn refuse(&self, mismatch: Mismatch) -> Error {
+        // Refused bytes are not worth resuming (a temp file goes with the write).
+        if let Partial::Kept(_, path) = self.out.get_ref() {
+            let _ = std::fs::remove_file(path);
+        }
         Error::Refused {
             what: self.expected.what.clone(),
             mismatch,
@@ -199,6 +330,11 @@ pub const MAX_RESUMES: u32 = 3;
 /// byte not yet received (an HTTP range request), up to [`MAX_RESUMES`] times; a server that
 /// answers from an earlier offset has the bytes already taken skipped. A stream that ends is
 /// judged by size and sha256 of the whole object.
+///
+/// The bytes received are kept beside `dest` when the pull fails or the process dies
+/// ([`VerifiedWrite::resumable`]), and the next pull of the same object into the same place
+/// starts after them. Those bytes are hashed again, not trusted: if the whole does not verify,
+/// the kept part is thrown away and the object is pulled once more from its first byte.
 pub(crate) async fn stream_verified<S, F, Fut>(
     mut open: F,
     dest: &Path,
@@ -209,12 +345,42 @@ where
     F: FnMut(u64) -> Fut,
     Fut: std::future::Future<Output = Result<Opened<S>>>,
 {
+    let (result, resumed) = stream_once(&mut open, dest, expected.clone()).await;
+    match result {
+        Err(Error::Refused { mismatch, .. }) if resumed > 0 => {
+            tracing::warn!(what = %expected.what, kept = resumed, %mismatch, "a pull resumed from kept bytes did not verify; pulling the whole object again");
+            stream_once(&mut open, dest, expected).await.0
+        }
+        result => result,
+    }
+}
+
+/// One verified pull; also returns how many bytes it took over from an earlier one.
+async fn stream_once<S, F, Fut>(open: &mut F, dest: &Path, expected: Expected) -> (Result<()>, u64)
+where
+    S: futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Unpin,
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<Opened<S>>>,
+{
     use futures_util::StreamExt;
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
     let what = expected.what.clone();
-    let dest_owned = dest.to_path_buf();
+    let size = expected.size;
+    let staged = {
+        let dest = dest.to_path_buf();
+        tokio::task::spawn_blocking(move || VerifiedWrite::resumable(&dest, expected)).await
+    };
+    let staged = match staged {
+        Ok(Ok(staged)) => staged,
+        Ok(Err(e)) => return (Err(e), 0),
+        Err(e) => return (Err(Error::store(dest, format!("writer failed: {e}"))), 0),
+    };
+    let resumed = staged.resumed();
+    if resumed > 0 {
+        tracing::info!(what = %what, bytes = resumed, "resuming a pull from the bytes an earlier one kept");
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
     let writer = tokio::task::spawn_blocking(move || -> Result<VerifiedWrite> {
-        let mut staged = VerifiedWrite::create(&dest_owned, expected)?;
+        let mut staged = staged;
         let started = std::time::Instant::now();
         let mut reported = 0;
         while let Some(chunk) = rx.blocking_recv() {
@@ -238,16 +404,19 @@ where
         }
         Ok(staged)
     });
-    let mut sent = 0u64;
+    let mut sent = resumed;
     let mut resumes = 0;
     let failed = 'download: loop {
+        if size == Some(sent) && sent > 0 {
+            break 'download None; // all kept already: only the verdict is left
+        }
         let (mut chunks, mut at) = match open(sent).await {
             Ok(opened) => opened,
             Err(e) if resumes > 0 => break 'download Some(e.to_string()),
             Err(e) => {
                 drop(tx);
                 let _ = writer.await;
-                return Err(e);
+                return (Err(e), resumed);
             }
         };
         let broke = loop {
@@ -283,29 +452,33 @@ where
         tracing::warn!(what = %what, bytes = sent, error = %e, attempt = resumes, "download broke off; resuming from the next byte");
     };
     drop(tx);
-    let staged = writer
-        .await
-        .map_err(|e| Error::store(dest, format!("writer failed: {e}")))??;
+    let staged = match writer.await {
+        Ok(Ok(staged)) => staged,
+        Ok(Err(e)) => return (Err(e), resumed),
+        Err(e) => {
+            return (
+                Err(Error::store(dest, format!("writer failed: {e}"))),
+                resumed,
+            );
+        }
+    };
     if let Some(e) = failed {
-        return Err(Error::unavailable(
-            "registry",
-            format!(
-                "download of {what} broke off after {} of {} bytes: {e}; nothing was written to {}",
-                staged.written,
-                staged
-                    .expected
-                    .size
-                    .map_or_else(|| "?".to_string(), |s| s.to_string()),
-                dest.display()
-            ),
-        ));
+        let message = format!(
+            "download of {what} broke off after {} of {} bytes: {e}; nothing was written to {} (the bytes received are kept for the next pull to resume from)",
+            staged.written,
+            size.map_or_else(|| "?".to_string(), |s| s.to_string()),
+            dest.display()
+        );
+        return (Err(Error::unavailable("registry", message)), resumed);
     }
     if resumes > 0 {
         tracing::info!(what = %what, resumes, "download resumed by range; verifying the whole object");
     }
-    tokio::task::spawn_blocking(move || staged.finish())
+    let finished = tokio::task::spawn_blocking(move || staged.finish())
         .await
-        .map_err(|e| Error::store(dest, format!("writer failed: {e}")))?
+        .map_err(|e| Error::store(dest, format!("writer failed: {e}")))
+        .and_then(|r| r);
+    (finished, resumed)
 }
 
 /// Copies `src` into `dest` through a verified write.
@@ -364,12 +537,11 @@ pub fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.sync_all()
 }
 
-/// Moves `staging`, a directory whose files are written and fsynced, into place as `dest`:
+/// Moves `staged`, a directory whose files are written and fsynced, into place as `dest`:
 /// fsyncs it, renames it, and fsyncs `dest`'s parent. On failure the staged copy is removed
 /// and `dest` is as it was (the caller decides whether an existing `dest` counts as done).
-pub fn install_dir(staging: tempfile::TempDir, dest: &Path) -> std::io::Result<()> {
-    sync_dir(staging.path());
-    let staged = staging.keep();
+pub fn install_dir(staged: PathBuf, dest: &Path) -> std::io::Result<()> {
+    sync_dir(&staged);
     let result = std::fs::rename(&staged, dest);
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&staged);

@@ -446,5 +446,47 @@ async fn a_download_that_breaks_off_resumes_by_range_and_is_verified_whole() {
         1 + kiln_store::staged::MAX_RESUMES as usize
     );
     assert!(!dest.exists());
-    assert!(common::names(&tmp.path().join("cache2")).is_empty());
+    // What did arrive is kept beside dest under the digest's name, for the next pull.
+    let kept = tmp.path().join("cache2").join(format!(
+        "{}{}",
+        kiln_store::staged::PARTIAL_PREFIX,
+        manifest.artifact_digest
+    ));
+    assert_eq!(
+        common::names(&tmp.path().join("cache2")),
+        [kept.file_name().unwrap().to_string_lossy().to_string()]
+    );
+    let have = std::fs::metadata(&kept).unwrap().len();
+    assert!(have >= 1 << 20, "kept {have} bytes");
+
+    // The next pull (a restarted agent) starts after the kept bytes and verifies the whole.
+    let proxy = CuttingProxy::start(reg.addr, manifest.artifact_digest.clone(), 0, 0).await;
+    let store = open(&format!("oci://{}/kiln/resume", proxy.addr), &insecure()).unwrap();
+    store.pull(&entry.artifact_ref(), &dest).await.unwrap();
+    assert_eq!(std::fs::read(&dest).unwrap(), std::fs::read(&path).unwrap());
+    let lower = |v: Vec<String>| -> Vec<String> { v.iter().map(|r| r.to_lowercase()).collect() };
+    assert_eq!(
+        lower(proxy.ranges.lock().unwrap().clone()),
+        [format!("range: bytes={have}-")],
+        "one GET, from the first byte not kept"
+    );
+    assert!(!kept.exists(), "the kept bytes became dest");
+
+    // Kept bytes that are not the object's (corrupted on disk, or planted) are hashed with the
+    // rest, refused, thrown away, and the object is pulled again from byte 0.
+    std::fs::remove_file(&dest).unwrap();
+    std::fs::write(&kept, vec![0u8; 1 << 20]).unwrap();
+    let proxy = CuttingProxy::start(reg.addr, manifest.artifact_digest.clone(), 0, 0).await;
+    let store = open(&format!("oci://{}/kiln/resume", proxy.addr), &insecure()).unwrap();
+    store.pull(&entry.artifact_ref(), &dest).await.unwrap();
+    assert_eq!(std::fs::read(&dest).unwrap(), std::fs::read(&path).unwrap());
+    let ranges = lower(proxy.ranges.lock().unwrap().clone());
+    assert_eq!(ranges.len(), 2, "{ranges:?}");
+    assert_eq!(
+        ranges[0],
+        format!("range: bytes={}-", 1 << 20),
+        "{ranges:?}"
+    );
+    assert!(ranges[1].starts_with("range: bytes=0-"), "{ranges:?}");
+    assert!(!kept.exists());
 }

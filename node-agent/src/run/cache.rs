@@ -15,6 +15,22 @@ use crate::error::{Error, Result};
 const ARTIFACT: &str = "artifact";
 const MANIFEST: &str = "manifest.json";
 const INDEX: &str = "index.json";
+/// Prefix of a pull's staging directory in `tmp/`, before the digest.
+const PULL_PREFIX: &str = "pull-";
+/// How long the bytes of a pull that did not finish are kept for one that resumes it.
+pub const RESUME_WINDOW: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Where one artifact's pull is staged: `tmp/pull-<digest>/`, the same directory each time, so
+/// that the bytes a broken-off or killed pull kept there are where the next pull looks
+/// ([`kiln_store::staged::VerifiedWrite::resumable`]).
+pub struct PullDir(PathBuf);
+
+impl PullDir {
+    /// Where the store must put the artifact.
+    pub fn artifact(&self) -> PathBuf {
+        self.0.join(ARTIFACT)
+    }
+}
 
 /// A revision that passed verify, load and warmup on this node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,28 +69,23 @@ pub struct Index {
 }
 
 /// The cache directory: `artifacts/<digest>/{artifact,manifest.json}`, `blobs/` (fixtures),
-/// `tmp/` (partial pulls; emptied at start), `index.json`.
+/// `tmp/` (pulls under way, and what unfinished ones kept for [`RESUME_WINDOW`]), `index.json`.
 pub struct Cache {
     root: PathBuf,
     index: Index,
 }
 
 impl Cache {
-    /// Opens (creating) the cache at `root`, discards partial pulls a previous run left and
-    /// reads the index (an unreadable index is dropped: entries are hints, not truth).
+    /// Opens (creating) the cache at `root`, discards what a previous run left in `tmp/` except
+    /// recent pulls a new one can resume, and reads the index (an unreadable index is dropped:
+    /// entries are hints, not truth).
     pub fn open(root: &Path) -> Result<Self> {
         for dir in ["artifacts", "blobs", "tmp"] {
             let d = root.join(dir);
             std::fs::create_dir_all(&d)
                 .map_err(|e| Error::store(&d, format!("{e}; pass a writable --cache")))?;
         }
-        let tmp = root.join("tmp");
-        if let Ok(entries) = std::fs::read_dir(&tmp) {
-            for e in entries.flatten() {
-                let _ =
-                    std::fs::remove_dir_all(e.path()).or_else(|_| std::fs::remove_file(e.path()));
-            }
-        }
+        sweep_tmp(&root.join("tmp"), RESUME_WINDOW);
         let index = match std::fs::read(root.join(INDEX)) {
             Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "node cache index unreadable; starting with none");
@@ -131,28 +142,31 @@ impl Cache {
         Ok(Some(Cached { path, manifest }))
     }
 
-    /// A staging directory inside the cache for a pull: the store writes `<dir>/artifact`
-    /// there (temp file, verify, rename), then [`Cache::install`] moves the directory into place.
-    pub fn staging(&self) -> Result<tempfile::TempDir> {
-        let tmp = self.root.join("tmp");
-        tempfile::TempDir::new_in(&tmp).map_err(|e| Error::store(&tmp, e))
+    /// The staging directory of the pull of `digest`: the store writes [`PullDir::artifact`]
+    /// there (partial file, verify, rename), then [`Cache::install`] moves the directory into
+    /// place. The same directory for every pull of the digest, so a pull resumes what an
+    /// unfinished one kept.
+    pub fn pull_dir(&self, digest: &str) -> Result<PullDir> {
+        self.dir(digest)?;
+        let dir = self
+            .root
+            .join("tmp")
+            .join(format!("{PULL_PREFIX}{}", digest.to_ascii_lowercase()));
+        std::fs::create_dir_all(&dir).map_err(|e| Error::store(&dir, e))?;
+        Ok(PullDir(dir))
     }
 
-    /// Where the store must put the artifact inside a staging directory.
-    pub fn staged_artifact(staging: &tempfile::TempDir) -> PathBuf {
-        staging.path().join(ARTIFACT)
-    }
-
-    /// Moves a staging directory whose artifact the store verified into place under
+    /// Moves a pull's directory whose artifact the store verified into place under
     /// `manifest.artifact_digest`, beside its manifest, everything fsynced before the rename.
     /// Returns the cached artifact's path.
-    pub fn install(&self, staging: tempfile::TempDir, manifest: &BuildManifest) -> Result<PathBuf> {
+    pub fn install(&self, staging: PullDir, manifest: &BuildManifest) -> Result<PathBuf> {
         let dest = self.dir(&manifest.artifact_digest)?;
-        let staged = staging.path().join(ARTIFACT);
+        let staged = staging.artifact();
         let size = std::fs::metadata(&staged)
             .map_err(|e| Error::store(&staged, e))?
             .len();
         if size != manifest.artifact_size {
+            let _ = std::fs::remove_dir_all(&staging.0);
             return Err(Error::HashMismatch {
                 what: format!("pulled artifact {}", staged.display()),
                 message: format!(
@@ -162,12 +176,12 @@ impl Cache {
             });
         }
         let json = serde_json::to_vec_pretty(manifest).map_err(|e| Error::store(&dest, e))?;
-        let mpath = staging.path().join(MANIFEST);
+        let mpath = staging.0.join(MANIFEST);
         write_synced(&mpath, &json).map_err(|e| Error::store(&mpath, e))?;
         if dest.exists() {
             let _ = std::fs::remove_dir_all(&dest);
         }
-        install_dir(staging, &dest).map_err(|e| Error::store(&dest, e))?;
+        install_dir(staging.0, &dest).map_err(|e| Error::store(&dest, e))?;
         Ok(dest.join(ARTIFACT))
     }
 
@@ -216,6 +230,8 @@ impl Cache {
             .flatten()
             .filter_map(|e| e.file_name().into_string().ok())
             .collect();
+        // Pulls nobody resumed within the window (their target gone, say) go too.
+        sweep_tmp(&self.root.join("tmp"), RESUME_WINDOW);
         let (index, delete) = plan_eviction(&self.index, keep, in_use, &present);
         if index != self.index {
             self.index = index;
@@ -226,6 +242,39 @@ impl Cache {
             std::fs::remove_dir_all(&dir).map_err(|e| Error::store(&dir, e))?;
         }
         Ok(delete)
+    }
+}
+
+/// Removes from `tmp` everything but the pull directories ([`Cache::pull_dir`]) something was
+/// written in within `window`.
+fn sweep_tmp(tmp: &Path, window: std::time::Duration) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    let recent = |path: &Path| {
+        let age = |p: &Path| {
+            std::fs::metadata(p)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+        };
+        let inside = std::fs::read_dir(path)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| age(&e.path()));
+        age(path).into_iter().chain(inside).any(|a| a < window)
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let digest = name.strip_prefix(PULL_PREFIX).unwrap_or_default();
+        let resumable = digest.len() == 64
+            && digest.bytes().all(|b| b.is_ascii_hexdigit())
+            && e.file_type().is_ok_and(|t| t.is_dir());
+        if resumable && recent(&e.path()) {
+            continue;
+        }
+        let _ = std::fs::remove_dir_all(e.path()).or_else(|_| std::fs::remove_file(e.path()));
     }
 }
 
@@ -333,8 +382,8 @@ mod tests {
     /// What a pull does: the artifact lands in a staging directory, then is installed.
     fn insert(cache: &Cache, bytes: &[u8]) -> (PathBuf, BuildManifest) {
         let m = manifest_for(bytes);
-        let staging = cache.staging().expect("staging");
-        std::fs::write(Cache::staged_artifact(&staging), bytes).expect("write");
+        let staging = cache.pull_dir(&m.artifact_digest).expect("staging");
+        std::fs::write(staging.artifact(), bytes).expect("write");
         (cache.install(staging, &m).expect("install"), m)
     }
 
@@ -361,11 +410,51 @@ mod tests {
         assert!(cache.verified(&m.artifact_digest).expect("gone").is_none());
         assert!(cache.known_good("ns/a").is_empty());
         // A pull whose size disagrees with its manifest is never installed.
-        let staging = cache.staging().expect("staging");
-        std::fs::write(Cache::staged_artifact(&staging), b"short").expect("write");
+        let staging = cache.pull_dir(&m.artifact_digest).expect("staging");
+        std::fs::write(staging.artifact(), b"short").expect("write");
         let err = cache.install(staging, &m).expect_err("size");
         assert_eq!(err.reason(), kiln_crds::FailureReason::HashMismatch);
         assert!(cache.verified(&m.artifact_digest).expect("none").is_none());
+    }
+
+    #[test]
+    fn what_an_unfinished_pull_kept_survives_a_restart_for_a_day() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().join("cache");
+        let cache = Cache::open(&root).expect("open");
+        let digest = "ab".repeat(32);
+        let pull = cache.pull_dir(&digest).expect("pull dir");
+        // What the store keeps of a download that broke off (or whose agent was killed).
+        let kept = pull
+            .artifact()
+            .with_file_name(format!("{}{digest}", kiln_store::staged::PARTIAL_PREFIX));
+        std::fs::write(&kept, b"first half").expect("kept");
+        std::fs::write(root.join("tmp").join("stray"), b"x").expect("stray");
+        std::fs::create_dir_all(root.join("tmp").join("pull-not-a-digest")).expect("dir");
+        drop(cache);
+        let cache = Cache::open(&root).expect("reopen");
+        assert_eq!(std::fs::read(&kept).expect("kept"), b"first half");
+        assert_eq!(
+            cache.pull_dir(&digest).expect("again").artifact(),
+            pull.artifact(),
+            "the next pull of the digest looks where the last one kept its bytes"
+        );
+        assert!(!root.join("tmp").join("stray").exists());
+        assert!(!root.join("tmp").join("pull-not-a-digest").exists());
+        // Not resumed within the window: gone at the next start (or eviction).
+        let old = std::time::SystemTime::now() - RESUME_WINDOW - std::time::Duration::from_secs(60);
+        for p in [&kept, &pull.0] {
+            std::fs::File::open(p)
+                .expect("open")
+                .set_modified(old)
+                .expect("mtime");
+        }
+        drop(cache);
+        let cache = Cache::open(&root).expect("reopen");
+        assert!(!pull.0.exists(), "a day-old unfinished pull is swept");
+        // A digest names the directory only when it is one.
+        assert!(cache.pull_dir("../../etc").is_err());
+        assert!(cache.pull_dir(&"g".repeat(64)).is_err());
     }
 
     #[test]

@@ -57,15 +57,14 @@ pub async fn pull(
             tracing::warn!(error = %e, "cached artifact corrupt; pulling it again");
         }
     }
-    let staging = cache.staging()?;
+    let staging = cache.pull_dir(&pick.digest)?;
     let r = ArtifactRef {
         compile_key: pick.compile_key.clone(),
         manifest_digest: pick.manifest_digest.clone(),
         artifact_digest: pick.digest.clone(),
         size: None,
     };
-    let manifest =
-        ready::pull_verified(store, trust, &r, &Cache::staged_artifact(&staging), metrics).await?;
+    let manifest = ready::pull_verified(store, trust, &r, &staging.artifact(), metrics).await?;
     let path = tokio::task::block_in_place(|| cache.install(staging, &manifest))
         .inspect_err(|e| metrics.verify_failure(e.reason()))?;
     let seconds = started.elapsed().as_secs_f64();
