@@ -273,6 +273,108 @@ mod tests {
         );
     }
 
+    /// The agent's decision over what one node sees of a target, event after event: a load
+    /// (`Prepare`) for a new revision or a new generation (the warmup spec changed), and none
+    /// for the operator's status writes that follow the node's own report, a promotion to
+    /// known-good, or an annotation (same generation, same status).
+    #[test]
+    fn a_target_is_loaded_once_per_revision_unless_its_spec_changes() {
+        use super::super::decide::wanted;
+        use kiln_crds::CompiledTargetStatus;
+        let status =
+            |yaml: &str| -> CompiledTargetStatus { serde_saphyr::from_str(yaml).expect("status") };
+        let class = |rev: i64, ready: i32| {
+            format!(
+                "{{class: cpu, compileKey: k{rev}, artifactDigest: 'sha256:d{rev}', manifestDigest: 'sha256:m{rev}', readyNodes: {ready}}}"
+            )
+        };
+        let listed = |rev: i64, good: bool| {
+            format!(
+                "{{number: {rev}, knownGood: {good}, artifacts: [{{class: cpu, compileKey: k{rev}, digest: d{rev}, manifestDigest: 'sha256:m{rev}'}}]}}"
+            )
+        };
+        let events = [
+            // 0: the operator publishes revision 1.
+            (1, format!("{{revision: 1, classes: [{}]}}", class(1, 0))),
+            // 1: it counts this node ready, and says so in conditions.
+            (
+                1,
+                format!(
+                    "{{revision: 1, classes: [{}], conditions: [{{type: Ready, status: 'True', reason: Ready, message: ok, lastTransitionTime: '2026-11-23T12:00:00Z'}}]}}",
+                    class(1, 1)
+                ),
+            ),
+            // 2: revision 1 is promoted to known-good (the pick now comes from the list).
+            (
+                1,
+                format!(
+                    "{{revision: 1, classes: [{}], revisions: [{}]}}",
+                    class(1, 1),
+                    listed(1, true)
+                ),
+            ),
+            // 3: an annotation or a label: generation and status unchanged.
+            (
+                1,
+                format!(
+                    "{{revision: 1, classes: [{}], revisions: [{}]}}",
+                    class(1, 1),
+                    listed(1, true)
+                ),
+            ),
+            // 4: a new model: revision 2.
+            (
+                1,
+                format!(
+                    "{{revision: 2, classes: [{}], revisions: [{}, {}]}}",
+                    class(2, 0),
+                    listed(1, true),
+                    listed(2, false)
+                ),
+            ),
+            // 5: the warmup spec changes (generation 2), same artifact: warmed again.
+            (
+                2,
+                format!(
+                    "{{revision: 2, classes: [{}], revisions: [{}, {}]}}",
+                    class(2, 0),
+                    listed(1, true),
+                    listed(2, false)
+                ),
+            ),
+            // 6: the operator counts the node ready again.
+            (
+                2,
+                format!(
+                    "{{revision: 2, classes: [{}], revisions: [{}, {}]}}",
+                    class(2, 1),
+                    listed(1, true),
+                    listed(2, true)
+                ),
+            ),
+        ];
+        let t0 = Instant::now();
+        let mut last: Option<Attempt> = None;
+        let mut loads = Vec::new();
+        for (i, (generation, yaml)) in events.iter().enumerate() {
+            let wanted = wanted(Some(&status(yaml)), None, "cpu");
+            match next_action(last.as_ref(), wanted, Some(*generation), RETRY, t0) {
+                Action::Prepare { pick, .. } => {
+                    loads.push(i);
+                    last = Some(Attempt {
+                        generation: Some(*generation),
+                        pick,
+                        at: t0,
+                        failures: 0,
+                    });
+                }
+                Action::Skip => {}
+                other => panic!("event {i}: {other:?}"),
+            }
+        }
+        assert_eq!(loads, [0, 4, 5], "loads at these events only");
+    }
+
     #[test]
     fn seen_keeps_the_first_time_of_a_pick() {
         let t0 = Instant::now();
