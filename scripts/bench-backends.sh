@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Benchmark (not a test): tract against ONNX Runtime on the same models and machine, through
 # `kiln-agent local` (the same path as a compile Job plus a node): compile time, load time, the
-# first (cold) fixture run and the steady p50/p99 of the warmup, peak memory of load and warmup,
+# first (cold) fixture run and the steady p50/p99 of the warmup, the first run after Ready as a
+# multiple of that p50 (ready_1st), peak memory of load and warmup,
 # printed side by side with the ONNX Runtime / tract ratio. Each backend compiles into a fresh
 # store (no cache hit), then warms ITERATIONS times.
 #
@@ -39,7 +40,7 @@ run() {
 }
 
 echo "kiln-agent: $AGENT ($(basename "$(dirname "$AGENT")")); ONNX Runtime: $ORT_DYLIB_PATH; $(nproc) CPUs; $ITER warmup iterations"
-printf '%-11s %-12s %10s %9s %9s %9s %9s %9s %8s\n' model backend compile_ms load_ms first_ms p50_ms p99_ms peak_MB nodes
+printf '%-11s %-12s %10s %9s %9s %9s %9s %9s %9s %8s\n' model backend compile_ms load_ms first_ms p50_ms p99_ms ready_1st peak_MB nodes
 for ((round = 1; round <= ROUNDS; round++)); do
   model=squeezenet
   rm -rf "${WORK:?}/$model"
@@ -51,10 +52,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
     R[$backend]=$out
     jq -r --arg m "$model" --arg b "$backend" '[$m, $b,
       (.compileSeconds * 1000), (.loadSeconds * 1000), (.firstSeconds * 1000), (.p50Seconds * 1000), (.p99Seconds * 1000),
+      (.firstRequestSeconds / .p50Seconds),
       ((.peakMemoryBytes // 0) / 1048576), (.placement.nodes | to_entries | map("\(.key):\(.value)") | join(","))] |
-      "\(.[0]) \(.[1]) \(.[2]) \(.[3]) \(.[4]) \(.[5]) \(.[6]) \(.[7]) \(.[8])"' <<<"$out" |
-      while read -r m b c l f p50 p99 peak nodes; do
-        printf '%-11s %-12s %10.1f %9.2f %9.3f %9.3f %9.3f %9.1f %8s\n' "$m" "$b" "$c" "$l" "$f" "$p50" "$p99" "$peak" "$nodes"
+      "\(.[0]) \(.[1]) \(.[2]) \(.[3]) \(.[4]) \(.[5]) \(.[6]) \(.[7]) \(.[8]) \(.[9])"' <<<"$out" |
+      while read -r m b c l f p50 p99 after peak nodes; do
+        printf '%-11s %-12s %10.1f %9.2f %9.3f %9.3f %9.3f %8.2fx %9.1f %8s\n' "$m" "$b" "$c" "$l" "$f" "$p50" "$p99" "$after" "$peak" "$nodes"
       done
   done
   jq -rn --argjson t "${R[tract]}" --argjson o "${R[onnxruntime]}" '
