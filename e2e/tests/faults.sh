@@ -6,7 +6,8 @@
 #   operator-reconcile  the operator is SIGKILLed right after a spec change (mid-reconcile)
 #   operator-compile    the operator is SIGKILLed while the compile Job runs
 #   agent-download      the agent is SIGKILLed mid-download (traffic to its pod shaped to
-#                       4 Mbit/s, killed in phase Pulling with a partial file in the cache)
+#                       4 Mbit/s, killed in phase Pulling with a partial file in the cache);
+#                       the new agent resumes after the kept bytes
 #   agent-warmup        the agent is SIGKILLed in phase Warming (a 400-iteration warmup)
 #   registry-down       the registry is down for 60 s across a spec change (the target says
 #                       StoreUnavailable meanwhile)
@@ -270,11 +271,24 @@ f_agent_download() {
   partial=$(find "$WORK/cache/tmp" -name '.kiln-partial-*' -printf '%s\n' | sort -n | tail -1)
   kill_component agent
   [[ -n $partial ]] || { echo "   no partial download in the cache at the kill" >&2; return 1; }
-  NOTE="(killed at $progress, a $partial-byte partial file in the cache)"
   unshape
-  # The partial pull is discarded at start, never served: the cache's tmp/ is empty again.
+  # The restarted agent resumes after the bytes the killed one kept (hashing them again, never
+  # serving them unverified), and the partial file is gone once the whole is verified.
+  local resumed_at=
+  resumed() {
+    local pod
+    pod=$(kubectl -n "$NS" get pod -l app.kubernetes.io/component=agent \
+      -o jsonpath='{.items[0].metadata.name}' 2>/dev/null) || return 1
+    [[ -n $pod && $pod != "$agent_pod" ]] || return 1
+    resumed_at=$(kubectl -n "$NS" logs "$pod" 2>/dev/null |
+      grep '"message":"resuming a pull from the bytes an earlier one kept"' | tail -1 | jq -r '.fields.bytes')
+    [[ -n $resumed_at ]]
+  }
+  wait_for "the pull resumed after the kept bytes" 120 resumed
+  ((resumed_at >= partial)) || { echo "   resumed at byte $resumed_at, below the $partial bytes kept" >&2; return 1; }
+  NOTE="(killed at $progress, a $partial-byte partial file in the cache; the new agent resumed at byte $resumed_at)"
   empty_tmp() { [[ -z $(find "$WORK/cache/tmp" -name '.kiln-partial-*' 2>/dev/null) ]]; }
-  wait_for "the partial pull discarded" 120 empty_tmp
+  wait_for "the partial file verified and moved into place" 120 empty_tmp
 }
 f_agent_warmup() {
   local rev
