@@ -30,6 +30,12 @@ impl PullDir {
     pub fn artifact(&self) -> PathBuf {
         self.0.join(ARTIFACT)
     }
+
+    /// After a failed pull: removes the directory when nothing was kept in it for the next
+    /// pull (a refused download keeps nothing; one that broke off keeps its bytes).
+    pub fn tidy(self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
 }
 
 /// A revision that passed verify, load and warmup on this node.
@@ -452,6 +458,16 @@ mod tests {
         drop(cache);
         let cache = Cache::open(&root).expect("reopen");
         assert!(!pull.0.exists(), "a day-old unfinished pull is swept");
+        // A failed pull that kept nothing leaves nothing; one that kept bytes stays.
+        let empty = cache.pull_dir(&"cd".repeat(32)).expect("pull dir");
+        let dir = empty.0.clone();
+        empty.tidy();
+        assert!(!dir.exists());
+        let kept = cache.pull_dir(&digest).expect("pull dir");
+        let dir = kept.0.clone();
+        std::fs::write(dir.join("x"), b"kept").expect("write");
+        kept.tidy();
+        assert!(dir.exists());
         // A digest names the directory only when it is one.
         assert!(cache.pull_dir("../../etc").is_err());
         assert!(cache.pull_dir(&"g".repeat(64)).is_err());

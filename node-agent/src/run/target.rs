@@ -64,7 +64,14 @@ pub async fn pull(
         artifact_digest: pick.digest.clone(),
         size: None,
     };
-    let manifest = ready::pull_verified(store, trust, &r, &staging.artifact(), metrics).await?;
+    let manifest = match ready::pull_verified(store, trust, &r, &staging.artifact(), metrics).await
+    {
+        Ok(manifest) => manifest,
+        Err(e) => {
+            staging.tidy();
+            return Err(e);
+        }
+    };
     let path = tokio::task::block_in_place(|| cache.install(staging, &manifest))
         .inspect_err(|e| metrics.verify_failure(e.reason()))?;
     let seconds = started.elapsed().as_secs_f64();
