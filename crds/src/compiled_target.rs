@@ -742,6 +742,9 @@ pub struct Revision {
     /// Whether enough nodes passed warmup for it to be a fallback.
     #[serde(default)]
     pub known_good: bool,
+    /// When the operator recorded it: the moment every class's artifact was stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
     /// Artifacts per class.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifacts: Vec<ClassArtifact>,

@@ -199,7 +199,13 @@ fn with_classes(inputs: &Inputs<'_>, classes: Classified) -> Draft {
 
     let rollout_spec = &t.spec.rollout;
     let keep = (inputs.settings.revision_history).max(rollout_spec.known_good_history as usize + 1);
-    let revisions = revisions::record(status.revisions, &schedule.rows, generation, keep);
+    let revisions = revisions::record(
+        status.revisions,
+        &schedule.rows,
+        generation,
+        keep,
+        &inputs.now,
+    );
     let current = revisions::current(&revisions, rollout_spec.pinned_revision);
     let percent = rollout_spec.promote_at_ready_percent;
     let reports = rollout::node_reports(inputs, Some(&classes.keyed), current);

@@ -3,6 +3,7 @@
 //! pin, else the newest); promotion to known-good once the rollout meets its threshold. Reads
 //! and returns revision lists; nothing else. Pure.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::compiled_target::{ClassArtifact, ClassStatus, Revision};
 
 /// `revisions` with a new one appended when every class row has an artifact and that set is
@@ -12,6 +13,7 @@ pub fn record(
     rows: &[ClassStatus],
     generation: Option<i64>,
     keep: usize,
+    now: &Time,
 ) -> Vec<Revision> {
     if rows.iter().any(|r| r.artifact_digest.is_none()) {
         return revisions;
@@ -33,6 +35,7 @@ pub fn record(
         number,
         generation: generation.unwrap_or_default(),
         known_good: false,
+        created_at: Some(now.clone()),
         artifacts,
     });
     let drop = revisions.len().saturating_sub(keep);
@@ -69,6 +72,10 @@ pub fn promote(
 mod tests {
     use super::*;
 
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).expect("time"))
+    }
+
     fn row(class: &str, digest: Option<&str>) -> ClassStatus {
         ClassStatus {
             class: class.into(),
@@ -81,11 +88,11 @@ mod tests {
     #[test]
     fn a_revision_needs_every_class_and_a_new_set_and_history_is_trimmed() {
         let partial = [row("a", Some("d1")), row("b", None)];
-        assert!(record(Vec::new(), &partial, Some(1), 3).is_empty());
+        assert!(record(Vec::new(), &partial, Some(1), 3, &now()).is_empty());
         let mut revisions = Vec::new();
         for (generation, digest) in [(1, "d1"), (1, "d1"), (2, "d2"), (3, "d3"), (4, "d4")] {
             let rows = [row("a", Some(digest)), row("b", Some("e"))];
-            revisions = record(revisions, &rows, Some(generation), 3);
+            revisions = record(revisions, &rows, Some(generation), 3, &now());
         }
         let numbers: Vec<i64> = revisions.iter().map(|r| r.number).collect();
         assert_eq!(
@@ -95,13 +102,14 @@ mod tests {
         );
         assert_eq!(revisions[2].generation, 4);
         assert_eq!(revisions[2].artifacts[0].digest, "d4");
+        assert_eq!(revisions[2].created_at, Some(now()), "when it was recorded");
     }
 
     #[test]
     fn the_pin_wins_while_listed_and_only_the_current_revision_is_promoted() {
         let rows = [row("a", Some("d1"))];
-        let mut revisions = record(Vec::new(), &rows, Some(1), 10);
-        revisions = record(revisions, &[row("a", Some("d2"))], Some(2), 10);
+        let mut revisions = record(Vec::new(), &rows, Some(1), 10, &now());
+        revisions = record(revisions, &[row("a", Some("d2"))], Some(2), 10, &now());
         assert_eq!(current(&revisions, Some(1)), Some(1));
         assert_eq!(
             current(&revisions, Some(7)),

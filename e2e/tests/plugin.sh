@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# kubectl kiln on the real cluster, installed as krew installs a plugin (the binary copied onto
+# PATH, run as `kubectl kiln`): kiln installed by its chart with the store on the cluster's
+# registry, the example target served by the node with a serving pod gated on it, then a second
+# revision. `status` and `why` (tables and -o json) agree with the objects and exit 0 only when
+# Ready; `history` lists both revisions, newest first, known-good, with when they were recorded and
+# the node serving the current one; `rollback --wait` pins revision 1 under its own field manager
+# and returns once the node serves it (its time is printed; the artifact is in the node cache, so
+# no Job is created and the serving pod never loses readiness); `unpin` hands serving back to
+# revision 2; a revision not in history, or not known-good, is refused. A target that cannot be
+# served (its model missing) makes `status` exit 1 and `why` name the Stalled condition.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/kiln-lib.sh"
+ensure_busybox
+test_namespace
+NS=$TEST_NS
+REL=$NS
+TARGET=squeezenet-cpu
+REPOSITORY=kiln-e2e/$NS
+WORK=$(mktemp -d /var/tmp/kiln-e2e-plugin.XXXXXX)
+chmod 755 "$WORK"
+REAL=$(kubectl get nodes -o jsonpath='{.items[0].metadata.name}')
+cleanup() {
+  [[ -n ${WATCH_PID:-} ]] && kill "$WATCH_PID" 2>/dev/null
+  kubectl -n "$NS" delete compiledtarget --all --wait=true --timeout=60s >/dev/null 2>&1 || true
+  helm uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
+  kubectl delete kilnnode "$REAL" --ignore-not-found >/dev/null 2>&1 || true
+  kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+die() {
+  kiln_diagnose "$NS" "$REAL"
+  fail "$*"
+}
+
+# Installed the krew way: the binary on PATH, found by kubectl as `kubectl kiln`.
+mkdir -p "$WORK/bin"
+cp "$(bin kubectl-kiln)" "$WORK/bin/kubectl-kiln"
+export PATH=$WORK/bin:$PATH
+kubectl plugin list 2>/dev/null | grep -q "$WORK/bin/kubectl-kiln" || die "kubectl does not list the plugin"
+for sub in status history rollback unpin why; do
+  kubectl kiln "$sub" --help | grep -q -- '--namespace' || die "kubectl kiln $sub --help"
+done
+
+kiln_images "$WORK"
+kiln_example_dirs "$WORK"
+kiln_fresh_crds
+kiln_install "$REL" "$NS" --set store.url="oci://$REGISTRY_ADDR/$REPOSITORY" --set store.insecure=true \
+  --set sources.hostPath="$WORK/sources" --set agent.cacheHostPath="$WORK/cache" >/dev/null || die "helm install failed"
+kubectl -n "$NS" wait --for=condition=Available deploy/kiln-operator --timeout=120s >/dev/null || die "operator not Available"
+kubectl -n "$NS" rollout status ds/kiln-agent --timeout=120s >/dev/null || die "agent DaemonSet not ready"
+
+# revise PROFILE: the example target with another profile name (a new compile key: a new revision).
+revise() {
+  kubectl -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {name: $TARGET}
+spec:
+  modelRef: {name: squeezenet}
+  backend: {kind: tract}
+  profiles: [{name: $1, dims: {batch: 1}}]
+  warmup: {iterations: 5, fixtureVersion: v1, defaultTolerance: {atol: 1.0e-5, rtol: 1.0e-4}}
+YAML
+}
+ct() { kubectl -n "$NS" get compiledtarget "$TARGET" -o json; }
+gate() { kubectl -n "$NS" get pod serve -o json | jq -r '.status.conditions[]? | select(.type == "kiln.dev/warm") | .status'; }
+# known_good N: revision N is recorded known-good and the node's row serves the current revision.
+known_good() {
+  ct | jq -e --argjson n "$1" '.status.revision == $n and any(.status.revisions[]; .number == $n and .knownGood)' >/dev/null
+}
+
+echo "== the example served, then a second revision"
+awk '/^---/ {exit} /^apiVersion/ {on = 1} on' "$REPO/examples/squeezenet/kiln.yaml" | kubectl -n "$NS" apply -f - >/dev/null || die "apply model"
+revise a
+serving_pod "$NS" "$TARGET" "$REAL"
+wait_for "revision 1 known-good" 300 known_good 1
+wait_for "pod gate True" 60 bash -c "[[ \$(kubectl -n $NS get pod serve -o json | jq -r '.status.conditions[]? | select(.type == \"kiln.dev/warm\") | .status') == True ]]"
+revise b
+wait_for "revision 2 known-good" 300 known_good 2
+wait_for "the node serves revision 2" 60 kubectl kiln -n "$NS" status "$TARGET"
+
+echo "== status"
+out=$(kubectl kiln -n "$NS" status "$TARGET") || die "status exited $? on a Ready target: $out"
+grep -q "^$NS/$TARGET: Ready (revision 2)" <<<"$out" || die "status: $out"
+grep -q "^$REAL .* Ready .* 2 " <<<"$out" || die "status has no Ready row of $REAL on revision 2: $out"
+json=$(kubectl kiln -n "$NS" status "$TARGET" -o json)
+jq -e --arg n "$REAL" '.ready and .revision == 2 and (.nodes | length) == 1 and .nodes[0].node == $n and
+  .nodes[0].phase == "Ready" and .nodes[0].loadSeconds > 0 and (.classes | length) == 1 and
+  .classes[0].readyNodes == 1' <<<"$json" >/dev/null || die "status -o json: $json"
+kubectl kiln -n "$NS" status "$TARGET" -o yaml | grep -q '^ready: true' || die "status -o yaml"
+# The kubeconfig flag and the context's namespace as kubectl users expect.
+cp "$KUBECONFIG" "$WORK/kubeconfig"
+KUBECONFIG=/nonexistent kubectl kiln --kubeconfig "$WORK/kubeconfig" -n "$NS" status "$TARGET" >/dev/null ||
+  die "--kubeconfig"
+kubectl --kubeconfig "$WORK/kubeconfig" config set-context --current --namespace "$NS" >/dev/null
+KUBECONFIG=$WORK/kubeconfig kubectl kiln status "$TARGET" >/dev/null || die "the context's namespace is not the default"
+
+echo "== history"
+hist=$(kubectl kiln -n "$NS" history "$TARGET" -o json)
+jq -e --arg n "$REAL" '[.[].number] == [2, 1] and all(.[]; .knownGood and .createdAt != null) and
+  .[0].current and .[0].servedBy == [$n] and .[1].servedBy == [] and
+  (.[0].artifacts[0].digest != .[1].artifacts[0].digest)' <<<"$hist" >/dev/null || die "history: $hist"
+kubectl kiln -n "$NS" history "$TARGET" | grep -q "^2\*" || die "history table: $(kubectl kiln -n "$NS" history "$TARGET")"
+
+echo "== rollback refusals"
+err=$(kubectl kiln -n "$NS" rollback "$TARGET" --to 7 2>&1) && die "rollback to a revision not in history: $err"
+grep -q "not in the target's history" <<<"$err" || die "rollback --to 7: $err"
+
+echo "== rollback --wait (artifact in the node cache)"
+jobs_before=$(kubectl -n "$NS" get jobs --no-headers 2>/dev/null | wc -l)
+# The serving pod's readiness through the rollback, from a watch.
+kubectl -n "$NS" get pod serve -w -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}{"\n"}' >"$WORK/ready.log" 2>/dev/null &
+WATCH_PID=$!
+sleep 1
+rb=$(kubectl kiln -n "$NS" rollback "$TARGET" --wait -o json) || die "rollback: $rb"
+jq -e '.pinnedRevision == 1 and .servedAfterSeconds > 0' <<<"$rb" >/dev/null || die "rollback -o json: $rb"
+echo "   every node serves revision 1, Ready, $(jq -r '.servedAfterSeconds * 1000 | round' <<<"$rb") ms after the pin"
+ct | jq -e '.spec.rollout.pinnedRevision == 1' >/dev/null || die "no pin in the spec"
+kubectl -n "$NS" get compiledtarget "$TARGET" -o json --show-managed-fields |
+  jq -e '[.metadata.managedFields[] | select(.manager == "kubectl-kiln") | .fieldsV1."f:spec"."f:rollout"."f:pinnedRevision"] | length == 1' >/dev/null ||
+  die "the pin is not owned by field manager kubectl-kiln"
+[[ $(kubectl kiln -n "$NS" status "$TARGET" -o json | jq -r '.nodes[0].revision') == 1 ]] || die "status does not show revision 1 served"
+sleep 1
+kill "$WATCH_PID" 2>/dev/null; WATCH_PID=
+grep -q False "$WORK/ready.log" && die "the serving pod lost readiness during the rollback: $(tr '\n' ' ' <"$WORK/ready.log")"
+[[ $(gate) == True ]] || die "gate $(gate) after the rollback"
+(($(kubectl -n "$NS" get jobs --no-headers 2>/dev/null | wc -l) == jobs_before)) || die "the rollback created a Job"
+
+echo "== unpin"
+kubectl kiln -n "$NS" unpin "$TARGET" >/dev/null || die "unpin"
+ct | jq -e '.spec.rollout.pinnedRevision == null' >/dev/null || die "the pin stayed: $(ct | jq -c .spec.rollout)"
+wait_for "the node serves revision 2 again" 60 kubectl kiln -n "$NS" status "$TARGET"
+
+echo "== why"
+out=$(kubectl kiln -n "$NS" why "$TARGET") || die "why on a Ready target exited $?: $out"
+grep -q "nothing wrong" <<<"$out" || die "why: $out"
+kubectl kiln why "node/$REAL" >/dev/null || die "why node/$REAL: $(kubectl kiln why "node/$REAL")"
+kubectl -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {name: orphan}
+spec:
+  modelRef: {name: no-such-model}
+  backend: {kind: tract}
+  profiles: [{name: a, dims: {batch: 1}}]
+  warmup: {fixtureVersion: v1}
+YAML
+stalled() { kubectl -n "$NS" get compiledtarget orphan -o json | jq -e '.status.conditions[]? | select(.type == "Stalled" and .status == "True")' >/dev/null; }
+wait_for "orphan Stalled" 60 stalled
+kubectl kiln -n "$NS" status orphan >/dev/null && die "status exited 0 on a Stalled target"
+why=$(kubectl kiln -n "$NS" why target/orphan -o json) && die "why exited 0 on a Stalled target"
+jq -e '.ready == false and any(.problems[]; .at == "condition Stalled=True" and (.message | contains("no-such-model")))' <<<"$why" >/dev/null ||
+  die "why orphan: $why"
+echo "   why orphan: $(jq -r '.problems[0] | "\(.at): \(.message)"' <<<"$why" | cut -c1-160)"

@@ -1,0 +1,347 @@
+//! kubectl-kiln: a kubectl plugin (copy it onto PATH, as krew does; run as `kubectl kiln`).
+//! `status`, `history`, `rollback` and `why` read the cluster's own objects (CompiledTarget,
+//! KilnNodes, Events); `rollback` and `unpin` write one field, `spec.rollout.pinnedRevision`,
+//! by server-side apply under the field manager `kubectl-kiln`.
+
+mod render;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kiln_crds::{CompiledTarget, KilnNode};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde::Serialize;
+
+use report::EventLine;
+
+/// Field manager of the pin this plugin applies.
+const MANAGER: &str = "kubectl-kiln";
+
+#[derive(Parser)]
+#[command(
+    name = "kubectl-kiln",
+    bin_name = "kubectl kiln",
+    version,
+    about = "kiln from kubectl: where a CompiledTarget stands on every class and node, its \
+             revisions, rollback to a known-good one, and why something is not ready"
+)]
+struct Cli {
+    /// Namespace of the CompiledTarget (default: the kubeconfig context's).
+    #[arg(short, long, global = true)]
+    namespace: Option<String>,
+    /// Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use.
+    #[arg(long, global = true)]
+    context: Option<String>,
+    /// Output format.
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    /// Human tables.
+    Table,
+    /// JSON, for scripts.
+    Json,
+    /// YAML, for scripts.
+    Yaml,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Classes x nodes x revision: phase, reason, revision served, fallback, parity error,
+    /// load/warmup times. Exits 1 when the target is not Ready.
+    Status {
+        /// CompiledTarget name.
+        target: String,
+    },
+    /// Revisions, newest first: compile keys, digests, known-good, when recorded, which nodes
+    /// serve them now.
+    History {
+        /// CompiledTarget name.
+        target: String,
+    },
+    /// Pins the newest known-good revision older than the current one (or --to N) in
+    /// spec.rollout.pinnedRevision, by server-side apply as field manager `kubectl-kiln`.
+    /// `kubectl kiln unpin` hands serving back to the newest revision.
+    Rollback {
+        /// CompiledTarget name.
+        target: String,
+        /// The revision to pin.
+        #[arg(long)]
+        to: Option<i64>,
+        /// Pin a revision that is not known-good.
+        #[arg(long)]
+        force: bool,
+        /// Take the field from another field manager that set it (a GitOps tool will set it
+        /// back on its next sync: change it in git instead).
+        #[arg(long)]
+        force_conflicts: bool,
+        /// Wait until every node that reports on the target serves the revision, Ready, and
+        /// print how long that took.
+        #[arg(long)]
+        wait: bool,
+        /// Longest wait, in seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
+    /// Removes this plugin's pin (spec.rollout.pinnedRevision): nodes serve the newest revision.
+    Unpin {
+        /// CompiledTarget name.
+        target: String,
+    },
+    /// Why a node (KilnNode name) or a CompiledTarget is not ready: reason, message, the failing
+    /// step, the last Events. `node/NAME` or `target/NAME` picks the kind; a bare name is
+    /// looked up as a node first.
+    Why {
+        /// NODE, TARGET, node/NODE or target/TARGET.
+        name: String,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn client(cli: &Cli) -> anyhow::Result<(Client, String)> {
+    let options = KubeConfigOptions {
+        context: cli.context.clone(),
+        ..Default::default()
+    };
+    let config = match &cli.kubeconfig {
+        Some(path) => {
+            Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &options).await?
+        }
+        None if cli.context.is_some() => Config::from_kubeconfig(&options).await?,
+        None => Config::infer().await?,
+    };
+    let ns = cli
+        .namespace
+        .clone()
+        .unwrap_or_else(|| config.default_namespace.clone());
+    Ok((Client::try_from(config)?, ns))
+}
+
+/// Prints `value` as the chosen output; `text` renders the table.
+fn print<T: Serialize>(
+    output: Output,
+    value: &T,
+    text: impl Fn(&T) -> String,
+) -> anyhow::Result<()> {
+    match output {
+        Output::Table => print!("{}", text(value)),
+        Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
+        Output::Yaml => print!("{}", serde_saphyr::to_string(value)?),
+    }
+    Ok(())
+}
+
+async fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
+    let (client, ns) = client(cli).await?;
+    let targets: Api<CompiledTarget> = Api::namespaced(client.clone(), &ns);
+    let kiln_nodes: Api<KilnNode> = Api::all(client.clone());
+    let get_target = |name: &str| {
+        let targets = targets.clone();
+        let (name, ns) = (name.to_string(), ns.clone());
+        async move {
+            targets.get_opt(&name).await?.ok_or_else(|| {
+                anyhow::anyhow!("no CompiledTarget {name} in namespace {ns} (-n picks another)")
+            })
+        }
+    };
+    let nodes = || async { anyhow::Ok(kiln_nodes.list(&ListParams::default()).await?.items) };
+    match &cli.command {
+        Command::Status { target } => {
+            let t = get_target(target).await?;
+            let s = report::status(&t, &nodes().await?);
+            print(cli.output, &s, render::status)?;
+            Ok(if s.ready {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Command::History { target } => {
+            let t = get_target(target).await?;
+            print(cli.output, &report::history(&t, &nodes().await?), |h| {
+                render::history(h)
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Rollback {
+            target,
+            to,
+            force,
+            force_conflicts,
+            wait,
+            timeout,
+        } => {
+            let t = get_target(target).await?;
+            let n = report::rollback_to(&t, *to, *force)
+                .map_err(|e| anyhow::anyhow!("{target}: {e}"))?;
+            let started = Instant::now();
+            pin(&targets, target, Some(n), *force_conflicts).await?;
+            let mut done = Rollback {
+                target: format!("{ns}/{target}"),
+                pinned_revision: n,
+                served_after_seconds: None,
+            };
+            if *wait {
+                let deadline = started + Duration::from_secs(*timeout);
+                loop {
+                    let t = get_target(target).await?;
+                    if report::serves(&t, &nodes().await?, n) {
+                        done.served_after_seconds = Some(started.elapsed().as_secs_f64());
+                        break;
+                    }
+                    if Instant::now() > deadline {
+                        anyhow::bail!(
+                            "revision {n} pinned, but not every node serves it after {timeout} s; `kubectl kiln status {target}` shows where each stands"
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            print(cli.output, &done, |d| match d.served_after_seconds {
+                Some(s) => format!(
+                    "{}: pinned revision {}; every node serves it, Ready, {s:.3} s after the pin\n",
+                    d.target, d.pinned_revision
+                ),
+                None => format!(
+                    "{}: pinned revision {} (--wait waits until every node serves it)\n",
+                    d.target, d.pinned_revision
+                ),
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Unpin { target } => {
+            get_target(target).await?;
+            pin(&targets, target, None, false).await?;
+            println!("{ns}/{target}: unpinned; nodes serve the newest revision");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Why { name } => {
+            let (kind, name) = match name.split_once('/') {
+                Some(("node" | "nodes" | "kilnnode" | "kilnnodes", n)) => (Some("node"), n),
+                Some(("target" | "compiledtarget" | "compiledtargets", n)) => (Some("target"), n),
+                Some((other, _)) => anyhow::bail!("{other}/: use node/NAME or target/NAME"),
+                None => (None, name.as_str()),
+            };
+            let node = match kind {
+                Some("target") => None,
+                _ => kiln_nodes.get_opt(name).await?,
+            };
+            let why = match (node, kind) {
+                (Some(node), _) => {
+                    let events = events(&client, None, name).await?;
+                    report::why_node(&node, events)
+                }
+                (None, Some("node")) => {
+                    anyhow::bail!("no KilnNode {name}: is kiln-agent running on that node?")
+                }
+                (None, _) => {
+                    let t = get_target(name).await?;
+                    let events = events(&client, Some(&ns), name).await?;
+                    report::why_target(&t, &nodes().await?, events)
+                }
+            };
+            print(cli.output, &why, render::why)?;
+            Ok(if why.ready {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+    }
+}
+
+/// What `rollback` did.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Rollback {
+    target: String,
+    pinned_revision: i64,
+    served_after_seconds: Option<f64>,
+}
+
+/// Applies `spec.rollout.pinnedRevision = n` as this plugin's field manager; `None` applies an
+/// empty configuration, which removes the pin this manager owns.
+async fn pin(
+    targets: &Api<CompiledTarget>,
+    name: &str,
+    n: Option<i64>,
+    force: bool,
+) -> anyhow::Result<()> {
+    let mut body = serde_json::json!({
+        "apiVersion": "kiln.dev/v1alpha1",
+        "kind": "CompiledTarget",
+        "metadata": {"name": name},
+    });
+    if let Some(n) = n {
+        body["spec"] = serde_json::json!({"rollout": {"pinnedRevision": n}});
+    }
+    let mut params = PatchParams::apply(MANAGER);
+    if force {
+        params = params.force();
+    }
+    match targets.patch(name, &params, &Patch::Apply(&body)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => anyhow::bail!(
+            "{name}: another field manager set spec.rollout.pinnedRevision ({}); change it where that manager applies it (git), or pass --force-conflicts",
+            e.message
+        ),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The newest Events about `name` (a CompiledTarget in `ns`, or with `ns` None a node), newest
+/// first.
+async fn events(client: &Client, ns: Option<&str>, name: &str) -> anyhow::Result<Vec<EventLine>> {
+    let api: Api<Event> = match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let kind = if ns.is_some() {
+        ",involvedObject.kind=CompiledTarget"
+    } else {
+        ""
+    };
+    let list = api
+        .list(&ListParams::default().fields(&format!("involvedObject.name={name}{kind}")))
+        .await?;
+    let lines = list
+        .items
+        .into_iter()
+        .map(|e| EventLine {
+            time: e
+                .last_timestamp
+                .or(e.event_time.map(|t| Time(t.0)))
+                .or(e.first_timestamp)
+                .or(e.metadata.creation_timestamp),
+            type_: e.type_.unwrap_or_default(),
+            reason: e.reason.unwrap_or_default(),
+            message: e.message.unwrap_or_default(),
+        })
+        .collect();
+    Ok(report::newest(lines, 10))
+}

@@ -1,0 +1,172 @@
+//! The human tables of each report (`-o json|yaml` serialise the reports instead).
+
+use crate::report::{HistoryRow, Status, Why, ms, or_dash, short, table};
+
+/// `status`: a summary line, the classes, then the nodes.
+pub fn status(s: &Status) -> String {
+    let mut out = format!(
+        "{}/{}: {} (revision {}{})\n\n",
+        s.namespace,
+        s.name,
+        if s.ready { "Ready" } else { "NOT READY" },
+        or_dash(s.revision),
+        s.pinned_revision
+            .map(|p| format!(", pinned to {p}"))
+            .unwrap_or_default()
+    );
+    out.push_str(&format!("{}\n\n", s.summary));
+    let classes: Vec<Vec<String>> = s
+        .classes
+        .iter()
+        .map(|c| {
+            vec![
+                c.class.clone(),
+                c.phase.to_string(),
+                format!("{}/{}", c.ready_nodes, c.nodes),
+                c.failed_nodes.to_string(),
+                or_dash(c.reason.map(|r| r.as_str())),
+                c.message.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["CLASS", "PHASE", "READY", "FAILED", "REASON", "MESSAGE"],
+        &classes,
+    ));
+    out.push('\n');
+    let nodes: Vec<Vec<String>> = s
+        .nodes
+        .iter()
+        .map(|n| {
+            vec![
+                n.node.clone(),
+                n.class.clone(),
+                format!("{:?}", n.phase),
+                n.revision.to_string(),
+                or_dash(n.desired_revision),
+                or_dash(n.fallback.map(|f| format!("{f:?}"))),
+                or_dash(n.parity_max_abs_error.map(|e| format!("{e:.2e}"))),
+                ms(n.load_seconds),
+                ms(n.warmup_seconds),
+                ms(n.p50_seconds),
+                or_dash(n.reason.map(|r| r.as_str())),
+            ]
+        })
+        .collect();
+    if nodes.is_empty() {
+        out.push_str("no node reports on this target yet\n");
+    } else {
+        out.push_str(&table(
+            &[
+                "NODE",
+                "CLASS",
+                "PHASE",
+                "SERVES",
+                "WANTS",
+                "FALLBACK",
+                "PARITY",
+                "LOAD_MS",
+                "WARMUP_MS",
+                "P50_MS",
+                "REASON",
+            ],
+            &nodes,
+        ));
+    }
+    out
+}
+
+/// `history`: one line per revision and class, newest first.
+pub fn history(rows: &[HistoryRow]) -> String {
+    let mut lines = Vec::new();
+    for r in rows {
+        let mark = if r.current { "*" } else { "" };
+        for (i, a) in r.artifacts.iter().enumerate() {
+            let first = i == 0;
+            lines.push(vec![
+                if first {
+                    format!("{}{mark}", r.number)
+                } else {
+                    String::new()
+                },
+                if first {
+                    r.generation.to_string()
+                } else {
+                    String::new()
+                },
+                if first {
+                    if r.known_good { "yes" } else { "no" }.to_string()
+                } else {
+                    String::new()
+                },
+                if first {
+                    or_dash(r.created_at.as_ref().map(|t| t.0.to_string()))
+                } else {
+                    String::new()
+                },
+                a.class.clone(),
+                short(&a.compile_key),
+                short(&a.digest),
+                if first {
+                    if r.served_by.is_empty() {
+                        "-".into()
+                    } else {
+                        r.served_by.join(",")
+                    }
+                } else {
+                    String::new()
+                },
+            ]);
+        }
+    }
+    if lines.is_empty() {
+        return "no revisions yet\n".into();
+    }
+    table(
+        &[
+            "REVISION",
+            "GENERATION",
+            "KNOWN-GOOD",
+            "CREATED",
+            "CLASS",
+            "COMPILE-KEY",
+            "DIGEST",
+            "SERVED-BY",
+        ],
+        &lines,
+    ) + "(* = what nodes should serve now)\n"
+}
+
+/// `why`: the subject, each problem, the latest Events.
+pub fn why(w: &Why) -> String {
+    let mut out = format!("{}\n", w.subject);
+    if w.ready {
+        out.push_str("  nothing wrong: ready\n");
+    }
+    for p in &w.problems {
+        out.push_str(&format!(
+            "  {}\n    failing step: {}\n    reason:       {}\n    message:      {}\n",
+            p.at,
+            p.step,
+            or_dash(p.reason.map(|r| r.as_str())),
+            p.message
+        ));
+    }
+    if !w.events.is_empty() {
+        out.push_str("\nlast events:\n");
+        let rows: Vec<Vec<String>> = w
+            .events
+            .iter()
+            .map(|e| {
+                vec![
+                    or_dash(e.time.as_ref().map(|t| t.0.to_string())),
+                    e.type_.clone(),
+                    e.reason.clone(),
+                    e.message.clone(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["TIME", "TYPE", "REASON", "MESSAGE"], &rows));
+    }
+    out
+}
