@@ -7,7 +7,8 @@
 # the node serving the current one; `rollback --wait` pins revision 1 under its own field manager
 # and returns once the node serves it (its time is printed; the artifact is in the node cache, so
 # no Job is created and the serving pod never loses readiness); `unpin` hands serving back to
-# revision 2; a revision not in history, or not known-good, is refused. A target that cannot be
+# revision 2; a revision not in history is refused, and so is a pin another field manager (a
+# GitOps tool) applied, naming it. A target that cannot be
 # served (its model missing) makes `status` exit 1 and `why` name the Stalled condition.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/kiln-lib.sh"
@@ -85,6 +86,7 @@ echo "== status"
 out=$(kubectl kiln -n "$NS" status "$TARGET") || die "status exited $? on a Ready target: $out"
 grep -q "^$NS/$TARGET: Ready (revision 2)" <<<"$out" || die "status: $out"
 grep -q "^$REAL .* Ready .* 2 " <<<"$out" || die "status has no Ready row of $REAL on revision 2: $out"
+sed 's/^/   | /' <<<"$out"
 json=$(kubectl kiln -n "$NS" status "$TARGET" -o json)
 jq -e --arg n "$REAL" '.ready and .revision == 2 and (.nodes | length) == 1 and .nodes[0].node == $n and
   .nodes[0].phase == "Ready" and .nodes[0].loadSeconds > 0 and (.classes | length) == 1 and
@@ -102,7 +104,9 @@ hist=$(kubectl kiln -n "$NS" history "$TARGET" -o json)
 jq -e --arg n "$REAL" '[.[].number] == [2, 1] and all(.[]; .knownGood and .createdAt != null) and
   .[0].current and .[0].servedBy == [$n] and .[1].servedBy == [] and
   (.[0].artifacts[0].digest != .[1].artifacts[0].digest)' <<<"$hist" >/dev/null || die "history: $hist"
-kubectl kiln -n "$NS" history "$TARGET" | grep -q "^2\*" || die "history table: $(kubectl kiln -n "$NS" history "$TARGET")"
+out=$(kubectl kiln -n "$NS" history "$TARGET")
+grep -q "^2\*" <<<"$out" || die "history table: $out"
+sed 's/^/   | /' <<<"$out"
 
 echo "== rollback refusals"
 err=$(kubectl kiln -n "$NS" rollback "$TARGET" --to 7 2>&1) && die "rollback to a revision not in history: $err"
@@ -132,6 +136,22 @@ echo "== unpin"
 kubectl kiln -n "$NS" unpin "$TARGET" >/dev/null || die "unpin"
 ct | jq -e '.spec.rollout.pinnedRevision == null' >/dev/null || die "the pin stayed: $(ct | jq -c .spec.rollout)"
 wait_for "the node serves revision 2 again" 60 kubectl kiln -n "$NS" status "$TARGET"
+
+echo "== a pin another field manager applied (a GitOps tool) is not taken over"
+kubectl -n "$NS" apply --server-side --field-manager=gitops -f - >/dev/null <<YAML || die "gitops apply"
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {name: $TARGET}
+spec:
+  modelRef: {name: squeezenet}
+  backend: {kind: tract}
+  profiles: [{name: b, dims: {batch: 1}}]
+  warmup: {iterations: 5, fixtureVersion: v1, defaultTolerance: {atol: 1.0e-5, rtol: 1.0e-4}}
+  rollout: {pinnedRevision: 2}
+YAML
+err=$(kubectl kiln -n "$NS" rollback "$TARGET" --to 1 2>&1) && die "rollback took the field from gitops: $err"
+grep -q 'gitops' <<<"$err" && grep -q 'change it where that manager applies it' <<<"$err" || die "conflict message: $err"
+ct | jq -e '.spec.rollout.pinnedRevision == 2' >/dev/null || die "the GitOps pin moved"
 
 echo "== why"
 out=$(kubectl kiln -n "$NS" why "$TARGET") || die "why on a Ready target exited $?: $out"
