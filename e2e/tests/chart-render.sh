@@ -4,7 +4,7 @@
 # promises (CRDs byte-equal to crdgen's and kept, flags and mounts per component, GPU access
 # only when asked, RBAC equal to deploy/{operator,agent}-rbac.yaml and without secrets or wildcards, every
 # values.yaml key commented); every env var one the binary reads; the alert rules through the real `promtool check rules`, naming
-# only metrics the operator and agent register.
+# only metrics the operator and agent register; the Grafana dashboard ConfigMap when asked.
 source "$(dirname "$0")/lib.sh"
 REPO=$(cd "$E2E_DIR/.." && pwd)
 CHART=$REPO/charts/kiln
@@ -22,7 +22,8 @@ t() { helm template kiln "$CHART" -n kiln-system "$@"; }
 t --set store.url=/var/lib/kiln/store --set sources.hostPath=/srv/models >"$WORK/fs.yaml"
 t --set store.url=oci://10.0.0.1:5000/kiln --set store.insecure=true --set store.existingSecret=regcred \
   --set agent.gpu.enabled=true --set agent.runtimeClassName=nvidia --set crds.keep=false \
-  --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true >"$WORK/oci.yaml"
+  --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true \
+  --set metrics.grafanaDashboard.enabled=true >"$WORK/oci.yaml"
 t --set store.url=file:///data/kiln --set crds.enabled=false --set agent.enabled=false \
   --set operator.leaderElection.enabled=false --set metrics.service.enabled=false >"$WORK/min.yaml"
 t --set store.url=/s --set attestation.enabled=false >"$WORK/unsigned.yaml"
@@ -200,6 +201,15 @@ for g in rule["spec"]["groups"]:
     for r in g["rules"]:
         for m in re.findall(r"kiln_(?:operator|agent)_\w+", r["expr"]):
             check(re.sub(r"_(total|bucket|sum|count)$", "", m) in registered, f"{r['alert']}: {m} is not a registered metric")
+
+# The Grafana dashboard: only when asked, labelled for the sidecar, the shipped JSON unchanged
+# (its queries are checked against the real expositions by the components' exposition tests).
+import json
+check(not [c for c in get(fs, "ConfigMap") if c["metadata"]["name"] == "kiln-dashboard"], "no dashboard by default")
+board = one(oci, "ConfigMap", "kiln-dashboard")
+check(board["metadata"]["labels"].get("grafana_dashboard") == "1", "dashboard sidecar label")
+check(json.loads(board["data"]["kiln.json"]) == json.load(open(f"{repo}/charts/kiln/files/dashboards/kiln.json")),
+      "the dashboard ConfigMap holds files/dashboards/kiln.json")
 
 # Every values.yaml key carries a prose comment, except inside free-form Kubernetes objects.
 free = {"resources", "podSecurityContext", "securityContext", "updateStrategy", "nodeSelector", "tolerations",

@@ -111,6 +111,7 @@ struct Inner {
     partitions: Family<TargetLabels, Gauge>,
     fallback_share: Family<TargetLabels, Gauge<f64, AtomicU64>>,
     peak_memory: Family<TargetLabels, Gauge>,
+    served_revision: Family<TargetLabels, Gauge>,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -145,6 +146,7 @@ impl Metrics {
             partitions: Family::default(),
             fallback_share: Family::default(),
             peak_memory: Family::default(),
+            served_revision: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("kiln_agent");
         r.register(
@@ -206,6 +208,11 @@ impl Metrics {
             "partitions",
             "Runs of consecutive nodes on one execution provider (1: one provider ran everything)",
             inner.partitions.clone(),
+        );
+        r.register(
+            "served_revision",
+            "The target revision this node serves (Ready, or Degraded on a fallback); no series while it serves none",
+            inner.served_revision.clone(),
         );
         r.register(
             "engine_peak_memory_bytes",
@@ -379,17 +386,29 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets whether a target is served on this node.
-    pub fn target_ready(&self, labels: &TargetLabels, ready: bool) {
+    /// Sets whether a target is served on this node, and which revision (`None`: none).
+    pub fn target_ready(&self, labels: &TargetLabels, served: Option<i64>) {
         self.inner
             .target_ready
             .get_or_create(labels)
-            .set(i64::from(ready));
+            .set(i64::from(served.is_some()));
+        match served {
+            Some(revision) => {
+                self.inner
+                    .served_revision
+                    .get_or_create(labels)
+                    .set(revision);
+            }
+            None => {
+                self.inner.served_revision.remove(labels);
+            }
+        }
     }
 
     /// Drops the series of a target that no longer selects this node.
     pub fn forget_target(&self, labels: &TargetLabels) {
         self.inner.target_ready.remove(labels);
+        self.inner.served_revision.remove(labels);
         self.inner.partitions.remove(labels);
         self.inner.fallback_share.remove(labels);
         self.inner.peak_memory.remove(labels);

@@ -36,3 +36,70 @@ fn metrics_file_after_a_ready_run_passes_promtool() {
         eprintln!("skipping promtool check: {skip}");
     }
 }
+
+/// Every agent metric the chart's Grafana dashboard queries is one the agent exports. The
+/// exposition is the agent's registry with a series in every family (a `local` run leaves the
+/// DaemonSet-only ones, such as `target_ready`, without series, and so unprinted), through the
+/// same Prometheus text conversion `/metrics` serves.
+#[test]
+fn the_dashboard_queries_only_metrics_the_agent_exports() {
+    use kiln_agent::metrics::{Metrics, TargetLabels};
+    use kiln_crds::FailureReason;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let m = Metrics::register(&mut registry);
+    let labels = TargetLabels {
+        namespace: "ml".into(),
+        target: "t".into(),
+        class: "cpu".into(),
+    };
+    m.fetched(1);
+    m.verify_failure(FailureReason::HashMismatch);
+    m.failure(FailureReason::ParityExceeded);
+    m.compile("tract", "built", Some(0.1));
+    m.load("cpu", 0.1);
+    m.warmup("cpu", 0.2, &[0.01, 0.02], 1e-6);
+    let placement = kiln_crds::placement::Placement {
+        requested: "cpu".into(),
+        nodes: [("cpu".to_string(), 39)].into(),
+        partitions: 1,
+        ..Default::default()
+    };
+    m.placement(&labels, &placement);
+    m.peak_memory(&labels, 1 << 20);
+    m.ready("cpu", true);
+    m.pulled(1 << 20, 0.5);
+    m.compat_rejection(FailureReason::IncompatibleHardware);
+    m.target_ready(&labels, Some(3));
+    m.fallback(FailureReason::ParityExceeded, "PreviousKnownGood");
+    m.fail_closed(FailureReason::HashMismatch);
+    m.revision_ready(1.0);
+    let mut openmetrics = String::new();
+    prometheus_client::encoding::text::encode(&mut openmetrics, &registry).expect("encode");
+    let text = kiln_crds::exposition::to_prometheus_text(&openmetrics);
+    assert!(
+        text.contains(
+            "kiln_agent_served_revision{namespace=\"ml\",target=\"t\",class=\"cpu\"} 3\n"
+        ),
+        "{text}"
+    );
+    let queried = kiln_serve::test_support::dashboard_metrics("kiln_agent_");
+    assert!(queried.len() > 5, "{queried:?}");
+    let missing = kiln_serve::test_support::not_exported(&queried, &text);
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries {missing:?}, which the agent does not export"
+    );
+    // (The check itself refuses a name nobody exports.)
+    let bogus = std::collections::BTreeSet::from(["kiln_agent_no_such_seconds_bucket".to_string()]);
+    assert_eq!(
+        kiln_serve::test_support::not_exported(&bogus, &text),
+        ["kiln_agent_no_such_seconds_bucket"]
+    );
+    // And it names no kiln metric of a third component.
+    let all = kiln_serve::test_support::dashboard_metrics("kiln_");
+    let foreign: Vec<&String> = all
+        .iter()
+        .filter(|n| !n.starts_with("kiln_agent_") && !n.starts_with("kiln_operator_"))
+        .collect();
+    assert!(foreign.is_empty(), "{foreign:?}");
+}

@@ -46,6 +46,9 @@ async fn metrics_endpoint_passes_promtool_and_negotiates_openmetrics() {
     metrics.cache_hit();
     metrics.classes(2);
     metrics.write("status");
+    metrics.ready_nodes("cpu-x86-64", 1);
+    metrics.promoted();
+    metrics.untrusted_entry();
 
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -70,6 +73,14 @@ async fn metrics_endpoint_passes_promtool_and_negotiates_openmetrics() {
     }
     let (ct, body) = text.expect("server up").expect("get");
     assert_eq!(ct, kiln_crds::exposition::PROMETHEUS_TEXT);
+    // Every operator metric the chart's Grafana dashboard queries is one the operator exports.
+    let queried = kiln_serve::test_support::dashboard_metrics("kiln_operator_");
+    assert!(queried.len() > 5, "{queried:?}");
+    let missing = kiln_serve::test_support::not_exported(&queried, &body);
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries {missing:?}, which the operator does not export"
+    );
     assert!(
         body.contains("# TYPE kiln_operator_compile_jobs_total counter\n")
             && body.contains(

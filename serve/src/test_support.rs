@@ -49,3 +49,51 @@ pub fn promtool_check(text: &str) -> Result<(), String> {
     );
     Ok(())
 }
+
+/// The chart's Grafana dashboard (`charts/kiln/files/dashboards/kiln.json`).
+pub const DASHBOARD: &str = include_str!("../../charts/kiln/files/dashboards/kiln.json");
+
+/// Every `kiln_…` metric name in the dashboard's queries (panel `expr`s and template variable
+/// queries) that starts with `prefix`.
+pub fn dashboard_metrics(prefix: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = DASHBOARD;
+    while let Some(at) = rest.find("kiln_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..end];
+        if name.starts_with(prefix) {
+            names.insert(name.to_string());
+        }
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// The names of `dashboard` that `exposition` (Prometheus text or OpenMetrics) does not export:
+/// a name counts when a `# TYPE` line declares it, or its family (without `_total`, `_bucket`,
+/// `_sum` or `_count`, or with `_total`).
+pub fn not_exported(
+    dashboard: &std::collections::BTreeSet<String>,
+    exposition: &str,
+) -> Vec<String> {
+    let families: std::collections::BTreeSet<&str> = exposition
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split_whitespace().next())
+        .collect();
+    dashboard
+        .iter()
+        .filter(|name| {
+            let stripped = ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .filter_map(|s| name.strip_suffix(s));
+            let with_total = format!("{name}_total");
+            !(families.contains(name.as_str())
+                || families.contains(with_total.as_str())
+                || stripped.into_iter().any(|f| families.contains(f)))
+        })
+        .cloned()
+        .collect()
+}

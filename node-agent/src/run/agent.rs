@@ -470,7 +470,7 @@ impl Agent {
         {
             metrics.forget_target(old);
         }
-        metrics.target_ready(&labels, ready);
+        metrics.target_ready(&labels, ready.then_some(state.row.revision));
         state.labels = Some(labels);
     }
 
