@@ -209,7 +209,7 @@ async fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             if *wait {
                 let deadline = started + Duration::from_secs(*timeout);
                 loop {
-                    let t = get_target(target).await?;
+                    // The rows name the target by namespace and name: only the nodes change.
                     if report::serves(&t, &nodes().await?, n) {
                         done.served_after_seconds = Some(started.elapsed().as_secs_f64());
                         break;

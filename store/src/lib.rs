@@ -214,7 +214,7 @@ pub fn fs_path(url: &str) -> Option<PathBuf> {
 
 /// Checks that `key` is a compile key (64 lowercase or uppercase hex digits).
 pub(crate) fn check_key(location: &str, key: &str) -> Result<()> {
-    if key.len() != 64 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !staged::is_sha256_hex(key) {
         return Err(Error::unavailable(
             location,
             format!("{key:?} is not a compile key"),
@@ -228,7 +228,7 @@ pub(crate) fn check_key(location: &str, key: &str) -> Result<()> {
 pub(crate) fn digest_hex(digest: &str) -> Result<&str> {
     digest
         .strip_prefix("sha256:")
-        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .filter(|h| staged::is_sha256_hex(h))
         .ok_or_else(|| Error::HashMismatch {
             what: format!("digest {digest:?}"),
             message: "not of the form sha256:<64 hex digits>".into(),

@@ -64,6 +64,12 @@ impl Mismatch {
     }
 }
 
+/// Whether `hex` is a bare sha256 (64 hex digits, either case): what a digest or compile key
+/// must be before it names a file, a directory or a tag.
+pub fn is_sha256_hex(hex: &str) -> bool {
+    hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// Prefix of the temp files a verified write makes beside its destination.
 pub const PARTIAL_PREFIX: &str = ".kiln-partial-";
 
@@ -171,8 +177,7 @@ impl VerifiedWrite {
     /// well-formed digest this is [`VerifiedWrite::create`].
     pub fn resumable(dest: &Path, expected: Expected) -> Result<Self> {
         use std::io::{Read, Seek};
-        let well_formed =
-            expected.digest.len() == 64 && expected.digest.bytes().all(|b| b.is_ascii_hexdigit());
+        let well_formed = is_sha256_hex(&expected.digest);
         let dir = dest
             .parent()
             .filter(|p| !p.as_os_str().is_empty())

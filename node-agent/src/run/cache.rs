@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use kiln_crds::BuildManifest;
-use kiln_store::staged::{install_dir, sha256_file, sync_dir, write_synced};
+use kiln_store::staged::{install_dir, is_sha256_hex, sha256_file, sync_dir, write_synced};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -111,7 +111,7 @@ impl Cache {
     }
 
     fn dir(&self, digest: &str) -> Result<PathBuf> {
-        if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if !is_sha256_hex(digest) {
             return Err(Error::InvalidSpec(format!(
                 "artifact digest {digest:?} is not 64 hex characters"
             )));
@@ -274,9 +274,7 @@ fn sweep_tmp(tmp: &Path, window: std::time::Duration) {
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
         let digest = name.strip_prefix(PULL_PREFIX).unwrap_or_default();
-        let resumable = digest.len() == 64
-            && digest.bytes().all(|b| b.is_ascii_hexdigit())
-            && e.file_type().is_ok_and(|t| t.is_dir());
+        let resumable = is_sha256_hex(digest) && e.file_type().is_ok_and(|t| t.is_dir());
         if resumable && recent(&e.path()) {
             continue;
         }
