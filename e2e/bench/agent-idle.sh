@@ -42,9 +42,7 @@ printf '   %-14s %6.1f MB of the agent image (ONNX Runtime %s)\n' "libonnxruntim
 
 kiln_example_dirs "$WORK"
 kiln_fresh_crds
-kiln_install "$REL" "$NS" --set store.url="oci://$REGISTRY_ADDR/kiln-bench/$NS" --set store.insecure=true \
-  --set sources.hostPath="$WORK/sources" --set agent.cacheHostPath="$WORK/cache" >/dev/null || die "helm install"
-kubectl -n "$NS" rollout status ds/kiln-agent --timeout=120s >/dev/null || die "agent not ready"
+kiln_up "$REL" "$NS" "kiln-bench/$NS" "$WORK" || die "kiln did not come up"
 
 echo "== the example with $N CompiledTargets"
 t0=$SECONDS

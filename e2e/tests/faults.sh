@@ -75,11 +75,7 @@ LOG_ARGS=()
 [[ -z ${KILN_E2E_FAULT_RUST_LOG:-} ]] || for c in operator agent; do
   LOG_ARGS+=(--set "$c.extraEnv[0].name=RUST_LOG" --set "$c.extraEnv[0].value=${KILN_E2E_FAULT_RUST_LOG//,/\\,}")
 done
-kiln_install "$REL" "$NS" --set store.url="oci://$REGISTRY_ADDR/$REPOSITORY" --set store.insecure=true \
-  --set sources.hostPath="$WORK/sources" --set agent.cacheHostPath="$WORK/cache" "${LOG_ARGS[@]}" >/dev/null ||
-  die "helm install failed"
-kubectl -n "$NS" wait --for=condition=Available deploy/kiln-operator --timeout=120s >/dev/null || die "operator not Available"
-kubectl -n "$NS" rollout status ds/kiln-agent --timeout=120s >/dev/null || die "agent DaemonSet not ready"
+kiln_up "$REL" "$NS" "$REPOSITORY" "$WORK" "${LOG_ARGS[@]}" || die "kiln did not come up"
 
 # The example's ModelArtifact as it is; the target is applied by `revise`.
 python3 -c 'import sys, yaml; [print("---\n" + yaml.safe_dump(d)) for d in yaml.safe_load_all(open(sys.argv[1])) if d["kind"] == "ModelArtifact"]' \

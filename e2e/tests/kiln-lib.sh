@@ -62,6 +62,21 @@ kiln_install() {
     --set compile.retryBackoffSeconds=2 --set backends.onnxruntime="$ORT_IDENTITY" "$@"
 }
 
+# kiln_up RELEASE NAMESPACE REPOSITORY WORK [HELM ARGS...]: kiln_install with the store on the
+# cluster's registry at REPOSITORY and the sources and the agent's node cache under WORK, then
+# the operator Available and the agent DaemonSet rolled out. Says on stderr what failed.
+kiln_up() {
+  local rel=$1 ns=$2 repository=$3 work=$4
+  shift 4
+  kiln_install "$rel" "$ns" --set store.url="oci://$REGISTRY_ADDR/$repository" --set store.insecure=true \
+    --set sources.hostPath="$work/sources" --set agent.cacheHostPath="$work/cache" "$@" >/dev/null ||
+    { echo "helm install failed" >&2; return 1; }
+  kubectl -n "$ns" wait --for=condition=Available deploy/kiln-operator --timeout=120s >/dev/null ||
+    { echo "operator not Available" >&2; return 1; }
+  kubectl -n "$ns" rollout status ds/kiln-agent --timeout=120s >/dev/null ||
+    { echo "agent DaemonSet not ready" >&2; return 1; }
+}
+
 # serving_pod NAMESPACE TARGET NODE: pod "serve" on NODE, annotated for TARGET and gated on
 # kiln.dev/warm, as a serving workload declares itself to kiln.
 serving_pod() {

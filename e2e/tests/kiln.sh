@@ -54,10 +54,7 @@ kiln_example_dirs "$WORK"
 
 echo "== install: store oci://$REGISTRY_ADDR/$REPOSITORY"
 kiln_fresh_crds
-kiln_install "$REL" "$NS" --set store.url="oci://$REGISTRY_ADDR/$REPOSITORY" --set store.insecure=true \
-  --set sources.hostPath="$WORK/sources" --set agent.cacheHostPath="$WORK/cache" >/dev/null || die "helm install failed"
-kubectl -n "$NS" wait --for=condition=Available deploy/kiln-operator --timeout=120s >/dev/null || die "operator not Available"
-kubectl -n "$NS" rollout status ds/kiln-agent --timeout=120s >/dev/null || die "agent DaemonSet not ready"
+kiln_up "$REL" "$NS" "$REPOSITORY" "$WORK" || die "kiln did not come up"
 
 echo "== apply the example and a serving pod gated on kiln.dev/warm"
 T_APPLY=$(date +%s.%N)

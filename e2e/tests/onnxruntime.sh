@@ -38,10 +38,7 @@ kiln_example_dirs "$WORK"
 
 echo "== install with ONNX Runtime $ORT_IDENTITY in the agent image"
 kiln_fresh_crds
-kiln_install "$REL" "$NS" --set store.url="oci://$REGISTRY_ADDR/$REPOSITORY" --set store.insecure=true \
-  --set sources.hostPath="$WORK/sources" --set agent.cacheHostPath="$WORK/cache" >/dev/null || die "helm install failed"
-kubectl -n "$NS" wait --for=condition=Available deploy/kiln-operator --timeout=120s >/dev/null || die "operator not Available"
-kubectl -n "$NS" rollout status ds/kiln-agent --timeout=120s >/dev/null || die "agent DaemonSet not ready"
+kiln_up "$REL" "$NS" "$REPOSITORY" "$WORK" || die "kiln did not come up"
 wait_for "KilnNode $REAL reports the onnxruntime runtime" 60 \
   bash -c "kubectl get kilnnode $REAL -o json | jq -e '.status.hardware.runtimes.onnxruntime == \"${ORT_IDENTITY%%@*}\"'"
 
