@@ -85,17 +85,7 @@ serving_pod "$NS" "$TARGET" "$REAL"
 # revise PROFILE [ITERATIONS]: the target with one profile named PROFILE (batch 1: same model,
 # new compile key) and that many warmup iterations.
 revise() {
-  kubectl -n "$NS" apply -f - >/dev/null <<YAML
-apiVersion: kiln.dev/v1alpha1
-kind: CompiledTarget
-metadata: {name: $TARGET}
-spec:
-  modelRef: {name: squeezenet}
-  backend: {kind: tract}
-  profiles: [{name: $1, dims: {batch: 1}}]
-  warmup: {iterations: ${2:-5}, fixtureVersion: v1, defaultTolerance: {atol: 1.0e-5, rtol: 1.0e-4}}
-  rollout: {knownGoodHistory: 100}
-YAML
+  example_target "$TARGET" "$1" "${2:-5}" "{knownGoodHistory: 100}" | kubectl -n "$NS" apply -f - >/dev/null
   GEN=$(kubectl -n "$NS" get compiledtarget "$TARGET" -o jsonpath='{.metadata.generation}')
 }
 ct() { kubectl -n "$NS" get compiledtarget "$TARGET" -o json; }

@@ -77,6 +77,23 @@ kiln_up() {
     { echo "agent DaemonSet not ready" >&2; return 1; }
 }
 
+# example_target NAME PROFILE [ITERATIONS] [ROLLOUT]: a CompiledTarget of the example model as
+# YAML, with one profile named PROFILE (batch 1: the same model, a new compile key per name),
+# ITERATIONS warmup iterations (default 5) and, when given, ROLLOUT (flow YAML) as spec.rollout.
+example_target() {
+  cat <<YAML
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {name: $1}
+spec:
+  modelRef: {name: squeezenet}
+  backend: {kind: tract}
+  profiles: [{name: $2, dims: {batch: 1}}]
+  warmup: {iterations: ${3:-5}, fixtureVersion: v1, defaultTolerance: {atol: 1.0e-5, rtol: 1.0e-4}}
+${4:+  rollout: $4}
+YAML
+}
+
 # serving_pod NAMESPACE TARGET NODE: pod "serve" on NODE, annotated for TARGET and gated on
 # kiln.dev/warm, as a serving workload declares itself to kiln.
 serving_pod() {

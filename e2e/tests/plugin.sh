@@ -50,18 +50,7 @@ kiln_fresh_crds
 kiln_up "$REL" "$NS" "$REPOSITORY" "$WORK" || die "kiln did not come up"
 
 # revise PROFILE: the example target with another profile name (a new compile key: a new revision).
-revise() {
-  kubectl -n "$NS" apply -f - >/dev/null <<YAML
-apiVersion: kiln.dev/v1alpha1
-kind: CompiledTarget
-metadata: {name: $TARGET}
-spec:
-  modelRef: {name: squeezenet}
-  backend: {kind: tract}
-  profiles: [{name: $1, dims: {batch: 1}}]
-  warmup: {iterations: 5, fixtureVersion: v1, defaultTolerance: {atol: 1.0e-5, rtol: 1.0e-4}}
-YAML
-}
+revise() { example_target "$TARGET" "$1" | kubectl -n "$NS" apply -f - >/dev/null; }
 ct() { kubectl -n "$NS" get compiledtarget "$TARGET" -o json; }
 gate() { kubectl -n "$NS" get pod serve -o json | jq -r '.status.conditions[]? | select(.type == "kiln.dev/warm") | .status'; }
 # known_good N: revision N is recorded known-good and the node's row serves the current revision.
@@ -135,17 +124,8 @@ ct | jq -e '.spec.rollout.pinnedRevision == null' >/dev/null || die "the pin sta
 wait_for "the node serves revision 2 again" 60 kubectl kiln -n "$NS" status "$TARGET"
 
 echo "== a pin another field manager applied (a GitOps tool) is not taken over"
-kubectl -n "$NS" apply --server-side --field-manager=gitops -f - >/dev/null <<YAML || die "gitops apply"
-apiVersion: kiln.dev/v1alpha1
-kind: CompiledTarget
-metadata: {name: $TARGET}
-spec:
-  modelRef: {name: squeezenet}
-  backend: {kind: tract}
-  profiles: [{name: b, dims: {batch: 1}}]
-  warmup: {iterations: 5, fixtureVersion: v1, defaultTolerance: {atol: 1.0e-5, rtol: 1.0e-4}}
-  rollout: {pinnedRevision: 2}
-YAML
+example_target "$TARGET" b 5 "{pinnedRevision: 2}" |
+  kubectl -n "$NS" apply --server-side --field-manager=gitops -f - >/dev/null || die "gitops apply"
 err=$(kubectl kiln -n "$NS" rollback "$TARGET" --to 1 2>&1) && die "rollback took the field from gitops: $err"
 grep -q 'gitops' <<<"$err" && grep -q 'change it where that manager applies it' <<<"$err" || die "conflict message: $err"
 ct | jq -e '.spec.rollout.pinnedRevision == 2' >/dev/null || die "the GitOps pin moved"
