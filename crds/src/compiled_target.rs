@@ -511,6 +511,13 @@ pub struct Rollout {
     #[serde(default = "default_promote")]
     #[schemars(range(min = 1, max = 100))]
     pub promote_at_ready_percent: u32,
+    /// When the newest revision fails on any node of any class (fail-closed or serving a
+    /// fallback) while an older revision is known-good, serve the newest known-good one
+    /// instead, recorded in `status.autoRollback` with the failure and announced by an
+    /// `AutoRolledBack` Event. It lasts until a newer revision appears (a spec or model
+    /// change), `pinnedRevision` is set (the pin wins), or this is turned off. Off by default.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_rollback: bool,
 }
 
 fn is_zero(n: &i32) -> bool {
@@ -531,6 +538,7 @@ impl Default for Rollout {
             pinned_revision: None,
             known_good_history: default_history(),
             promote_at_ready_percent: default_promote(),
+            auto_rollback: false,
         }
     }
 }
@@ -584,6 +592,31 @@ pub struct CompiledTargetStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["number"]))]
     pub revisions: Vec<Revision>,
+    /// Set by `rollout.autoRollback`: the newest revision failed on nodes, so nodes serve an
+    /// older known-good one (`revision` names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_rollback: Option<AutoRollback>,
+}
+
+/// An automatic rollback: which revision failed where, and which one is served instead.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoRollback {
+    /// The revision that failed (the newest).
+    pub from_revision: i64,
+    /// The known-good revision served instead.
+    pub to_revision: i64,
+    /// The first class with failing nodes.
+    pub class: String,
+    /// The failure reason its nodes report most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<FailureReason>,
+    /// What the failing nodes said.
+    #[serde(default)]
+    pub message: String,
+    /// When the operator rolled back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 /// State of one node class.

@@ -48,6 +48,9 @@ pub mod reasons {
     pub const FALLBACK: &str = "Fallback";
     /// `Degraded=True`: the current spec does not compile; the previous revision is served.
     pub const PREVIOUS_REVISION: &str = "PreviousRevision";
+    /// Degraded, Ready, Stalled: `rollout.autoRollback` serves a known-good revision because the
+    /// newest failed on nodes.
+    pub const AUTO_ROLLED_BACK: &str = "AutoRolledBack";
 
     // CompiledTarget: the spec cannot be acted on (`Stalled=True`).
 

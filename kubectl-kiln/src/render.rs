@@ -14,6 +14,15 @@ pub fn status(s: &Status) -> String {
             .map(|p| format!(", pinned to {p}"))
             .unwrap_or_default()
     );
+    if let Some(b) = &s.auto_rollback {
+        out.push_str(&format!(
+            "Rolled back automatically from revision {} to {}: class {} {}\n",
+            b.from_revision,
+            b.to_revision,
+            b.class,
+            or_dash(b.reason.map(|r| r.as_str()))
+        ));
+    }
     out.push_str(&format!("{}\n\n", s.summary));
     let classes: Vec<Vec<String>> = s
         .classes

@@ -27,6 +27,8 @@ pub struct Status {
     pub revision: Option<i64>,
     /// `spec.rollout.pinnedRevision`.
     pub pinned_revision: Option<i64>,
+    /// `status.autoRollback`: the newest revision failed, a known-good one is served.
+    pub auto_rollback: Option<kiln_crds::compiled_target::AutoRollback>,
     /// One row per class.
     pub classes: Vec<ClassRow>,
     /// One row per node that reports on the target.
@@ -147,6 +149,10 @@ pub fn status(target: &CompiledTarget, nodes: &[KilnNode]) -> Status {
         summary,
         revision: st.revision,
         pinned_revision: target.spec.rollout.pinned_revision,
+        auto_rollback: target
+            .status
+            .as_ref()
+            .and_then(|s| s.auto_rollback.clone()),
         classes: st
             .classes
             .iter()

@@ -125,6 +125,21 @@ impl World {
         row.message = reason.map(|r| format!("{} on {node}", r.as_str()));
     }
 
+    /// Sets the revision `node`'s row says the target asks for (a fallback row names it).
+    fn desire(&mut self, node: &str, revision: i64) {
+        let k = self
+            .kiln_nodes
+            .iter_mut()
+            .find(|k| k.metadata.name.as_deref() == Some(node))
+            .expect("kiln node");
+        let row = k
+            .status
+            .as_mut()
+            .and_then(|s| s.targets.iter_mut().find(|r| r.namespace == "ml"))
+            .expect("row");
+        row.desired_revision = Some(revision);
+    }
+
     /// Stores an artifact for every key the plan wants.
     fn store_all(&mut self) {
         for (i, k) in self.keys().into_iter().enumerate() {
@@ -830,6 +845,184 @@ fn a_node_on_a_fallback_keeps_its_label_on_the_revision_it_serves_and_degrades_t
             .revisions
             .iter()
             .any(|r| r.number == 2 && r.known_good)
+    );
+}
+
+/// A world whose revision 1 is known-good on every node and whose spec has just compiled to
+/// revision 2 (generation 2), with `rollout.autoRollback` on.
+fn second_revision_world() -> World {
+    let mut w = compiled_world();
+    w.target.spec.rollout.auto_rollback = true;
+    for n in ["cpu-0", "h100-0", "h100-1", "l4-0"] {
+        w.report(n, 1, NodePhase::Ready, None);
+    }
+    let p = w.plan(10);
+    assert!(p.status.revisions[0].known_good);
+    w.apply(&p);
+    w.target.spec.profiles[0].dims.insert("batch".into(), 2);
+    w.target.metadata.generation = Some(2);
+    w.store_all();
+    w
+}
+
+#[test]
+fn auto_rollback_serves_the_newest_known_good_when_the_new_revision_fails_on_a_node() {
+    let mut w = second_revision_world();
+    // Nodes still report revision 1 (they have not tried 2): nothing failed on 2 yet.
+    let p = w.plan(20);
+    assert_eq!(p.status.revision, Some(2));
+    assert_eq!(p.status.auto_rollback, None);
+    w.apply(&p);
+    for n in ["cpu-0", "h100-0", "l4-0"] {
+        w.report(n, 2, NodePhase::Ready, None);
+    }
+    w.report(
+        "h100-1",
+        2,
+        NodePhase::Failed,
+        Some(FailureReason::ParityExceeded),
+    );
+    let p = w.plan(30);
+    let back = p.status.auto_rollback.clone().expect("rolled back");
+    assert_eq!((back.from_revision, back.to_revision), (2, 1));
+    assert!(back.class.starts_with("nvidia-h100"), "{}", back.class);
+    assert_eq!(back.reason, Some(FailureReason::ParityExceeded));
+    assert!(back.message.contains("h100-1"), "{}", back.message);
+    assert_eq!(p.status.revision, Some(1), "nodes are told to serve 1");
+    for type_ in ["Degraded", "Stalled"] {
+        let c = condition(&p, type_);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "AutoRolledBack"),
+            "{type_}"
+        );
+    }
+    let ready = condition(&p, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "AutoRolledBack")
+    );
+    assert!(
+        ready
+            .message
+            .contains("revision 2 failed on class nvidia-h100")
+            && ready
+                .message
+                .contains("rolled back to known-good revision 1"),
+        "{}",
+        ready.message
+    );
+    let events: Vec<_> = p
+        .events
+        .iter()
+        .filter(|e| e.reason == "AutoRolledBack")
+        .collect();
+    assert_eq!(events.len(), 1, "{:?}", p.events);
+    assert!(events[0].warning && events[0].note.contains("known-good revision 1"));
+    w.apply(&p);
+
+    // The nodes move back to 1 and stop reporting anything about 2: the rollback holds, and
+    // is news only once.
+    for n in ["cpu-0", "h100-0", "h100-1", "l4-0"] {
+        w.report(n, 1, NodePhase::Ready, None);
+    }
+    let p = w.plan(40);
+    assert_eq!(p.status.auto_rollback, Some(back.clone()));
+    assert_eq!(p.status.revision, Some(1));
+    assert!(!p.events.iter().any(|e| e.reason == "AutoRolledBack"));
+    w.apply(&p);
+
+    // A pin wins and ends the record; a newer revision does too.
+    w.target.spec.rollout.pinned_revision = Some(2);
+    let p = w.plan(50);
+    assert_eq!(
+        (p.status.revision, &p.status.auto_rollback),
+        (Some(2), &None)
+    );
+    w.target.spec.rollout.pinned_revision = None;
+    w.apply(&p);
+    let p = w.plan(55);
+    assert_eq!(
+        (p.status.revision, &p.status.auto_rollback),
+        (Some(2), &None),
+        "unpinned: the newest again, until a node fails it again"
+    );
+    w.target.status.as_mut().expect("status").auto_rollback = Some(back.clone());
+    w.target.status.as_mut().expect("status").revision = Some(1);
+    w.target.spec.profiles[0].dims.insert("batch".into(), 4);
+    w.target.metadata.generation = Some(3);
+    w.store_all();
+    let p = w.plan(60);
+    assert_eq!(p.status.revisions.last().map(|r| r.number), Some(3));
+    assert_eq!(
+        (p.status.revision, &p.status.auto_rollback),
+        (Some(3), &None)
+    );
+}
+
+#[test]
+fn auto_rollback_needs_the_option_an_older_known_good_revision_and_a_failure_on_the_newest() {
+    // Off: the failed revision stays current (the fallback policy decides what nodes serve).
+    let mut w = second_revision_world();
+    w.target.spec.rollout.auto_rollback = false;
+    let p = w.plan(20);
+    w.apply(&p);
+    w.report(
+        "h100-1",
+        2,
+        NodePhase::Failed,
+        Some(FailureReason::LoadFailed),
+    );
+    let p = w.plan(30);
+    assert_eq!(
+        (p.status.revision, &p.status.auto_rollback),
+        (Some(2), &None)
+    );
+
+    // A failure about an older revision is not one of the newest.
+    let mut w = second_revision_world();
+    let p = w.plan(20);
+    w.apply(&p);
+    w.report(
+        "h100-1",
+        1,
+        NodePhase::Failed,
+        Some(FailureReason::LoadFailed),
+    );
+    let p = w.plan(30);
+    assert_eq!(p.status.auto_rollback, None);
+
+    // A node serving revision 1 as a fallback for 2 is a failure of 2.
+    let mut w = second_revision_world();
+    let p = w.plan(20);
+    w.apply(&p);
+    w.report(
+        "h100-1",
+        1,
+        NodePhase::Degraded,
+        Some(FailureReason::ParityExceeded),
+    );
+    w.desire("h100-1", 2);
+    let p = w.plan(30);
+    assert_eq!(
+        p.status
+            .auto_rollback
+            .map(|b| (b.from_revision, b.to_revision)),
+        Some((2, 1))
+    );
+
+    // No known-good revision to go back to: nothing to roll back to.
+    let mut w = World::new();
+    w.target.spec.rollout.auto_rollback = true;
+    w.store_all();
+    let p = w.plan(0);
+    w.apply(&p);
+    w.kiln_nodes = kiln_nodes();
+    let p = w.plan(10);
+    assert_eq!(p.status.revision, Some(1));
+    assert_eq!(
+        p.status.auto_rollback, None,
+        "h100-1 failed 1, the only revision"
     );
 }
 

@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::class::{ClassFacts, class_facts, class_id, node_class_labels, selector_matches};
 use kiln_crds::kiln_node::{HardwareFacts, NodePhase, NodeTargetStatus};
-use kiln_crds::{CompiledTarget, KilnNode, KilnNodeStatus, ModelArtifact};
+use kiln_crds::{CompiledTarget, CompiledTargetStatus, KilnNode, KilnNodeStatus, ModelArtifact};
 use kiln_store::Store;
 use kube::runtime::reflector::Store as Reader;
 use kube::{Api, Client, ResourceExt};
@@ -95,6 +95,7 @@ impl Agent {
         let class_labels = node_class_labels(&node_labels, Some(&self.hardware));
         let mut live = BTreeSet::new();
         let mut keep = BTreeMap::new();
+        let mut history = BTreeSet::new();
         for t in self.targets.state() {
             if t.spec
                 .node_selector
@@ -106,6 +107,7 @@ impl Agent {
             let key = TargetKey::of(&t);
             live.insert(key.clone());
             keep.insert(key.to_string(), t.spec.rollout.known_good_history as usize);
+            history.extend(known_good_digests(t.status.as_ref()));
             let facts = class_facts(
                 t.spec.class_label_keys.iter().map(String::as_str),
                 &class_labels,
@@ -113,7 +115,7 @@ impl Agent {
             self.step(&key, &t, &facts).await;
         }
         self.forget_gone(&live);
-        self.evict(&keep);
+        self.evict(&keep, history);
         self.publish().await;
     }
 
@@ -174,16 +176,16 @@ impl Agent {
         }
     }
 
-    /// Evicts from the node cache what no target keeps (`keep`: known-good history per target)
-    /// and nothing that serves.
-    fn evict(&mut self, keep: &BTreeMap<String, usize>) {
-        let in_use: BTreeSet<String> = self
-            .states
-            .values()
-            .filter(|s| serves(&s.row))
-            .filter_map(|s| s.row.artifact_digest.clone())
-            .collect();
-        match self.cache.evict(keep, &in_use) {
+    /// Evicts from the node cache what no target keeps (`keep`: known-good history per target),
+    /// nothing that serves and nothing in `history` (known-good revisions targets still list).
+    fn evict(&mut self, keep: &BTreeMap<String, usize>, mut history: BTreeSet<String>) {
+        history.extend(
+            self.states
+                .values()
+                .filter(|s| serves(&s.row))
+                .filter_map(|s| s.row.artifact_digest.clone()),
+        );
+        match self.cache.evict(keep, &history) {
             Ok(deleted) if !deleted.is_empty() => {
                 tracing::info!(?deleted, "evicted artifacts from the node cache")
             }
@@ -525,4 +527,20 @@ impl Agent {
             }
         }
     }
+}
+
+/// The artifact digests (bare hex, as the cache names them) of every revision `status` lists as
+/// known-good, for every class.
+fn known_good_digests(status: Option<&CompiledTargetStatus>) -> impl Iterator<Item = String> + '_ {
+    status
+        .into_iter()
+        .flat_map(|s| s.revisions.iter())
+        .filter(|r| r.known_good)
+        .flat_map(|r| r.artifacts.iter())
+        .map(|a| {
+            a.digest
+                .strip_prefix("sha256:")
+                .unwrap_or(&a.digest)
+                .to_string()
+        })
 }

@@ -224,12 +224,13 @@ impl Cache {
     }
 
     /// Applies [`plan_eviction`]: keeps `keep[target]` entries per live target, drops the
-    /// entries of targets that are gone, deletes unreferenced artifacts not in `in_use`.
+    /// entries of targets that are gone, deletes unreferenced artifacts not in `protected`
+    /// (what serves, and every artifact a target's history lists as known-good).
     /// Returns the digests deleted.
     pub fn evict(
         &mut self,
         keep: &BTreeMap<String, usize>,
-        in_use: &BTreeSet<String>,
+        protected: &BTreeSet<String>,
     ) -> Result<Vec<String>> {
         let present: BTreeSet<String> = std::fs::read_dir(self.root.join("artifacts"))
             .map_err(|e| Error::store(self.root.join("artifacts"), e))?
@@ -238,7 +239,7 @@ impl Cache {
             .collect();
         // Pulls nobody resumed within the window (their target gone, say) go too.
         sweep_tmp(&self.root.join("tmp"), RESUME_WINDOW);
-        let (index, delete) = plan_eviction(&self.index, keep, in_use, &present);
+        let (index, delete) = plan_eviction(&self.index, keep, protected, &present);
         if index != self.index {
             self.index = index;
             self.save()?;
@@ -284,11 +285,16 @@ fn sweep_tmp(tmp: &Path, window: std::time::Duration) {
 
 /// Eviction as a pure function: per live target the newest `keep[target]` entries (by
 /// revision, then pass time) stay; entries of targets not in `keep` go; an artifact directory in
-/// `present` stays only while a kept entry references it or it is in `in_use`.
+/// The eviction decision: per live target (`keep`: target → how many), the newest `keep`
+/// entries by revision and pass time, and every entry whose artifact is `protected`; the
+/// entries of targets not in `keep` go. Artifacts in `present` that no kept entry references
+/// and that are not `protected` are deleted. `protected` holds what serves now and the
+/// artifacts of every revision a target's history lists as known-good: kiln never evicts a
+/// revision that history still offers for rollback.
 pub fn plan_eviction(
     index: &Index,
     keep: &BTreeMap<String, usize>,
-    in_use: &BTreeSet<String>,
+    protected: &BTreeSet<String>,
     present: &BTreeSet<String>,
 ) -> (Index, Vec<String>) {
     let mut kept = Index::default();
@@ -297,7 +303,14 @@ pub fn plan_eviction(
         let mut sorted = entries.clone();
         sorted.sort_by_key(|e| (e.revision, e.passed_at));
         let start = sorted.len().saturating_sub(k);
-        kept.targets.insert(target.clone(), sorted.split_off(start));
+        let (older, newest) = sorted.split_at(start);
+        let mut list: Vec<KnownGood> = older
+            .iter()
+            .filter(|e| protected.contains(&e.digest))
+            .cloned()
+            .collect();
+        list.extend_from_slice(newest);
+        kept.targets.insert(target.clone(), list);
     }
     let referenced: BTreeSet<&str> = kept
         .targets
@@ -307,7 +320,7 @@ pub fn plan_eviction(
         .collect();
     let delete = present
         .iter()
-        .filter(|d| !referenced.contains(d.as_str()) && !in_use.contains(*d))
+        .filter(|d| !referenced.contains(d.as_str()) && !protected.contains(*d))
         .cloned()
         .collect();
     (kept, delete)
@@ -345,16 +358,47 @@ mod tests {
             ]),
         };
         let keep = BTreeMap::from([("ns/a".to_string(), 2), ("ns/b".to_string(), 3)]);
-        // a1 is still served (say the newer ones are being warmed): never deleted.
+        // a1 is still served (say the newer ones are being warmed): never deleted, and its
+        // pass stays on record.
         let present = set(&["a1", "a2", "a3", "b1", "g1", "stray", "pulled-now"]);
         let (kept, delete) = plan_eviction(&index, &keep, &set(&["a1", "pulled-now"]), &present);
         assert_eq!(
             kept.targets["ns/a"],
-            vec![entry(2, "a2", 20), entry(3, "a3", 30)]
+            vec![entry(1, "a1", 10), entry(2, "a2", 20), entry(3, "a3", 30)]
+        );
+        let (kept, _) = plan_eviction(&index, &keep, &set(&[]), &present);
+        assert_eq!(
+            kept.targets["ns/a"],
+            vec![entry(2, "a2", 20), entry(3, "a3", 30)],
+            "nothing protected: the newest 2"
         );
         assert_eq!(kept.targets["ns/b"], vec![entry(1, "b1", 5)]);
         assert!(!kept.targets.contains_key("ns/gone"));
         assert_eq!(delete, vec!["g1".to_string(), "stray".to_string()]);
+    }
+
+    #[test]
+    fn known_good_revisions_in_history_outlive_the_newest_k() {
+        // knownGoodHistory 1, but history still lists revisions 1 and 2 as known-good: their
+        // artifacts stay (a rollback to them needs no pull); revision 3's failed pull does not.
+        let index = Index {
+            targets: BTreeMap::from([(
+                "ns/a".to_string(),
+                vec![entry(1, "a1", 10), entry(2, "a2", 20), entry(4, "a4", 40)],
+            )]),
+        };
+        let keep = BTreeMap::from([("ns/a".to_string(), 1)]);
+        let present = set(&["a1", "a2", "a3", "a4"]);
+        let (kept, delete) = plan_eviction(&index, &keep, &set(&["a1", "a2", "a4"]), &present);
+        assert_eq!(kept.targets["ns/a"].len(), 3);
+        assert_eq!(delete, vec!["a3".to_string()]);
+        // Once history no longer lists revision 1 (trimmed), it goes.
+        let (kept, delete) = plan_eviction(&index, &keep, &set(&["a2", "a4"]), &present);
+        assert_eq!(
+            kept.targets["ns/a"],
+            vec![entry(2, "a2", 20), entry(4, "a4", 40)]
+        );
+        assert_eq!(delete, vec!["a1".to_string(), "a3".to_string()]);
     }
 
     #[test]
@@ -490,8 +534,12 @@ mod tests {
         assert_eq!(deleted, vec![digests[1].clone()]);
         assert!(cache.verified(&digests[0]).expect("in use").is_some());
         assert!(cache.verified(&digests[2]).expect("kept").is_some());
-        assert_eq!(cache.known_good("ns/a"), vec![entry(3, &digests[2], 2)]);
+        assert_eq!(
+            cache.known_good("ns/a"),
+            vec![entry(1, &digests[0], 0), entry(3, &digests[2], 2)],
+            "the pass of what serves stays on record"
+        );
         let reopened = Cache::open(dir.path()).expect("reopen");
-        assert_eq!(reopened.known_good("ns/a").len(), 1);
+        assert_eq!(reopened.known_good("ns/a").len(), 2);
     }
 }

@@ -48,6 +48,8 @@ pub struct Progress {
     pub rollout: Summary,
     /// Why some selected nodes have no class yet, appended to Ready's message.
     pub awaiting_note: Option<String>,
+    /// `rollout.autoRollback` serves `current` instead of the failed newest revision.
+    pub rolled_back: Option<kiln_crds::compiled_target::AutoRollback>,
 }
 
 /// One condition to set.
@@ -184,8 +186,12 @@ fn failed(p: &Progress, rows: &[ClassStatus]) -> Vec<Want> {
 }
 
 /// Every class compiled: Ready once each meets the threshold; until then warming, or stalled
-/// when every node has settled and too few are ready.
+/// when every node has settled and too few are ready. Rolled back automatically: stalled and
+/// degraded, whatever the known-good revision does, since the spec's revision failed.
 fn rolling_out(p: &Progress, total: usize) -> Vec<Want> {
+    if let Some(back) = &p.rolled_back {
+        return auto_rolled_back(p, back, total);
+    }
     let r = &p.rollout;
     let revision = p.current.unwrap_or_default();
     let mut wants = vec![
@@ -239,6 +245,45 @@ fn rolling_out(p: &Progress, total: usize) -> Vec<Want> {
             "stopped: nodes failed the artifact",
         ));
     }
+    wants
+}
+
+/// Rolled back by `rollout.autoRollback`: not Ready (the revision the spec produced failed),
+/// Stalled (nothing changes until the spec or the model does), Degraded with the failure.
+fn auto_rolled_back(
+    p: &Progress,
+    back: &kiln_crds::compiled_target::AutoRollback,
+    total: usize,
+) -> Vec<Want> {
+    let r = &p.rollout;
+    let reason = reasons::AUTO_ROLLED_BACK;
+    let message = format!(
+        "revision {} failed on class {} ({}: {}); rolled back to known-good revision {}, ready on {} of {} node(s). Fix the cause and change the spec or the model (a new revision), or pin a revision",
+        back.from_revision,
+        back.class,
+        back.reason.map_or("unknown reason", |x| x.as_str()),
+        back.message,
+        back.to_revision,
+        r.ready_nodes,
+        r.selected
+    );
+    let mut wants = vec![
+        want(
+            COMPILED,
+            true,
+            reasons::COMPILED,
+            &format!(
+                "{total} class(es) compiled; revision {}",
+                back.from_revision
+            ),
+        ),
+        want(DEGRADED, true, reason, &message),
+    ];
+    wants.extend(stalled(
+        reason,
+        &message,
+        "stopped: rolled back to a known-good revision",
+    ));
     wants
 }
 
@@ -407,6 +452,7 @@ mod tests {
                 unmet,
             },
             awaiting_note: Some("1 selected node(s) (x) have no class yet".into()),
+            rolled_back: None,
         }
     }
 

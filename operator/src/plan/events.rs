@@ -17,6 +17,9 @@ pub const COMPILE_JOB_CREATED: &str = "CompileJobCreated";
 /// Event reason: a class's artifact is stored.
 pub const CLASS_COMPILED: &str = "ClassCompiled";
 
+/// Event reason: `rollout.autoRollback` moved the nodes back to a known-good revision.
+pub const AUTO_ROLLED_BACK: &str = "AutoRolledBack";
+
 /// Events are cut to this many characters.
 const MAX_NOTE: usize = 1024;
 
@@ -56,6 +59,7 @@ pub fn events(old: &CompiledTargetStatus, new: &CompiledTargetStatus, news: &New
             ),
         ));
     }
+    out.extend(rolled_back(old, new));
     out.extend(jobs_created(old, news.created));
     out.extend(conditions_turned(old, new));
     out.extend(classes_changed(old, new));
@@ -78,6 +82,29 @@ fn promoted(p: &Promotion) -> Event {
             p.number, p.ready_nodes, p.selected, p.percent
         ),
     )
+}
+
+/// A new automatic rollback (a warning: the newest revision failed).
+fn rolled_back(old: &CompiledTargetStatus, new: &CompiledTargetStatus) -> Option<Event> {
+    let r = new.auto_rollback.as_ref()?;
+    let same = |o: &kiln_crds::compiled_target::AutoRollback| {
+        (o.from_revision, o.to_revision) == (r.from_revision, r.to_revision)
+    };
+    if old.auto_rollback.as_ref().is_some_and(same) {
+        return None;
+    }
+    Some(Event {
+        warning: true,
+        reason: AUTO_ROLLED_BACK.to_string(),
+        note: cut(format!(
+            "revision {} failed on class {} ({}), so nodes serve known-good revision {}: {}",
+            r.from_revision,
+            r.class,
+            r.reason.map_or("unknown reason", |x| x.as_str()),
+            r.to_revision,
+            r.message
+        )),
+    })
 }
 
 /// Jobs not asked for before (a Job asked for again while the cache lags is not news).

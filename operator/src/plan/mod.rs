@@ -36,7 +36,9 @@ use kiln_crds::CompiledTargetStatus;
 
 pub use classify::{key_for, wanted_keys};
 pub use conditions::store_unreachable;
-pub use events::{CLASS_COMPILED, COMPILE_JOB_CREATED, RETRY_REQUESTED, REVISION_PROMOTED};
+pub use events::{
+    AUTO_ROLLED_BACK, CLASS_COMPILED, COMPILE_JOB_CREATED, RETRY_REQUESTED, REVISION_PROMOTED,
+};
 pub use inputs::{CompileBounds, Inputs, JobState, JobView, ModelLookup, Settings, Stored};
 pub use outputs::{Event, LabelChange, NewJob, NodeLabel, Plan};
 pub use schedule::job_name;
@@ -139,6 +141,7 @@ fn start(inputs: &Inputs<'_>) -> (CompiledTargetStatus, CompiledTargetStatus) {
         class_count: None,
         classes: Vec::new(),
         revisions: old.revisions.clone(),
+        auto_rollback: old.auto_rollback.clone(),
     };
     (old, status)
 }
@@ -206,7 +209,18 @@ fn with_classes(inputs: &Inputs<'_>, classes: Classified) -> Draft {
         keep,
         &inputs.now,
     );
-    let current = revisions::current(&revisions, rollout_spec.pinned_revision);
+    let rolled_back = rollout::auto_rollback(
+        rollout_spec,
+        old.auto_rollback.as_ref(),
+        &revisions,
+        inputs,
+        &classes.keyed,
+        &inputs.now,
+    );
+    let current = rolled_back
+        .as_ref()
+        .map(|r| r.to_revision)
+        .or_else(|| revisions::current(&revisions, rollout_spec.pinned_revision));
     let percent = rollout_spec.promote_at_ready_percent;
     let reports = rollout::node_reports(inputs, Some(&classes.keyed), current);
     let (rows, summary) = rollout::assess(schedule.rows, &classes.keyed, &reports, percent);
@@ -236,7 +250,9 @@ fn with_classes(inputs: &Inputs<'_>, classes: Classified) -> Draft {
         has_revision: !revisions.is_empty(),
         rollout: summary,
         awaiting_note: classes.awaiting_note,
+        rolled_back: rolled_back.clone(),
     });
+    status.auto_rollback = rolled_back;
     status.revisions = revisions;
     Draft {
         old,

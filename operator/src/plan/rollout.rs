@@ -5,7 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use kiln_crds::compiled_target::{ClassPhase, ClassStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kiln_crds::compiled_target::{AutoRollback, ClassPhase, ClassStatus, Revision, Rollout};
 
 use super::classify::Keyed;
 use super::{Inputs, LabelChange};
@@ -152,6 +153,73 @@ pub fn failing_message(a: &ClassNodes, total: usize) -> String {
         a.failing.join(", "),
         a.reason.map_or("unknown reason", |r| r.as_str()),
     )
+}
+
+/// `rollout.autoRollback`: the record to keep or make. `old` is the current record; `revisions`
+/// the history after this pass's recording. A record holds while its failed revision is still
+/// the newest and its known-good one is still listed; a new one is made when the newest
+/// revision, never known-good, failed on a node of some class (the node's row is about that
+/// revision and says Failed or serves a fallback) and an older revision is known-good. None
+/// with the option off or a listed pin (the pin wins).
+pub fn auto_rollback(
+    spec: &Rollout,
+    old: Option<&AutoRollback>,
+    revisions: &[Revision],
+    inputs: &Inputs<'_>,
+    classes: &[Keyed],
+    now: &Time,
+) -> Option<AutoRollback> {
+    let pinned = spec
+        .pinned_revision
+        .is_some_and(|p| revisions.iter().any(|r| r.number == p));
+    if !spec.auto_rollback || pinned {
+        return None;
+    }
+    let newest = revisions.last()?;
+    let good = |n: i64| revisions.iter().any(|r| r.number == n && r.known_good);
+    if let Some(old) = old
+        && old.from_revision == newest.number
+        && good(old.to_revision)
+    {
+        return Some(old.clone());
+    }
+    if newest.known_good {
+        return None;
+    }
+    let to = revisions
+        .iter()
+        .rev()
+        .find(|r| r.known_good && r.number < newest.number)?;
+    let n = newest.number;
+    let about_newest = |rows: &[kiln_crds::kiln_node::NodeTargetStatus]| {
+        rows.iter()
+            .any(|r| r.revision == n || r.desired_revision == Some(n))
+    };
+    let reports: BTreeMap<String, NodeReport> = classes
+        .iter()
+        .flat_map(|k| {
+            k.class
+                .nodes
+                .iter()
+                .map(move |node| (node, k.class.id.as_str()))
+        })
+        .filter_map(|(node, class)| {
+            let rows = &inputs.nodes.iter().find(|v| &v.name == node)?.targets;
+            about_newest(rows)
+                .then(|| (node.clone(), readiness::report(rows, Some(n), Some(class))))
+        })
+        .collect();
+    classes.iter().find_map(|k| {
+        let a = readiness::aggregate(&k.class, &reports);
+        (a.failed > 0).then(|| AutoRollback {
+            from_revision: n,
+            to_revision: to.number,
+            class: k.class.id.clone(),
+            reason: a.reason,
+            message: failing_message(&a, k.class.nodes.len()),
+            at: Some(now.clone()),
+        })
+    })
 }
 
 #[cfg(test)]

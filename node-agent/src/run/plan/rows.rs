@@ -245,10 +245,13 @@ pub fn failed(
     }
 }
 
-/// The KilnNode status for `rows`: the hardware, the rows in key order, and `Ready` true only
-/// when every target is served (else false with the first one that is not). Conditions carry
-/// over from `previous`, whose transition time stays while a status does not change, so an
-/// unchanged node yields an identical status and no write.
+/// The KilnNode status for `rows`: the hardware, the rows in key order, and the kstatus
+/// conditions: `Ready` true only when every target is served (else false with the first one
+/// that is not); `Reconciling` true while some target is pending, pulling, loading or warming;
+/// `Stalled` true when some target failed and none is still on its way (nothing changes until
+/// a target, its artifact or the node does). Conditions carry over from `previous`, whose
+/// transition time stays while a status does not change, so an unchanged node yields an
+/// identical status and no write.
 pub fn node_status(
     previous: Option<&KilnNodeStatus>,
     hardware: &HardwareFacts,
@@ -264,7 +267,7 @@ pub fn node_status(
             "Ready",
             format!("{} target(s) served on this node", rows.len()),
             None,
-            now,
+            now.clone(),
         ),
         Some(r) => conditions::condition(
             READY,
@@ -279,10 +282,62 @@ pub fn node_status(
                 r.phase
             ),
             None,
-            now,
+            now.clone(),
         ),
     };
-    conditions::upsert(&mut conds, ready);
+    let working: Vec<&NodeTargetStatus> = not_served
+        .iter()
+        .copied()
+        .filter(|r| r.phase != NodePhase::Failed)
+        .collect();
+    let reconciling = match working.first() {
+        Some(r) => conditions::condition(
+            conditions::RECONCILING,
+            true,
+            "Preparing",
+            format!(
+                "{} target(s) on their way; first: {}/{} {:?}",
+                working.len(),
+                r.namespace,
+                r.name,
+                r.phase
+            ),
+            None,
+            now.clone(),
+        ),
+        None => conditions::condition(
+            conditions::RECONCILING,
+            false,
+            "Settled",
+            String::new(),
+            None,
+            now.clone(),
+        ),
+    };
+    let stalled = if working.is_empty()
+        && let Some(r) = not_served.first()
+    {
+        conditions::condition(
+            conditions::STALLED,
+            true,
+            r.reason.map_or("Failed", |r| r.as_str()),
+            ready.message.clone(),
+            None,
+            now,
+        )
+    } else {
+        conditions::condition(
+            conditions::STALLED,
+            false,
+            "NotStalled",
+            String::new(),
+            None,
+            now,
+        )
+    };
+    for c in [ready, reconciling, stalled] {
+        conditions::upsert(&mut conds, c);
+    }
     KilnNodeStatus {
         observed_generation: None,
         conditions: conds,
@@ -620,5 +675,14 @@ mod tests {
         );
         assert_eq!(c.last_transition_time, at(30));
         assert_eq!(not.targets[0].name, "first", "rows in key order");
+        // kstatus: failed and nothing else on its way is Stalled, not Reconciling.
+        let cond = |s: &KilnNodeStatus, t: &str| conditions::is_true(&s.conditions, t);
+        assert!(!cond(&ready, conditions::RECONCILING) && !cond(&ready, conditions::STALLED));
+        assert!(cond(&not, conditions::STALLED) && !cond(&not, conditions::RECONCILING));
+        let third = TargetKey::new("a", "second");
+        rows.insert(third.clone(), pending(&third, "cpu", "waiting".into()));
+        let working = node_status(Some(&not), &hw, &rows, at(40));
+        assert!(cond(&working, conditions::RECONCILING) && !cond(&working, conditions::STALLED));
+        assert!(!cond(&working, READY));
     }
 }
