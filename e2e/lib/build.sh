@@ -48,6 +48,14 @@ build_helm() {
     "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
 }
 
+build_health() {
+  [[ -x $HEALTH_BIN/kiln-health ]] && return 0
+  mkdir -p "$CACHE"
+  go_build "$E2E_DIR/health" "$HEALTH_BIN" "-s -w" .
+  # go names the binary after the module's last element.
+  mv "$HEALTH_BIN/health" "$HEALTH_BIN/kiln-health"
+}
+
 # build_pause: a static pause (the sandbox process of every pod), packaged as an
 # OCI image tarball tagged $PAUSE_IMAGE.
 build_pause() {

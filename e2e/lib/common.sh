@@ -39,4 +39,6 @@ cache_key() { cat "$1/go.mod" "$1/go.sum" | sha256sum | cut -c1-12; }
 
 K8S_BIN=$CACHE/k8s-$K8S_VERSION-$(cache_key "$E2E_DIR/k8s-build")/bin
 HELM_BIN=$CACHE/helm-$HELM_VERSION-$(cache_key "$E2E_DIR/helm-build")/bin
+# kiln-health (e2e/health): kstatus and Argo CD's Lua health checks, as the GitOps tools run them.
+HEALTH_BIN=$CACHE/health-$(cat "$E2E_DIR/health/"{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)/bin
 PAUSE_DIR=$CACHE/pause-3.10-$(cat "$E2E_DIR/pause/pause.c" "$E2E_DIR/build-image" "$E2E_DIR/lib/build.sh" | sha256sum | cut -c1-12)

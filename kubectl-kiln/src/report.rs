@@ -149,10 +149,7 @@ pub fn status(target: &CompiledTarget, nodes: &[KilnNode]) -> Status {
         summary,
         revision: st.revision,
         pinned_revision: target.spec.rollout.pinned_revision,
-        auto_rollback: target
-            .status
-            .as_ref()
-            .and_then(|s| s.auto_rollback.clone()),
+        auto_rollback: target.status.as_ref().and_then(|s| s.auto_rollback.clone()),
         classes: st
             .classes
             .iter()

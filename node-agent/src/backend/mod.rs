@@ -100,6 +100,41 @@ pub fn for_target(spec: &kiln_crds::compiled_target::Backend) -> Result<Box<dyn 
     for_target_with(spec, None)
 }
 
+/// The backend that loads an artifact: the target's when that is what built it, else the one
+/// its (verified) build manifest names, with the execution provider and optimisation level the
+/// manifest records. A node serves an artifact of another backend when it goes back to a
+/// revision built before `spec.backend` changed: a rollback, a pin, `PreviousKnownGood`.
+pub fn for_artifact(
+    spec: &kiln_crds::compiled_target::Backend,
+    manifest: &kiln_crds::BuildManifest,
+) -> Result<Box<dyn Backend>> {
+    if let Ok(own) = for_target(spec)
+        && own.name() == manifest.backend
+    {
+        return Ok(own);
+    }
+    let kind = match manifest.backend.as_str() {
+        "tract" => BackendKind::Tract,
+        "onnxruntime" => BackendKind::Onnxruntime,
+        other => {
+            return Err(Error::IncompatibleRuntime(format!(
+                "artifact built by backend {other:?}, which kiln-agent cannot load"
+            )));
+        }
+    };
+    fn option<T: serde::de::DeserializeOwned>(
+        m: &kiln_crds::BuildManifest,
+        name: &str,
+    ) -> Option<T> {
+        let value = m.backend_options.get(name)?.clone();
+        serde_json::from_value(serde_json::Value::String(value)).ok()
+    }
+    let mut built = kiln_crds::compiled_target::Backend::of(kind);
+    built.execution_provider = option(manifest, "executionProvider");
+    built.optimization_level = option(manifest, "optimizationLevel");
+    for_target(&built)
+}
+
 /// [`for_target`], where an `exec` compiler already ran in another container of the compile Job
 /// and left its model in `handoff` (see [`exec`]).
 pub fn for_target_with(
@@ -174,4 +209,45 @@ pub struct TensorInfo {
     pub dtype: Option<safetensors::Dtype>,
     /// Dims (`None` inside for a symbolic dim); `None` when the rank is not stated.
     pub dims: Option<Vec<Option<usize>>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_crds::compiled_target::Backend as Spec;
+
+    fn manifest(backend: &str, options: serde_json::Value) -> kiln_crds::BuildManifest {
+        serde_json::from_value(serde_json::json!({
+            "manifestVersion": 1, "compileKey": "0".repeat(64), "artifactDigest": "0".repeat(64),
+            "artifactSize": 1, "mediaType": "x", "backend": backend, "backendVersion": "0",
+            "toolVersion": "0", "precision": "fp32", "profiles": {}, "class": {},
+            "host": {"arch": "amd64", "cpuLevel": "x", "cores": 1, "memoryBytes": 1},
+            "flags": {}, "inputs": {}, "outputs": [], "unsupportedOperators": [],
+            "parityMaxAbsError": null, "compileSeconds": 0.0, "converterLog": [],
+            "backendOptions": options
+        }))
+        .expect("manifest")
+    }
+
+    #[test]
+    fn an_artifact_loads_with_the_backend_that_built_it_not_the_one_the_spec_names_now() {
+        // The spec moved to onnxruntime; revision 1 was built by tract and is served again.
+        let tract = manifest("tract", serde_json::json!({}));
+        let spec = Spec::of(BackendKind::Onnxruntime);
+        let backend = for_artifact(&spec, &tract).expect("tract loads it");
+        assert_eq!(backend.name(), "tract");
+        assert_eq!(
+            for_artifact(&Spec::of(BackendKind::Tract), &tract)
+                .expect("own")
+                .name(),
+            "tract"
+        );
+        // A backend kiln-agent does not carry is a classified refusal, not a guess.
+        let foreign = manifest("tensorrt", serde_json::json!({}));
+        let err = for_artifact(&Spec::of(BackendKind::Tract), &foreign)
+            .err()
+            .expect("refused");
+        assert_eq!(err.reason(), kiln_crds::FailureReason::IncompatibleRuntime);
+        assert!(err.to_string().contains("tensorrt"), "{err}");
+    }
 }

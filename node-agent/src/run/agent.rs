@@ -287,7 +287,6 @@ impl Agent {
         fallback: bool,
     ) -> Result<Prepared> {
         self.phase(key, pick, NodePhase::Pulling).await;
-        let backend = backend::for_target(&t.spec.backend)?;
         let name = format!("target {}/{}", key.namespace, key.name);
         let pulled = within(
             self.deadlines.pull,
@@ -302,6 +301,7 @@ impl Agent {
             ),
         )
         .await?;
+        let backend = backend::for_artifact(&t.spec.backend, &pulled.manifest)?;
         let probed = class_facts(
             t.spec.class_label_keys.iter().map(String::as_str),
             &probe::labels(&self.hardware),
