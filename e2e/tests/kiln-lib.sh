@@ -112,3 +112,31 @@ spec:
     - {name: serve, image: $BUSYBOX_IMAGE, imagePullPolicy: Never, command: [sleep, "3600"]}
 YAML
 }
+
+# kiln_test NAME: the set-up of a test that installs kiln with its chart: a test namespace NS
+# (also the release REL and the registry repository REPOSITORY=kiln-e2e/NS), a directory WORK,
+# the real node REAL, and an EXIT trap that runs the test's own `teardown` first when it defines
+# one, then deletes the targets, uninstalls the release, deletes the node's KilnNode and the
+# namespace, and removes WORK. `die` diagnoses, then fails.
+kiln_test() {
+  test_namespace
+  NS=$TEST_NS
+  REL=$NS
+  REPOSITORY=kiln-e2e/$NS
+  WORK=$(mktemp -d "/var/tmp/kiln-e2e-$1.XXXXXX")
+  chmod 755 "$WORK"
+  REAL=$(kubectl get nodes -o jsonpath='{.items[0].metadata.name}')
+  trap kiln_cleanup EXIT
+}
+kiln_cleanup() {
+  if declare -F teardown >/dev/null; then teardown; fi
+  kubectl -n "$NS" delete compiledtarget --all --wait=true --timeout=60s >/dev/null 2>&1 || true
+  helm uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
+  kubectl delete kilnnode "$REAL" --ignore-not-found >/dev/null 2>&1 || true
+  kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+die() {
+  kiln_diagnose "$NS" "$REAL"
+  fail "$*"
+}

@@ -11,30 +11,15 @@
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/kiln-lib.sh"
 ensure_busybox
-test_namespace
-NS=$TEST_NS
-REL=$NS
+kiln_test kiln
 TARGET=squeezenet-cpu
-REPOSITORY=kiln-e2e/$NS
-WORK=$(mktemp -d /var/tmp/kiln-e2e-kiln.XXXXXX)
-chmod 755 "$WORK"
-REAL=$(kubectl get nodes -o jsonpath='{.items[0].metadata.name}')
 LABEL="$NS.ready.kiln.dev/$TARGET"
 BLOB=
-cleanup() {
+teardown() {
   # The registry's blobs are shared by every repository: put the flipped byte back.
   [[ -z $BLOB ]] || flip "$BLOB"
-  kubectl -n "$NS" delete compiledtarget --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-  helm uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
   kubectl label node "$REAL" "$LABEL-" >/dev/null 2>&1 || true
-  kubectl delete kilnnode "$REAL" "$NS-elsewhere" --ignore-not-found >/dev/null 2>&1 || true
-  kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-die() {
-  kiln_diagnose "$NS" "$REAL"
-  fail "$*"
+  kubectl delete kilnnode "$NS-elsewhere" --ignore-not-found >/dev/null 2>&1 || true
 }
 epoch() { date -d "$1" +%s; }
 # flip FILE: xor one byte in the middle of FILE (twice restores it).

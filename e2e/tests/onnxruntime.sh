@@ -12,26 +12,8 @@
 # annotations and an unrelated node label make the agent look again but load nothing again.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/kiln-lib.sh"
-test_namespace
-NS=$TEST_NS
-REL=$NS
-REPOSITORY=kiln-e2e/$NS
-WORK=$(mktemp -d /var/tmp/kiln-e2e-ort.XXXXXX)
-chmod 755 "$WORK"
-REAL=$(kubectl get nodes -o jsonpath='{.items[0].metadata.name}')
-cleanup() {
-  kubectl -n "$NS" delete compiledtarget --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-  helm uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
-  kubectl label node "$REAL" example.com/unrelated- >/dev/null 2>&1 || true
-  kubectl delete kilnnode "$REAL" --ignore-not-found >/dev/null 2>&1 || true
-  kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-die() {
-  kiln_diagnose "$NS" "$REAL"
-  fail "$*"
-}
+kiln_test ort
+teardown() { kubectl label node "$REAL" example.com/unrelated- >/dev/null 2>&1 || true; }
 
 kiln_images "$WORK"
 kiln_example_dirs "$WORK"

@@ -13,27 +13,9 @@
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/kiln-lib.sh"
 ensure_busybox
-test_namespace
-NS=$TEST_NS
-REL=$NS
+kiln_test plugin
 TARGET=squeezenet-cpu
-REPOSITORY=kiln-e2e/$NS
-WORK=$(mktemp -d /var/tmp/kiln-e2e-plugin.XXXXXX)
-chmod 755 "$WORK"
-REAL=$(kubectl get nodes -o jsonpath='{.items[0].metadata.name}')
-cleanup() {
-  [[ -n ${WATCH_PID:-} ]] && kill "$WATCH_PID" 2>/dev/null
-  kubectl -n "$NS" delete compiledtarget --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-  helm uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
-  kubectl delete kilnnode "$REAL" --ignore-not-found >/dev/null 2>&1 || true
-  kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-die() {
-  kiln_diagnose "$NS" "$REAL"
-  fail "$*"
-}
+teardown() { [[ -z ${WATCH_PID:-} ]] || kill "$WATCH_PID" 2>/dev/null; }
 
 # Installed the krew way: the binary on PATH, found by kubectl as `kubectl kiln`.
 mkdir -p "$WORK/bin"

@@ -26,28 +26,10 @@ source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/kiln-lib.sh"
 command -v kiln-health >/dev/null || fail "kiln-health is not on PATH (e2e/cluster build, then run through e2e/cluster run)"
 ensure_busybox
-test_namespace
-NS=$TEST_NS
-REL=$NS
+kiln_test rollback
 T=sq
-REPOSITORY=kiln-e2e/$NS
-WORK=$(mktemp -d /var/tmp/kiln-e2e-rollback.XXXXXX)
-chmod 755 "$WORK"
-REAL=$(kubectl get nodes -o jsonpath='{.items[0].metadata.name}')
 WATCHES=()
-cleanup() {
-  ((${#WATCHES[@]})) && kill "${WATCHES[@]}" 2>/dev/null
-  kubectl -n "$NS" delete compiledtarget --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-  helm uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
-  kubectl delete kilnnode "$REAL" --ignore-not-found >/dev/null 2>&1 || true
-  kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-die() {
-  kiln_diagnose "$NS" "$REAL"
-  fail "$*"
-}
+teardown() { ((${#WATCHES[@]} == 0)) || kill "${WATCHES[@]}" 2>/dev/null; }
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN {printf "%.2f", b - a}'; }
 

@@ -109,34 +109,26 @@ impl World {
         phase: NodePhase,
         reason: Option<FailureReason>,
     ) {
-        let k = self
-            .kiln_nodes
-            .iter_mut()
-            .find(|k| k.metadata.name.as_deref() == Some(node))
-            .expect("kiln node");
-        let row = k
-            .status
-            .as_mut()
-            .and_then(|s| s.targets.iter_mut().find(|r| r.namespace == "ml"))
-            .expect("row");
+        let row = self.row_mut(node);
         row.revision = revision;
         row.phase = phase;
         row.reason = reason;
         row.message = reason.map(|r| format!("{} on {node}", r.as_str()));
     }
 
-    /// Sets the revision `node`'s row says the target asks for (a fallback row names it).
-    fn desire(&mut self, node: &str, revision: i64) {
-        let k = self
-            .kiln_nodes
+    /// `node`'s row for the target.
+    fn row_mut(&mut self, node: &str) -> &mut kiln_crds::kiln_node::NodeTargetStatus {
+        self.kiln_nodes
             .iter_mut()
             .find(|k| k.metadata.name.as_deref() == Some(node))
-            .expect("kiln node");
-        let row = k
-            .status
-            .as_mut()
+            .and_then(|k| k.status.as_mut())
             .and_then(|s| s.targets.iter_mut().find(|r| r.namespace == "ml"))
-            .expect("row");
+            .expect("row")
+    }
+
+    /// Sets the revision `node`'s row says the target asks for (a fallback row names it).
+    fn desire(&mut self, node: &str, revision: i64) {
+        let row = self.row_mut(node);
         row.desired_revision = Some(revision);
     }
 
@@ -787,17 +779,7 @@ fn promotion_and_ready_follow_promote_at_ready_percent_per_class() {
 
 #[test]
 fn a_node_on_a_fallback_keeps_its_label_on_the_revision_it_serves_and_degrades_the_target() {
-    let mut w = compiled_world();
-    for n in ["h100-1", "l4-0"] {
-        w.report(n, 1, NodePhase::Ready, None);
-    }
-    let p = w.plan(10);
-    assert!(p.status.revisions[0].known_good);
-    w.apply(&p);
-    // A new spec compiles to revision 2.
-    w.target.spec.profiles[0].dims.insert("batch".into(), 2);
-    w.target.metadata.generation = Some(2);
-    w.store_all();
+    let mut w = second_revision_world(false);
     let p = w.plan(20);
     assert_eq!(p.status.revision, Some(2));
     let ready = condition(&p, "Ready");
@@ -849,10 +831,10 @@ fn a_node_on_a_fallback_keeps_its_label_on_the_revision_it_serves_and_degrades_t
 }
 
 /// A world whose revision 1 is known-good on every node and whose spec has just compiled to
-/// revision 2 (generation 2), with `rollout.autoRollback` on.
-fn second_revision_world() -> World {
+/// revision 2 (generation 2), with `rollout.autoRollback` as given.
+fn second_revision_world(auto_rollback: bool) -> World {
     let mut w = compiled_world();
-    w.target.spec.rollout.auto_rollback = true;
+    w.target.spec.rollout.auto_rollback = auto_rollback;
     for n in ["cpu-0", "h100-0", "h100-1", "l4-0"] {
         w.report(n, 1, NodePhase::Ready, None);
     }
@@ -867,7 +849,7 @@ fn second_revision_world() -> World {
 
 #[test]
 fn auto_rollback_serves_the_newest_known_good_when_the_new_revision_fails_on_a_node() {
-    let mut w = second_revision_world();
+    let mut w = second_revision_world(true);
     // Nodes still report revision 1 (they have not tried 2): nothing failed on 2 yet.
     let p = w.plan(20);
     assert_eq!(p.status.revision, Some(2));
@@ -963,7 +945,7 @@ fn auto_rollback_serves_the_newest_known_good_when_the_new_revision_fails_on_a_n
 #[test]
 fn auto_rollback_needs_the_option_an_older_known_good_revision_and_a_failure_on_the_newest() {
     // Off: the failed revision stays current (the fallback policy decides what nodes serve).
-    let mut w = second_revision_world();
+    let mut w = second_revision_world(true);
     w.target.spec.rollout.auto_rollback = false;
     let p = w.plan(20);
     w.apply(&p);
@@ -980,7 +962,7 @@ fn auto_rollback_needs_the_option_an_older_known_good_revision_and_a_failure_on_
     );
 
     // A failure about an older revision is not one of the newest.
-    let mut w = second_revision_world();
+    let mut w = second_revision_world(true);
     let p = w.plan(20);
     w.apply(&p);
     w.report(
@@ -993,7 +975,7 @@ fn auto_rollback_needs_the_option_an_older_known_good_revision_and_a_failure_on_
     assert_eq!(p.status.auto_rollback, None);
 
     // A node serving revision 1 as a fallback for 2 is a failure of 2.
-    let mut w = second_revision_world();
+    let mut w = second_revision_world(true);
     let p = w.plan(20);
     w.apply(&p);
     w.report(
