@@ -20,6 +20,11 @@ NODE_NAME=${KILN_E2E_NODE:-kiln-e2e}
 HOST_IP=${KILN_E2E_HOST_IP:-10.201.0.1}
 NODE_IP=${KILN_E2E_NODE_IP:-10.201.0.2}
 POD_CIDR=10.244.0.0/24
+# Every node's pod range: node i (1..N) gets 10.244.(i-1).0/24.
+CLUSTER_CIDR=10.244.0.0/16
+# Extra nodes (e2e/cluster up --nodes N): node i (2..N) is $NODE_NAME-i at $NODES_NET.i in its
+# own network namespace $NETNS-i, on a bridge in the first node's namespace ($NODES_NET.1).
+NODES_NET=10.202.0
 SERVICE_CIDR=10.96.0.0/16
 KUBERNETES_SVC_IP=10.96.0.1
 

@@ -6,6 +6,80 @@
 
 CTR_SOCK=$STATE/run/containerd/containerd.sock
 
+# node_env I: the settings of node I, as N_* globals that the node's components read (start,
+# start_containerd, start_kubelet, start_kube_proxy, ctr_). Node 1 is $NODE_NAME: $NODE_IP in
+# $NETNS, state directly under $STATE, components in kiln-e2e/components. Node I >= 2 is
+# $NODE_NAME-I: $NODES_NET.I in $NETNS-I, state under $STATE/nodes/NAME, its components named
+# COMPONENT@NAME, in the cgroup kiln-e2e/NAME (its kubelet's cgroupRoot).
+node_env() {
+  N_INDEX=$1
+  if (($1 == 1)); then
+    N_NAME=$NODE_NAME N_IP=$NODE_IP N_NETNS=$NETNS N_DIR=$STATE N_SUFFIX= N_CGROUP=
+  else
+    N_NAME=$NODE_NAME-$1 N_IP=$NODES_NET.$1 N_NETNS=$NETNS-$1
+    N_DIR=$STATE/nodes/$NODE_NAME-$1 N_SUFFIX=@$NODE_NAME-$1 N_CGROUP=$NODE_NAME-$1
+  fi
+  N_POD_CIDR=10.244.$(($1 - 1)).0/24
+  N_SOCK=$N_DIR/run/containerd/containerd.sock
+}
+node_env 1
+
+# node_count: how many nodes the cluster runs (e2e/cluster up --nodes N; 1 by default).
+node_count() { cat "$STATE/nodes.count" 2>/dev/null || echo 1; }
+
+# node_index NAME: the index of node NAME, or nothing.
+node_index() {
+  local i
+  for ((i = 1; i <= $(node_count); i++)); do
+    node_env "$i"
+    [[ $N_NAME == "$1" ]] && { echo "$i"; node_env 1; return 0; }
+  done
+  node_env 1
+  return 1
+}
+
+# setup_node_net: the network namespace of the current extra node (node_env): a veth to the
+# bridge kiln-br in node 1's namespace (created here, $NODES_NET.1/24), $N_IP/24 on its end, a
+# blackhole default route, the apiserver and registry address ($NODE_IP) via node 1, the service
+# range on lo as on node 1. Pod routes: route_pods.
+setup_node_net() {
+  local main=(nsenter --net="/run/netns/$NETNS") ns=(nsenter --net="/run/netns/$N_NETNS") host=kn$N_INDEX
+  [[ -e /run/netns/$N_NETNS ]] || { log "creating network namespace $N_NETNS ($N_IP)"; ip netns add "$N_NETNS"; }
+  if ! "${main[@]}" ip link show kiln-br >/dev/null 2>&1; then
+    "${main[@]}" ip link add kiln-br type bridge
+    "${main[@]}" ip addr add "$NODES_NET.1/24" dev kiln-br
+  fi
+  "${main[@]}" ip link set kiln-br up
+  if ! "${main[@]}" ip link show "$host" >/dev/null 2>&1; then
+    "${main[@]}" ip link add "$host" type veth peer name eth0 netns "$N_NETNS"
+  fi
+  "${main[@]}" ip link set "$host" master kiln-br up
+  "${ns[@]}" ip link set lo up
+  "${ns[@]}" ip addr replace "$N_IP/24" dev eth0
+  "${ns[@]}" ip link set eth0 up
+  "${ns[@]}" ip route replace blackhole default
+  "${ns[@]}" ip route replace "$NODE_IP/32" via "$NODES_NET.1"
+  "${ns[@]}" ip route replace "$SERVICE_CIDR" dev lo src "$N_IP"
+  "${ns[@]}" sysctl -qw net.ipv4.ip_forward=1
+}
+
+# route_pods: in every node's namespace, a route to every other node's pod range.
+route_pods() {
+  local n i j via
+  n=$(node_count)
+  for ((i = 1; i <= n; i++)); do
+    for ((j = 1; j <= n; j++)); do
+      ((i == j)) && continue
+      if ((j == 1)); then via=$NODES_NET.1; else via=$NODES_NET.$j; fi
+      node_env "$j"
+      local cidr=$N_POD_CIDR
+      node_env "$i"
+      nsenter --net="/run/netns/$N_NETNS" ip route replace "$cidr" via "$via"
+    done
+  done
+  node_env 1
+}
+
 # The cluster's network namespace: veth $HOST_IP <-> $NODE_IP, a blackhole
 # default route, and a route for the service range so that kube-proxy's DNAT
 # in OUTPUT gets a chance (pod routes come from the CNI bridge). Nothing in the
@@ -111,19 +185,19 @@ start_scheduler() {
 }
 
 start_containerd() {
-  alive containerd && return 0
-  local d=$STATE/containerd
-  mkdir -p "$d" "$STATE/cni/net.d" "$STATE/run"
+  alive "containerd$N_SUFFIX" && return 0
+  local d=$N_DIR/containerd
+  mkdir -p "$d" "$N_DIR/cni/net.d" "$N_DIR/run"
   cat >"$d/config.toml" <<EOF
 version = 2
 root = "$d/root"
-state = "$STATE/run/containerd"
+state = "$N_DIR/run/containerd"
 [grpc]
-  address = "$CTR_SOCK"
+  address = "$N_SOCK"
 [ttrpc]
-  address = "$CTR_SOCK.ttrpc"
+  address = "$N_SOCK.ttrpc"
 [debug]
-  address = "$CTR_SOCK.debug"
+  address = "$N_SOCK.debug"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$PAUSE_IMAGE"
   # root here lacks CAP_SYS_RESOURCE: never lower a container's oom_score_adj.
@@ -140,11 +214,11 @@ state = "$STATE/run/containerd"
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
-    conf_dir = "$STATE/cni/net.d"
+    conf_dir = "$N_DIR/cni/net.d"
 [plugins."io.containerd.internal.v1.opt"]
   path = "$d/opt"
 EOF
-  cat >"$STATE/cni/net.d/10-kiln.conflist" <<EOF
+  cat >"$N_DIR/cni/net.d/10-kiln.conflist" <<EOF
 {
   "cniVersion": "0.4.0",
   "name": "kiln-e2e",
@@ -156,22 +230,23 @@ EOF
     "hairpinMode": true,
     "ipam": {
       "type": "host-local",
-      "ranges": [[{"subnet": "$POD_CIDR"}]],
+      "ranges": [[{"subnet": "$N_POD_CIDR"}]],
       "routes": [{"dst": "0.0.0.0/0"}],
-      "dataDir": "$STATE/cni/ipam"
+      "dataDir": "$N_DIR/cni/ipam"
     }
   }]
 }
 EOF
-  start containerd "$(command -v containerd)" --config "$d/config.toml" --log-level warn
+  start "containerd$N_SUFFIX" "$(command -v containerd)" --config "$d/config.toml" --log-level warn
 }
 
-ctr_() { ctr --address "$CTR_SOCK" -n k8s.io "$@"; }
+ctr_() { ctr --address "$N_SOCK" -n k8s.io "$@"; }
 
 start_kubelet() {
-  alive kubelet && return 0
-  local d=$STATE/kubelet
-  mkdir -p "$d/pki" "$STATE/pod-logs"
+  alive "kubelet$N_SUFFIX" && return 0
+  local d=$N_DIR/kubelet kubeconfig=$STATE/kubelet.kubeconfig
+  ((N_INDEX == 1)) || kubeconfig=$STATE/kubelet-$N_NAME.kubeconfig
+  mkdir -p "$d/pki" "$N_DIR/pod-logs"
   cat >"$d/config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -181,39 +256,40 @@ authentication:
   x509: {clientCAFile: "$PKI/ca.crt"}
 authorization: {mode: Webhook}
 cgroupDriver: cgroupfs
-cgroupRoot: /$CGROUP_NAME
+cgroupRoot: /$CGROUP_NAME${N_CGROUP:+/$N_CGROUP}
 failCgroupV1: false
 failSwapOn: false
-containerRuntimeEndpoint: unix://$CTR_SOCK
-address: $NODE_IP
+containerRuntimeEndpoint: unix://$N_SOCK
+address: $N_IP
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 resolvConf: /etc/resolv.conf
-podLogsDir: $STATE/pod-logs
+podLogsDir: $N_DIR/pod-logs
 # Test images are imported, never pulled: keep them however full the disk gets.
 imageGCHighThresholdPercent: 100
 evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
 serializeImagePulls: false
 maxPods: 110
 EOF
-  start kubelet "$K8S_BIN/kubelet" --config="$d/config.yaml" \
-    --kubeconfig="$STATE/kubelet.kubeconfig" --root-dir="$d/root" --cert-dir="$d/pki" \
-    --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --v=1
+  start "kubelet$N_SUFFIX" "$K8S_BIN/kubelet" --config="$d/config.yaml" \
+    --kubeconfig="$kubeconfig" --root-dir="$d/root" --cert-dir="$d/pki" \
+    --hostname-override="$N_NAME" --node-ip="$N_IP" --v=1
 }
 
 start_kube_proxy() {
-  alive kube-proxy && return 0
-  cat >"$STATE/kube-proxy.yaml" <<EOF
+  alive "kube-proxy$N_SUFFIX" && return 0
+  mkdir -p "$N_DIR"
+  cat >"$N_DIR/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: iptables
 clientConnection: {kubeconfig: "$STATE/kube-proxy.kubeconfig"}
-hostnameOverride: $NODE_NAME
-clusterCIDR: $POD_CIDR
+hostnameOverride: $N_NAME
+clusterCIDR: $CLUSTER_CIDR
 # Zero: leave the (host-wide, read-only here) conntrack sysctls alone.
 conntrack: {maxPerCore: 0, min: 0}
 metricsBindAddress: 127.0.0.1:10249
 healthzBindAddress: 127.0.0.1:10256
 EOF
-  start kube-proxy "$K8S_BIN/kube-proxy" --config="$STATE/kube-proxy.yaml" --v=1
+  start "kube-proxy$N_SUFFIX" "$K8S_BIN/kube-proxy" --config="$N_DIR/kube-proxy.yaml" --v=1
 }

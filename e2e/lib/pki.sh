@@ -73,3 +73,10 @@ make_pki() {
   kubeconfig kubelet kubelet
   touch "$PKI/done"
 }
+
+# node_pki: the kubelet certificate and kubeconfig of the current extra node (node_env).
+node_pki() {
+  [[ -f $STATE/kubelet-$N_NAME.kubeconfig ]] && return 0
+  issue "kubelet-$N_NAME" "system:node:$N_NAME" system:nodes clientAuth
+  kubeconfig "kubelet-$N_NAME" "kubelet-$N_NAME"
+}

@@ -25,27 +25,32 @@ cgroup_dirs() {
   done
 }
 
-# The cgroups each started process joins: a "components" child of kiln-e2e, so
-# that kiln-e2e itself holds only child cgroups (cgroup v2 requires that once
-# the kubelet enables controllers for its kubepods child).
+# The cgroups each started process joins: a "components" child of kiln-e2e (of
+# kiln-e2e/NODE for an extra node's components), so that kiln-e2e itself holds
+# only child cgroups (cgroup v2 requires that once the kubelet enables
+# controllers for its kubepods child).
 join_dirs() {
+  local sub=$CGROUP_NAME${N_CGROUP:+/$N_CGROUP}
   if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
-    echo "/sys/fs/cgroup/$CGROUP_NAME/components"
+    echo "/sys/fs/cgroup/$sub/components"
     return
   fi
   local h
   for h in pids memory cpu cpuacct; do
-    [[ -d /sys/fs/cgroup/$h/$CGROUP_NAME ]] && echo "/sys/fs/cgroup/$h/$CGROUP_NAME/components"
+    [[ -d /sys/fs/cgroup/$h/$CGROUP_NAME ]] && echo "/sys/fs/cgroup/$h/$sub/components"
   done
 }
 
+# make_cgroups: kiln-e2e and its components child; for an extra node (N_CGROUP
+# set), also kiln-e2e/NODE, the node's kubelet cgroupRoot, with its own
+# components child.
 make_cgroups() {
   local top d
   if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
     sed 's/\([a-z_]*\)/+\1/g' /sys/fs/cgroup/cgroup.controllers >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
   fi
   for top in $(cgroup_dirs); do
-    for d in "$top" "$top/components"; do
+    for d in "$top" "$top/components" ${N_CGROUP:+"$top/$N_CGROUP" "$top/$N_CGROUP/components"}; do
       [[ -d $d ]] && continue
       mkdir "$d"
       if [[ -f $d/cpuset.cpus ]]; then # v1 cpuset children start empty
@@ -55,15 +60,19 @@ make_cgroups() {
     done
   done
   if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
-    sed 's/\([a-z_]*\)/+\1/g' "/sys/fs/cgroup/$CGROUP_NAME/cgroup.controllers" \
-      >"/sys/fs/cgroup/$CGROUP_NAME/cgroup.subtree_control" 2>/dev/null || true
+    for d in "$CGROUP_NAME" ${N_CGROUP:+"$CGROUP_NAME/$N_CGROUP"}; do
+      sed 's/\([a-z_]*\)/+\1/g' "/sys/fs/cgroup/$d/cgroup.controllers" \
+        >"/sys/fs/cgroup/$d/cgroup.subtree_control" 2>/dev/null || true
+    done
   fi
 }
 
-# cgroup_pids: every PID in the kiln-e2e subtree.
+# cgroup_pids [SUB]: every PID in the kiln-e2e subtree (in kiln-e2e/SUB, an
+# extra node's, when given).
 cgroup_pids() {
   local d
   for d in $(cgroup_dirs); do
+    d+=${1:+/$1}
     [[ -d $d ]] && find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null
   done | sort -un
 }
@@ -76,8 +85,9 @@ alive() {
   [[ $(readlink "/proc/$pid/exe" 2>/dev/null) == "$exe" ]]
 }
 
-# start NAME BINARY ARGS...: run BINARY inside the cluster's network namespace,
-# detached, logging to $LOGS/NAME.log; no-op when NAME is already alive.
+# start NAME BINARY ARGS...: run BINARY inside the current node's network
+# namespace ($N_NETNS, node_env) and cgroup, detached, logging to
+# $LOGS/NAME.log; no-op when NAME is already alive.
 start() {
   local name=$1 bin=$2; shift 2
   alive "$name" && return 0
@@ -94,7 +104,7 @@ start() {
       fd=${fd##*/}
       if ((fd > 2)); then eval "exec $fd>&-" 2>/dev/null || true; fi
     done
-    exec setsid nsenter --net="/run/netns/$NETNS" "$bin" "$@"
+    exec setsid nsenter --net="/run/netns/${N_NETNS:-$NETNS}" "$bin" "$@"
   ) >>"$LOGS/$name.log" 2>&1 </dev/null &
   echo "$! $(readlink -f "$bin")" >"$PIDS/$name.pid"
 }
@@ -113,11 +123,12 @@ stop() {
   rm -f "$PIDS/$name.pid"
 }
 
-# kill_cgroup: SIGKILL whatever is left in the subtree (shims, pods).
+# kill_cgroup [SUB]: SIGKILL whatever is left in the subtree (shims, pods), or in
+# an extra node's kiln-e2e/SUB.
 kill_cgroup() {
   local i pids
   for ((i = 0; i < 50; i++)); do
-    pids=$(cgroup_pids)
+    pids=$(cgroup_pids "${1:-}")
     [[ -z $pids ]] && return 0
     # shellcheck disable=SC2086
     kill -KILL $pids 2>/dev/null || true

@@ -15,7 +15,7 @@ for p in /proc/[0-9]*; do
 done
 mounts=$(awk -v s="$STATE" -v n="/run/netns/$NETNS" 'index($5, s) == 1 || $5 == n { print $5 }' /proc/self/mountinfo)
 [[ -n $mounts ]] && problems+=("mounts left: $(tr '\n' ' ' <<<"$mounts")")
-[[ -e /run/netns/$NETNS ]] && problems+=("netns $NETNS exists")
+for n in /run/netns/"$NETNS" /run/netns/"$NETNS"-[0-9]*; do [[ -e $n ]] && problems+=("netns ${n##*/} exists"); done
 ip link show kiln-h >/dev/null 2>&1 && problems+=("veth kiln-h exists")
 if ((${#problems[@]})); then
   printf 'left behind: %s\n' "${problems[@]}"
