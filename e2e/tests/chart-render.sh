@@ -27,6 +27,13 @@ t --set store.url=oci://10.0.0.1:5000/kiln --set store.insecure=true --set store
 t --set store.url=file:///data/kiln --set crds.enabled=false --set agent.enabled=false \
   --set operator.leaderElection.enabled=false --set metrics.service.enabled=false >"$WORK/min.yaml"
 t --set store.url=/s --set attestation.enabled=false >"$WORK/unsigned.yaml"
+# One cache directory per node under a shared cacheHostPath.
+t --set store.url=/s --set agent.cachePerNode=true |
+  python3 -c 'import sys, yaml
+ds = [d for d in yaml.safe_load_all(sys.stdin) if d and d["kind"] == "DaemonSet"][0]
+m = [v for v in ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] if v["name"] == "cache"][0]
+sys.exit(m.get("subPathExpr") != "$(NODE_NAME)")' || fail "agent.cachePerNode does not mount cacheHostPath/<node name>"
+grep -q subPathExpr "$WORK/fs.yaml" && fail "subPathExpr without agent.cachePerNode"
 t --set store.url=/s --set sourceSignatures.existingSecret=kiln-source-keys --set sourceSignatures.required=true >"$WORK/srcsig.yaml"
 out=$(t --set store.url=/s --set attestation.existingSecret= 2>&1) && fail "rendered attestation without a Secret"
 [[ $out == *"attestation.existingSecret"* ]] || fail "no clear error without attestation.existingSecret: $out"

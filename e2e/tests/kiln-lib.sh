@@ -94,14 +94,33 @@ ${4:+  rollout: $4}
 YAML
 }
 
-# serving_pod NAMESPACE TARGET NODE: pod "serve" on NODE, annotated for TARGET and gated on
-# kiln.dev/warm, as a serving workload declares itself to kiln.
+# event_count NAMESPACE REASON: how many Events of REASON the namespace saw, counting every
+# occurrence of an event series (the operator's recorder folds repeats of a reason into one
+# Event with series.count).
+event_count() {
+  kubectl -n "$1" get events --field-selector "reason=$2" -o json | jq '[.items[] | (.series.count // .count // 1)] | add // 0'
+}
+
+# flip FILE: xor one byte in the middle of FILE (twice restores it).
+flip() {
+  python3 - "$1" <<'PY'
+import os, sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(os.path.getsize(sys.argv[1]) // 2)
+    b = f.read(1)
+    f.seek(-1, 1)
+    f.write(bytes([b[0] ^ 1]))
+PY
+}
+
+# serving_pod NAMESPACE TARGET NODE [NAME]: pod NAME (default "serve") on NODE, annotated for
+# TARGET and gated on kiln.dev/warm, as a serving workload declares itself to kiln.
 serving_pod() {
   kubectl -n "$1" apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Pod
 metadata:
-  name: serve
+  name: ${4:-serve}
   annotations: {kiln.dev/target: $2}
 spec:
   readinessGates: [{conditionType: kiln.dev/warm}]

@@ -22,17 +22,6 @@ teardown() {
   kubectl delete kilnnode "$NS-elsewhere" --ignore-not-found >/dev/null 2>&1 || true
 }
 epoch() { date -d "$1" +%s; }
-# flip FILE: xor one byte in the middle of FILE (twice restores it).
-flip() {
-  python3 - "$1" <<'PY'
-import os, sys
-with open(sys.argv[1], "r+b") as f:
-    f.seek(os.path.getsize(sys.argv[1]) // 2)
-    b = f.read(1)
-    f.seek(-1, 1)
-    f.write(bytes([b[0] ^ 1]))
-PY
-}
 
 kiln_images "$WORK"
 kiln_example_dirs "$WORK"

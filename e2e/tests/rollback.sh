@@ -101,7 +101,7 @@ ctq() { ct | jq -e "$@" >/dev/null; }
 row() { kubectl get kilnnode "$REAL" -o json | jq -c --arg ns "$NS" --arg t "$T" '.status.targets[]? | select(.namespace == $ns and .name == $t)'; }
 rowq() { row | jq -e "$@" >/dev/null; }
 cond() { ct | jq -r --arg c "$1" '.status.conditions[]? | select(.type == $c) | "\(.status) \(.reason)"'; }
-jobs_created() { kubectl -n "$NS" get events --field-selector reason=CompileJobCreated -o json | jq '[.items[].count // 1] | add // 0'; }
+jobs_created() { event_count "$NS" CompileJobCreated; }
 pod_ready_at() { kubectl -n "$NS" get pod serve -o jsonpath='{.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].lastTransitionTime}'; }
 digest_of() { ct | jq -r --argjson n "$1" '.status.revisions[] | select(.number == $n) | .artifacts[0].digest | sub("^sha256:"; "")'; }
 

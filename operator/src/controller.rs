@@ -194,11 +194,23 @@ const ATTESTATION_GRACE: Duration = Duration::from_secs(2);
 async fn stored(ctx: &Context, keys: Vec<String>) -> Result<BTreeMap<String, Stored>, Error> {
     let mut stored = BTreeMap::new();
     for key in keys {
-        let found = ctx.store.lookup(&key).await;
-        let found = found.map_err(|source| Error::StoreLookup {
-            key: key.clone(),
-            source,
-        })?;
+        let found = match ctx.store.lookup(&key).await {
+            Ok(found) => found,
+            // A corrupt entry (its build manifest does not match its digest) is not stored as
+            // far as the plan is concerned, like an unsigned one: the class compiles again and
+            // its publisher replaces the entry. Only this class waits; the others go on.
+            Err(e) if e.reason() == kiln_crds::FailureReason::HashMismatch => {
+                tracing::warn!(compile_key = %key, error = %e, "stored entry corrupt; it will be rebuilt");
+                ctx.metrics.untrusted_entry();
+                continue;
+            }
+            Err(source) => {
+                return Err(Error::StoreLookup {
+                    key: key.clone(),
+                    source,
+                });
+            }
+        };
         if let Some(entry) = found {
             // An entry nobody trusted signed is not stored as far as the plan is concerned: a
             // compile Job builds the key again and its publisher replaces the entry.

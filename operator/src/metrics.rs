@@ -110,7 +110,7 @@ impl Metrics {
         );
         r.register(
             "untrusted_entries",
-            "Stored entries refused because their attestation is missing or not signed by --trust-key",
+            "Stored entries refused (to be rebuilt): attestation missing or not signed by --trust-key, or build manifest corrupt",
             inner.untrusted.clone(),
         );
         Self {
@@ -165,7 +165,7 @@ impl Metrics {
             .inc_by(delta);
     }
 
-    /// A stored entry was refused for its attestation.
+    /// A stored entry was refused: its attestation, or its build manifest, did not verify.
     pub fn untrusted_entry(&self) {
         self.inner.untrusted.inc();
     }

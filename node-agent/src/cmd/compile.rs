@@ -178,11 +178,16 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<Built> {
     .await
 }
 
-/// Every fact of the expected class must hold on this node. Facts the node has beyond the class
-/// (say, a CPU level when the class only names the architecture) do not matter.
+/// Every hardware fact of the expected class (the keys kiln probes itself: GPU product, compute
+/// capability, driver, architecture, CPU level) must hold on this node, a GPU fact on a node
+/// without that GPU included. Other class keys (a node pool label, say) describe how the node is
+/// labelled, not its hardware; the Job's node selector already matched them. Facts the node has
+/// beyond the class (say, a CPU level when the class only names the architecture) do not matter.
 pub fn check_class(expected: &ClassFacts, probed: &ClassFacts) -> Result<()> {
+    let hardware = |k: &str| kiln_crds::labels::DEFAULT_CLASS_KEYS.contains(&k);
     let wrong: Vec<String> = expected
         .iter()
+        .filter(|(k, _)| hardware(k))
         .filter(|(k, v)| probed.get(*k) != Some(*v))
         .map(|(k, v)| {
             format!(
@@ -318,6 +323,10 @@ mod tests {
         let mut probed = expected.clone();
         probed.insert("kiln.dev/cpu-level".into(), "x86-64-v3".into());
         assert!(check_class(&expected, &probed).is_ok());
+        // A pool label is not hardware: nothing to probe, the node selector matched it.
+        let mut pooled = expected.clone();
+        pooled.insert("example.com/pool".into(), "b".into());
+        assert!(check_class(&pooled, &probed).is_ok());
         let gpu = ClassFacts::from([("nvidia.com/gpu.product".into(), "NVIDIA-L4".into())]);
         let err = check_class(&gpu, &probed).expect_err("no GPU here");
         assert_eq!(err.reason(), kiln_crds::FailureReason::IncompatibleHardware);

@@ -288,7 +288,19 @@ pub async fn compile_or_reuse(
 ) -> Result<Built> {
     let key = key_for(spec, backend, class);
     let mut replace = false;
-    if let Some(entry) = store.lookup(&key).await? {
+    let found = match store.lookup(&key).await {
+        Ok(found) => found,
+        // A stored entry whose build manifest does not match its digest (flipped or truncated
+        // in the registry's storage) is no entry: build the key again and replace it.
+        Err(e) if e.reason() == FailureReason::HashMismatch => {
+            tracing::warn!(compile_key = %key, error = %e, "the stored entry is corrupt; compiling and replacing it");
+            metrics.verify_failure(e.reason());
+            replace = true;
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(entry) = found {
         match publish.trust.check(store, &subject(&entry)).await {
             Ok(()) => {
                 tracing::info!(compile_key = %key, digest = %entry.manifest.artifact_digest, manifest = %entry.manifest_digest, store = %store.location(), "artifact already in store; not compiling");

@@ -489,7 +489,12 @@ impl Agent {
             let result = match writes::apply_status(&api, &self.node, &status).await {
                 // Deleted from under us: create it again and re-apply.
                 Err(kube::Error::Api(e)) if e.code == 404 => {
-                    match writes::ensure_kiln_node(&api, &self.node).await {
+                    let owner = self
+                        .nodes
+                        .state()
+                        .first()
+                        .and_then(|n| writes::owner_ref(n));
+                    match writes::ensure_kiln_node(&api, &self.node, owner).await {
                         Ok(()) => writes::apply_status(&api, &self.node, &status).await,
                         Err(e) => Err(e),
                     }

@@ -97,7 +97,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let hardware = tokio::task::block_in_place(|| probe::probe(backend::runtimes()));
     tracing::info!(node = %config.node_name, cpu = %hardware.cpu_level, gpus = hardware.accelerators.len(), "probed this node");
     let kiln_nodes: Api<KilnNode> = Api::all(client.clone());
-    writes::ensure_kiln_node(&kiln_nodes, &config.node_name).await?;
+    let owner = writes::node_owner(&Api::all(client.clone()), &config.node_name).await?;
+    writes::ensure_kiln_node(&kiln_nodes, &config.node_name, owner).await?;
 
     // Watches: what concerns this node only, except CompiledTargets (any may select it).
     let changed = Arc::new(Notify::new());

@@ -2,8 +2,8 @@
 //! status (field manager `kiln-agent`), and patch the `kiln.dev/warm` condition of pods on its
 //! own node. Callers decide when; this module never writes unchanged state on its own.
 
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kiln_crds::labels::WARM_CONDITION;
 use kiln_crds::{KilnNode, KilnNodeSpec, KilnNodeStatus};
 use kube::Api;
@@ -14,12 +14,19 @@ use super::gate::Warm;
 /// Field manager of every agent write.
 pub const MANAGER: &str = "kiln-agent";
 
-/// Creates the node's KilnNode unless it exists.
-pub async fn ensure_kiln_node(api: &Api<KilnNode>, name: &str) -> kube::Result<()> {
+/// Creates the node's KilnNode unless it exists, owned by its Node (when `owner` names it), so
+/// that Kubernetes' garbage collector deletes it with the Node: a node that leaves the cluster
+/// leaves no KilnNode behind.
+pub async fn ensure_kiln_node(
+    api: &Api<KilnNode>,
+    name: &str,
+    owner: Option<OwnerReference>,
+) -> kube::Result<()> {
     if api.get_opt(name).await?.is_some() {
         return Ok(());
     }
-    let node = KilnNode::new(name, KilnNodeSpec::default());
+    let mut node = KilnNode::new(name, KilnNodeSpec::default());
+    node.metadata.owner_references = owner.map(|o| vec![o]);
     match api.create(&PostParams::default(), &node).await {
         Ok(_) => {
             tracing::info!(kiln_node = name, "created KilnNode");
@@ -28,6 +35,26 @@ pub async fn ensure_kiln_node(api: &Api<KilnNode>, name: &str) -> kube::Result<(
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// The owner reference to `node`'s Node object, read by a list with a field selector (what the
+/// agent's RBAC allows); `None` when the Node is not found.
+pub async fn node_owner(api: &Api<Node>, node: &str) -> kube::Result<Option<OwnerReference>> {
+    let params = kube::api::ListParams::default().fields(&format!("metadata.name={node}"));
+    let list = api.list(&params).await?;
+    Ok(list.items.into_iter().next().and_then(|n| owner_ref(&n)))
+}
+
+/// The owner reference to a Node (not a controller, blocking nothing).
+pub fn owner_ref(node: &Node) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: "v1".into(),
+        kind: "Node".into(),
+        name: node.metadata.name.clone()?,
+        uid: node.metadata.uid.clone()?,
+        controller: None,
+        block_owner_deletion: None,
+    })
 }
 
 /// Applies the whole status; the agent owns every field of it.
