@@ -9,7 +9,9 @@ use sha2::{Digest, Sha256};
 use crate::kiln_node::HardwareFacts;
 
 use crate::labels::{
-    ARCH, CPU_LEVEL, CUDA_DRIVER_MAJOR, GPU_COMPUTE_MAJOR, GPU_COMPUTE_MINOR, GPU_PRODUCT,
+    ARCH, CPU_LEVEL, CUDA_RUNTIME_FULL, CUDA_RUNTIME_MAJOR, CUDA_RUNTIME_MINOR, DRIVER_FULL,
+    DRIVER_MAJOR, DRIVER_MINOR, DRIVER_REVISION, GPU_COMPUTE_MAJOR, GPU_COMPUTE_MINOR, GPU_COUNT,
+    GPU_MEMORY, GPU_PRODUCT,
 };
 
 /// Class facts: label key → normalised value, for the keys a node has.
@@ -34,8 +36,10 @@ pub fn class_facts<'a>(
         .collect()
 }
 
-/// The class labels a machine with `facts` carries, as its agent would label it: what the
-/// operator falls back to for nodes without GPU Feature Discovery labels (from their KilnNode).
+/// The class labels a machine with `facts` carries, as its agent would label it: exactly the
+/// labels (and values) GPU Feature Discovery puts on such a node, for the keys a hardware report
+/// supplies ([`FACT_KEYS`]), so a node with GFD and one without classify alike. What the operator
+/// falls back to for nodes without GPU Feature Discovery labels (from their KilnNode).
 pub fn fact_labels(facts: &HardwareFacts) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
         (ARCH.to_string(), facts.arch.clone()),
@@ -45,13 +49,34 @@ pub fn fact_labels(facts: &HardwareFacts) -> BTreeMap<String, String> {
         labels.insert(GPU_PRODUCT.into(), gpu.product.clone());
         labels.insert(GPU_COMPUTE_MAJOR.into(), gpu.compute_major.to_string());
         labels.insert(GPU_COMPUTE_MINOR.into(), gpu.compute_minor.to_string());
+        labels.insert(
+            GPU_MEMORY.into(),
+            (gpu.memory_bytes / (1024 * 1024)).to_string(),
+        );
+        labels.insert(GPU_COUNT.into(), facts.accelerators.len().to_string());
     }
-    if let Some(major) = facts
+    // GFD splits the driver version as written: 535.129.03 is 535 / 129 / "03".
+    if let Some(driver) = facts.driver_version.as_deref().filter(|d| !d.is_empty()) {
+        let mut parts = driver.split('.');
+        for key in [DRIVER_MAJOR, DRIVER_MINOR, DRIVER_REVISION] {
+            if let Some(p) = parts.next() {
+                labels.insert(key.into(), p.to_string());
+            }
+        }
+        labels.insert(DRIVER_FULL.into(), driver.to_string());
+    }
+    if let Some(cuda) = facts
         .cuda_driver_version
         .as_deref()
-        .and_then(|v| v.split('.').next())
+        .filter(|c| !c.is_empty())
     {
-        labels.insert(CUDA_DRIVER_MAJOR.into(), major.to_string());
+        let mut parts = cuda.split('.');
+        for key in [CUDA_RUNTIME_MAJOR, CUDA_RUNTIME_MINOR] {
+            if let Some(p) = parts.next() {
+                labels.insert(key.into(), p.to_string());
+            }
+        }
+        labels.insert(CUDA_RUNTIME_FULL.into(), cuda.to_string());
     }
     labels
 }
@@ -70,11 +95,19 @@ pub fn node_class_labels(
 }
 
 /// The class keys an agent's hardware report can supply ([`fact_labels`]).
-pub const FACT_KEYS: [&str; 6] = [
+pub const FACT_KEYS: [&str; 14] = [
     GPU_PRODUCT,
     GPU_COMPUTE_MAJOR,
     GPU_COMPUTE_MINOR,
-    CUDA_DRIVER_MAJOR,
+    GPU_MEMORY,
+    GPU_COUNT,
+    DRIVER_MAJOR,
+    DRIVER_MINOR,
+    DRIVER_REVISION,
+    DRIVER_FULL,
+    CUDA_RUNTIME_MAJOR,
+    CUDA_RUNTIME_MINOR,
+    CUDA_RUNTIME_FULL,
     ARCH,
     CPU_LEVEL,
 ];
@@ -131,7 +164,7 @@ pub fn normalise_product(product: &str) -> String {
 }
 
 /// A readable, stable class id: what the hardware is, then 8 hex of the facts' hash, e.g.
-/// `nvidia-h100-80gb-hbm3-sm90-cuda12-amd64-3f2a9c1e` or `amd64-x86-64-v3-7b0e12aa`. Valid as a
+/// `nvidia-h100-80gb-hbm3-sm90-drv580-amd64-3f2a9c1e` or `amd64-x86-64-v3-7b0e12aa`. Valid as a
 /// label value (≤ 63 chars, lowercase alphanumerics and `-`).
 pub fn class_id(facts: &ClassFacts) -> String {
     let mut parts: Vec<String> = Vec::new();
@@ -142,8 +175,8 @@ pub fn class_id(facts: &ClassFacts) -> String {
     {
         parts.push(format!("sm{major}{minor}"));
     }
-    if let Some(d) = facts.get(CUDA_DRIVER_MAJOR) {
-        parts.push(format!("cuda{d}"));
+    if let Some(d) = facts.get(DRIVER_MAJOR) {
+        parts.push(format!("drv{d}"));
     }
     for key in [ARCH, CPU_LEVEL] {
         if let Some(v) = facts.get(key) {
@@ -188,7 +221,8 @@ mod tests {
         let gpu = HardwareFacts {
             arch: "amd64".into(),
             cpu_level: "x86-64-v4".into(),
-            cuda_driver_version: Some("12.8".into()),
+            driver_version: Some("580.65.06".into()),
+            cuda_driver_version: Some("13.0".into()),
             accelerators: vec![Accelerator {
                 product: "NVIDIA-H100-80GB-HBM3".into(),
                 compute_major: 9,
@@ -211,7 +245,7 @@ mod tests {
                 GPU_PRODUCT,
                 GPU_COMPUTE_MAJOR,
                 GPU_COMPUTE_MINOR,
-                CUDA_DRIVER_MAJOR,
+                DRIVER_MAJOR,
                 CPU_LEVEL
             ]
         );
@@ -225,6 +259,53 @@ mod tests {
         assert!(
             unreported_keys(keys, &full, false).is_empty(),
             "fully labelled"
+        );
+    }
+
+    #[test]
+    fn fact_labels_are_what_gpu_feature_discovery_writes() {
+        use crate::kiln_node::{Accelerator, HardwareFacts};
+        // A node GFD labelled (GFD's README and a real node's labels): driver 535.129.03, CUDA
+        // 12.2, one H100 80GB HBM3 of 81559 MiB.
+        let gfd = labels(&[
+            (GPU_PRODUCT, "NVIDIA-H100-80GB-HBM3"),
+            (GPU_COMPUTE_MAJOR, "9"),
+            (GPU_COMPUTE_MINOR, "0"),
+            (GPU_MEMORY, "81559"),
+            (GPU_COUNT, "1"),
+            (DRIVER_MAJOR, "535"),
+            (DRIVER_MINOR, "129"),
+            (DRIVER_REVISION, "03"),
+            (DRIVER_FULL, "535.129.03"),
+            (CUDA_RUNTIME_MAJOR, "12"),
+            (CUDA_RUNTIME_MINOR, "2"),
+            (CUDA_RUNTIME_FULL, "12.2"),
+            (ARCH, "amd64"),
+            (CPU_LEVEL, "x86-64-v4"),
+        ]);
+        let facts = HardwareFacts {
+            arch: "amd64".into(),
+            cpu_level: "x86-64-v4".into(),
+            driver_version: Some("535.129.03".into()),
+            cuda_driver_version: Some("12.2".into()),
+            accelerators: vec![Accelerator {
+                product: "NVIDIA-H100-80GB-HBM3".into(),
+                compute_major: 9,
+                compute_minor: 0,
+                memory_bytes: 81559 * 1024 * 1024,
+                mig: false,
+            }],
+            ..Default::default()
+        };
+        assert_eq!(fact_labels(&facts), gfd);
+        // So the node's class is the same whether GFD labelled it or only its agent reported.
+        let keys = crate::labels::DEFAULT_CLASS_KEYS;
+        let from_report = node_class_labels(&labels(&[]), Some(&facts));
+        assert_eq!(class_facts(keys, &from_report), class_facts(keys, &gfd));
+        assert_eq!(
+            class_facts(keys, &gfd)[DRIVER_MAJOR],
+            "535",
+            "the driver's, not CUDA's"
         );
     }
 
@@ -266,14 +347,14 @@ mod tests {
                 (GPU_PRODUCT, "NVIDIA-H100-80GB-HBM3"),
                 (GPU_COMPUTE_MAJOR, "9"),
                 (GPU_COMPUTE_MINOR, "0"),
-                (CUDA_DRIVER_MAJOR, "12"),
+                (DRIVER_MAJOR, "580"),
                 (ARCH, "amd64"),
                 ("unrelated", "x"),
             ]),
         );
         let id = class_id(&facts);
         assert!(
-            id.starts_with("nvidia-h100-80gb-hbm3-sm90-cuda12-amd64-"),
+            id.starts_with("nvidia-h100-80gb-hbm3-sm90-drv580-amd64-"),
             "{id}"
         );
         assert_eq!(id, class_id(&facts.clone()));

@@ -6,8 +6,25 @@ pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
 pub const GPU_COMPUTE_MAJOR: &str = "nvidia.com/gpu.compute.major";
 /// GPU Feature Discovery: CUDA compute capability, minor.
 pub const GPU_COMPUTE_MINOR: &str = "nvidia.com/gpu.compute.minor";
-/// GPU Feature Discovery: CUDA driver major version.
-pub const CUDA_DRIVER_MAJOR: &str = "nvidia.com/cuda.driver-version.major";
+/// GPU Feature Discovery: the NVIDIA driver's major version (`580` for driver 580.65.06; GFD
+/// files it under `cuda.`, but it is the driver's version, not CUDA's).
+pub const DRIVER_MAJOR: &str = "nvidia.com/cuda.driver-version.major";
+/// GPU Feature Discovery: the NVIDIA driver's minor version (`65`).
+pub const DRIVER_MINOR: &str = "nvidia.com/cuda.driver-version.minor";
+/// GPU Feature Discovery: the NVIDIA driver's revision, as written (`06`).
+pub const DRIVER_REVISION: &str = "nvidia.com/cuda.driver-version.revision";
+/// GPU Feature Discovery: the NVIDIA driver's version (`580.65.06`).
+pub const DRIVER_FULL: &str = "nvidia.com/cuda.driver-version.full";
+/// GPU Feature Discovery: the newest CUDA version the driver supports, major (`13`).
+pub const CUDA_RUNTIME_MAJOR: &str = "nvidia.com/cuda.runtime-version.major";
+/// GPU Feature Discovery: the newest CUDA version the driver supports, minor (`0`).
+pub const CUDA_RUNTIME_MINOR: &str = "nvidia.com/cuda.runtime-version.minor";
+/// GPU Feature Discovery: the newest CUDA version the driver supports (`13.0`).
+pub const CUDA_RUNTIME_FULL: &str = "nvidia.com/cuda.runtime-version.full";
+/// GPU Feature Discovery: memory of one GPU in MiB (`81559`).
+pub const GPU_MEMORY: &str = "nvidia.com/gpu.memory";
+/// GPU Feature Discovery: how many GPUs the node has.
+pub const GPU_COUNT: &str = "nvidia.com/gpu.count";
 /// Well-known Kubernetes CPU architecture label.
 pub const ARCH: &str = "kubernetes.io/arch";
 /// kiln's CPU level label: `x86-64-v2`, `x86-64-v3`, `x86-64-v4`, or `baseline` elsewhere.
@@ -24,7 +41,7 @@ pub const DEFAULT_CLASS_KEYS: [&str; 6] = [
     GPU_PRODUCT,
     GPU_COMPUTE_MAJOR,
     GPU_COMPUTE_MINOR,
-    CUDA_DRIVER_MAJOR,
+    DRIVER_MAJOR,
     ARCH,
     CPU_LEVEL,
 ];

@@ -33,7 +33,7 @@ apiVersion: v1
 kind: Node
 metadata:
   name: bench-gpu-$i
-  labels: {kubernetes.io/arch: amd64, kiln.dev/cpu-level: x86-64-v3, nvidia.com/gpu.product: BENCH-GPU-$i, nvidia.com/gpu.compute.major: "9", nvidia.com/gpu.compute.minor: "0", nvidia.com/cuda.driver-version.major: "12"}
+  labels: {kubernetes.io/arch: amd64, kiln.dev/cpu-level: x86-64-v3, nvidia.com/gpu.product: BENCH-GPU-$i, nvidia.com/gpu.compute.major: "9", nvidia.com/gpu.compute.minor: "0", nvidia.com/cuda.driver-version.major: "550"}
 YAML
 done | kubectl apply -f - >/dev/null
 

@@ -36,7 +36,7 @@ metadata:
     nvidia.com/gpu.product: $product
     nvidia.com/gpu.compute.major: "$major"
     nvidia.com/gpu.compute.minor: "$minor"
-    nvidia.com/cuda.driver-version.major: "12"
+    nvidia.com/cuda.driver-version.major: "550"
 YAML
 done
 # The real node as if its agent had not reported (its class label from earlier tests stays: the
@@ -68,7 +68,7 @@ for node in "$REAL" "fake-h100-$NS" "fake-l4-$NS"; do
   echo "   $node -> class $class, 1 Job"
 done
 REAL_CLASS=$(kubectl get node "$REAL" -o jsonpath='{.metadata.labels.kiln\.dev/class}')
-[[ $(kubectl get node "fake-h100-$NS" -o jsonpath='{.metadata.labels.kiln\.dev/class}') == nvidia-h100-80gb-hbm3-sm90-cuda12-amd64-* ]] ||
+[[ $(kubectl get node "fake-h100-$NS" -o jsonpath='{.metadata.labels.kiln\.dev/class}') == nvidia-h100-80gb-hbm3-sm90-drv550-amd64-* ]] ||
   die "MIG suffix split the H100 class"
 
 echo "== the real node's Job runs kiln-agent compile; the target records the artifact digest"

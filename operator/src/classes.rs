@@ -267,7 +267,7 @@ mod tests {
                 ("nvidia.com/gpu.product", "NVIDIA-L4"),
                 ("nvidia.com/gpu.compute.major", "8"),
                 ("nvidia.com/gpu.compute.minor", "9"),
-                ("nvidia.com/cuda.driver-version.major", "12"),
+                ("nvidia.com/cuda.driver-version.major", "550"),
             ],
         );
         labelled.reported = false;

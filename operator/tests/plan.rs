@@ -241,13 +241,13 @@ fn one_job_per_class_pinned_by_class_label_and_mig_does_not_split() {
     assert!(
         classes
             .iter()
-            .any(|c| c.starts_with("nvidia-h100-80gb-hbm3-sm90-cuda12-amd64-")),
+            .any(|c| c.starts_with("nvidia-h100-80gb-hbm3-sm90-drv550-amd64-")),
         "{classes:?}"
     );
     assert!(
         classes
             .iter()
-            .any(|c| c.starts_with("nvidia-l4-sm89-cuda12-amd64-")),
+            .any(|c| c.starts_with("nvidia-l4-sm89-drv550-amd64-")),
         "{classes:?}"
     );
     for j in &p.create {

@@ -106,8 +106,62 @@ struct Gpus {
     devices: Vec<Accelerator>,
 }
 
+/// What NVML says, as it says it: the values [`normalise`] turns into facts. Kept apart from the
+/// NVML calls so the normalisation is tested on readings recorded from real GPUs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NvmlReading {
+    /// `nvmlSystemGetDriverVersion` (`580.65.06`).
+    pub driver: String,
+    /// `nvmlSystemGetCudaDriverVersion`: 1000 × major + 10 × minor (`13000`).
+    pub cuda: i32,
+    /// Every device, in index order.
+    pub devices: Vec<NvmlDevice>,
+}
+
+/// One device as NVML reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NvmlDevice {
+    /// `nvmlDeviceGetName` (`NVIDIA H100 80GB HBM3`).
+    pub name: String,
+    /// `nvmlDeviceGetCudaComputeCapability`.
+    pub compute: (i32, i32),
+    /// `nvmlDeviceGetMemoryInfo().total`, bytes.
+    pub memory_total: u64,
+    /// `nvmlDeviceGetMigMode().current == NVML_DEVICE_MIG_ENABLE`.
+    pub mig: bool,
+}
+
+/// The facts a reading gives, normalised as GPU Feature Discovery labels them: the product name
+/// with spaces as dashes, the CUDA version `major.minor`, the driver version as written.
+fn normalise(r: &NvmlReading) -> Gpus {
+    Gpus {
+        driver: r.driver.trim().to_string(),
+        cuda: format!(
+            "{}.{}",
+            nvml_wrapper::cuda_driver_version_major(r.cuda),
+            nvml_wrapper::cuda_driver_version_minor(r.cuda)
+        ),
+        devices: r
+            .devices
+            .iter()
+            .map(|d| Accelerator {
+                product: gfd_product(&d.name),
+                compute_major: d.compute.0,
+                compute_minor: d.compute.1,
+                memory_bytes: i64::try_from(d.memory_total).unwrap_or(i64::MAX),
+                mig: d.mig,
+            })
+            .collect(),
+    }
+}
+
 /// NVIDIA GPUs through NVML; `Err` says in words why there are none.
 fn nvidia() -> Result<Gpus, String> {
+    read_nvml().map(|r| normalise(&r))
+}
+
+/// Reads NVML.
+fn read_nvml() -> Result<NvmlReading, String> {
     use nvml_wrapper::Nvml;
     let nvml = Nvml::init().map_err(|e| match e {
         nvml_wrapper::error::NvmlError::LibloadingError(_) => {
@@ -121,11 +175,6 @@ fn nvidia() -> Result<Gpus, String> {
     let cuda = nvml
         .sys_cuda_driver_version()
         .map_err(|e| format!("NVML CUDA version: {e}"))?;
-    let cuda = format!(
-        "{}.{}",
-        nvml_wrapper::cuda_driver_version_major(cuda),
-        nvml_wrapper::cuda_driver_version_minor(cuda)
-    );
     let count = nvml
         .device_count()
         .map_err(|e| format!("NVML device count: {e}"))?;
@@ -140,17 +189,14 @@ fn nvidia() -> Result<Gpus, String> {
         let cc = device
             .cuda_compute_capability()
             .map_err(|e| format!("NVML device {index} compute capability: {e}"))?;
-        let memory = device.memory_info().map(|m| m.total as i64).unwrap_or(0);
-        let mig = device.mig_mode().map(|m| m.current == 1).unwrap_or(false);
-        devices.push(Accelerator {
-            product: gfd_product(&name),
-            compute_major: cc.major,
-            compute_minor: cc.minor,
-            memory_bytes: memory,
-            mig,
+        devices.push(NvmlDevice {
+            name,
+            compute: (cc.major, cc.minor),
+            memory_total: device.memory_info().map(|m| m.total).unwrap_or(0),
+            mig: device.mig_mode().map(|m| m.current == 1).unwrap_or(false),
         });
     }
-    Ok(Gpus {
+    Ok(NvmlReading {
         driver,
         cuda,
         devices,
@@ -188,6 +234,96 @@ mod tests {
         }
         let labels = labels(&facts);
         assert_eq!(labels.get(ARCH), Some(&facts.arch));
+    }
+
+    /// NVML readings of real GPU models (names, compute capabilities and memory as NVML and
+    /// nvidia-smi report them for these models; not read on a GPU in this repository's tests),
+    /// and the labels GPU Feature Discovery puts on such nodes.
+    #[test]
+    fn recorded_nvml_readings_normalise_to_gpu_feature_discovery_labels() {
+        use kiln_crds::labels::*;
+        let mib = 1024 * 1024;
+        let cases = [
+            // H100 SXM on driver 580 (CUDA 13.0), the driver of the GPU machines kiln is lent.
+            (
+                NvmlReading {
+                    driver: "580.65.06".into(),
+                    cuda: 13000,
+                    devices: vec![NvmlDevice {
+                        name: "NVIDIA H100 80GB HBM3".into(),
+                        compute: (9, 0),
+                        memory_total: 81559 * mib,
+                        mig: false,
+                    }],
+                },
+                [
+                    (GPU_PRODUCT, "NVIDIA-H100-80GB-HBM3"),
+                    (GPU_COMPUTE_MAJOR, "9"),
+                    (GPU_COMPUTE_MINOR, "0"),
+                    (GPU_MEMORY, "81559"),
+                    (DRIVER_MAJOR, "580"),
+                    (DRIVER_REVISION, "06"),
+                    (CUDA_RUNTIME_FULL, "13.0"),
+                ],
+            ),
+            // L4 on driver 535.129.03 (CUDA 12.2), as in GFD's documented output.
+            (
+                NvmlReading {
+                    driver: "535.129.03".into(),
+                    cuda: 12020,
+                    devices: vec![NvmlDevice {
+                        name: "NVIDIA L4".into(),
+                        compute: (8, 9),
+                        memory_total: 23034 * mib,
+                        mig: false,
+                    }],
+                },
+                [
+                    (GPU_PRODUCT, "NVIDIA-L4"),
+                    (GPU_COMPUTE_MAJOR, "8"),
+                    (GPU_COMPUTE_MINOR, "9"),
+                    (GPU_MEMORY, "23034"),
+                    (DRIVER_MAJOR, "535"),
+                    (DRIVER_REVISION, "03"),
+                    (CUDA_RUNTIME_FULL, "12.2"),
+                ],
+            ),
+        ];
+        for (reading, want) in cases {
+            let gpus = normalise(&reading);
+            let facts = HardwareFacts {
+                arch: "amd64".into(),
+                cpu_level: "x86-64-v3".into(),
+                driver_version: Some(gpus.driver),
+                cuda_driver_version: Some(gpus.cuda),
+                accelerators: gpus.devices,
+                ..Default::default()
+            };
+            let got = labels(&facts);
+            for (k, v) in want {
+                assert_eq!(
+                    got.get(k).map(String::as_str),
+                    Some(v),
+                    "{k} of {reading:?}"
+                );
+            }
+            assert_eq!(got.get(GPU_COUNT).map(String::as_str), Some("1"));
+        }
+        // MIG mode is carried as a fact; the product name NVML gives a MIG-enabled GPU is the
+        // parent's, so the class does not split.
+        let mig = normalise(&NvmlReading {
+            driver: "550.54.15".into(),
+            cuda: 12040,
+            devices: vec![NvmlDevice {
+                name: "NVIDIA A100-SXM4-80GB".into(),
+                compute: (8, 0),
+                memory_total: 81920 * mib,
+                mig: true,
+            }],
+        });
+        assert!(mig.devices[0].mig);
+        assert_eq!(mig.devices[0].product, "NVIDIA-A100-SXM4-80GB");
+        assert_eq!(mig.cuda, "12.4");
     }
 
     #[test]

@@ -65,6 +65,7 @@ pub fn check_against(
             backend.runtime_digest().unwrap_or_default()
         )));
     }
+    gpu_fits(&manifest.class, class)?;
     if &manifest.class != class {
         return Err(Error::IncompatibleHardware(format!(
             "artifact built for class {:?}, this machine is {:?}",
@@ -80,6 +81,42 @@ pub fn check_against(
             bound.cpu_level,
             bound.why,
             kiln_crds::labels::CPU_LEVEL
+        )));
+    }
+    Ok(())
+}
+
+/// What an artifact's GPU facts demand of this node, said plainly before the whole class is
+/// compared: a GPU build on a node without that GPU or with another compute capability is
+/// `IncompatibleHardware`; one built under a newer NVIDIA driver than the node runs is
+/// `IncompatibleRuntime` (its kernels may need what the older driver lacks). Pure.
+pub fn gpu_fits(built: &ClassFacts, here: &ClassFacts) -> Result<()> {
+    use kiln_crds::labels::{DRIVER_MAJOR, GPU_COMPUTE_MAJOR, GPU_COMPUTE_MINOR, GPU_PRODUCT};
+    if let Some(product) = built.get(GPU_PRODUCT)
+        && !here.contains_key(GPU_PRODUCT)
+    {
+        return Err(Error::IncompatibleHardware(format!(
+            "artifact built for GPU {product}, this node has no GPU in its class"
+        )));
+    }
+    let cc = |f: &ClassFacts| {
+        f.get(GPU_COMPUTE_MAJOR)
+            .zip(f.get(GPU_COMPUTE_MINOR))
+            .map(|(a, b)| format!("{a}.{b}"))
+    };
+    if let (Some(want), Some(have)) = (cc(built), cc(here))
+        && want != have
+    {
+        return Err(Error::IncompatibleHardware(format!(
+            "artifact built for compute capability {want}, this GPU is {have}; it needs its own class's build"
+        )));
+    }
+    let major = |f: &ClassFacts| f.get(DRIVER_MAJOR).and_then(|d| d.parse::<u32>().ok());
+    if let (Some(want), Some(have)) = (major(built), major(here))
+        && want > have
+    {
+        return Err(Error::IncompatibleRuntime(format!(
+            "artifact built under NVIDIA driver {want}, this node runs driver {have}; upgrade the node's driver or let its class compile on its own nodes"
         )));
     }
     Ok(())
@@ -294,5 +331,53 @@ mod tests {
             kiln_crds::FailureReason::WarmupFailed
         );
         within_budget(None, None).expect("nothing asked");
+    }
+
+    #[test]
+    fn a_gpu_build_for_another_device_or_a_newer_driver_is_refused_before_load() {
+        use kiln_crds::FailureReason::{IncompatibleHardware, IncompatibleRuntime};
+        use kiln_crds::labels::{DRIVER_MAJOR, GPU_COMPUTE_MAJOR, GPU_COMPUTE_MINOR, GPU_PRODUCT};
+        let facts = |pairs: &[(&str, &str)]| -> ClassFacts {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect()
+        };
+        let h100 = facts(&[
+            (GPU_PRODUCT, "NVIDIA-H100-80GB-HBM3"),
+            (GPU_COMPUTE_MAJOR, "9"),
+            (GPU_COMPUTE_MINOR, "0"),
+            (DRIVER_MAJOR, "580"),
+        ]);
+        gpu_fits(&h100, &h100).expect("its own class");
+        let mut newer_driver = h100.clone();
+        newer_driver.insert(DRIVER_MAJOR.into(), "550".into());
+        let err = gpu_fits(&h100, &newer_driver).expect_err("built under 580, node on 550");
+        assert_eq!(err.reason(), IncompatibleRuntime);
+        assert!(
+            err.to_string()
+                .contains("driver 580, this node runs driver 550"),
+            "{err}"
+        );
+        // An older driver's build runs on a newer driver as far as this check goes (the class
+        // comparison after it still wants the node's own class).
+        gpu_fits(&newer_driver, &h100).expect("older driver's build");
+        let l4 = facts(&[
+            (GPU_PRODUCT, "NVIDIA-L4"),
+            (GPU_COMPUTE_MAJOR, "8"),
+            (GPU_COMPUTE_MINOR, "9"),
+            (DRIVER_MAJOR, "580"),
+        ]);
+        let err = gpu_fits(&h100, &l4).expect_err("sm90 build on sm89");
+        assert_eq!(err.reason(), IncompatibleHardware);
+        assert!(
+            err.to_string()
+                .contains("compute capability 9.0, this GPU is 8.9"),
+            "{err}"
+        );
+        let cpu = facts(&[("kubernetes.io/arch", "amd64")]);
+        let err = gpu_fits(&h100, &cpu).expect_err("GPU build on a CPU node");
+        assert_eq!(err.reason(), IncompatibleHardware);
+        gpu_fits(&cpu, &h100).expect("a CPU build asks nothing of the GPU");
     }
 }
