@@ -284,6 +284,10 @@ where
             crate::triggers::job(&j, &t4)
         })
         .watches_stream(retried(node_stream, "Node"), move |n: Node| {
+            // A deleted Node arrives without labels (a live one always has the kubelet's).
+            if n.metadata.labels.is_none() {
+                crate::writes::forget_node(&own.labelled, &n.name_any());
+            }
             g1.node(&n, &t1, |node, key, value| {
                 crate::writes::wrote_label(&own.labelled, node, key, value)
             })

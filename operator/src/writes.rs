@@ -299,6 +299,14 @@ pub fn wrote_label(
     })
 }
 
+/// Forgets what this replica wrote on `node`, which was deleted: a Node registering again under
+/// that name starts without those labels, and the memo must not stand in for them.
+pub fn forget_node(labelled: &std::sync::Mutex<LabelMemo>, node: &str) {
+    if let Ok(mut m) = labelled.lock() {
+        m.retain(|(n, _), _| n != node);
+    }
+}
+
 /// Sets (`Some`) or removes (`None`) one node label, unless this replica already wrote that
 /// value recently (the cache may not show it yet).
 pub async fn set_label(
@@ -340,8 +348,14 @@ pub async fn set_label(
             ctx.metrics.write("node");
             Ok(())
         }
-        // The node is gone, and its labels with it.
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        // The node is gone, and its labels with it: nothing was written, so nothing to
+        // remember (a node that registers again under the name starts without them).
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            if let Ok(mut m) = ctx.labelled.lock() {
+                m.remove(&memo);
+            }
+            Ok(())
+        }
         Err(source) => {
             if let Ok(mut m) = ctx.labelled.lock() {
                 m.remove(&memo);
@@ -438,6 +452,11 @@ mod tests {
         assert!(!wrote_label(&labelled, "n1", "kiln.dev/class", Some("b")));
         assert!(!wrote_label(&labelled, "n1", "kiln.dev/class", None));
         assert!(!wrote_label(&labelled, "n1", "other", Some("a")));
+        assert!(wrote_label(&labelled, "n2", "kiln.dev/class", None));
+        // A deleted node's labels went with it: nothing it had is an echo any more, and the
+        // other nodes' memos stay.
+        forget_node(&labelled, "n1");
+        assert!(!wrote_label(&labelled, "n1", "kiln.dev/class", Some("a")));
         assert!(wrote_label(&labelled, "n2", "kiln.dev/class", None));
         assert!(!wrote_label(&labelled, "n3", "kiln.dev/class", Some("a")));
         // Past the memo's window it is nobody's echo.
