@@ -369,14 +369,7 @@ f_artifact_corrupt() {
   TRUNCATED=$blob
   if ((N % 2)); then
     how=flipped
-    python3 - "$blob" <<'PY'
-import os, sys
-with open(sys.argv[1], "r+b") as f:
-    f.seek(os.path.getsize(sys.argv[1]) // 2)
-    b = f.read(1)
-    f.seek(-1, 1)
-    f.write(bytes([b[0] ^ 1]))
-PY
+    flip "$blob"
   else
     how=truncated
     truncate -s $(($(stat -c %s "$blob") / 2)) "$blob"
