@@ -97,10 +97,13 @@ pub struct PeakWindow {
 }
 
 impl PeakWindow {
-    /// Starts a window; `None` where the peak cannot be reset or read.
+    /// Starts a window; `None` where the peak cannot be reset or read. The peak is reset
+    /// first and the resident set read after it, so both describe the same moment: memory the
+    /// process gives back in between (another thread freeing, the allocator trimming) cannot
+    /// leave the reset peak below the baseline and the engine's figure at zero.
     pub fn start() -> Option<Self> {
-        let start_rss = status_bytes("VmRSS:")?;
         std::fs::write("/proc/self/clear_refs", "5").ok()?;
+        let start_rss = status_bytes("VmRSS:")?;
         Some(Self { start_rss })
     }
 
