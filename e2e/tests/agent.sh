@@ -35,7 +35,7 @@ die() { show_logs 2>&3; echo "FAIL: $*" >&3; exit 1; }
 # A private copy: another build may replace target/*/kiln-agent while the test runs.
 cp "$(bin kiln-agent)" "$WORK/kiln-agent"
 AGENT=$WORK/kiln-agent
-"$AGENT" run --help | grep -q -- --node-name || fail "$AGENT has no 'run' subcommand; rebuild"
+"$AGENT" run --help | grep -c -- --node-name >/dev/null || fail "$AGENT has no 'run' subcommand; rebuild"
 
 echo "== a real artifact in a filesystem store, compiled here by kiln-agent local"
 mkdir -p "$WORK/sources" "$WORK/store" "$WORK/cache"

@@ -40,7 +40,7 @@ out=$(t --set store.url=/s --set attestation.existingSecret= 2>&1) && fail "rend
 out=$(t --set store.url=/s --set backends.onnxruntime=1.31.1 2>&1) && fail "rendered an onnxruntime backend without its library digest"
 grep -q "VERSION@sha256" <<<"$out" || fail "backends.onnxruntime refusal: $out"
 ident="1.31.1@sha256:$(printf '%064d' 0)"
-t --set store.url=/s --set backends.onnxruntime="$ident" | grep -qF "KILN_BACKEND_VERSIONS, value: \"tract=0.23.9,onnxruntime=$ident\"" ||
+t --set store.url=/s --set backends.onnxruntime="$ident" | grep -cF "KILN_BACKEND_VERSIONS, value: \"tract=0.23.9,onnxruntime=$ident\"" >/dev/null ||
   fail "backends.onnxruntime does not reach the operator's KILN_BACKEND_VERSIONS"
 
 python3 - "$REPO" "$WORK" <<'PY'

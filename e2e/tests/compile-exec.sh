@@ -70,7 +70,7 @@ pod=$(kubectl -n "$NS" get pods -l "job-name=$(jq -r .metadata.name <<<"$job")" 
 pod_name=$(jq -r .metadata.name <<<"$pod")
 kubectl -n "$NS" logs "$pod_name" -c kiln-tools | jq -e '.libraries | index("libc.so.6")' >/dev/null ||
   die "init container did not install libc: $(kubectl -n "$NS" logs "$pod_name" -c kiln-tools)"
-kubectl -n "$NS" logs "$pod_name" -c compiler | grep -q 'in busybox' ||
+kubectl -n "$NS" logs "$pod_name" -c compiler | grep -c 'in busybox' >/dev/null ||
   die "compiler output missing from the Job log"
 att=$WORK/store/artifacts/$KEY/attestation-$(jq -r '.status.classes[0].manifestDigest' <<<"$status" | cut -d: -f2).json
 jq -e --arg c "$COMPILER" '.payload | @base64d | fromjson | .predicate.buildDefinition.resolvedDependencies

@@ -25,5 +25,5 @@ kubectl -n "$TEST_NS" wait job/twice --for=condition=Complete --timeout=120s ||
   { dump "$TEST_NS"; fail "job did not complete"; }
 succeeded=$(kubectl -n "$TEST_NS" get job twice -o jsonpath='{.status.succeeded}')
 [[ $succeeded == 2 ]] || fail "succeeded=$succeeded, want 2"
-kubectl -n "$TEST_NS" logs job/twice | grep -qx job-done || fail "job logs lack job-done"
+kubectl -n "$TEST_NS" logs job/twice | grep -cx job-done >/dev/null || fail "job logs lack job-done"
 echo "job complete, $succeeded pods succeeded"

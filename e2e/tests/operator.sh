@@ -16,7 +16,7 @@ kubectl -n "$NS" run operator-image --image=kiln-e2e/operator:test --image-pull-
   --restart=Never --command -- /bin/kiln-operator --version >/dev/null
 kubectl -n "$NS" wait --for=jsonpath='{.status.phase}'=Succeeded pod/operator-image --timeout=60s >/dev/null ||
   fail "operator image did not run: $(kubectl -n "$NS" describe pod operator-image | tail -20)"
-kubectl -n "$NS" logs operator-image | grep -q '^kiln-operator ' || fail "operator image printed no version"
+kubectl -n "$NS" logs operator-image | grep -c '^kiln-operator ' >/dev/null || fail "operator image printed no version"
 echo "operator image built by build-image runs in the cluster: $(kubectl -n "$NS" logs operator-image)"
 
 # Two fake GPU nodes (they run nothing; their Jobs stay pending, hence --max-concurrent-compiles

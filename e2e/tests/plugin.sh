@@ -21,9 +21,9 @@ teardown() { [[ -z ${WATCH_PID:-} ]] || kill "$WATCH_PID" 2>/dev/null; }
 mkdir -p "$WORK/bin"
 cp "$(bin kubectl-kiln)" "$WORK/bin/kubectl-kiln"
 export PATH=$WORK/bin:$PATH
-kubectl plugin list 2>/dev/null | grep -q "$WORK/bin/kubectl-kiln" || die "kubectl does not list the plugin"
+kubectl plugin list 2>/dev/null | grep -c "$WORK/bin/kubectl-kiln" >/dev/null || die "kubectl does not list the plugin"
 for sub in status history rollback unpin why; do
-  kubectl kiln "$sub" --help | grep -q -- '--namespace' || die "kubectl kiln $sub --help"
+  kubectl kiln "$sub" --help | grep -c -- '--namespace' >/dev/null || die "kubectl kiln $sub --help"
 done
 
 kiln_images "$WORK"
@@ -59,7 +59,7 @@ json=$(kubectl kiln -n "$NS" status "$TARGET" -o json)
 jq -e --arg n "$REAL" '.ready and .revision == 2 and (.nodes | length) == 1 and .nodes[0].node == $n and
   .nodes[0].phase == "Ready" and .nodes[0].loadSeconds > 0 and (.classes | length) == 1 and
   .classes[0].readyNodes == 1' <<<"$json" >/dev/null || die "status -o json: $json"
-kubectl kiln -n "$NS" status "$TARGET" -o yaml | grep -q '^ready: true' || die "status -o yaml"
+kubectl kiln -n "$NS" status "$TARGET" -o yaml | grep -c '^ready: true' >/dev/null || die "status -o yaml"
 # The kubeconfig flag and the context's namespace as kubectl users expect.
 cp "$KUBECONFIG" "$WORK/kubeconfig"
 KUBECONFIG=/nonexistent kubectl kiln --kubeconfig "$WORK/kubeconfig" -n "$NS" status "$TARGET" >/dev/null ||
