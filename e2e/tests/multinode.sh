@@ -181,7 +181,7 @@ t0=$(now)
 kubectl delete node "$B" --wait=true >/dev/null || die "delete node $B"
 wait_for "KilnNode $B garbage-collected" 120 bash -c "! kubectl get kilnnode $B >/dev/null 2>&1"
 echo "   node deleted -> KilnNode garbage-collected: $(since "$t0") s"
-wait_for "the target counts one class" 60 ctq --arg c "$CA" \
+wait_for "the target counts one class" 180 ctq --arg c "$CA" \
   '.status.classCount == 1 and [.status.classes[].class] == [$c] and (.status.conditions[] | select(.type == "Ready") | .status == "True")'
 echo "   node deleted -> target Ready on one class: $(since "$t0") s"
 rowq "$A" '.phase == "Ready"' || die "$A stopped serving: $(row "$A")"
