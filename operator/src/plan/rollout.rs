@@ -195,20 +195,16 @@ pub fn auto_rollback(
         rows.iter()
             .any(|r| r.revision == n || r.desired_revision == Some(n))
     };
-    let reports: BTreeMap<String, NodeReport> = classes
-        .iter()
-        .flat_map(|k| {
-            k.class
-                .nodes
-                .iter()
-                .map(move |node| (node, k.class.id.as_str()))
-        })
-        .filter_map(|(node, class)| {
-            let rows = &inputs.nodes.iter().find(|v| &v.name == node)?.targets;
-            about_newest(rows)
-                .then(|| (node.clone(), readiness::report(rows, Some(n), Some(class))))
-        })
-        .collect();
+    // The same reports the rollout reads, kept only for nodes whose rows are about the newest
+    // revision (a failure of an older one is no verdict on it).
+    let mut reports = node_reports(inputs, Some(classes), Some(n));
+    reports.retain(|node, _| {
+        inputs
+            .nodes
+            .iter()
+            .find(|v| &v.name == node)
+            .is_some_and(|v| about_newest(&v.targets))
+    });
     classes.iter().find_map(|k| {
         let a = readiness::aggregate(&k.class, &reports);
         (a.failed > 0).then(|| AutoRollback {
