@@ -9,7 +9,9 @@
 #
 #   scripts/ensure-onnxruntime.sh            # prints .../libonnxruntime.so.1.31.1
 #   scripts/ensure-onnxruntime.sh --old      # prints an older release (1.20.1), for the test
-#                                            # that an agent refuses a wrong-version library
+#                                            # that an agent refuses a library too old for its API
+#   scripts/ensure-onnxruntime.sh --newer    # prints a newer release (1.32.0), for the test
+#                                            # that an agent accepts a later, compatible library
 set -euo pipefail
 
 version=1.31.1
@@ -19,6 +21,10 @@ if [[ ${1:-} == --old ]]; then
   version=1.20.1
   wheel_sha256=5eec64c0269dcdb8d9a9a53dc4d64f87b9e0c19801d9321246a53b7eb5a7d1bc
   lib_sha256=
+elif [[ ${1:-} == --newer ]]; then
+  version=1.32.0
+  wheel_sha256=5a34fc4dfeb5a7b4a74c95dcba1e773d722abda720b474edf1b0c419dc6d163d
+  lib_sha256=6c1585d1bbf45b0712ea4a21b705c5fcb4ba04ff2e30f1fbf81a49faf658638f
 fi
 
 if [[ $(uname -m) != x86_64 ]]; then

@@ -31,12 +31,19 @@ use crate::reason::FailureReason;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.precision in ['fp32', 'tf32']").message("no kiln backend compiles precision fp16, bf16 or int8 yet (tract: fp32; onnxruntime and auto: fp32, and tf32 on the CUDA provider); set precision: fp32, or tf32 to allow TensorFloat-32 matrix products on NVIDIA GPUs"))]
+#[x_kube(validation = Rule::new("self.precision != 'tf32' || self.backend.kind in ['onnxruntime', 'auto']").message("precision tf32 is for kind onnxruntime or auto (ONNX Runtime's CUDA provider); tract and exec compute exact fp32: set precision: fp32"))]
 pub struct CompiledTargetSpec {
     /// The ModelArtifact to compile.
     pub model_ref: ModelRef,
     /// Which engine backend compiles and runs the model.
     pub backend: Backend,
-    /// Numeric precision of the compiled engine.
+    /// Numeric precision of the compiled engine: `fp32` (the default) computes in exact IEEE
+    /// fp32 on every provider (TensorFloat-32 is switched off on NVIDIA GPUs); `tf32` keeps fp32
+    /// inputs and outputs but lets matrix products and convolutions use TensorFloat-32 where
+    /// the provider has it (ONNX Runtime's CUDA provider on Ampere and later), exact fp32
+    /// elsewhere. `fp16`, `bf16` and `int8` are refused at admission: no kiln backend compiles
+    /// them yet.
     #[serde(default)]
     pub precision: Precision,
     /// Concrete values for the model's symbolic dims; one artifact per profile set and class.
@@ -81,10 +88,14 @@ pub struct ModelRef {
 #[x_kube(validation = Rule::new("self.kind != 'exec' || (has(self.image) && has(self.command) && size(self.command) > 0)").message("backend kind exec needs backend.image (the compiler image) and backend.command (what to run in it)"))]
 #[x_kube(validation = Rule::new("self.kind == 'exec' || (!has(self.image) && !has(self.command))").message("backend.image and backend.command are for kind exec; drop them or set kind: exec"))]
 #[x_kube(validation = Rule::new("!has(self.image) || self.image.matches('^[^@]+@sha256:[0-9a-f]{64}$')").message("pin backend.image by digest (name@sha256:<64 hex>): the compile key must name the exact compiler"))]
-#[x_kube(validation = Rule::new("!has(self.optimizationLevel) || self.kind == 'onnxruntime'").message("backend.optimizationLevel is for kind onnxruntime; drop it or set kind: onnxruntime"))]
+#[x_kube(validation = Rule::new("!has(self.optimizationLevel) || self.kind in ['onnxruntime', 'auto']").message("backend.optimizationLevel is for kind onnxruntime or auto; drop it or set kind: onnxruntime"))]
 #[x_kube(validation = Rule::new("!has(self.executionProvider) || self.executionProvider == 'cpu' || self.kind == 'onnxruntime'").message("backend.executionProvider cuda and tensorrt need kind onnxruntime; tract and exec run on the CPU"))]
+#[x_kube(validation = Rule::new("self.kind != 'auto' || (!has(self.executionProvider) && !has(self.version))").message("kind auto chooses the engine and its provider per class by measurement; drop backend.executionProvider and backend.version, or name one kind"))]
+#[x_kube(validation = Rule::new("!has(self.cuda) || self.kind in ['onnxruntime', 'auto']").message("backend.cuda configures ONNX Runtime's CUDA provider; it is for kind onnxruntime or auto"))]
 pub struct Backend {
-    /// `tract` (built in), `onnxruntime`, `tensorrt`, or `exec` (any compiler image).
+    /// `tract` (built in), `onnxruntime`, `auto` (every engine the class can run is built,
+    /// checked and measured on the class's hardware, and the fastest that passes is kept),
+    /// `tensorrt`, or `exec` (any compiler image).
     pub kind: BackendKind,
     /// Backend version to require; empty takes the agent's built-in version. For `exec` this is
     /// the version of the runtime that loads the result (tract).
@@ -121,6 +132,72 @@ pub struct Backend {
     /// at compile and on every node; absent means `Allowed`. Part of the compile key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_fallback: Option<CpuFallback>,
+    /// Kind `onnxruntime` or `auto`: settings of ONNX Runtime's CUDA provider that decide
+    /// latency, on classes whose engine runs on it. Part of the compile key there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda: Option<CudaSettings>,
+}
+
+/// Settings of ONNX Runtime's CUDA execution provider.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct CudaSettings {
+    /// How cuDNN picks a convolution algorithm: `Exhaustive` (the default: every algorithm is
+    /// timed on the first run of each shape — slow once, which warmup absorbs before Ready —
+    /// then the fastest is used), `Heuristic` (cuDNN's guess, no search), or `Default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conv_algo_search: Option<ConvAlgoSearch>,
+    /// How the device memory arena grows: `NextPowerOfTwo` (the default) or `SameAsRequested`
+    /// (no slack: less device memory, more allocations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arena_extend_strategy: Option<ArenaExtendStrategy>,
+}
+
+/// cuDNN convolution algorithm search.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq,
+)]
+pub enum ConvAlgoSearch {
+    /// Time every algorithm on the first run of a shape; keep the fastest.
+    #[default]
+    Exhaustive,
+    /// cuDNN's heuristic choice.
+    Heuristic,
+    /// cuDNN's default algorithm.
+    Default,
+}
+
+impl ConvAlgoSearch {
+    /// The name in specs and manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Exhaustive => "Exhaustive",
+            Self::Heuristic => "Heuristic",
+            Self::Default => "Default",
+        }
+    }
+}
+
+/// Growth of ONNX Runtime's device memory arena.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq,
+)]
+pub enum ArenaExtendStrategy {
+    /// Grow to the next power of two.
+    #[default]
+    NextPowerOfTwo,
+    /// Grow by exactly what is asked.
+    SameAsRequested,
+}
+
+impl ArenaExtendStrategy {
+    /// The name in specs and manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NextPowerOfTwo => "NextPowerOfTwo",
+            Self::SameAsRequested => "SameAsRequested",
+        }
+    }
 }
 
 impl Backend {
@@ -135,6 +212,7 @@ impl Backend {
             execution_provider: None,
             optimization_level: None,
             cpu_fallback: None,
+            cuda: None,
         }
     }
 
@@ -160,8 +238,18 @@ impl Backend {
     /// setting with its default filled in (the provider resolved for the class), so that
     /// spelling out a default gives the same key.
     pub fn options(&self, class: &crate::class::ClassFacts) -> BTreeMap<String, String> {
+        if self.kind == BackendKind::Auto {
+            return self.auto_options(class);
+        }
         let ort = self.kind == BackendKind::Onnxruntime;
         let mut options = BTreeMap::new();
+        if ort && self.provider_for(class) == ExecutionProvider::Cuda {
+            let cuda = self.cuda.clone().unwrap_or_default();
+            let search = cuda.conv_algo_search.unwrap_or_default();
+            let arena = cuda.arena_extend_strategy.unwrap_or_default();
+            options.insert("cuda.convAlgoSearch".into(), search.as_str().into());
+            options.insert("cuda.arenaExtendStrategy".into(), arena.as_str().into());
+        }
         if ort || self.execution_provider.is_some() {
             let provider = self.provider_for(class);
             options.insert("executionProvider".into(), provider.as_str().into());
@@ -176,6 +264,65 @@ impl Backend {
         }
         options
     }
+
+    /// Kind `auto`: the engines a class's compile builds and measures, in the order that
+    /// breaks ties (the first passing one is kept unless a later one is clearly faster): tract,
+    /// then ONNX Runtime on the CPU, then, on a class with an NVIDIA GPU, ONNX Runtime's CUDA
+    /// provider. Each carries the target's ONNX Runtime settings; empty for other kinds.
+    pub fn candidates(&self, class: &crate::class::ClassFacts) -> Vec<Backend> {
+        if self.kind != BackendKind::Auto {
+            return Vec::new();
+        }
+        let ort = |provider| Backend {
+            execution_provider: Some(provider),
+            optimization_level: self.optimization_level,
+            cpu_fallback: self.cpu_fallback.clone(),
+            cuda: self.cuda.clone(),
+            ..Backend::of(BackendKind::Onnxruntime)
+        };
+        let mut candidates = vec![Backend::of(BackendKind::Tract), ort(ExecutionProvider::Cpu)];
+        if Backend::of(BackendKind::Onnxruntime).provider_for(class) == ExecutionProvider::Cuda {
+            candidates.push(ort(ExecutionProvider::Cuda));
+        }
+        candidates
+    }
+
+    /// A candidate's name in manifests, status and metric labels: `tract`, `onnxruntime/cpu`,
+    /// `onnxruntime/cuda`.
+    pub fn engine_name(&self) -> String {
+        match (self.kind, self.execution_provider) {
+            (BackendKind::Onnxruntime, provider) => {
+                format!("onnxruntime/{}", provider.unwrap_or_default().as_str())
+            }
+            (kind, _) => kind.as_str().to_string(),
+        }
+    }
+
+    /// Kind `auto`'s compile-key options: the candidates, and every candidate's options.
+    fn auto_options(&self, class: &crate::class::ClassFacts) -> BTreeMap<String, String> {
+        let candidates = self.candidates(class);
+        let names: Vec<String> = candidates.iter().map(Backend::engine_name).collect();
+        let mut options = BTreeMap::from([("candidates".to_string(), names.join(","))]);
+        for c in &candidates {
+            for (k, v) in c.options(class) {
+                options.insert(format!("{}.{k}", c.engine_name()), v);
+            }
+        }
+        options
+    }
+}
+
+/// What kind `auto` names as its backend version in the compile key: every runtime the
+/// compile workers carry (`onnxruntime=1.31.1@sha256:…,tract=0.23.9`), in name order, so a
+/// new runtime or library is a new key. Computed alike by the operator (from
+/// `--backend-version`) and the worker (from what it loaded).
+pub fn auto_identity<'a>(runtimes: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let sorted: BTreeMap<&str, &str> = runtimes
+        .into_iter()
+        .filter(|(name, _)| *name != BackendKind::Auto.as_str())
+        .collect();
+    let parts: Vec<String> = sorted.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    parts.join(",")
 }
 
 /// An execution provider: the device and library that runs an engine's nodes.
@@ -289,6 +436,8 @@ pub enum BackendKind {
     Tract,
     /// ONNX Runtime with an execution provider.
     Onnxruntime,
+    /// Every engine the class can run, built, checked and measured; the fastest that passes.
+    Auto,
     /// TensorRT engine built with NVIDIA's tools.
     Tensorrt,
     /// Any compiler image driven through kiln-agent.
@@ -301,16 +450,18 @@ impl BackendKind {
         match self {
             Self::Tract => "tract",
             Self::Onnxruntime => "onnxruntime",
+            Self::Auto => "auto",
             Self::Tensorrt => "tensorrt",
             Self::Exec => "exec",
         }
     }
 
     /// The runtime that loads this backend's artifacts on a node: a foreign (`exec`) compiler
-    /// emits ONNX that kiln builds and serves with tract.
+    /// emits ONNX that kiln builds and serves with tract; `auto` needs at least tract, the one
+    /// runtime every worker carries.
     pub fn runtime(self) -> Self {
         match self {
-            Self::Exec => Self::Tract,
+            Self::Exec | Self::Auto => Self::Tract,
             other => other,
         }
     }
@@ -322,9 +473,11 @@ impl BackendKind {
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
-    /// 32-bit float.
+    /// 32-bit float, exact: TensorFloat-32 off on every provider.
     #[default]
     Fp32,
+    /// fp32 inputs and outputs; matrix products may use TensorFloat-32 where the provider has it.
+    Tf32,
     /// 16-bit float.
     Fp16,
     /// bfloat16.
@@ -338,6 +491,7 @@ impl Precision {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Fp32 => "fp32",
+            Self::Tf32 => "tf32",
             Self::Fp16 => "fp16",
             Self::Bf16 => "bf16",
             Self::Int8 => "int8",
@@ -652,6 +806,14 @@ pub struct ClassStatus {
     /// manifest), and how much fell back to the CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<crate::placement::Placement>,
+    /// The engine the class's artifact runs on (`tract`, `onnxruntime/cpu`,
+    /// `onnxruntime/cuda`), from the build manifest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    /// `backend.kind: auto`: why the compile kept that engine, with every candidate's figures
+    /// or reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_reason: Option<String>,
     /// Nodes whose agent reports the current revision ready (verified, loaded, warmed).
     #[serde(default)]
     pub ready_nodes: i32,

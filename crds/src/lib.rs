@@ -9,6 +9,7 @@ pub mod class;
 pub mod compile_key;
 pub mod compiled_target;
 pub mod conditions;
+pub mod engine;
 pub mod exposition;
 pub mod inject;
 pub mod kiln_node;

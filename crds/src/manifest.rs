@@ -67,6 +67,20 @@ pub struct BuildManifest {
     /// Which provider ran which nodes in the compile's parity run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
+    /// `backend.kind: auto`: every engine candidate the compile tried and which one it kept
+    /// (`backend` and `backendOptions` above are the kept one's, which is what a node loads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selection: Option<crate::engine::EngineSelection>,
+}
+
+impl BuildManifest {
+    /// The engine the artifact runs on: `tract`, or `onnxruntime/<provider>`.
+    pub fn engine(&self) -> String {
+        match self.backend_options.get("executionProvider") {
+            Some(provider) if self.backend == "onnxruntime" => format!("onnxruntime/{provider}"),
+            _ => self.backend.clone(),
+        }
+    }
 }
 
 /// The machine an artifact is bound to.

@@ -31,6 +31,7 @@ pub fn status(s: &Status) -> String {
             vec![
                 c.class.clone(),
                 c.phase.to_string(),
+                or_dash(c.engine.as_deref()),
                 format!("{}/{}", c.ready_nodes, c.nodes),
                 c.failed_nodes.to_string(),
                 or_dash(c.reason.map(|r| r.as_str())),
@@ -39,9 +40,17 @@ pub fn status(s: &Status) -> String {
         })
         .collect();
     out.push_str(&table(
-        &["CLASS", "PHASE", "READY", "FAILED", "REASON", "MESSAGE"],
+        &[
+            "CLASS", "PHASE", "ENGINE", "READY", "FAILED", "REASON", "MESSAGE",
+        ],
         &classes,
     ));
+    // Why `auto` kept each class's engine, in full (too long for a column).
+    for c in &s.classes {
+        if let Some(why) = &c.engine_reason {
+            out.push_str(&format!("{}: {why}\n", c.class));
+        }
+    }
     out.push('\n');
     let nodes: Vec<Vec<String>> = s
         .nodes

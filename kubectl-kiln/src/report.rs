@@ -53,6 +53,10 @@ pub struct ClassRow {
     pub reason: Option<FailureReason>,
     /// Message.
     pub message: Option<String>,
+    /// The engine the class's artifact runs on.
+    pub engine: Option<String>,
+    /// `backend.kind: auto`: why the compile kept it.
+    pub engine_reason: Option<String>,
 }
 
 /// One node's row for the target.
@@ -161,6 +165,8 @@ pub fn status(target: &CompiledTarget, nodes: &[KilnNode]) -> Status {
                 failed_nodes: c.failed_nodes,
                 reason: c.reason,
                 message: c.message.clone(),
+                engine: c.engine.clone(),
+                engine_reason: c.engine_reason.clone(),
             })
             .collect(),
         nodes: rows(target, nodes)
@@ -546,7 +552,7 @@ status:
     - {type: Ready, status: "False", reason: NodesFailed, message: "1 of 2 nodes failed revision 3", observedGeneration: 4, lastTransitionTime: "2026-11-23T12:00:00Z"}
     - {type: Degraded, status: "True", reason: Fallback, message: "node b serves revision 2", observedGeneration: 4, lastTransitionTime: "2026-11-23T12:00:00Z"}
   classes:
-    - {class: cpu, nodes: 2, phase: Failing, readyNodes: 1, failedNodes: 1, failingNodes: [b], reason: ParityExceeded, message: "output y off by 0.5"}
+    - {class: cpu, nodes: 2, phase: Failing, readyNodes: 1, failedNodes: 1, failingNodes: [b], reason: ParityExceeded, message: "output y off by 0.5", engine: onnxruntime/cpu, engineReason: "onnxruntime/cpu kept: p50 6.100 ms; tract p50 16.000 ms (2.62x)"}
   revisions:
     - {number: 1, generation: 1, knownGood: true, createdAt: "2026-11-20T10:00:00Z", artifacts: [{class: cpu, compileKey: k1, digest: d1}]}
     - {number: 2, generation: 2, knownGood: true, artifacts: [{class: cpu, compileKey: k2, digest: d2}]}
@@ -592,6 +598,13 @@ status:
         );
         assert_eq!(s.nodes[1].fallback, Some(FallbackPolicy::PreviousKnownGood));
         assert_eq!(s.classes[0].phase, ClassPhase::Failing);
+        assert_eq!(s.classes[0].engine.as_deref(), Some("onnxruntime/cpu"));
+        let shown = crate::render::status(&s);
+        assert!(
+            shown.contains("onnxruntime/cpu")
+                && shown.contains("cpu: onnxruntime/cpu kept: p50 6.100 ms"),
+            "{shown}"
+        );
     }
 
     #[test]

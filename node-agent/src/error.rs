@@ -59,6 +59,13 @@ pub enum Error {
     /// The store could not be used.
     #[error("store {location} unavailable: {message}")]
     StoreUnavailable { location: String, message: String },
+    /// `backend.kind: auto`: no engine candidate passed; the reason is the one most candidates
+    /// failed with, the message names every candidate's.
+    #[error("no engine candidate passed: {message}")]
+    NoCandidate {
+        reason: FailureReason,
+        message: String,
+    },
 }
 
 impl Error {
@@ -80,6 +87,7 @@ impl Error {
             Self::MemoryBudgetExceeded(_) => FailureReason::MemoryBudgetExceeded,
             Self::Timeout(_) => FailureReason::Timeout,
             Self::StoreUnavailable { .. } => FailureReason::StoreUnavailable,
+            Self::NoCandidate { reason, .. } => *reason,
         }
     }
 

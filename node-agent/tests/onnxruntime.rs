@@ -15,14 +15,30 @@ use common::{AGENT, Run, data, metric, run_local_env};
 use kiln_store::staged::{sha256_bytes, sha256_file};
 use serde_json::{Value, json};
 
-/// The ONNX Runtime library (`--old`: the 1.20.1 release, for the wrong-version test), fetched
-/// once by the project's script.
-fn library(old: bool) -> PathBuf {
+/// Which ONNX Runtime release a test loads.
+#[derive(Clone, Copy)]
+enum Release {
+    /// 1.31.1, the one kiln-agent's binding is built against.
+    Pinned,
+    /// 1.20.1, too old to serve the binding's C API version.
+    Old,
+    /// 1.32.0, a later release serving the same C API.
+    Newer,
+}
+
+/// The ONNX Runtime library of `release`, fetched once by the project's script.
+fn library(release: Release) -> PathBuf {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure-onnxruntime.sh");
     let mut cmd = Command::new("bash");
     cmd.arg(&script);
-    if old {
-        cmd.arg("--old");
+    match release {
+        Release::Pinned => {}
+        Release::Old => {
+            cmd.arg("--old");
+        }
+        Release::Newer => {
+            cmd.arg("--newer");
+        }
     }
     let out = cmd.output().expect("run ensure-onnxruntime.sh");
     assert!(
@@ -65,7 +81,7 @@ impl Model {
         let (sha, size) = sha256_file(&model).expect("hash");
         let fixture = dir.path().join("fixture.safetensors");
         let out = Command::new(AGENT)
-            .env("ORT_DYLIB_PATH", library(false))
+            .env("ORT_DYLIB_PATH", library(Release::Pinned))
             .args([
                 "fixtures",
                 "--reference",
@@ -159,7 +175,7 @@ spec:
     }
 
     fn run_ort(&self) -> Run {
-        self.run(&[("ORT_DYLIB_PATH", &library(false))])
+        self.run(&[("ORT_DYLIB_PATH", &library(Release::Pinned))])
     }
 
     /// The stored build manifest of the outcome's compile key.
@@ -234,7 +250,7 @@ fn the_example_runs_on_onnxruntime_with_partition_evidence_everywhere() {
     );
     // The build manifest names the library's bytes, the settings and the compile's placement.
     let manifest = m.manifest(&run);
-    let (lib_sha, _) = sha256_file(&library(false)).expect("hash library");
+    let (lib_sha, _) = sha256_file(&library(Release::Pinned)).expect("hash library");
     assert_eq!(manifest["backend"], "onnxruntime");
     assert_eq!(manifest["backendVersion"], "1.31.1");
     assert_eq!(manifest["runtimeDigest"], json!(lib_sha));
@@ -311,6 +327,24 @@ fn the_settings_and_the_library_are_in_the_compile_key() {
     assert_eq!(keys[0], keys[1], "spelled-out defaults are the same key");
     let distinct: std::collections::BTreeSet<_> = keys[1..].iter().collect();
     assert_eq!(distinct.len(), 4, "every setting changes the key: {keys:?}");
+}
+
+#[test]
+fn a_later_release_serving_the_api_is_accepted_and_keyed_by_its_bytes() {
+    // ONNX Runtime's C API is backward compatible: 1.32.0 serves API 31 and runs the example.
+    let m = squeezenet("{kind: onnxruntime}");
+    let newer = m.run(&[("ORT_DYLIB_PATH", &library(Release::Newer))]);
+    assert!(newer.success, "{}\n{}", newer.message(), newer.stderr);
+    let manifest = m.manifest(&newer);
+    assert_eq!(manifest["backendVersion"], "1.32.0");
+    let (lib_sha, _) = sha256_file(&library(Release::Newer)).expect("hash library");
+    assert_eq!(manifest["runtimeDigest"], json!(lib_sha));
+    // The version and the bytes stay in the compile key: the pinned release is another key, and
+    // neither library's artifact is reused by the other.
+    let pinned = m.run_ort();
+    assert!(pinned.success, "{}", pinned.message());
+    assert_ne!(pinned.outcome["compileKey"], newer.outcome["compileKey"]);
+    assert_eq!(pinned.outcome["cacheHit"], false);
 }
 
 /// The models tract cannot compile, with their interfaces.
@@ -462,10 +496,11 @@ fn a_missing_wrong_or_foreign_library_is_incompatible_runtime_saying_what_to_ins
         "IncompatibleRuntime",
         &["cannot load ONNX Runtime", "ensure-onnxruntime.sh"],
     );
-    // A real ONNX Runtime of another release: refused, never a silent switch to tract.
-    run_with(&[("ORT_DYLIB_PATH", &library(true))]).fails_with(
+    // A real ONNX Runtime too old for the binding's C API: refused naming the minimum, never a
+    // silent switch to tract.
+    run_with(&[("ORT_DYLIB_PATH", &library(Release::Old))]).fails_with(
         "IncompatibleRuntime",
-        &["1.20.1", "1.31", "ensure-onnxruntime.sh"],
+        &["1.20.1", ">= '1.31.x'", "ensure-onnxruntime.sh"],
     );
     assert!(
         !m.path("store").join("artifacts").exists()
@@ -540,7 +575,10 @@ fn onnx_runtime_telemetry_is_switched_off_before_the_library_loads() {
         &m.path("kiln.yaml"),
         &m.path("store"),
         &m.path("metrics.prom"),
-        &[("ORT_DYLIB_PATH", &library(false)), ("TMPDIR", &tmp)],
+        &[
+            ("ORT_DYLIB_PATH", &library(Release::Pinned)),
+            ("TMPDIR", &tmp),
+        ],
     );
     assert!(run.success, "{}", run.message());
     let left: Vec<_> = std::fs::read_dir(&tmp)

@@ -229,9 +229,14 @@ async fn stored(ctx: &Context, keys: Vec<String>) -> Result<BTreeMap<String, Sto
                 ctx.metrics.untrusted_entry();
                 continue;
             }
+            let engine = Some((
+                entry.manifest.engine(),
+                entry.manifest.selection.as_ref().map(|s| s.reason.clone()),
+            ));
             let entry = Stored {
                 digest: entry.manifest.artifact_digest,
                 manifest_digest: entry.manifest_digest,
+                engine,
                 placement: entry.manifest.placement,
             };
             stored.insert(key, entry);

@@ -141,6 +141,7 @@ impl World {
                     digest: format!("d{i}"),
                     manifest_digest: format!("sha256:m{i}"),
                     placement: None,
+                    engine: None,
                 },
             );
         }
@@ -310,6 +311,7 @@ fn a_stored_key_is_reused_without_a_job_and_all_stored_makes_a_revision() {
             digest: "d0".into(),
             manifest_digest: "sha256:m0".into(),
             placement: Some(kiln_crds::placement::Placement::single("tract", 66)),
+            engine: Some(("tract".into(), Some("tract kept: p50 1.000 ms".into()))),
         },
     );
     let p = w.plan(0);
@@ -330,6 +332,11 @@ fn a_stored_key_is_reused_without_a_job_and_all_stored_makes_a_revision() {
         ("Compiled", Some("d0"), None)
     );
     assert_eq!(row.manifest_digest.as_deref(), Some("sha256:m0"));
+    // The engine and why it was kept reach the class row.
+    assert_eq!(
+        (row.engine.as_deref(), row.engine_reason.as_deref()),
+        (Some("tract"), Some("tract kept: p50 1.000 ms"))
+    );
     // The build manifest's partition evidence reaches the class row.
     let placement = row.placement.as_ref().expect("placement from the manifest");
     assert_eq!((placement.total(), placement.partitions), (66, 1));
@@ -346,6 +353,7 @@ fn a_stored_key_is_reused_without_a_job_and_all_stored_makes_a_revision() {
                 digest: format!("d{i}"),
                 manifest_digest: format!("sha256:m{i}"),
                 placement: None,
+                engine: None,
             },
         );
     }

@@ -12,9 +12,11 @@ use crate::error::{Error, Result};
 use crate::pipeline::tensor::HostTensor;
 
 pub mod archive;
+pub mod auto;
 pub mod exec;
 pub mod guard;
 pub mod onnxruntime;
+pub mod select;
 pub mod tract;
 
 /// Input name → concrete shape.
@@ -95,6 +97,68 @@ pub trait Engine: Send + Sync {
     }
 }
 
+/// What compiles a target's class: one backend, or for kind `auto` every candidate.
+pub enum Builder {
+    /// One backend.
+    One(Box<dyn Backend>),
+    /// `auto`: the candidates, measured at compile.
+    Auto(auto::Auto),
+}
+
+impl Builder {
+    /// The name in metrics and logs (`auto` for kind auto).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::One(b) => b.name(),
+            Self::Auto(_) => "auto",
+        }
+    }
+
+    /// What the compile key names as the backend version.
+    pub fn identity(&self) -> String {
+        match self {
+            Self::One(b) => b.identity(),
+            Self::Auto(a) => a.identity(),
+        }
+    }
+
+    /// The version for messages.
+    pub fn version(&self) -> String {
+        match self {
+            Self::One(b) => b.version(),
+            Self::Auto(a) => a.identity(),
+        }
+    }
+
+    /// A backend that reads the graph's interface: the one, or the first candidate available.
+    pub fn reader(&self) -> Result<&dyn Backend> {
+        match self {
+            Self::One(b) => Ok(b.as_ref()),
+            Self::Auto(a) => a
+                .candidates
+                .iter()
+                .find_map(|c| c.backend.as_ref().ok())
+                .map(|b| b.as_ref())
+                .ok_or_else(|| {
+                    Error::IncompatibleRuntime("no engine candidate is available here".into())
+                }),
+        }
+    }
+}
+
+/// What compiles `spec` for `class`: the backend it names, or for kind `auto` the candidates
+/// of that class. `handoff` as in [`for_target_with`].
+pub fn builder_for(
+    spec: &kiln_crds::compiled_target::Backend,
+    class: &kiln_crds::class::ClassFacts,
+    handoff: Option<&std::path::Path>,
+) -> Result<Builder> {
+    if spec.kind == BackendKind::Auto {
+        return Ok(Builder::Auto(auto::Auto::for_class(spec, class)));
+    }
+    for_target_with(spec, handoff).map(Builder::One)
+}
+
 /// The backend a target asks for, refusing a version other than the one this binary carries.
 pub fn for_target(spec: &kiln_crds::compiled_target::Backend) -> Result<Box<dyn Backend>> {
     for_target_with(spec, None)
@@ -129,9 +193,16 @@ pub fn for_artifact(
         let value = m.backend_options.get(name)?.clone();
         serde_json::from_value(serde_json::Value::String(value)).ok()
     }
+    // The provider and the optimisation are the artifact's; the CPU-fallback policy and the CUDA
+    // settings are the target's (an `auto` artifact was built with them; another backend's
+    // artifact is checked against them on load).
     let mut built = kiln_crds::compiled_target::Backend::of(kind);
     built.execution_provider = option(manifest, "executionProvider");
     built.optimization_level = option(manifest, "optimizationLevel");
+    if kind == BackendKind::Onnxruntime {
+        built.cpu_fallback.clone_from(&spec.cpu_fallback);
+        built.cuda.clone_from(&spec.cuda);
+    }
     for_target(&built)
 }
 
@@ -148,6 +219,11 @@ pub fn for_target_with(
             command: spec.command.clone(),
             handoff: handoff.map(std::path::Path::to_path_buf),
         }),
+        BackendKind::Auto => {
+            return Err(Error::InvalidSpec(
+                "backend kind auto names no single engine: each class's compile chooses one, and its artifact is loaded by the backend its build manifest names".into(),
+            ));
+        }
         other => {
             return Err(Error::InvalidSpec(format!(
                 "backend {} is not built into kiln-agent; use backend.kind: tract or onnxruntime, or kind: exec with a compiler image that writes ONNX",

@@ -61,7 +61,7 @@ pub enum Stage {
 /// What both stages start from: the objects, the backend, this node's facts, the checked key.
 struct Prepared {
     spec: Spec,
-    backend: Box<dyn crate::backend::Backend>,
+    backend: crate::backend::Builder,
     expected: ClassFacts,
     host: kiln_crds::kiln_node::HardwareFacts,
 }
@@ -73,15 +73,15 @@ fn prepare(job: &Job, handoff: Option<&std::path::Path>) -> Result<Prepared> {
         .map_err(|e| Error::InvalidSpec(format!("KILN_CLASS_FACTS: {e}")))?;
     let spec = Spec::from_objects(objects.model, objects.target, &job.source_base)?;
     let t = &spec.target.spec;
-    let backend = backend::for_target_with(&t.backend, handoff)?;
     let host = probe::probe(backend::runtimes());
     let probed = class_facts(
         t.class_label_keys.iter().map(String::as_str),
         &probe::labels(&host),
     );
     check_class(&expected, &probed)?;
+    let backend = backend::builder_for(&t.backend, &expected, handoff)?;
     // The class is what the operator grouped nodes by; the key must be the one it computed.
-    let key = key_for(&spec, backend.as_ref(), &expected);
+    let key = key_for(&spec, &backend, &expected);
     if key != job.compile_key {
         return Err(Error::IncompatibleRuntime(format!(
             "this worker computes compile key {key}, the operator expected {}; the agent image's backend ({} {}) differs from the operator's --backend-version",
@@ -168,7 +168,7 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<Built> {
     compile_or_reuse(
         &spec,
         &inputs,
-        backend.as_ref(),
+        &backend,
         &expected,
         &host,
         store.as_ref(),

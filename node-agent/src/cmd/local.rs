@@ -62,6 +62,13 @@ pub struct Outcome {
     pub placement: Option<kiln_crds::placement::Placement>,
     /// Resident memory the engine added at its peak in load and warmup.
     pub peak_memory_bytes: Option<u64>,
+    /// The engine that serves (`tract`, `onnxruntime/cpu`, `onnxruntime/cuda`).
+    pub engine: Option<String>,
+    /// `backend.kind: auto`: why the compile kept that engine.
+    pub engine_reason: Option<String>,
+    /// `backend.kind: auto`: every candidate the compile tried (empty otherwise, or when the
+    /// artifact was found in the store: then the stored manifest's are shown).
+    pub candidates: Vec<kiln_crds::engine::EngineCandidate>,
 }
 
 /// Runs the pipeline for the YAML at `file` with the store at `store_dir`.
@@ -111,14 +118,14 @@ async fn pipeline(
     };
     let spec = Spec::load(file)?;
     let t = &spec.target.spec;
-    let backend = backend::for_target(&t.backend)?;
     let host = probe::probe(backend::runtimes());
     let labels = probe::labels(&host);
     let class = class_facts(t.class_label_keys.iter().map(String::as_str), &labels);
     let id = class_id(&class);
     tracing::info!(class = %id, cpu = %host.cpu_level, gpus = host.accelerators.len(), "probed this machine");
+    let builder = backend::builder_for(&t.backend, &class, None)?;
     outcome.class = Some(id.clone());
-    outcome.compile_key = Some(key_for(&spec, backend.as_ref(), &class));
+    outcome.compile_key = Some(key_for(&spec, &builder, &class));
 
     let store = FsStore::open(store_dir)?;
     let fetcher = Fetcher::new(store.blobs(), metrics.clone(), fetch.clone())?;
@@ -128,14 +135,7 @@ async fn pipeline(
         entry,
         reused: cache_hit,
     } = compile_or_reuse(
-        &spec,
-        &inputs,
-        backend.as_ref(),
-        &class,
-        &host,
-        &store,
-        &publish,
-        metrics,
+        &spec, &inputs, &builder, &class, &host, &store, &publish, metrics,
     )
     .await?;
     let manifest = &entry.manifest;
@@ -146,6 +146,11 @@ async fn pipeline(
         manifest.compile_seconds
     };
     outcome.artifact_digest = Some(manifest.artifact_digest.clone());
+    if let Some(selection) = &manifest.selection {
+        outcome.engine = Some(selection.engine.clone());
+        outcome.engine_reason = Some(selection.reason.clone());
+        outcome.candidates.clone_from(&selection.candidates);
+    }
 
     // The same path a node takes: pull by digest into a cache, verified while it streams.
     let cached = store_dir.join("cache").join(&manifest.artifact_digest);
@@ -157,6 +162,9 @@ async fn pipeline(
         metrics,
     )
     .await?;
+    // Loaded by the backend the verified manifest names: for `auto`, the kept candidate's.
+    let backend = backend::for_artifact(&t.backend, &manifest)?;
+    outcome.engine = Some(manifest.engine());
     let ready = blocking(|| {
         load_warm(
             &manifest,

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use kiln_crds::FailureReason;
 use kiln_crds::class::ClassFacts;
+use kiln_crds::compiled_target::ExecutionProvider;
 use kiln_crds::kiln_node::HardwareFacts;
 use kiln_crds::manifest::MANIFEST_VERSION;
 use kiln_crds::model_artifact::ModelFormat;
@@ -18,7 +19,7 @@ use kiln_store::attest::{Trust, subject};
 use kiln_store::staged::sha256_file;
 use kiln_store::{Entry, Store};
 
-use crate::backend::{Backend, CompileRequest};
+use crate::backend::{Backend, Builder, CompileRequest};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::pipeline::fetch::{Fetcher, Wanted};
@@ -243,12 +244,17 @@ pub async fn fetch_fixture(spec: &Spec, fetcher: &Fetcher) -> Result<VerifiedFix
 }
 
 /// The compile key of `spec` for a class.
-pub fn key_for(spec: &Spec, backend: &dyn Backend, class: &ClassFacts) -> String {
+pub fn key_for(spec: &Spec, builder: &Builder, class: &ClassFacts) -> String {
+    key_with(spec, &builder.identity(), class)
+}
+
+/// The compile key of `spec` for a class, with the backend identity given.
+pub(crate) fn key_with(spec: &Spec, identity: &str, class: &ClassFacts) -> String {
     compile_key(&CompileKeyInput::for_target(
         &spec.model.spec,
         &spec.target.spec,
         class,
-        &backend.identity(),
+        identity,
     ))
 }
 
@@ -279,14 +285,14 @@ pub struct Publish {
 pub async fn compile_or_reuse(
     spec: &Spec,
     inputs: &Inputs,
-    backend: &dyn Backend,
+    builder: &Builder,
     class: &ClassFacts,
     host: &HardwareFacts,
     store: &dyn Store,
     publish: &Publish,
     metrics: &Metrics,
 ) -> Result<Built> {
-    let key = key_for(spec, backend, class);
+    let key = key_for(spec, builder, class);
     let mut replace = false;
     let found = match store.lookup(&key).await {
         Ok(found) => found,
@@ -304,7 +310,7 @@ pub async fn compile_or_reuse(
         match publish.trust.check(store, &subject(&entry)).await {
             Ok(()) => {
                 tracing::info!(compile_key = %key, digest = %entry.manifest.artifact_digest, manifest = %entry.manifest_digest, store = %store.location(), "artifact already in store; not compiling");
-                metrics.compile(backend.name(), "cached", None);
+                metrics.compile(builder.name(), "cached", None);
                 return Ok(Built {
                     entry,
                     reused: true,
@@ -321,12 +327,22 @@ pub async fn compile_or_reuse(
     let started = Instant::now();
     let scratch = store.scratch()?;
     let out = scratch.path().join("artifact");
-    let result =
-        tokio::task::block_in_place(|| compile(spec, inputs, backend, class, host, &out, &key));
+    let target = Target {
+        class,
+        host,
+        out: &out,
+        key: &key,
+    };
+    let result = tokio::task::block_in_place(|| match builder {
+        Builder::One(backend) => compile(spec, inputs, backend.as_ref(), &target),
+        Builder::Auto(auto) => {
+            crate::pipeline::candidates::compile_auto(spec, inputs, auto, &target)
+        }
+    });
     let seconds = started.elapsed().as_secs_f64();
     match &result {
-        Ok(_) => metrics.compile(backend.name(), "success", Some(seconds)),
-        Err(_) => metrics.compile(backend.name(), "failure", Some(seconds)),
+        Ok(_) => metrics.compile(builder.name(), "success", Some(seconds)),
+        Err(_) => metrics.compile(builder.name(), "failure", Some(seconds)),
     }
     let manifest = result?;
     let entry = store.put(&out, &manifest, replace).await?;
@@ -346,15 +362,32 @@ pub async fn compile_or_reuse(
     })
 }
 
-fn compile(
+/// Where and for whom a compile builds.
+pub struct Target<'a> {
+    /// The class's facts.
+    pub class: &'a ClassFacts,
+    /// This machine's facts.
+    pub host: &'a HardwareFacts,
+    /// Where the artifact goes.
+    pub out: &'a Path,
+    /// Its compile key.
+    pub key: &'a str,
+}
+
+/// Compiles `spec` with one backend into `target.out`, checks parity on the fixture and the
+/// placement against the CPU-fallback policy, and returns the build manifest.
+pub fn compile(
     spec: &Spec,
     inputs: &Inputs,
     backend: &dyn Backend,
-    class: &ClassFacts,
-    host: &HardwareFacts,
-    out: &Path,
-    key: &str,
+    target: &Target<'_>,
 ) -> Result<BuildManifest> {
+    let Target {
+        class,
+        host,
+        out,
+        key,
+    } = *target;
     let started = Instant::now();
     let t = &spec.target.spec;
     let profiles = spec.shapes()?;
@@ -399,6 +432,12 @@ fn compile(
     for a in &spec.model.spec.assets {
         input_digests.insert(format!("asset/{}", a.name), a.sha256.clone());
     }
+    let mut backend_options = t.backend.options(class);
+    if t.backend.provider_for(class) == ExecutionProvider::Cuda {
+        // What the precision means to the provider, recorded beside the settings it follows from.
+        let tf32 = t.precision == kiln_crds::compiled_target::Precision::Tf32;
+        backend_options.insert("cuda.useTf32".into(), tf32.to_string());
+    }
     let manifest = BuildManifest {
         manifest_version: MANIFEST_VERSION,
         compile_key: key.to_string(),
@@ -419,7 +458,7 @@ fn compile(
         parity_max_abs_error: Some(parity_max),
         compile_seconds: started.elapsed().as_secs_f64(),
         converter_log: compiled.log,
-        backend_options: t.backend.options(class),
+        backend_options,
         runtime_digest: backend.runtime_digest(),
         bound_to: compiled
             .machine_bound
@@ -429,6 +468,7 @@ fn compile(
                 why,
             }),
         placement,
+        selection: None,
     };
     tracing::info!(compile_key = %key, digest = %manifest.artifact_digest, parity_max_abs_error = parity_max, "compiled; parity within tolerance");
     Ok(manifest)

@@ -4,6 +4,7 @@
 //! engines; never the apiserver.
 
 pub mod build;
+pub mod candidates;
 pub mod fetch;
 pub mod fixtures;
 pub mod interface;

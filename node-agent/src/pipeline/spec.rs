@@ -11,6 +11,7 @@ use crate::backend::Shapes;
 use crate::error::{Error, Result};
 
 /// The two objects of a local run.
+#[derive(Clone)]
 pub struct Spec {
     /// What the model is.
     pub model: ModelArtifact,

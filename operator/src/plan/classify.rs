@@ -129,13 +129,23 @@ pub fn key_for(
     settings: &Settings,
 ) -> String {
     let t = &target.spec;
-    let backend_version = backend_version(
-        t.backend.version.as_deref(),
-        settings
-            .backend_versions
-            .get(t.backend.kind.runtime().as_str())
-            .map(String::as_str),
-    );
+    let backend_version = if t.backend.kind == kiln_crds::compiled_target::BackendKind::Auto {
+        // Every runtime the workers carry: what a worker's candidates load.
+        kiln_crds::compiled_target::auto_identity(
+            settings
+                .backend_versions
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str())),
+        )
+    } else {
+        backend_version(
+            t.backend.version.as_deref(),
+            settings
+                .backend_versions
+                .get(t.backend.kind.runtime().as_str())
+                .map(String::as_str),
+        )
+    };
     compile_key(&CompileKeyInput::for_target(
         &model.spec,
         t,

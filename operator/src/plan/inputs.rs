@@ -122,6 +122,8 @@ pub struct Stored {
     pub manifest_digest: String,
     /// Which provider ran which nodes in the compile's parity run (from the build manifest).
     pub placement: Option<kiln_crds::placement::Placement>,
+    /// The engine the artifact runs on, and for `backend.kind: auto` why it was kept.
+    pub engine: Option<(String, Option<String>)>,
 }
 
 /// Everything the plan reads.

@@ -151,6 +151,10 @@ fn class_step(cx: &Ctx<'_>, k: &Keyed) -> Step {
         row.artifact_digest = Some(stored.digest.clone());
         row.manifest_digest = Some(stored.manifest_digest.clone());
         row.placement.clone_from(&stored.placement);
+        if let Some((engine, why)) = &stored.engine {
+            row.engine = Some(engine.clone());
+            row.engine_reason.clone_from(why);
+        }
         return Step::only(row);
     }
     if let Some(active) = jobs.iter().find(|j| j.state == JobState::Active) {

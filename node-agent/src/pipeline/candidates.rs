@@ -1,0 +1,167 @@
+//! The compile of `backend.kind: auto`: every engine candidate of the class is compiled,
+//! checked against the fixture (parity, precision, CPU-fallback policy) and measured over the
+//! warmup iterations on this machine — the class's own hardware in a compile Job — and the one
+//! [`crate::backend::select`] keeps becomes the class's artifact. A candidate that fails is
+//! evidence in the build manifest, not an error; the compile fails only when none passes.
+//! Writes candidate artifacts beside `target.out` and removes all but the kept one.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kiln_crds::BuildManifest;
+use kiln_crds::compiled_target::{BackendKind, Precision};
+use kiln_crds::engine::{EngineCandidate, EngineSelection};
+
+use crate::backend::auto::{Auto, Candidate};
+use crate::backend::{Backend, select};
+use crate::error::{Error, Result};
+use crate::pipeline::build::{Inputs, Target, compile};
+use crate::pipeline::spec::Spec;
+use crate::pipeline::warmup;
+
+/// A candidate that passed: its artifact, manifest and measurements.
+struct Built {
+    artifact: PathBuf,
+    manifest: BuildManifest,
+}
+
+/// Compiles, checks and measures every candidate, keeps the fastest that passed (by
+/// [`select::choose`]) at `target.out`, and returns its manifest under the `auto` compile key,
+/// recording every candidate.
+pub fn compile_auto(
+    spec: &Spec,
+    inputs: &Inputs,
+    auto: &Auto,
+    target: &Target<'_>,
+) -> Result<BuildManifest> {
+    let started = Instant::now();
+    let dir = target.out.parent().unwrap_or(Path::new("."));
+    let mut reports = Vec::new();
+    let mut built = Vec::new();
+    for (i, candidate) in auto.candidates.iter().enumerate() {
+        let out = dir.join(format!("candidate-{i}"));
+        let engine = candidate.spec.engine_name();
+        tracing::info!(compile_key = %target.key, engine, "building engine candidate");
+        match try_candidate(spec, inputs, candidate, target, &out) {
+            Ok((report, manifest)) => {
+                reports.push(report);
+                built.push(Some(Built {
+                    artifact: out,
+                    manifest,
+                }));
+            }
+            Err(e) => {
+                tracing::info!(compile_key = %target.key, engine, reason = %e.reason(), error = %e, "engine candidate did not pass");
+                let _ = std::fs::remove_file(&out);
+                reports.push(EngineCandidate {
+                    engine,
+                    reason: Some(e.reason()),
+                    message: Some(e.to_string()),
+                    ..EngineCandidate::default()
+                });
+                built.push(None);
+            }
+        }
+    }
+    let choice = select::choose(&reports)
+        .map_err(|(reason, message)| Error::NoCandidate { reason, message })?;
+    let mut kept = None;
+    for (i, b) in built.into_iter().enumerate() {
+        match b {
+            Some(b) if i == choice.index => kept = Some(b),
+            Some(b) => {
+                let _ = std::fs::remove_file(&b.artifact);
+            }
+            None => {}
+        }
+    }
+    let Built {
+        artifact,
+        mut manifest,
+    } = kept.ok_or_else(|| Error::CompileFailed("the kept candidate has no artifact".into()))?;
+    std::fs::rename(&artifact, target.out).map_err(|e| Error::store(target.out, e))?;
+    tracing::info!(compile_key = %target.key, engine = %reports[choice.index].engine, why = %choice.reason, "engine chosen");
+    manifest.compile_key = target.key.to_string();
+    manifest.compile_seconds = started.elapsed().as_secs_f64();
+    manifest.selection = Some(EngineSelection {
+        engine: reports[choice.index].engine.clone(),
+        reason: choice.reason,
+        candidates: reports,
+    });
+    Ok(manifest)
+}
+
+/// One candidate: compile with its concrete backend (under its own compile key, as if the
+/// target had named it), then load and warm it with the target's iterations.
+fn try_candidate(
+    spec: &Spec,
+    inputs: &Inputs,
+    candidate: &Candidate,
+    target: &Target<'_>,
+    out: &Path,
+) -> Result<(EngineCandidate, BuildManifest)> {
+    let backend = candidate.backend.as_ref().map_err(clone_error)?;
+    let sub = concrete(spec, candidate);
+    let key = crate::pipeline::build::key_with(&sub, &backend.identity(), target.class);
+    let manifest = compile(
+        &sub,
+        inputs,
+        backend.as_ref(),
+        &Target {
+            out,
+            key: &key,
+            ..*target
+        },
+    )?;
+    let report = measure(&sub, inputs, backend.as_ref(), out)?;
+    Ok((
+        EngineCandidate {
+            engine: candidate.spec.engine_name(),
+            passed: true,
+            compile_seconds: Some(manifest.compile_seconds),
+            placement: manifest.placement.clone(),
+            ..report
+        },
+        manifest,
+    ))
+}
+
+/// Load, first run, p50 and p99 over the target's warmup iterations, parity on each.
+fn measure(
+    spec: &Spec,
+    inputs: &Inputs,
+    backend: &dyn Backend,
+    artifact: &Path,
+) -> Result<EngineCandidate> {
+    let started = Instant::now();
+    let engine = backend.load(artifact)?;
+    let load_seconds = started.elapsed().as_secs_f64();
+    let w = warmup::warm(engine.as_ref(), &inputs.fixture, &spec.target.spec.warmup)?;
+    Ok(EngineCandidate {
+        parity_max_abs_error: Some(w.parity_max_abs_error),
+        load_seconds: Some(load_seconds),
+        first_seconds: Some(w.first_seconds),
+        p50_seconds: Some(w.p50_seconds),
+        p99_seconds: Some(w.p99_seconds),
+        ..EngineCandidate::default()
+    })
+}
+
+/// The target as if it named the candidate's backend. tract computes exact fp32, which is what
+/// `tf32` allows at most, so it is built as fp32.
+fn concrete(spec: &Spec, candidate: &Candidate) -> Spec {
+    let mut sub = spec.clone();
+    sub.target.spec.backend = candidate.spec.clone();
+    if candidate.spec.kind == BackendKind::Tract && sub.target.spec.precision == Precision::Tf32 {
+        sub.target.spec.precision = Precision::Fp32;
+    }
+    sub
+}
+
+/// The reason a candidate's backend is unavailable here, as an owned error.
+fn clone_error(e: &Error) -> Error {
+    match e.reason() {
+        kiln_crds::FailureReason::InvalidSpec => Error::InvalidSpec(e.to_string()),
+        _ => Error::IncompatibleRuntime(e.to_string()),
+    }
+}
