@@ -204,6 +204,33 @@ fn unsupported_operator_is_listed_by_name() {
     assert!(case.stored().is_empty());
 }
 
+/// A case running `file` from tests/data in place of the MLP.
+fn case_of(file: &str) -> Case {
+    let mut case = Case::mlp(1);
+    std::fs::copy(data(file), case.path("model.onnx")).expect("copy");
+    (case.model_sha, case.model_size) = sha256_file(&case.path("model.onnx")).expect("hash");
+    case
+}
+
+#[test]
+fn a_detector_whose_file_states_shapes_in_its_own_symbols_is_ready() {
+    // The exporter's value_info says `batch,16,(height+1)/2,…`; tract unified that with the
+    // profile's numbers and failed ("Impossible to unify Sym(batch) with Val(1)").
+    let mut case = case_of("detector.onnx");
+    case.input = (
+        "images",
+        "f32",
+        "{size: 3}, {symbol: height, min: 32, max: 640}, {symbol: width, min: 32, max: 640}",
+    );
+    case.batch = 2;
+    case.profile_extra = ", height: 64, width: 48".into();
+    case.fixture_shaped(&case.path("model.onnx"), "images", vec![2, 3, 64, 48]);
+    assert_eq!(case.fixture().outputs["output0"].shape, [2, 8, 16, 12]);
+    let run = case.run();
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    assert_eq!(run.outcome["ready"], true, "{}", run.outcome);
+}
+
 #[test]
 fn profile_outside_bounds_is_invalid() {
     let mut case = Case::mlp(4);

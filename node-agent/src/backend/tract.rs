@@ -314,7 +314,13 @@ fn typed_for(
     declutter: bool,
     log: &mut Vec<String>,
 ) -> Result<(TypedModel, ProfileEntry)> {
-    let mut inference = read_onnx(&tract_onnx::onnx(), model)?;
+    // Every profile binds every input dim, so the graph is typed from those concrete dims alone.
+    // The file's own intermediate and output shapes are left out: exporters write them with
+    // their symbols (`batch,16,(height+1)/2,…`), which cannot unify with the profile's numbers.
+    let onnx = tract_onnx::onnx()
+        .with_ignore_value_info(true)
+        .with_ignore_output_shapes(true);
+    let mut inference = read_onnx(&onnx, model)?;
     let unsupported: std::collections::BTreeSet<String> = inference
         .nodes()
         .iter()
