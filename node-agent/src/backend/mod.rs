@@ -16,6 +16,7 @@ pub mod exec;
 pub mod guard;
 pub mod onnxruntime;
 pub mod tract;
+mod tract_nnef;
 
 /// Input name → concrete shape.
 pub type Shapes = BTreeMap<String, Vec<usize>>;

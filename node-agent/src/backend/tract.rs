@@ -10,7 +10,6 @@ use kiln_crds::compiled_target::Precision;
 use serde::{Deserialize, Serialize};
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
-use tract_onnx_opl::WithOnnx;
 
 use super::archive::{append, entries};
 use super::{Backend, CompileRequest, Compiled, Engine, InputInfo, Shapes};
@@ -73,7 +72,7 @@ impl Backend for Tract {
             )));
         }
         let mut log = Vec::new();
-        let nnef = tract_nnef::nnef().with_onnx();
+        let nnef = super::tract_nnef::framework();
         let mut index = Index {
             profiles: Vec::new(),
         };
@@ -118,7 +117,7 @@ impl Backend for Tract {
             .and_then(|b| {
                 serde_json::from_slice(b).map_err(|e| load_failed(format!("{INDEX}: {e}")))
             })?;
-        let nnef = tract_nnef::nnef().with_onnx();
+        let nnef = super::tract_nnef::framework();
         let mut profiles = Vec::new();
         for entry in index.profiles {
             let bytes = files
