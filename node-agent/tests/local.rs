@@ -200,7 +200,8 @@ fn unsupported_operator_is_listed_by_name() {
     (case.model_sha, case.model_size) = (sha, size);
     // Declared as the graph is (x: f32[1, 4, 9]), so the operator is what fails.
     case.input = ("x", "f32", "{size: 4}, {size: 9}");
-    case.run().fails_with("UnsupportedOperator", &["Col2Im"]);
+    case.run()
+        .fails_with("UnsupportedOperator", &["Col2Im (node \"y\")"]);
     assert!(case.stored().is_empty());
 }
 
@@ -229,6 +230,36 @@ fn a_detector_whose_file_states_shapes_in_its_own_symbols_is_ready() {
     let run = case.run();
     assert!(run.success, "{}\n{}", run.message(), run.stderr);
     assert_eq!(run.outcome["ready"], true, "{}", run.outcome);
+}
+
+#[test]
+fn an_if_the_profile_decides_compiles_to_the_branch_it_picks() {
+    // y = Relu(x) for one row, else Neg(x): the condition reads only a shape, which each
+    // profile fixes, so tract keeps one branch; the reference execution runs the `If` itself.
+    for (batch, negated) in [(1, false), (4, true)] {
+        let mut case = case_of("if-shape.onnx");
+        case.batch = batch;
+        case.fixture_from(&case.path("model.onnx"), batch as usize);
+        let fixture = case.fixture();
+        let (x, y) = (&fixture.inputs["x"].data, &fixture.outputs["y"].data);
+        let floats = |b: &[u8]| -> Vec<f32> {
+            b.chunks(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("f32")))
+                .collect()
+        };
+        let want: Vec<f32> = floats(x)
+            .into_iter()
+            .map(|v| if negated { -v } else { v.max(0.0) })
+            .collect();
+        assert_eq!(floats(y), want, "batch {batch}");
+        let run = case.run();
+        assert!(
+            run.success,
+            "batch {batch}: {}\n{}",
+            run.message(),
+            run.stderr
+        );
+    }
 }
 
 #[test]

@@ -17,6 +17,7 @@ pub mod guard;
 pub mod onnxruntime;
 pub mod tract;
 mod tract_nnef;
+mod tract_unsupported;
 
 /// Input name → concrete shape.
 pub type Shapes = BTreeMap<String, Vec<usize>>;

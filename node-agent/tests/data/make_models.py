@@ -15,6 +15,8 @@
 * detector.onnx — a YOLOv8-style stem: Conv stride 2 → SiLU → Conv stride 2 on
   images[batch, 3, height, width], with the exporter's value_info and output shapes in terms of
   those symbols (`batch,16,(height+1)/2,(width+1)/2`), which no concrete profile unifies with.
+* if-shape.onnx — y = Relu(x) if x has one row else Neg(x): an `If` whose condition is computed
+  from a shape only, so a profile decides it at compile time.
 
 Usage: pip install onnx==1.23.2 numpy && python3 node-agent/tests/data/make_models.py
 """
@@ -192,4 +194,29 @@ detector.ir_version = 10
 onnx.checker.check_model(detector, full_check=True)
 onnx.save(detector, os.path.join(here, "detector.onnx"))
 
-print("wrote detector.onnx")
+# if-shape.onnx — see the docstring.
+branch = lambda op, out: helper.make_graph(
+    [helper.make_node(op, ["x"], [out])], op.lower(), [],
+    [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+if_shape = helper.make_model(
+    helper.make_graph(
+        [
+            helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Gather", ["shape", "zero"], ["rows"], axis=0),
+            helper.make_node("Equal", ["rows", "one"], ["single"]),
+            helper.make_node("If", ["single"], ["y"], name="one_row",
+                             then_branch=branch("Relu", "t"), else_branch=branch("Neg", "e")),
+        ],
+        "if_shape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
+        [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+         numpy_helper.from_array(np.array(1, np.int64), "one")],
+    ),
+    opset_imports=[helper.make_opsetid("", 17)],
+    producer_name="kiln-tests",
+)
+if_shape.ir_version = 10
+onnx.checker.check_model(if_shape, full_check=True)
+onnx.save(if_shape, os.path.join(here, "if-shape.onnx"))
+print("wrote detector.onnx and if-shape.onnx")
