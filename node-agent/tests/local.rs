@@ -200,8 +200,66 @@ fn unsupported_operator_is_listed_by_name() {
     (case.model_sha, case.model_size) = (sha, size);
     // Declared as the graph is (x: f32[1, 4, 9]), so the operator is what fails.
     case.input = ("x", "f32", "{size: 4}, {size: 9}");
-    case.run().fails_with("UnsupportedOperator", &["Col2Im"]);
+    case.run()
+        .fails_with("UnsupportedOperator", &["Col2Im (node \"y\")"]);
     assert!(case.stored().is_empty());
+}
+
+/// A case running `file` from tests/data in place of the MLP.
+fn case_of(file: &str) -> Case {
+    let mut case = Case::mlp(1);
+    std::fs::copy(data(file), case.path("model.onnx")).expect("copy");
+    (case.model_sha, case.model_size) = sha256_file(&case.path("model.onnx")).expect("hash");
+    case
+}
+
+#[test]
+fn a_detector_whose_file_states_shapes_in_its_own_symbols_is_ready() {
+    // The exporter's value_info says `batch,16,(height+1)/2,…`; tract unified that with the
+    // profile's numbers and failed ("Impossible to unify Sym(batch) with Val(1)").
+    let mut case = case_of("detector.onnx");
+    case.input = (
+        "images",
+        "f32",
+        "{size: 3}, {symbol: height, min: 32, max: 640}, {symbol: width, min: 32, max: 640}",
+    );
+    case.batch = 2;
+    case.profile_extra = ", height: 64, width: 48".into();
+    case.fixture_shaped(&case.path("model.onnx"), "images", vec![2, 3, 64, 48]);
+    assert_eq!(case.fixture().outputs["output0"].shape, [2, 8, 16, 12]);
+    let run = case.run();
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    assert_eq!(run.outcome["ready"], true, "{}", run.outcome);
+}
+
+#[test]
+fn an_if_the_profile_decides_compiles_to_the_branch_it_picks() {
+    // y = Relu(x) for one row, else Neg(x): the condition reads only a shape, which each
+    // profile fixes, so tract keeps one branch; the reference execution runs the `If` itself.
+    for (batch, negated) in [(1, false), (4, true)] {
+        let mut case = case_of("if-shape.onnx");
+        case.batch = batch;
+        case.fixture_from(&case.path("model.onnx"), batch as usize);
+        let fixture = case.fixture();
+        let (x, y) = (&fixture.inputs["x"].data, &fixture.outputs["y"].data);
+        let floats = |b: &[u8]| -> Vec<f32> {
+            b.chunks(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("f32")))
+                .collect()
+        };
+        let want: Vec<f32> = floats(x)
+            .into_iter()
+            .map(|v| if negated { -v } else { v.max(0.0) })
+            .collect();
+        assert_eq!(floats(y), want, "batch {batch}");
+        let run = case.run();
+        assert!(
+            run.success,
+            "batch {batch}: {}\n{}",
+            run.message(),
+            run.stderr
+        );
+    }
 }
 
 #[test]

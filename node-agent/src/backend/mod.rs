@@ -18,6 +18,8 @@ pub mod guard;
 pub mod onnxruntime;
 pub mod select;
 pub mod tract;
+mod tract_nnef;
+mod tract_unsupported;
 
 /// Input name → concrete shape.
 pub type Shapes = BTreeMap<String, Vec<usize>>;

@@ -10,9 +10,9 @@ use kiln_crds::compiled_target::Precision;
 use serde::{Deserialize, Serialize};
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
-use tract_onnx_opl::WithOnnx;
 
 use super::archive::{append, entries};
+use super::tract_unsupported as unsupported;
 use super::{Backend, CompileRequest, Compiled, Engine, InputInfo, Shapes};
 use crate::error::{Error, Result, chain};
 use crate::pipeline::tensor::HostTensor;
@@ -73,7 +73,7 @@ impl Backend for Tract {
             )));
         }
         let mut log = Vec::new();
-        let nnef = tract_nnef::nnef().with_onnx();
+        let nnef = super::tract_nnef::framework();
         let mut index = Index {
             profiles: Vec::new(),
         };
@@ -118,7 +118,7 @@ impl Backend for Tract {
             .and_then(|b| {
                 serde_json::from_slice(b).map_err(|e| load_failed(format!("{INDEX}: {e}")))
             })?;
-        let nnef = tract_nnef::nnef().with_onnx();
+        let nnef = super::tract_nnef::framework();
         let mut profiles = Vec::new();
         for entry in index.profiles {
             let bytes = files
@@ -252,6 +252,14 @@ const NEWEST_IR_VERSION: i64 = 14;
 /// Reads an ONNX file as `onnx` is configured, with external data resolved beside it (as
 /// `model_for_path` does), refusing operator sets and IR versions from the future.
 fn read_onnx(onnx: &tract_onnx::Onnx, model: &Path) -> Result<InferenceModel> {
+    parse_onnx(onnx, model).map(|(_, inference)| inference)
+}
+
+/// [`read_onnx`], keeping the protobuf it parsed.
+fn parse_onnx(
+    onnx: &tract_onnx::Onnx,
+    model: &Path,
+) -> Result<(tract_onnx::pb::ModelProto, InferenceModel)> {
     let unreadable = |e: TractError| {
         Error::CompileFailed(format!(
             "cannot read ONNX model {}: {}",
@@ -288,7 +296,7 @@ fn read_onnx(onnx: &tract_onnx::Onnx, model: &Path) -> Result<InferenceModel> {
             parsed.unresolved_inputs
         )));
     }
-    Ok(parsed.model)
+    Ok((proto, parsed.model))
 }
 
 /// What an inference fact states: dtype if concrete, dims if the rank is known.
@@ -306,70 +314,42 @@ fn tensor_info(name: String, fact: &InferenceFact) -> super::TensorInfo {
     super::TensorInfo { name, dtype, dims }
 }
 
-/// Parses the ONNX file, binds the input shapes and types it; decluttered when `declutter`.
+/// Parses the ONNX file, binds the input shapes and types it; for an `artifact`, also refuses
+/// what an artifact cannot hold and declutters.
 fn typed_for(
     model: &Path,
     profile: &str,
     shapes: &Shapes,
-    declutter: bool,
+    artifact: bool,
     log: &mut Vec<String>,
 ) -> Result<(TypedModel, ProfileEntry)> {
-    let mut inference = read_onnx(&tract_onnx::onnx(), model)?;
-    let unsupported: std::collections::BTreeSet<String> = inference
-        .nodes()
-        .iter()
-        .filter(|n| n.op_is::<tract_onnx::tract_core::ops::unimpl::UnimplementedOp>())
-        .map(|n| {
-            let name = n.op().name();
-            name.strip_prefix("Unimplemented(")
-                .and_then(|s| s.strip_suffix(')'))
-                .unwrap_or(&name)
-                .to_string()
-        })
-        .collect();
-    if !unsupported.is_empty() {
-        return Err(Error::UnsupportedOperator {
-            backend: "tract".into(),
-            operators: unsupported.into_iter().collect(),
-        });
+    // Every profile binds every input dim, so the graph is typed from those concrete dims alone.
+    // The file's own intermediate and output shapes are left out: exporters write them with
+    // their symbols (`batch,16,(height+1)/2,…`), which cannot unify with the profile's numbers.
+    let onnx = tract_onnx::onnx()
+        .with_ignore_value_info(true)
+        .with_ignore_output_shapes(true);
+    let (proto, mut inference) = parse_onnx(&onnx, model)?;
+    let mut refused = unsupported::unimplemented(&inference);
+    if artifact && let Some(graph) = &proto.graph {
+        // The reference execution runs an `If` by evaluating its condition; only an artifact
+        // needs the branch chosen at compile time.
+        refused.extend(unsupported::runtime_conditions(graph));
     }
-    let model_inputs: Vec<String> = inference
-        .input_outlets()
-        .map_err(|e| Error::CompileFailed(chain(&e)))?
-        .iter()
-        .map(|o| inference.node(o.node).name.clone())
-        .collect();
-    let declared: Vec<&String> = shapes.keys().collect();
-    let mut sorted_model = model_inputs.clone();
-    sorted_model.sort();
-    if sorted_model.iter().collect::<Vec<_>>() != declared {
-        return Err(Error::InvalidSpec(format!(
-            "the model's inputs are {model_inputs:?} but the spec declares {declared:?}; make spec.inputs name exactly the graph inputs"
-        )));
-    }
-    let mut inputs = Vec::new();
-    for (ix, name) in model_inputs.iter().enumerate() {
-        let shape = &shapes[name];
-        let fact = inference
-            .input_fact(ix)
-            .map_err(|e| Error::CompileFailed(chain(&e)))?
-            .clone();
-        let dt = fact.datum_type.concretize().unwrap_or(f32::datum_type());
-        inference
-            .set_input_fact(ix, InferenceFact::dt_shape(dt, shape.clone()))
-            .map_err(|e| Error::CompileFailed(chain(&e)))?;
-        inputs.push((name.clone(), shape.clone()));
-    }
+    unsupported::refuse(refused)?;
+    let inputs = bind_inputs(&mut inference, shapes)?;
     let typed = inference.into_typed().map_err(|e| {
         Error::CompileFailed(format!(
             "profile {profile}: shapes {shapes:?} do not fit the graph: {}",
             chain(&e)
         ))
     })?;
-    let mut typed = if declutter {
-        typed
+    let mut typed = if artifact {
+        let typed = typed
             .into_decluttered()
-            .map_err(|e| Error::CompileFailed(format!("profile {profile}: {}", chain(&e))))?
+            .map_err(|e| Error::CompileFailed(format!("profile {profile}: {}", chain(&e))))?;
+        unsupported::refuse(unsupported::undecided(&typed))?;
+        typed
     } else {
         typed
     };
@@ -407,6 +387,42 @@ fn typed_for(
             outputs,
         },
     ))
+}
+
+/// Binds every graph input to its profile shape (the dtype the graph declares, else f32),
+/// refusing a profile that names other inputs than the graph has. Returns them in graph order.
+fn bind_inputs(
+    inference: &mut InferenceModel,
+    shapes: &Shapes,
+) -> Result<Vec<(String, Vec<usize>)>> {
+    let model_inputs: Vec<String> = inference
+        .input_outlets()
+        .map_err(|e| Error::CompileFailed(chain(&e)))?
+        .iter()
+        .map(|o| inference.node(o.node).name.clone())
+        .collect();
+    let declared: Vec<&String> = shapes.keys().collect();
+    let mut sorted_model = model_inputs.clone();
+    sorted_model.sort();
+    if sorted_model.iter().collect::<Vec<_>>() != declared {
+        return Err(Error::InvalidSpec(format!(
+            "the model's inputs are {model_inputs:?} but the spec declares {declared:?}; make spec.inputs name exactly the graph inputs"
+        )));
+    }
+    let mut inputs = Vec::new();
+    for (ix, name) in model_inputs.iter().enumerate() {
+        let shape = &shapes[name];
+        let fact = inference
+            .input_fact(ix)
+            .map_err(|e| Error::CompileFailed(chain(&e)))?
+            .clone();
+        let dt = fact.datum_type.concretize().unwrap_or(f32::datum_type());
+        inference
+            .set_input_fact(ix, InferenceFact::dt_shape(dt, shape.clone()))
+            .map_err(|e| Error::CompileFailed(chain(&e)))?;
+        inputs.push((name.clone(), shape.clone()));
+    }
+    Ok(inputs)
 }
 
 struct TractEngine {

@@ -47,6 +47,8 @@ pub struct Case {
     pub source_extra: String,
     /// `spec.format` of the ModelArtifact.
     pub format: &'static str,
+    /// Dims the target's profile binds besides `batch` (e.g. `, height: 64`).
+    pub profile_extra: String,
 }
 
 impl Case {
@@ -78,6 +80,7 @@ impl Case {
             model_extra: String::new(),
             source_extra: String::new(),
             format: "onnx",
+            profile_extra: String::new(),
         };
         case.fixture_from(&case.path("model.onnx"), fixture_batch);
         case
@@ -86,12 +89,18 @@ impl Case {
     /// Writes the v1 fixture of `model` (input `x: f32[batch, 16]`, seed 7, golden outputs from
     /// the reference execution) as this case's fixture.
     pub fn fixture_from(&mut self, model: &Path, batch: usize) {
+        self.fixture_shaped(model, "x", vec![batch, 16]);
+    }
+
+    /// Writes the v1 fixture of `model`'s one input `name` of `shape` (seed 7, golden outputs
+    /// from the reference execution) as this case's fixture.
+    pub fn fixture_shaped(&mut self, model: &Path, name: &str, shape: Vec<usize>) {
         let fixture = make_fixtures::make(
             &Tract,
             &make_fixtures::Request {
                 model,
                 version: "v1",
-                shapes: [("x".to_string(), vec![batch, 16])].into(),
+                shapes: [(name.to_string(), shape)].into(),
                 given: None,
                 seed: 7,
                 tolerance: None,
@@ -140,7 +149,7 @@ metadata: {{name: mlp-cpu}}
 spec:
   modelRef: {{name: mlp}}
   backend: {{kind: {}{}}}
-  profiles: [{{name: p, dims: {{batch: {}}}}}]
+  profiles: [{{name: p, dims: {{batch: {}{}}}}}]
   warmup:
     iterations: 5
     fixtureVersion: v1
@@ -162,6 +171,7 @@ spec:
             self.backend_kind,
             self.backend_extra,
             self.batch,
+            self.profile_extra,
             self.warmup_extra
         )
     }

@@ -12,6 +12,11 @@
 * huge.onnx — 212 bytes that ask for a 40 GB tensor (ConstantOfShape [100000, 100000] f32).
 * ext.onnx + ext-weights.bin, ext-sneaky.onnx — weights as ONNX external data; the sneaky copy
   names the weights' blob in a shared blob cache by its sha256.
+* detector.onnx — a YOLOv8-style stem: Conv stride 2 → SiLU → Conv stride 2 on
+  images[batch, 3, height, width], with the exporter's value_info and output shapes in terms of
+  those symbols (`batch,16,(height+1)/2,(width+1)/2`), which no concrete profile unifies with.
+* if-shape.onnx — y = Relu(x) if x has one row else Neg(x): an `If` whose condition is computed
+  from a shape only, so a profile decides it at compile time.
 
 Usage: pip install onnx==1.23.2 numpy && python3 node-agent/tests/data/make_models.py
 """
@@ -153,3 +158,65 @@ huge = helper.make_model(
 )
 huge.ir_version = 8
 onnx.save(huge, os.path.join(here, "huge.onnx"))
+
+# detector.onnx — see the docstring. Opset 17, IR version 10 (ONNX Runtime 1.31 reads up to 13).
+def conv(name, cin, cout):
+    w = rng.normal(0, 0.3, (cout, cin, 3, 3)).astype(np.float32)
+    b = rng.normal(0, 0.1, (cout,)).astype(np.float32)
+    return [numpy_helper.from_array(w, name + ".w"), numpy_helper.from_array(b, name + ".b")]
+
+
+def stride2(name, x, y):
+    return helper.make_node("Conv", [x, name + ".w", name + ".b"], [y], name=f"/{name}/conv/Conv",
+                            kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+
+
+half = ["batch", 16, "(height+1)/2", "(width+1)/2"]
+quarter = ["batch", 8, "((height+1)/2+1)/2", "((width+1)/2+1)/2"]
+detector = helper.make_model(
+    helper.make_graph(
+        [
+            stride2("model.0", "images", "c0"),
+            helper.make_node("Sigmoid", ["c0"], ["s0"], name="/model.0/act/Sigmoid"),
+            helper.make_node("Mul", ["c0", "s0"], ["a0"], name="/model.0/act/Mul"),
+            stride2("model.1", "a0", "output0"),
+        ],
+        "detector",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, quarter)],
+        conv("model.0", 3, 16) + conv("model.1", 16, 8),
+        value_info=[helper.make_tensor_value_info(n, TensorProto.FLOAT, half) for n in ["c0", "s0", "a0"]],
+    ),
+    opset_imports=[helper.make_opsetid("", 17)],
+    producer_name="kiln-tests",
+)
+detector.ir_version = 10
+onnx.checker.check_model(detector, full_check=True)
+onnx.save(detector, os.path.join(here, "detector.onnx"))
+
+# if-shape.onnx — see the docstring.
+branch = lambda op, out: helper.make_graph(
+    [helper.make_node(op, ["x"], [out])], op.lower(), [],
+    [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+if_shape = helper.make_model(
+    helper.make_graph(
+        [
+            helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Gather", ["shape", "zero"], ["rows"], axis=0),
+            helper.make_node("Equal", ["rows", "one"], ["single"]),
+            helper.make_node("If", ["single"], ["y"], name="one_row",
+                             then_branch=branch("Relu", "t"), else_branch=branch("Neg", "e")),
+        ],
+        "if_shape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
+        [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+         numpy_helper.from_array(np.array(1, np.int64), "one")],
+    ),
+    opset_imports=[helper.make_opsetid("", 17)],
+    producer_name="kiln-tests",
+)
+if_shape.ir_version = 10
+onnx.checker.check_model(if_shape, full_check=True)
+onnx.save(if_shape, os.path.join(here, "if-shape.onnx"))
+print("wrote detector.onnx and if-shape.onnx")
