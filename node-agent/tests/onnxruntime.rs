@@ -348,6 +348,132 @@ fn a_later_release_serving_the_api_is_accepted_and_keyed_by_its_bytes() {
     assert_eq!(pinned.outcome["cacheHit"], false);
 }
 
+/// The candidates of an `auto` outcome: (engine, passed, p50 seconds).
+fn candidates(run: &Run) -> Vec<(String, bool, Option<f64>)> {
+    run.outcome["candidates"]
+        .as_array()
+        .expect("candidates")
+        .iter()
+        .map(|c| {
+            (
+                c["engine"].as_str().unwrap_or("").to_string(),
+                c["passed"] == true,
+                c["p50Seconds"].as_f64(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn auto_builds_measures_and_keeps_the_fastest_engine_that_passes() {
+    let m = squeezenet("{kind: auto}");
+    let run = m.run_ort();
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    // Both engines this CPU class can run were built, checked and measured.
+    let tried = candidates(&run);
+    let names: Vec<&str> = tried.iter().map(|(n, ..)| n.as_str()).collect();
+    assert_eq!(names, ["tract", "onnxruntime/cpu"], "{}", run.outcome);
+    assert!(
+        tried
+            .iter()
+            .all(|(_, passed, p50)| *passed && p50.is_some())
+    );
+    // The kept one follows the rule on the measured figures: the later candidate only when its
+    // p50 is more than 10% below the earlier's.
+    let (tract, ort) = (tried[0].2.unwrap_or(0.0), tried[1].2.unwrap_or(0.0));
+    let expected = if ort < tract * 0.9 {
+        "onnxruntime/cpu"
+    } else {
+        "tract"
+    };
+    assert_eq!(run.outcome["engine"], expected, "{}", run.outcome);
+    let why = run.outcome["engineReason"].as_str().expect("reason");
+    assert!(why.starts_with(&format!("{expected} kept: p50")), "{why}");
+    // The build manifest records the selection; its backend is the kept engine's, which is
+    // what the node loaded.
+    let manifest = m.manifest(&run);
+    assert_eq!(manifest["selection"]["engine"], expected);
+    assert_eq!(
+        manifest["selection"]["candidates"].as_array().map(Vec::len),
+        Some(2)
+    );
+    assert_eq!(
+        manifest["backend"],
+        expected.split('/').next().unwrap_or("")
+    );
+    assert_eq!(manifest["compileKey"], run.outcome["compileKey"]);
+    // A second run finds the class's choice in the store: nothing is measured again.
+    let again = m.run_ort();
+    assert!(again.success, "{}", again.message());
+    assert_eq!(again.outcome["cacheHit"], true);
+    assert_eq!(again.outcome["engine"], expected);
+}
+
+#[test]
+fn auto_keeps_the_engine_that_runs_a_model_another_cannot() {
+    let (file, inputs) = control_flow_models().remove(0);
+    let mut m = Model::new(file, inputs);
+    m.backend = "{kind: auto}".into();
+    let run = m.run_ort();
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    assert_eq!(run.outcome["engine"], "onnxruntime/cpu");
+    // tract's refusal is evidence, with its reason and message.
+    let tract = &run.outcome["candidates"][0];
+    assert_eq!(
+        (tract["engine"].as_str(), tract["passed"].as_bool()),
+        (Some("tract"), Some(false))
+    );
+    assert_eq!(tract["reason"], "UnsupportedOperator");
+    let why = run.outcome["engineReason"].as_str().expect("reason");
+    assert!(
+        why.contains("tract did not pass (UnsupportedOperator"),
+        "{why}"
+    );
+}
+
+#[test]
+fn auto_fails_only_when_no_candidate_passes_naming_each() {
+    // A golden moved by half: every engine computes the real value, none passes parity.
+    let (file, inputs) = control_flow_models().remove(0);
+    let mut m = Model::new(file, inputs);
+    m.backend = "{kind: auto}".into();
+    let mut fixture =
+        kiln_agent::pipeline::fixtures::FixtureFile::read(&m.path("fixture.safetensors"))
+            .expect("fixture");
+    let out = fixture.outputs.get_mut("output").expect("output");
+    let v = f32::from_le_bytes(out.data[..4].try_into().expect("f32")) + 0.5;
+    out.data[..4].copy_from_slice(&v.to_le_bytes());
+    let bytes = fixture.to_bytes().expect("bytes");
+    std::fs::write(m.path("fixture.safetensors"), &bytes).expect("write");
+    m.fixture_sha = sha256_bytes(&bytes);
+    m.run_ort().fails_with(
+        "UnsupportedOperator",
+        &[
+            "no engine candidate passed",
+            "tract: UnsupportedOperator",
+            "onnxruntime/cpu: ParityExceeded",
+        ],
+    );
+}
+
+#[test]
+fn auto_without_the_onnx_runtime_library_keys_and_keeps_tract() {
+    // A worker without the library has one candidate, and another compile key: what the
+    // workers carry is part of the key.
+    let m = squeezenet("{kind: auto}");
+    let without = m.run(&[("ORT_DYLIB_PATH", Path::new(""))]);
+    assert!(without.success, "{}", without.message());
+    assert_eq!(without.outcome["engine"], "tract");
+    let ort = &without.outcome["candidates"][1];
+    assert_eq!(
+        (ort["engine"].as_str(), ort["reason"].as_str()),
+        (Some("onnxruntime/cpu"), Some("IncompatibleRuntime"))
+    );
+    let with = m.run_ort();
+    assert!(with.success, "{}", with.message());
+    assert_ne!(with.outcome["compileKey"], without.outcome["compileKey"]);
+}
+
 /// The models tract cannot compile, with their interfaces.
 fn control_flow_models() -> Vec<(&'static str, Vec<Io>)> {
     let io = |name, dtype, dims| Io { name, dtype, dims };
