@@ -10,6 +10,8 @@
 # hardware facts. Then a target asking for the CUDA provider, which the CPU library lacks, fails
 # (never served on the CPU instead). Throughout, each engine is loaded once: a new target,
 # annotations and an unrelated node label make the agent look again but load nothing again.
+# Last, the example with backend.kind auto: the compile Job builds and measures both engines, the
+# class row and the registry's build manifest say which it kept and why, and the node serves it.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/kiln-lib.sh"
 kiln_test ort
@@ -113,3 +115,24 @@ sleep 10
 [[ $(since squeezenet-ort) == "$ort_since" && $(since squeezenet-cpu) == "$tract_since" ]] ||
   die "readySince moved: $(row squeezenet-ort)"
 echo "   $before loads for 2 served targets after a new target, 2 annotations and a node label"
+
+echo "== backend auto: both engines built, checked and measured in the Job, the kept one served"
+t0=$SECONDS
+awk '/^kind: CompiledTarget/{p=1; print "apiVersion: kiln.dev/v1alpha1"} p' "$REPO/examples/squeezenet/auto.yaml" |
+  kubectl -n "$NS" apply -f - >/dev/null || die "apply auto target"
+wait_for "squeezenet-auto Ready on $REAL" 300 bash -c "[[ \$(kubectl get kilnnode $REAL -o json | jq -r --arg ns $NS '.status.targets[]? | select(.namespace == \$ns and .name == \"squeezenet-auto\") | .phase') == Ready ]]"
+AUTO=$(kubectl -n "$NS" get compiledtarget squeezenet-auto -o json)
+engine=$(jq -r '.status.classes[0].engine' <<<"$AUTO")
+[[ $engine == tract || $engine == onnxruntime/cpu ]] || die "auto class row engine: $engine"
+jq -e --arg e "$engine" '.status.classes[0].engineReason | startswith($e + " kept: p50")' <<<"$AUTO" >/dev/null ||
+  die "auto engineReason: $(jq -c '.status.classes[0].engineReason' <<<"$AUTO")"
+KEY=$(jq -r '.status.classes[0].compileKey' <<<"$AUTO")
+manifest=$(curl -fsS -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/$KEY") ||
+  die "no manifest tagged $KEY"
+build=$(curl -fsS "http://$REGISTRY_ADDR/v2/$REPOSITORY/blobs/$(jq -r '.config.digest' <<<"$manifest")") || die "no config blob"
+jq -e --arg e "$engine" '.selection.engine == $e and ([.selection.candidates[] | select(.passed and .p50Seconds > 0) | .engine] ==
+  ["tract", "onnxruntime/cpu"]) and (.backend == ($e | split("/") | .[0]))' <<<"$build" >/dev/null ||
+  die "auto build manifest: $(jq -c '{backend, selection}' <<<"$build")"
+[[ $(row squeezenet-auto | jq -r .artifactDigest) == *"$(jq -r '.status.classes[0].artifactDigest' <<<"$AUTO")" ]] ||
+  die "the node serves another artifact than the class's: $(row squeezenet-auto)"
+echo "   Ready $((SECONDS - t0))s after apply on $engine: $(jq -r '.status.classes[0].engineReason' <<<"$AUTO" | cut -c1-200)"
