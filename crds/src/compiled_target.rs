@@ -32,6 +32,7 @@ use crate::reason::FailureReason;
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.precision in ['fp32', 'tf32']").message("no kiln backend compiles precision fp16, bf16 or int8 yet (tract: fp32; onnxruntime and auto: fp32, and tf32 on the CUDA provider); set precision: fp32, or tf32 to allow TensorFloat-32 matrix products on NVIDIA GPUs"))]
+#[x_kube(validation = Rule::new("self.fallback.policy != 'NextCandidate' || self.backend.kind == 'auto'").message("fallback policy NextCandidate serves another engine candidate of backend.kind auto; set backend.kind: auto or choose another policy"))]
 #[x_kube(validation = Rule::new("self.precision != 'tf32' || self.backend.kind in ['onnxruntime', 'auto']").message("precision tf32 is for kind onnxruntime or auto (ONNX Runtime's CUDA provider); tract and exec compute exact fp32: set precision: fp32"))]
 pub struct CompiledTargetSpec {
     /// The ModelArtifact to compile.
@@ -627,7 +628,10 @@ impl Warmup {
 #[x_kube(validation = Rule::new("(self.policy == 'Class') == has(self.class)").message("fallback.class is required with policy Class and not allowed otherwise"))]
 pub struct Fallback {
     /// `FailClosed` (not ready; the default), `PreviousKnownGood` (newest cached revision that
-    /// passed), or `Class` (serve the artifact of the class named in `class`, e.g. a CPU build).
+    /// passed), `Class` (serve the artifact of the class named in `class`, e.g. a CPU build), or
+    /// with `backend.kind: auto` `NextCandidate` (serve the next engine candidate that passed at
+    /// the class's compile, in the candidates' order: when the kept engine fails on a node —
+    /// its load, its parity, a provider missing there).
     #[serde(default)]
     pub policy: FallbackPolicy,
     /// Class to fall back to with policy `Class`.
@@ -647,6 +651,20 @@ pub enum FallbackPolicy {
     PreviousKnownGood,
     /// Use another class's artifact.
     Class,
+    /// `backend.kind: auto`: the next engine candidate that passed at the class's compile.
+    NextCandidate,
+}
+
+impl FallbackPolicy {
+    /// The name in specs, status, messages and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::FailClosed => "FailClosed",
+            Self::PreviousKnownGood => "PreviousKnownGood",
+            Self::Class => "Class",
+            Self::NextCandidate => "NextCandidate",
+        }
+    }
 }
 
 /// Revision pinning and history.

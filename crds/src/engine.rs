@@ -45,6 +45,17 @@ pub struct EngineCandidate {
     /// Which provider ran which nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
+    /// A passing candidate other than the kept one, stored as its own entry (under the compile
+    /// key a target naming that engine would have): its key, for `fallback.policy:
+    /// NextCandidate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_key: Option<String>,
+    /// Its artifact's sha256.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_digest: Option<String>,
+    /// Its stored build manifest's digest (`sha256:<hex>`), what a node pulls it by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_digest: Option<String>,
 }
 
 /// Which candidate a compile kept, and the rule's words for why.

@@ -369,6 +369,7 @@ fn auto_builds_measures_and_keeps_the_fastest_engine_that_passes() {
     let m = squeezenet("{kind: auto}");
     let run = m.run_ort();
     assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    assert!(run.outcome["engineReason"].is_string());
     // Both engines this CPU class can run were built, checked and measured.
     let tried = candidates(&run);
     let names: Vec<&str> = tried.iter().map(|(n, ..)| n.as_str()).collect();

@@ -334,7 +334,9 @@ pub async fn compile_or_reuse(
         key: &key,
     };
     let result = tokio::task::block_in_place(|| match builder {
-        Builder::One(backend) => compile(spec, inputs, backend.as_ref(), &target),
+        Builder::One(backend) => {
+            compile(spec, inputs, backend.as_ref(), &target).map(|m| (m, vec![]))
+        }
         Builder::Auto(auto) => {
             crate::pipeline::candidates::compile_auto(spec, inputs, auto, &target)
         }
@@ -344,22 +346,65 @@ pub async fn compile_or_reuse(
         Ok(_) => metrics.compile(builder.name(), "success", Some(seconds)),
         Err(_) => metrics.compile(builder.name(), "failure", Some(seconds)),
     }
-    let manifest = result?;
-    let entry = store.put(&out, &manifest, replace).await?;
-    if entry.manifest == manifest {
+    let (mut manifest, alternates) = result?;
+    publish_alternates(&mut manifest, alternates, store, publish).await;
+    let entry = publish_entry(&out, &manifest, replace, store, publish).await?;
+    Ok(Built {
+        entry,
+        reused: false,
+    })
+}
+
+/// Stores an artifact and its manifest and signs the entry; when another compile of the key
+/// stored first, its entry is used only if its attestation holds.
+async fn publish_entry(
+    artifact: &Path,
+    manifest: &BuildManifest,
+    replace: bool,
+    store: &dyn Store,
+    publish: &Publish,
+) -> Result<Entry> {
+    let entry = store.put(artifact, manifest, replace).await?;
+    if entry.manifest == *manifest {
         publish
             .trust
             .sign(store, &entry, publish.builder_image.as_deref())
             .await?;
     } else {
-        // Another compile of the key stored first; use it only if its attestation holds.
         publish.trust.check(store, &subject(&entry)).await?;
     }
-    tracing::info!(compile_key = %key, digest = %manifest.artifact_digest, manifest = %entry.manifest_digest, store = %store.location(), signed = publish.trust.signer.is_some(), "stored artifact");
-    Ok(Built {
-        entry,
-        reused: false,
-    })
+    tracing::info!(compile_key = %manifest.compile_key, digest = %entry.manifest.artifact_digest, manifest = %entry.manifest_digest, store = %store.location(), signed = publish.trust.signer.is_some(), "stored artifact");
+    Ok(entry)
+}
+
+/// `backend.kind: auto`: stores every passing candidate besides the kept one as its own entry
+/// (under the key a target naming that engine would have) and records where in the kept
+/// manifest's selection, for `fallback.policy: NextCandidate`. One that cannot be stored is
+/// left out (logged): the class's own artifact does not depend on it.
+async fn publish_alternates(
+    manifest: &mut BuildManifest,
+    alternates: Vec<crate::pipeline::candidates::Alternate>,
+    store: &dyn Store,
+    publish: &Publish,
+) {
+    for alt in alternates {
+        match publish_entry(&alt.artifact, &alt.manifest, false, store, publish).await {
+            Ok(entry) => {
+                if let Some(c) = manifest
+                    .selection
+                    .as_mut()
+                    .and_then(|s| s.candidates.get_mut(alt.index))
+                {
+                    c.compile_key = Some(entry.manifest.compile_key.clone());
+                    c.artifact_digest = Some(entry.manifest.artifact_digest.clone());
+                    c.manifest_digest = Some(entry.manifest_digest.clone());
+                }
+            }
+            Err(e) => {
+                tracing::warn!(compile_key = %alt.manifest.compile_key, error = %e, "an engine candidate could not be stored; NextCandidate will not offer it")
+            }
+        }
+    }
 }
 
 /// Where and for whom a compile builds.

@@ -3,7 +3,8 @@
 //! warmup iterations on this machine — the class's own hardware in a compile Job — and the one
 //! [`crate::backend::select`] keeps becomes the class's artifact. A candidate that fails is
 //! evidence in the build manifest, not an error; the compile fails only when none passes.
-//! Writes candidate artifacts beside `target.out` and removes all but the kept one.
+//! Writes candidate artifacts beside `target.out`; the caller stores the kept one and the other
+//! passing ones (for `fallback.policy: NextCandidate`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -19,21 +20,31 @@ use crate::pipeline::build::{Inputs, Target, compile};
 use crate::pipeline::spec::Spec;
 use crate::pipeline::warmup;
 
-/// A candidate that passed: its artifact, manifest and measurements.
+/// A candidate that passed: its artifact and manifest.
 struct Built {
     artifact: PathBuf,
     manifest: BuildManifest,
 }
 
+/// A passing candidate besides the kept one, to be stored as its own entry.
+pub struct Alternate {
+    /// Its index among the selection's candidates.
+    pub index: usize,
+    /// The artifact, beside the kept one.
+    pub artifact: PathBuf,
+    /// Its manifest, under its own (concrete) compile key.
+    pub manifest: BuildManifest,
+}
+
 /// Compiles, checks and measures every candidate, keeps the fastest that passed (by
 /// [`select::choose`]) at `target.out`, and returns its manifest under the `auto` compile key,
-/// recording every candidate.
+/// recording every candidate, with the other passing candidates.
 pub fn compile_auto(
     spec: &Spec,
     inputs: &Inputs,
     auto: &Auto,
     target: &Target<'_>,
-) -> Result<BuildManifest> {
+) -> Result<(BuildManifest, Vec<Alternate>)> {
     let started = Instant::now();
     let dir = target.out.parent().unwrap_or(Path::new("."));
     let mut reports = Vec::new();
@@ -66,12 +77,15 @@ pub fn compile_auto(
     let choice = select::choose(&reports)
         .map_err(|(reason, message)| Error::NoCandidate { reason, message })?;
     let mut kept = None;
-    for (i, b) in built.into_iter().enumerate() {
+    let mut alternates = Vec::new();
+    for (index, b) in built.into_iter().enumerate() {
         match b {
-            Some(b) if i == choice.index => kept = Some(b),
-            Some(b) => {
-                let _ = std::fs::remove_file(&b.artifact);
-            }
+            Some(b) if index == choice.index => kept = Some(b),
+            Some(b) => alternates.push(Alternate {
+                index,
+                artifact: b.artifact,
+                manifest: b.manifest,
+            }),
             None => {}
         }
     }
@@ -88,7 +102,7 @@ pub fn compile_auto(
         reason: choice.reason,
         candidates: reports,
     });
-    Ok(manifest)
+    Ok((manifest, alternates))
 }
 
 /// One candidate: compile with its concrete backend (under its own compile key, as if the

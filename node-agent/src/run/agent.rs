@@ -26,7 +26,7 @@ use kube::{Api, Client, ResourceExt};
 
 use super::cache::{Cache, KnownGood};
 use super::deadline::{blocking_within, within};
-use super::decide::{Next, Pick, after_failure, wanted};
+use super::decide::{Next, Pick, after_failure, alternates, wanted};
 use super::plan::rows::{self, Fallback, Prepared, policy_name, serves};
 use super::plan::{Action, Attempt, State, TargetKey, next_action};
 use super::{gate, target, writes};
@@ -74,6 +74,9 @@ pub struct Agent {
     pub states: BTreeMap<TargetKey, State>,
     /// The status last applied.
     pub published: Option<KilnNodeStatus>,
+    /// The verified build manifest of the artifact each target last pulled: where
+    /// `fallback.policy: NextCandidate` finds the other engine candidates when it fails.
+    pub pulled: BTreeMap<TargetKey, kiln_crds::BuildManifest>,
 }
 
 fn now() -> Time {
@@ -170,6 +173,7 @@ impl Agent {
             .cloned()
             .collect();
         for key in gone {
+            self.pulled.remove(&key);
             if let Some(labels) = self.states.remove(&key).and_then(|s| s.labels) {
                 self.metrics.forget_target(&labels);
             }
@@ -214,6 +218,11 @@ impl Agent {
         let reason = err.reason();
         self.metrics.failure(reason);
         tracing::warn!(target = %key, revision = pick.revision, %reason, error = %err, "artifact failed on this node");
+        let others = self
+            .pulled
+            .get(key)
+            .map(|m| alternates(m, &pick))
+            .unwrap_or_default();
         let next = after_failure(
             &t.spec.fallback,
             &pick,
@@ -221,6 +230,7 @@ impl Agent {
             &self.cache.known_good(&key.to_string()),
             t.status.as_ref(),
             t.spec.rollout.pinned_revision,
+            &others,
         );
         let policy = t.spec.fallback.policy;
         let fell_back = match next {
@@ -239,6 +249,7 @@ impl Agent {
                     None
                 }
             },
+            Next::Candidates(others) => self.next_candidate(key, t, &others, facts).await,
         };
         match fell_back {
             Some(p) => {
@@ -260,6 +271,25 @@ impl Agent {
                 false
             }
         }
+    }
+
+    /// The first of the other engine candidates that passes here, tried in order.
+    async fn next_candidate(
+        &mut self,
+        key: &TargetKey,
+        t: &CompiledTarget,
+        others: &[Pick],
+        facts: &ClassFacts,
+    ) -> Option<Prepared> {
+        for other in others {
+            match self.prepare(key, t, other, facts, true).await {
+                Ok(p) => return Some(p),
+                Err(e) => {
+                    tracing::warn!(error = %e, compile_key = %other.compile_key, "next engine candidate failed too")
+                }
+            }
+        }
+        None
     }
 
     /// Re-hashes a previous known-good artifact before it is served again.
@@ -301,6 +331,9 @@ impl Agent {
             ),
         )
         .await?;
+        if !fallback {
+            self.pulled.insert(key.clone(), pulled.manifest.clone());
+        }
         let backend = backend::for_artifact(&t.spec.backend, &pulled.manifest)?;
         let probed = class_facts(
             t.spec.class_label_keys.iter().map(String::as_str),

@@ -88,11 +88,42 @@ pub enum Next {
     Previous(KnownGood),
     /// Try the fallback class's artifact of the same revision.
     Class(Pick),
+    /// Try these engine candidates of the same class and revision, in order, until one passes.
+    Candidates(Vec<Pick>),
+}
+
+/// The engine candidates that passed at the compile of `failed`'s artifact besides the kept one,
+/// in the candidates' order, each as a pick of the same revision and class: what
+/// `fallback.policy: NextCandidate` tries. From the failed artifact's verified build manifest;
+/// empty for a manifest of another artifact, one without a selection (not `auto`), or
+/// candidates not stored.
+pub fn alternates(manifest: &kiln_crds::BuildManifest, failed: &Pick) -> Vec<Pick> {
+    let Some(selection) = &manifest.selection else {
+        return Vec::new();
+    };
+    if strip(&manifest.artifact_digest) != failed.digest {
+        return Vec::new();
+    }
+    selection
+        .candidates
+        .iter()
+        .filter(|c| c.passed && c.engine != selection.engine)
+        .filter_map(|c| {
+            Some(Pick {
+                revision: failed.revision,
+                class: failed.class.clone(),
+                compile_key: c.compile_key.clone()?,
+                digest: strip(c.artifact_digest.as_deref()?),
+                manifest_digest: c.manifest_digest.clone()?,
+            })
+        })
+        .filter(|p| p.digest != failed.digest)
+        .collect()
 }
 
 /// The fallback for `failed`, tried under the target's `generation`, under `fallback`.
 /// `known_good` are this target's cached entries that passed on this node (any order);
-/// `status`/`pinned` as in [`wanted`]. The same artifact that passed under an earlier generation
+/// `status`/`pinned` as in [`wanted`]; `alternates` as [`alternates`] gives them. The same artifact that passed under an earlier generation
 /// (say, before the warmup fixture changed) counts as previous: the node stays on it.
 pub fn after_failure(
     fallback: &Fallback,
@@ -101,9 +132,12 @@ pub fn after_failure(
     known_good: &[KnownGood],
     status: Option<&CompiledTargetStatus>,
     pinned: Option<i64>,
+    alternates: &[Pick],
 ) -> Next {
     match fallback.policy {
         FallbackPolicy::FailClosed => Next::FailClosed,
+        FallbackPolicy::NextCandidate if alternates.is_empty() => Next::FailClosed,
+        FallbackPolicy::NextCandidate => Next::Candidates(alternates.to_vec()),
         FallbackPolicy::PreviousKnownGood => known_good
             .iter()
             .filter(|k| {
@@ -239,7 +273,8 @@ revisions:
                 Some(2),
                 &cached,
                 Some(&s),
-                None
+                None,
+                &[]
             ),
             Next::FailClosed
         );
@@ -257,13 +292,13 @@ revisions:
             good(4, "d4", 30),      // newer than what is asked for (a rollback pin): not a fallback
         ];
         assert_eq!(
-            after_failure(&pkg, &failed, Some(2), &cached, Some(&s), None),
+            after_failure(&pkg, &failed, Some(2), &cached, Some(&s), None, &[]),
             Next::Previous(good(2, "d2gpu", 20))
         );
         // Same revision passed twice (re-rolled with another fixture): the later pass wins.
         let twice = [good(1, "a", 10), good(1, "b", 40)];
         assert_eq!(
-            after_failure(&pkg, &failed, Some(2), &twice, Some(&s), None),
+            after_failure(&pkg, &failed, Some(2), &twice, Some(&s), None, &[]),
             Next::Previous(good(1, "b", 40))
         );
         // Nothing cached passed here: fail closed.
@@ -274,18 +309,27 @@ revisions:
                 Some(2),
                 &[good_at(2, 3, "d3", 1)],
                 Some(&s),
-                None
+                None,
+                &[]
             ),
             Next::FailClosed
         );
         // The warmup spec changed (generation 2) and revision 3 fails it: the node stays on
         // revision 3 as it passed under generation 1.
         assert_eq!(
-            after_failure(&pkg, &failed, Some(2), &[good(3, "d3", 1)], Some(&s), None),
+            after_failure(
+                &pkg,
+                &failed,
+                Some(2),
+                &[good(3, "d3", 1)],
+                Some(&s),
+                None,
+                &[]
+            ),
             Next::Previous(good(3, "d3", 1))
         );
         assert_eq!(
-            after_failure(&pkg, &failed, Some(2), &[], Some(&s), None),
+            after_failure(&pkg, &failed, Some(2), &[], Some(&s), None, &[]),
             Next::FailClosed
         );
     }
@@ -296,26 +340,84 @@ revisions:
         let to_cpu = policy(FallbackPolicy::Class, Some("cpu-a"));
         let failed = pick(2, "gpu-b", "k2gpu", "d2gpu");
         assert_eq!(
-            after_failure(&to_cpu, &failed, Some(2), &[], Some(&s), None),
+            after_failure(&to_cpu, &failed, Some(2), &[], Some(&s), None, &[]),
             Next::Class(pick(2, "cpu-a", "k2cpu", "d2cpu"))
         );
         // With a pin, the pinned revision's cpu artifact.
         let failed1 = pick(1, "gpu-b", "k1gpu", "d1gpu");
         assert_eq!(
-            after_failure(&to_cpu, &failed1, Some(2), &[], Some(&s), Some(1)),
+            after_failure(&to_cpu, &failed1, Some(2), &[], Some(&s), Some(1), &[]),
             Next::Class(pick(1, "cpu-a", "k1cpu", "d1cpu"))
         );
         // The fallback class's own artifact failed: nothing further.
         let cpu_failed = pick(2, "cpu-a", "k2cpu", "d2cpu");
         assert_eq!(
-            after_failure(&to_cpu, &cpu_failed, Some(2), &[], Some(&s), None),
+            after_failure(&to_cpu, &cpu_failed, Some(2), &[], Some(&s), None, &[]),
             Next::FailClosed
         );
         // The named class has no artifact: fail closed.
         let to_tpu = policy(FallbackPolicy::Class, Some("tpu-c"));
         assert_eq!(
-            after_failure(&to_tpu, &failed, Some(2), &[], Some(&s), None),
+            after_failure(&to_tpu, &failed, Some(2), &[], Some(&s), None, &[]),
             Next::FailClosed
         );
+    }
+
+    fn manifest_with(selection: serde_json::Value) -> kiln_crds::BuildManifest {
+        serde_json::from_value(serde_json::json!({
+            "manifestVersion": 1, "compileKey": "kauto", "artifactDigest": "dkept",
+            "artifactSize": 1, "mediaType": "x", "backend": "onnxruntime", "backendVersion": "0",
+            "toolVersion": "0", "precision": "fp32", "profiles": {}, "class": {},
+            "host": {"arch": "amd64", "cpuLevel": "x", "cores": 1, "memoryBytes": 1},
+            "flags": {}, "inputs": {}, "outputs": [], "unsupportedOperators": [],
+            "parityMaxAbsError": null, "compileSeconds": 0.0, "converterLog": [],
+            "selection": selection
+        }))
+        .expect("manifest")
+    }
+
+    #[test]
+    fn next_candidate_tries_the_other_passing_candidates_of_the_failed_artifact_in_order() {
+        let manifest = manifest_with(serde_json::json!({
+            "engine": "onnxruntime/cuda", "reason": "fastest",
+            "candidates": [
+                {"engine": "tract", "passed": true, "compileKey": "kt", "artifactDigest": "sha256:dt", "manifestDigest": "sha256:m-kt"},
+                {"engine": "onnxruntime/cpu", "passed": false, "reason": "ParityExceeded"},
+                {"engine": "onnxruntime/cuda", "passed": true},
+                {"engine": "other", "passed": true, "compileKey": "ko"}
+            ]
+        }));
+        let failed = pick(2, "gpu-b", "kauto", "dkept");
+        // Only what passed, was stored (key and both digests) and is not the kept one.
+        let alt = alternates(&manifest, &failed);
+        assert_eq!(alt, vec![pick(2, "gpu-b", "kt", "dt")]);
+        let next = policy(FallbackPolicy::NextCandidate, None);
+        let s = status(TWO_REVISIONS);
+        assert_eq!(
+            after_failure(&next, &failed, Some(2), &[], Some(&s), None, &alt),
+            Next::Candidates(alt.clone())
+        );
+        // Nothing to try: fail closed; other policies ignore the candidates.
+        assert_eq!(
+            after_failure(&next, &failed, Some(2), &[], Some(&s), None, &[]),
+            Next::FailClosed
+        );
+        assert_eq!(
+            after_failure(
+                &policy(FallbackPolicy::FailClosed, None),
+                &failed,
+                Some(2),
+                &[],
+                Some(&s),
+                None,
+                &alt
+            ),
+            Next::FailClosed
+        );
+        // The manifest of another artifact, or one without a selection, offers nothing: an
+        // alternate that itself fails does not lead to further alternates.
+        let other = pick(2, "gpu-b", "kt", "dt");
+        assert!(alternates(&manifest, &other).is_empty());
+        assert!(alternates(&manifest_with(serde_json::Value::Null), &failed).is_empty());
     }
 }

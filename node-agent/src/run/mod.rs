@@ -146,6 +146,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         probed_at: Instant::now(),
         states: BTreeMap::new(),
         published: None,
+        pulled: BTreeMap::new(),
     };
     // A restarted agent starts from the rows it last reported, so serving pods do not flap; no
     // row is trusted, though: the first pass prepares every target again (re-verifying cached

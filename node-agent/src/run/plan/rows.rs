@@ -348,11 +348,7 @@ pub fn node_status(
 
 /// The policy as metric labels and messages name it.
 pub fn policy_name(policy: FallbackPolicy) -> &'static str {
-    match policy {
-        FallbackPolicy::FailClosed => "FailClosed",
-        FallbackPolicy::PreviousKnownGood => "PreviousKnownGood",
-        FallbackPolicy::Class => "Class",
-    }
+    policy.as_str()
 }
 
 #[cfg(test)]
