@@ -165,5 +165,5 @@ tail -1 "$WORK/cuda.json" | jq -e '(.ready | not) and .reason == "IncompatibleRu
 # was found in the image.
 tail -1 "$WORK/cuda.json" | jq -e '.message | test("libcuda\\.so\\.1: cannot open")' >/dev/null ||
   fail "the CUDA provider failed to load for another reason than the missing driver: $(tail -1 "$WORK/cuda.json" | jq -r .message)"
-echo "   cuda: $(tail -1 "$WORK/cuda.json" | jq -r '.reason + ": " + (.message | sub(".*with error: "; "") | .[0:120])')"
+echo "   cuda: $(tail -1 "$WORK/cuda.json" | jq -r '.reason + ": " + (.message | sub(".*with error: "; "") | gsub("\\n"; " ") | .[0:120])')"
 echo "image: $((packed / 1048576)) MiB compressed, $((unpacked / 1048576)) MiB unpacked; fetch $((t1 - t0))s, build $((t2 - t1))s"
