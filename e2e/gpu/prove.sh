@@ -1,85 +1,275 @@
 #!/usr/bin/env bash
-# kiln on a real NVIDIA GPU, for a machine lent by the `device` tool (or any GPU machine): what
-# issue 15 asks to prove, as far as kiln implements it today.
+# kiln on a real NVIDIA GPU, for a machine lent by the `device` tool (or any NVIDIA machine with
+# a Python environment holding torch, torchvision, transformers, onnx, safetensors and pip's CUDA
+# 13 wheels; no network needed there): what issue 15 asks to prove, as far as kiln implements it.
 #
-#   e2e/gpu/prove.sh pack      here (no GPU needed): a stripped release kiln-agent and the example
-#                              models into gpu-carry/ (git-ignored), for `run` with
-#                              carry: ["gpu-carry"]
-#   e2e/gpu/prove.sh run [OUT] on the GPU machine, from the repository root: finds the CUDA
-#                              libraries inside the machine's Python environments (no download),
-#                              then records into OUT (default $OUT or gpu-proof/):
-#                                probe.json   kiln-agent probe: NVML product, memory, compute
-#                                             capability, driver and CUDA versions, MIG mode, and
-#                                             the GPU Feature Discovery labels kiln derives
-#                                nvidia-smi.txt  the same facts from the driver's own tool, to compare
-#                                local-*.json kiln-agent local on each example model (CPU engine)
-#                              and prints a summary. Exits non-zero when a step fails.
+#   e2e/gpu/prove.sh pack        here (no GPU): a release build and e2e/gpu/pack.sh gpu-carry/
+#                                (git-ignored): base/ (kiln-agent, ONNX Runtime, ~20 MB) and
+#                                parts/ (the CUDA provider in 40 MB parts); prints the `run`
+#                                calls that carry them, one part per call (64 MiB a call)
+#   e2e/gpu/prove.sh stash       there, in each call that carries a part: keeps the carried
+#                                gpu-carry/parts/* in /tmp/kiln-gpu/parts for the later calls
+#   e2e/gpu/prove.sh run [--libs DIR] [OUT]
+#                                there, from the repository root, in the call after the last
+#                                part (about 4 minutes on an H100): unpacks (e2e/gpu/unpack.sh;
+#                                CUDA and cuDNN from the machine's Python environments, or from DIR,
+#                                e.g. the GPU agent image's /usr/lib/onnxruntime unpacked, whose
+#                                ONNX Runtime then runs too) and records into OUT (default $OUT or
+#                                gpu-proof/):
+#       probe.json, nvidia-smi.txt  kiln-agent probe (NVML product, memory, compute capability,
+#                                driver, CUDA, MIG, the GPU Feature Discovery labels kiln derives)
+#                                and the driver's own tool, which must agree
+#       local-<example>.json     kiln-agent local on each examples/*/kiln.yaml as written
+#       runs/*.json              the example models, ResNet-50 and BERT-base (e2e/gpu/export.py,
+#                                random seeded weights, fixtures from ONNX Runtime's CPU provider)
+#                                through tract, ONNX Runtime CPU and ONNX Runtime CUDA, each at
+#                                precision fp32 and tf32 (rows say whatever the spec and backend
+#                                make of tf32); CUDA with cpuFallback Forbidden (BERT's int64 shape
+#                                nodes sit on the CPU on purpose); TensorRT, whose library is not
+#                                there; the example's CUDA artifact with its build manifest
+#                                rewritten as if built for compute capability 10.0, and under a
+#                                driver one major newer than this one: each row with the reason,
+#                                load / first / p50 / p99 ms, parity, placement, host peak memory
+#                                and device memory (nvidia-smi, the peak over the run)
+#   e2e/gpu/prove.sh anchor [OUT]  there, in its own call (torch.compile takes minutes): the same
+#                                ResNet-50 / BERT-base in PyTorch (e2e/gpu/torch_anchor.py: eager,
+#                                torch.compile default and reduce-overhead) into OUT/anchor.json
+#   e2e/gpu/prove.sh table [OUT] prints the table of what OUT holds (run and anchor end with it)
 #
-# Not covered yet (kiln has no GPU engine): tract-cuda and ONNX Runtime's CUDA provider runs
-# (GPU vs CPU load/warmup/p50/p99, device memory, partitions). The summary says so.
+# Exits non-zero when the probe fails or an example does not run as written; the variant rows
+# are findings, not pass/fail.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)
+HERE=$ROOT/e2e/gpu
 CARRY=$ROOT/gpu-carry
+STASH=/tmp/kiln-gpu
+WARMUP=${KILN_GPU_WARMUP:-200}
 
 pack() {
   cd "$ROOT"
-  cargo build --release -p kiln-agent
-  rm -rf "$CARRY"
-  mkdir -p "$CARRY/models"
-  strip -o "$CARRY/kiln-agent" target/release/kiln-agent
-  cp -r examples/squeezenet "$CARRY/models/"
-  du -sh "$CARRY"
+  [[ -n ${KILN_AGENT_BIN:-} ]] || cargo build --release -p kiln-agent --locked
+  "$HERE/pack.sh" "$CARRY"
+  local parts=("$CARRY"/parts/*) i=0 p
+  echo "== the calls (the \`run\` tool, from the repository root):"
+  for p in "${parts[@]}"; do
+    echo "   carry [\"gpu-carry/base\", \"gpu-carry/parts/$(basename "$p")\"]  command: e2e/gpu/prove.sh stash"
+    i=$((i + 1))
+  done
+  echo "   carry [\"gpu-carry/base\"]  command: e2e/gpu/prove.sh run \$OUT/proof"
+  echo "   command: e2e/gpu/prove.sh anchor \$OUT/proof   (OUT of the previous call is fresh each call:"
+  echo "   run both in one command, or keep /tmp/kiln-gpu-proof: e2e/gpu/prove.sh run /tmp/kiln-gpu-proof)"
+}
+
+stash() {
+  mkdir -p "$STASH/parts"
+  cp "$CARRY"/parts/* "$STASH/parts/"
+  ls -la "$STASH/parts"
 }
 
 # cuda_libs: the directories of the CUDA libraries pip installed beside PyTorch (nvidia-*-cu*
-# wheels put them under site-packages/nvidia/*/lib), for LD_LIBRARY_PATH.
+# wheels put them under site-packages/nvidia/*/lib, CUDA 13's under nvidia/cu13/lib).
 cuda_libs() {
   find / -xdev -path '*/site-packages/nvidia/*/lib' -type d 2>/dev/null | sort -u | paste -sd:
 }
 
+# setup [--libs DIR]: AGENT, ORT_DYLIB_PATH and LD_LIBRARY_PATH for this machine.
+setup() {
+  local libs=
+  if [[ ${1:-} == --libs ]]; then libs=$(readlink -f "$2"); fi
+  [[ -d $CARRY/base ]] || { echo "no $CARRY/base: run 'e2e/gpu/prove.sh pack' on the build machine and carry gpu-carry/base" >&2; exit 2; }
+  if [[ -n $libs && -f $libs/libonnxruntime_providers_cuda.so ]]; then
+    # The directory holds ONNX Runtime too (the GPU image's): only kiln-agent is unpacked.
+    mkdir -p "$STASH"
+    xz -dc "$CARRY/base/kiln-agent.xz" >"$STASH/kiln-agent" && chmod +x "$STASH/kiln-agent"
+    export ORT_DYLIB_PATH=$libs/libonnxruntime.so.1.31.1 LD_LIBRARY_PATH=$libs
+  else
+    [[ ! -d $CARRY/parts ]] || stash >/dev/null
+    eval "$("$HERE/unpack.sh" "$CARRY/base" "$STASH/parts" "$STASH" "${libs:-$(cuda_libs)}")"
+  fi
+  AGENT=$STASH/kiln-agent
+  export ORT_DISABLE_TELEMETRY=1
+}
+
+# gpu_mem_peak PID FILE: samples the GPU memory of the compute processes every 0.2 s while PID
+# lives and writes the peak (MiB) to FILE.
+gpu_mem_peak() {
+  local pid=$1 file=$2 peak=0 m
+  while kill -0 "$pid" 2>/dev/null; do
+    m=$( (nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits 2>/dev/null || true) | awk '{s += $1} END {print s + 0}')
+    ((m <= peak)) || peak=$m
+    sleep 0.2
+  done
+  echo "$peak" >"$file"
+}
+
+# local_run NAME YAML STORE OUT: kiln-agent local with a timeout, device memory sampled; writes
+# OUT/runs/NAME.json (the outcome plus what the row needs) and prints the row's short form.
+local_run() {
+  local name=$1 yaml=$2 store=$3 out=$4 pid
+  mkdir -p "$out/runs" "$out/logs"
+  timeout 300 "$AGENT" local "$yaml" --store "$store" --output json >"$out/logs/$name.json" 2>"$out/logs/$name.err" &
+  pid=$!
+  gpu_mem_peak "$pid" "$out/logs/$name.gpumem" &
+  wait "$pid" || true
+  wait
+  python3 - "$out/logs/$name.json" "$out/logs/$name.gpumem" "$name" "$out/runs/$name.json" <<'PY'
+import json, sys
+src, mem, name, dst = sys.argv[1:]
+try:
+    d = json.loads(open(src).read().strip().splitlines()[-1])
+except Exception:
+    d = {"ready": False, "reason": None, "message": "no JSON outcome (crashed or timed out; see logs/" + name + ".err)"}
+d["deviceMemoryMiB"] = int(open(mem).read() or 0)
+d["row"] = name
+json.dump(d, open(dst, "w"))
+print(f"   {name:34} ready={d.get('ready')} reason={d.get('reason')} p50={d.get('p50Seconds')} {str(d.get('message'))[:100]}")
+PY
+}
+
+# target NAME MODEL BACKEND PRECISION PROFILE-DIMS: a CompiledTarget as JSON (one YAML document).
+target() {
+  printf '{"apiVersion":"kiln.dev/v1alpha1","kind":"CompiledTarget","metadata":{"name":"%s"},"spec":{"modelRef":{"name":"%s"},"backend":%s,"precision":"%s","profiles":[{"name":"p","dims":%s}],"warmup":{"iterations":%s,"fixtureVersion":"v1","defaultTolerance":{"atol":1.0e-3,"rtol":1.0e-3}},"fallback":{"policy":"FailClosed"}}}\n' \
+    "$1" "$2" "$3" "$4" "$5" "$WARMUP"
+}
+
+backend() {
+  case $1 in
+    tract) echo '{"kind":"tract"}' ;;
+    ort-cpu) echo '{"kind":"onnxruntime","executionProvider":"cpu"}' ;;
+    ort-cuda) echo '{"kind":"onnxruntime","executionProvider":"cuda"}' ;;
+    ort-cuda-forbid) echo '{"kind":"onnxruntime","executionProvider":"cuda","cpuFallback":{"policy":"Forbidden"}}' ;;
+    ort-tensorrt) echo '{"kind":"onnxruntime","executionProvider":"tensorrt"}' ;;
+  esac
+}
+
+# models OUT: OUT/m/NAME/{ma.yaml,prof.json,...} for each example and the exported models.
+models() {
+  local out=$1 m name
+  for m in "$ROOT"/examples/*/kiln.yaml; do
+    name=$(basename "$(dirname "$m")")
+    mkdir -p "$out/m/$name"
+    cp "$(dirname "$m")"/*.onnx "$(dirname "$m")"/*.safetensors "$out/m/$name/"
+    awk '/^---/{exit} {print}' "$m" >"$out/m/$name/ma.yaml"
+    # Each symbolic input dim at its minimum: the profile every example accepts.
+    python3 -c 'import json, sys, yaml
+d = yaml.safe_load(open(sys.argv[1]))
+print(json.dumps({x["symbol"]: x["min"] for i in d["spec"]["inputs"] for x in i["dims"] if "symbol" in x}))' "$out/m/$name/ma.yaml" >"$out/m/$name/prof.json"
+  done
+  mkdir -p "$out/m/export"
+  echo "== exporting ResNet-50 and BERT-base (e2e/gpu/export.py)"
+  (cd "$out/m/export" && PYTHONUNBUFFERED=1 python3 "$HERE/export.py" . >"$out/export.log" 2>&1) || { tail -5 "$out/export.log"; return 0; }
+  local -A fx=([resnet50]="--shape input=1,3,224,224" [bert]="--inputs bert-inputs.safetensors")
+  local -A prof=([resnet50]="batch=1" [bert]="batch=1 seq=128")
+  for name in resnet50 bert; do
+    mkdir -p "$out/m/$name"
+    cp "$out/m/export/$name.onnx" "$out/m/$name/"
+    # shellcheck disable=SC2086 # the fixture arguments are words
+    (cd "$out/m/export" && "$AGENT" fixtures --model $name.onnx --fixture-version v1 --reference onnxruntime ${fx[$name]} \
+      -o "$out/m/$name/$name-fx.safetensors" >/dev/null 2>"$out/fx-$name.err") || { echo "fixture $name: $(tail -1 "$out/fx-$name.err")"; continue; }
+    # shellcheck disable=SC2086
+    (cd "$out/m/$name" && python3 "$HERE/gen.py" $name.onnx $name $name-fx.safetensors ${prof[$name]} >ma.yaml 2>prof.json) ||
+      { echo "gen $name failed"; continue; }
+  done
+}
+
 run() {
-  local out=${1:-${OUT:-$ROOT/gpu-proof}} agent=$CARRY/kiln-agent fail=0
-  [[ -x $agent ]] || { echo "no $agent: run 'e2e/gpu/prove.sh pack' on the build machine and carry gpu-carry" >&2; exit 2; }
+  local libs=()
+  if [[ ${1:-} == --libs ]]; then libs=(--libs "$2"); shift 2; fi
+  local out=${1:-${OUT:-$ROOT/gpu-proof}} fail=0
   mkdir -p "$out"
-  local libs
-  libs=$(cuda_libs)
-  echo "CUDA libraries: ${libs:-none found}" | tee "$out/cuda-libs.txt"
-  export LD_LIBRARY_PATH=${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  out=$(readlink -f "$out")
+  setup "${libs[@]}"
+  echo "ORT_DYLIB_PATH=$ORT_DYLIB_PATH LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee "$out/libs.txt"
   { nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version,mig.mode.current --format=csv || true
     nvidia-smi | head -5 || true; } >"$out/nvidia-smi.txt" 2>&1
 
   echo "== probe"
-  "$agent" probe >"$out/probe.json"
+  "$AGENT" probe >"$out/probe.json"
   jq '{accelerators: .hardware.accelerators, driver: .hardware.driverVersion, cuda: .hardware.cudaDriverVersion,
-    labels: (.labels | with_entries(select(.key | startswith("nvidia.com/"))))}' "$out/probe.json" || cat "$out/probe.json"
+    runtimes: .hardware.runtimes, labels: (.labels | with_entries(select(.key | startswith("nvidia.com/"))))}' "$out/probe.json" || cat "$out/probe.json"
   jq -e '.hardware.accelerators | length > 0' "$out/probe.json" >/dev/null ||
     { echo "FAIL: the probe found no GPU: $(jq -r .hardware.acceleratorNote "$out/probe.json")"; fail=1; }
-  # nvidia-smi and the probe must agree on the driver and the product.
+  # nvidia-smi and the probe must agree on the driver.
   local smi_driver
   smi_driver=$( (nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null || true) | head -1 | tr -d " ")
   [[ -z $smi_driver || $smi_driver == "$(jq -r .hardware.driverVersion "$out/probe.json")" ]] ||
     { echo "FAIL: nvidia-smi says driver $smi_driver, the probe $(jq -r .hardware.driverVersion "$out/probe.json")"; fail=1; }
 
-  echo "== kiln-agent local on the example models (CPU engine: kiln has no GPU engine yet)"
-  local m
-  for m in "$CARRY"/models/*/kiln.yaml; do
-    local name
+  echo "== kiln-agent local on the example models as written"
+  local m name
+  for m in "$ROOT"/examples/*/kiln.yaml; do
     name=$(basename "$(dirname "$m")")
-    if "$agent" local "$m" --store "$out/store" --output json >"$out/local-$name.json" 2>"$out/local-$name.log"; then
-      jq -c '{ready, class, loadSeconds, warmupSeconds, p50Seconds, p99Seconds, peakMemoryBytes, placement}' "$out/local-$name.json"
+    if "$AGENT" local "$m" --store "$out/store-examples" --output json >"$out/local-$name.json" 2>"$out/local-$name.log"; then
+      jq -c '{ready, class, loadSeconds, p50Seconds, p99Seconds, peakMemoryBytes, placement: .placement.nodes}' <(tail -1 "$out/local-$name.json")
     else
       echo "FAIL: local $name: $(tail -1 "$out/local-$name.json")"; fail=1
     fi
   done
 
-  echo "== not run (no GPU engine in kiln yet): tract-cuda, ONNX Runtime CUDA provider, GPU vs CPU timings,"
-  echo "   device memory, partitions, a GPU artifact refused on another compute capability or an older driver"
-  echo "   (that rule is unit-tested: pipeline::ready::tests::a_gpu_build_for_another_device_or_a_newer_driver_is_refused_before_load)"
+  models "$out"
+  echo "== every model through every backend variant and precision"
+  local dir v p
+  for dir in "$out"/m/*/; do
+    name=$(basename "$dir")
+    [[ -s $dir/ma.yaml && -s $dir/prof.json ]] || continue
+    local ma
+    ma=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["metadata"]["name"])' "$dir/ma.yaml")
+    for v in tract ort-cpu ort-cuda ort-cuda-forbid ort-tensorrt; do
+      for p in fp32 tf32; do
+        # Forbidden fallback and TensorRT are about placement and refusal: fp32 only.
+        [[ $p == tf32 && ( $v == ort-cuda-forbid || $v == ort-tensorrt ) ]] && continue
+        { cat "$dir/ma.yaml"; echo "---"; target "$name-$v-$p" "$ma" "$(backend $v)" "$p" "$(cat "$dir/prof.json")"; } >"$dir/$v-$p.yaml"
+        local_run "$name.$v.$p" "$dir/$v-$p.yaml" "$out/store/$name-$v-$p" "$out"
+      done
+    done
+  done
+
+  echo "== refused: an artifact built for another compute capability, or under a newer driver"
+  refusals "$out"
+  table "$out"
   return "$fail"
+}
+
+# refusals OUT: the first example's stored CUDA artifact (else its tract one), its build manifest
+# rewritten as another GPU's (compute capability 10.0) and a newer driver's (this major + 1),
+# loaded again from that store: a node must refuse both before loading.
+refusals() {
+  local out=$1 name v src manifest case
+  name=$(basename "$(dirname "$(ls "$ROOT"/examples/*/kiln.yaml | head -1)")")
+  for v in ort-cuda tract; do
+    src=$out/store/$name-$v-fp32
+    manifest=$(ls "$src"/artifacts/*/manifest.json 2>/dev/null | head -1) && break
+  done
+  [[ -n ${manifest:-} ]] || { echo "   no stored $name artifact to rewrite"; return 0; }
+  for case in cc drv; do
+    rm -rf "$out/store/refuse-$case"
+    cp -a "$src" "$out/store/refuse-$case"
+    local edited=$out/store/refuse-$case/${manifest#"$src"/}
+    case $case in
+      cc) jq -c '.class["nvidia.com/gpu.compute.major"] = "10" | .class["nvidia.com/gpu.compute.minor"] = "0"' "$manifest" >"$edited" ;;
+      drv) jq -c '.class["nvidia.com/cuda.driver-version.major"] |= ((. // "0" | tonumber) + 1 | tostring)' "$manifest" >"$edited" ;;
+    esac
+    local_run "$name.$v.refused-$case" "$out/m/$name/$v-fp32.yaml" "$out/store/refuse-$case" "$out"
+  done
+}
+
+anchor() {
+  local out=${1:-${OUT:-$ROOT/gpu-proof}}
+  mkdir -p "$out"
+  echo "== PyTorch anchor (e2e/gpu/torch_anchor.py)"
+  PYTHONUNBUFFERED=1 python3 "$HERE/torch_anchor.py" "$out/anchor.json" 2>&1 | tee "$out/anchor.log" | grep -v Warning || true
+  table "$out"
+}
+
+table() {
+  python3 "$HERE/table.py" "${1:-${OUT:-$ROOT/gpu-proof}}" | tee "${1:-${OUT:-$ROOT/gpu-proof}}/table.md"
 }
 
 case ${1:-} in
   pack) pack ;;
+  stash) stash ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+  anchor) shift; anchor "$@" ;;
+  table) shift; table "$@" ;;
+  *) sed -n '2,40p' "$0" >&2; exit 2 ;;
 esac

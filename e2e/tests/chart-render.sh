@@ -21,7 +21,7 @@ out=$(helm template kiln "$CHART" --set store.url=relative/dir 2>&1) && fail "ac
 t() { helm template kiln "$CHART" -n kiln-system "$@"; }
 t --set store.url=/var/lib/kiln/store --set sources.hostPath=/srv/models >"$WORK/fs.yaml"
 t --set store.url=oci://10.0.0.1:5000/kiln --set store.insecure=true --set store.existingSecret=regcred \
-  --set agent.gpu.enabled=true --set agent.runtimeClassName=nvidia --set crds.keep=false \
+  --set agent.gpu.enabled=true --set agent.gpu.runtimeClassName=nvidia --set crds.keep=false \
   --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true \
   --set metrics.grafanaDashboard.enabled=true >"$WORK/oci.yaml"
 t --set store.url=file:///data/kiln --set crds.enabled=false --set agent.enabled=false \
@@ -35,6 +35,12 @@ m = [v for v in ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] 
 sys.exit(m.get("subPathExpr") != "$(NODE_NAME)")' || fail "agent.cachePerNode does not mount cacheHostPath/<node name>"
 grep -q subPathExpr "$WORK/fs.yaml" && fail "subPathExpr without agent.cachePerNode"
 t --set store.url=/s --set sourceSignatures.existingSecret=kiln-source-keys --set sourceSignatures.required=true >"$WORK/srcsig.yaml"
+# The GPU split under a user's own required node affinity (two terms) and pull policy.
+a=agent.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms
+t --set store.url=/s --set agent.gpu.enabled=true --set agent.image.pullPolicy=Never --set agent.runtimeClassName=sandboxed \
+  --set "$a[0].matchExpressions[0].key=pool" --set "$a[0].matchExpressions[0].operator=Exists" \
+  --set "$a[1].matchFields[0].key=metadata.name" --set "$a[1].matchFields[0].operator=In" \
+  --set "$a[1].matchFields[0].values[0]=n1" >"$WORK/gpuaff.yaml"
 out=$(t --set store.url=/s --set attestation.existingSecret= 2>&1) && fail "rendered attestation without a Secret"
 [[ $out == *"attestation.existingSecret"* ]] || fail "no clear error without attestation.existingSecret: $out"
 out=$(t --set store.url=/s --set backends.onnxruntime=1.31.1 2>&1) && fail "rendered an onnxruntime backend without its library digest"
@@ -63,7 +69,7 @@ def one(docs, kind, name):
 def env(container):
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
 
-fs, oci, minimal, unsigned, srcsig = load("fs"), load("oci"), load("min"), load("unsigned"), load("srcsig")
+fs, oci, minimal, unsigned, srcsig, gpuaff = load("fs"), load("oci"), load("min"), load("unsigned"), load("srcsig"), load("gpuaff")
 
 # CRDs: exactly what crdgen writes, with the keep policy by default and switchable.
 files = {}
@@ -117,14 +123,46 @@ check(c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"
 check(c["securityContext"].get("readOnlyRootFilesystem") is True and c["securityContext"]["capabilities"]["drop"] == ["ALL"], "agent hardening")
 check("runtimeClassName" not in spec and not any(k.startswith("NVIDIA") for k in e), "no GPU access by default")
 check("nvidia.com/gpu" not in str(c.get("resources")), "agent claims no GPU")
-ods = one(oci, "DaemonSet", "kiln-agent")["spec"]["template"]["spec"]
-oe = env(ods["containers"][0])
-check(ods.get("runtimeClassName") == "nvidia" and oe.get("NVIDIA_VISIBLE_DEVICES") == "all", "GPU access when asked")
-check("nvidia.com/gpu" not in str(ods["containers"][0]["resources"]), "GPU access claims no GPU")
+check("affinity" not in spec and [d["metadata"]["name"] for d in get(fs, "DaemonSet")] == ["kiln-agent"], "one agent DaemonSet, no affinity, by default")
+check(c["image"] == "kiln/agent:0.1.0", "agent image")
+# agent.gpu.enabled: kiln-agent-gpu with the GPU image and the devices on the nodes labelled
+# nvidia.com/gpu.present=true, kiln-agent with the CPU image and no GPU access everywhere else.
+gds = one(oci, "DaemonSet", "kiln-agent-gpu")
+gspec = gds["spec"]["template"]["spec"]
+ge = env(gspec["containers"][0])
+check(gspec["containers"][0]["image"] == "kiln/agent-gpu:0.1.0", "GPU agent runs the GPU image")
+check(gspec.get("runtimeClassName") == "nvidia" and ge.get("NVIDIA_VISIBLE_DEVICES") == "all" and
+      ge.get("NVIDIA_DRIVER_CAPABILITIES") == "compute,utility", "GPU access when asked")
+check("nvidia.com/gpu" not in str(gspec["containers"][0]["resources"]), "GPU access claims no GPU")
+cds = one(oci, "DaemonSet", "kiln-agent")
+cspec = cds["spec"]["template"]["spec"]
+check(cspec["containers"][0]["image"] == "kiln/agent:0.1.0" and "runtimeClassName" not in cspec and
+      not any(k.startswith("NVIDIA") for k in env(cspec["containers"][0])), "CPU agent keeps the CPU image, no GPU access")
+def required(spec):
+    return spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+gpu_expr = {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}
+cpu_expr = {"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]}
+check(required(gspec) == [{"matchExpressions": [gpu_expr]}], f"GPU agent only on GPU nodes: {required(gspec)}")
+check(required(cspec) == [{"matchExpressions": [cpu_expr]}], f"CPU agent only off GPU nodes: {required(cspec)}")
+# Selectors: the CPU one unchanged (immutable on upgrade), the GPU one not matching CPU pods.
+check(cds["spec"]["selector"] == ds["spec"]["selector"], "CPU agent selector unchanged by agent.gpu")
+gsel, clabels = gds["spec"]["selector"]["matchLabels"], cds["spec"]["template"]["metadata"]["labels"]
+check(gsel == gds["spec"]["template"]["metadata"]["labels"] and not gsel.items() <= clabels.items(),
+      "GPU agent selector matches its own pods and not the CPU agent's")
+check(gds["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "agent", "GPU agents behind the agent metrics Service")
+# A user's required terms keep their meaning, each ANDed with the GPU label; pull policy and
+# RuntimeClass inherit.
+g, cp = one(gpuaff, "DaemonSet", "kiln-agent-gpu")["spec"]["template"]["spec"], one(gpuaff, "DaemonSet", "kiln-agent")["spec"]["template"]["spec"]
+check(required(g) == [{"matchExpressions": [{"key": "pool", "operator": "Exists"}, gpu_expr]},
+                      {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}], "matchExpressions": [gpu_expr]}],
+      f"GPU label ANDed into every user term: {required(g)}")
+check(required(cp)[0]["matchExpressions"][-1] == cpu_expr and required(cp)[1]["matchExpressions"] == [cpu_expr], "CPU agent: NotIn ANDed into every user term")
+check(g["containers"][0]["imagePullPolicy"] == "Never" and g.get("runtimeClassName") == "sandboxed" and cp.get("runtimeClassName") == "sandboxed",
+      "GPU agent inherits agent.image.pullPolicy and agent.runtimeClassName when its own are empty")
 check(not get(minimal, "DaemonSet"), "agent.enabled=false")
 
 # Registry settings.
-for obj in (one(oci, "Deployment", "kiln-operator"), one(oci, "DaemonSet", "kiln-agent")):
+for obj in (one(oci, "Deployment", "kiln-operator"), one(oci, "DaemonSet", "kiln-agent"), one(oci, "DaemonSet", "kiln-agent-gpu")):
     ps = obj["spec"]["template"]["spec"]
     oe = env(ps["containers"][0])
     check(oe.get("KILN_STORE") == "oci://10.0.0.1:5000/kiln" and oe.get("KILN_REGISTRY_INSECURE") == "true", "oci store env")
@@ -185,9 +223,10 @@ check(not any(r["resources"] == ["pods"] and set(r["verbs"]) - {"get", "list", "
 # Every variable the chart sets is one the binary reads (a typo would be silently ignored); the
 # registry flags both take are declared once, in kiln-store. The agent's global flags are in its
 # main.rs, the flags of `run` (what the DaemonSet runs) in cmd/run.rs.
-for srcs, kind, name in ((["operator/src/main.rs"], "Deployment", "kiln-operator"), (["node-agent/src/main.rs", "node-agent/src/cmd/run.rs"], "DaemonSet", "kiln-agent")):
+agent_srcs = ["node-agent/src/main.rs", "node-agent/src/cmd/run.rs"]
+for srcs, kind, name in ((["operator/src/main.rs"], "Deployment", "kiln-operator"), (agent_srcs, "DaemonSet", "kiln-agent"), (agent_srcs, "DaemonSet", "kiln-agent-gpu")):
     declared = set(re.findall(r'env\s*=\s*"(\w+)"', "".join(open(f"{repo}/{src}").read() for src in srcs + ["store/src/lib.rs"])))
-    for docs in (fs, oci):
+    for docs in (fs, oci) if name != "kiln-agent-gpu" else (oci, gpuaff):
         for var in env(one(docs, kind, name)["spec"]["template"]["spec"]["containers"][0]):
             check(var in declared or var.startswith("NVIDIA_"), f"{name} gets {var}, which {' and '.join(srcs)} do not read")
 

@@ -21,6 +21,25 @@ kiln_images() {
     --add "$ORT_LIB:$ORT_IN_IMAGE" --env "ORT_DYLIB_PATH=$ORT_IN_IMAGE" --env ORT_DISABLE_TELEMETRY=1
 }
 
+# kiln_gpu_image_tar DIR: DIR/kiln-agent-gpu.tar, the GPU variant of the agent image
+# (kiln/agent-gpu:e2e), not loaded: the stripped kiln-agent (see bin) with the onnxruntime-gpu
+# library, its CUDA provider and the CUDA 13 / cuDNN 9 libraries of
+# scripts/ensure-onnxruntime-gpu.sh in a layer of their own at $ORT_GPU_IN_IMAGE, which is the
+# image's library search path (LD_LIBRARY_PATH: the provider finds its CUDA libraries there);
+# libcuda.so.1 is left to the NVIDIA container runtime, which mounts the node's driver. The
+# chart runs it on GPU nodes (agent.gpu). Fetches 1.2 GB on first use; builds in about a minute.
+ORT_GPU_IN_IMAGE=/usr/lib/onnxruntime
+kiln_gpu_image_tar() {
+  local libs
+  libs=$("$REPO/scripts/ensure-onnxruntime-gpu.sh") || return 1
+  strip -o "$1/kiln-agent" "$(bin kiln-agent)"
+  "$E2E_DIR/build-image" --name "kiln/agent-gpu:$KILN_TAG" --out "$1/kiln-agent-gpu.tar" \
+    --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt \
+    --add-dir "$libs:$ORT_GPU_IN_IMAGE" --allow-missing libcuda.so.1 \
+    --env "ORT_DYLIB_PATH=$ORT_GPU_IN_IMAGE/libonnxruntime.so.1.31.1" --env "LD_LIBRARY_PATH=$ORT_GPU_IN_IMAGE" \
+    --env ORT_DISABLE_TELEMETRY=1 "$1/kiln-agent"
+}
+
 # kiln_example_dirs DIR: DIR/sources holding the example model and fixture (the chart's
 # sources.hostPath, read-only to the pods) and an empty DIR/cache (agent.cacheHostPath).
 kiln_example_dirs() {

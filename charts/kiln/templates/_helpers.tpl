@@ -91,3 +91,35 @@ app.kubernetes.io/component: {{ .component }}
     items:
       - {key: signing.pub, path: signing.pub}
 {{- end }}
+
+{{/* Selector labels of an agent DaemonSet; pass (dict "root" $ "gpu" BOOL). The GPU one adds
+kiln.dev/agent-image: gpu, so that its selector does not match the CPU agent's pods. */}}
+{{- define "kiln.agentSelector" -}}
+{{- include "kiln.selector" (dict "root" .root "component" "agent") }}
+{{- if .gpu }}
+kiln.dev/agent-image: gpu
+{{- end }}
+{{- end }}
+
+{{/* Affinity of an agent DaemonSet; pass (dict "root" $ "gpu" BOOL). agent.affinity, and with
+agent.gpu.enabled the GPU node label required "true" (GPU agent) or not "true" (CPU agent),
+added to every one of agent.affinity's required node selector terms (terms are ORed, the
+expressions within one ANDed). */}}
+{{- define "kiln.agentAffinity" -}}
+{{- $aff := deepCopy (default (dict) .root.Values.agent.affinity) }}
+{{- if .root.Values.agent.gpu.enabled }}
+{{- $expr := dict "key" .root.Values.agent.gpu.nodeLabel "operator" (ternary "In" "NotIn" .gpu) "values" (list "true") }}
+{{- $na := default (dict) (get $aff "nodeAffinity") }}
+{{- $req := default (dict) (get $na "requiredDuringSchedulingIgnoredDuringExecution") }}
+{{- $terms := list }}
+{{- range (default (list (dict)) (get $req "nodeSelectorTerms")) }}
+{{- $term := deepCopy . }}
+{{- $_ := set $term "matchExpressions" (append (default (list) (get $term "matchExpressions")) $expr) }}
+{{- $terms = append $terms $term }}
+{{- end }}
+{{- $_ := set $req "nodeSelectorTerms" $terms }}
+{{- $_ := set $na "requiredDuringSchedulingIgnoredDuringExecution" $req }}
+{{- $_ := set $aff "nodeAffinity" $na }}
+{{- end }}
+{{- with $aff }}{{ toYaml . }}{{ end }}
+{{- end }}
