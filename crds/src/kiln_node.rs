@@ -186,6 +186,11 @@ pub struct NodeTargetStatus {
     /// to the CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<crate::placement::Placement>,
+    /// The engine that serves here (`tract`, `onnxruntime/cpu`, `onnxruntime/cuda`), from the
+    /// served artifact's build manifest: under `fallback.policy: NextCandidate` another than
+    /// the class's kept engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
     /// Resident memory the engine added at its peak during load and warmup, in bytes (the
     /// agent's peak resident set above its resident set before the load).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -74,6 +74,28 @@ pub struct ProviderLabels {
     pub provider: String,
 }
 
+/// One target's served engine on this node (bounded: [`TargetLabels`] times [`ENGINES`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EngineLabels {
+    /// CompiledTarget namespace.
+    pub namespace: String,
+    /// CompiledTarget name.
+    pub target: String,
+    /// Class whose artifact serves.
+    pub class: String,
+    /// One of [`ENGINES`].
+    pub engine: String,
+}
+
+/// The engine label values; anything else reads as `other`.
+pub const ENGINES: [&str; 5] = [
+    "tract",
+    "onnxruntime/cpu",
+    "onnxruntime/cuda",
+    "onnxruntime/tensorrt",
+    "other",
+];
+
 /// Why a fallback was taken and which policy took it.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FallbackLabels {
@@ -112,6 +134,7 @@ struct Inner {
     fallback_share: Family<TargetLabels, Gauge<f64, AtomicU64>>,
     peak_memory: Family<TargetLabels, Gauge>,
     served_revision: Family<TargetLabels, Gauge>,
+    served_engine: Family<EngineLabels, Gauge>,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -147,6 +170,7 @@ impl Metrics {
             fallback_share: Family::default(),
             peak_memory: Family::default(),
             served_revision: Family::default(),
+            served_engine: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("kiln_agent");
         r.register(
@@ -213,6 +237,11 @@ impl Metrics {
             "served_revision",
             "The target revision this node serves (Ready, or Degraded on a fallback); no series while it serves none",
             inner.served_revision.clone(),
+        );
+        r.register(
+            "served_engine",
+            "1 for the engine that serves a target on this node (tract, onnxruntime/cpu, onnxruntime/cuda, ...); no series while none serves or the engine is unknown",
+            inner.served_engine.clone(),
         );
         r.register(
             "engine_peak_memory_bytes",
@@ -405,8 +434,28 @@ impl Metrics {
         }
     }
 
+    /// Sets which engine serves a target on this node (`None`: none, or not known).
+    pub fn served_engine(&self, labels: &TargetLabels, engine: Option<&str>) {
+        let engine = engine.map(|e| {
+            ENGINES
+                .iter()
+                .find(|k| **k == e)
+                .copied()
+                .unwrap_or("other")
+        });
+        for e in ENGINES {
+            let series = engine_labels(labels, e);
+            if Some(e) == engine {
+                self.inner.served_engine.get_or_create(&series).set(1);
+            } else {
+                self.inner.served_engine.remove(&series);
+            }
+        }
+    }
+
     /// Drops the series of a target that no longer selects this node.
     pub fn forget_target(&self, labels: &TargetLabels) {
+        self.served_engine(labels, None);
         self.inner.target_ready.remove(labels);
         self.inner.served_revision.remove(labels);
         self.inner.partitions.remove(labels);
@@ -450,6 +499,15 @@ fn provider_labels(labels: &TargetLabels, provider: &str) -> ProviderLabels {
         target: labels.target.clone(),
         class: labels.class.clone(),
         provider: provider.into(),
+    }
+}
+
+fn engine_labels(labels: &TargetLabels, engine: &str) -> EngineLabels {
+    EngineLabels {
+        namespace: labels.namespace.clone(),
+        target: labels.target.clone(),
+        class: labels.class.clone(),
+        engine: engine.to_string(),
     }
 }
 

@@ -70,6 +70,9 @@ fn the_dashboard_queries_only_metrics_the_agent_exports() {
     m.pulled(1 << 20, 0.5);
     m.compat_rejection(FailureReason::IncompatibleHardware);
     m.target_ready(&labels, Some(3));
+    // A node that moved from one engine to another (NextCandidate) has one engine series.
+    m.served_engine(&labels, Some("onnxruntime/cpu"));
+    m.served_engine(&labels, Some("tract"));
     m.fallback(FailureReason::ParityExceeded, "PreviousKnownGood");
     m.fail_closed(FailureReason::HashMismatch);
     m.revision_ready(1.0);
@@ -80,6 +83,12 @@ fn the_dashboard_queries_only_metrics_the_agent_exports() {
         text.contains(
             "kiln_agent_served_revision{namespace=\"ml\",target=\"t\",class=\"cpu\"} 3\n"
         ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "kiln_agent_served_engine{namespace=\"ml\",target=\"t\",class=\"cpu\",engine=\"tract\"} 1\n"
+        ) && !text.contains("engine=\"onnxruntime/cpu\""),
         "{text}"
     );
     let queried = kiln_serve::test_support::dashboard_metrics("kiln_agent_");

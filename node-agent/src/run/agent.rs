@@ -335,6 +335,7 @@ impl Agent {
             self.pulled.insert(key.clone(), pulled.manifest.clone());
         }
         let backend = backend::for_artifact(&t.spec.backend, &pulled.manifest)?;
+        let engine = pulled.manifest.engine();
         let probed = class_facts(
             t.spec.class_label_keys.iter().map(String::as_str),
             &probe::labels(&self.hardware),
@@ -412,6 +413,7 @@ impl Agent {
             pull_seconds: pulled.seconds,
             load_seconds,
             warmup,
+            engine: Some(engine),
         })
     }
 
@@ -506,6 +508,8 @@ impl Agent {
             metrics.forget_target(old);
         }
         metrics.target_ready(&labels, ready.then_some(state.row.revision));
+        let engine = state.row.engine.as_deref().filter(|_| ready);
+        metrics.served_engine(&labels, engine);
         state.labels = Some(labels);
     }
 

@@ -28,6 +28,8 @@ pub struct Prepared {
     pub load_seconds: f64,
     /// The warmup measurements.
     pub warmup: WarmupReport,
+    /// The engine that ran it (`None` for a re-verified artifact: nothing was loaded).
+    pub engine: Option<String>,
 }
 
 impl Prepared {
@@ -46,6 +48,7 @@ impl Prepared {
             pull_seconds: 0.0,
             load_seconds: 0.0,
             warmup: WarmupReport::default(),
+            engine: None,
         }
     }
 }
@@ -171,6 +174,7 @@ pub fn served(
         first_request_seconds: Some(p.warmup.first_request_seconds),
         parity_max_abs_error: Some(p.warmup.parity_max_abs_error),
         placement: p.warmup.placement.clone(),
+        engine: p.engine.clone(),
         peak_memory_bytes: p
             .warmup
             .peak_memory_bytes
@@ -432,6 +436,7 @@ mod tests {
                 parity_max_abs_error: 1e-6,
                 ..WarmupReport::default()
             },
+            engine: Some("onnxruntime/cpu".into()),
         }
     }
 
