@@ -20,7 +20,7 @@ TARGET=${CARGO_TARGET_DIR:-$REPO/target}
 AGENT=$TARGET/release/kiln-agent
 [[ -x $AGENT ]] || AGENT=$TARGET/debug/kiln-agent
 # The candidates, as in node-agent/tests/corpus.rs's BACKENDS.
-BACKENDS=(tract onnxruntime)
+BACKENDS=(tract onnxruntime auto)
 MODELS=("$@")
 if ((${#MODELS[@]} == 0)); then
   MODELS=(pplcnet-orient ppocr-det ppocr-rec picodet-layout minilm-l6 magika silero-vad)
@@ -69,7 +69,7 @@ for m in "${MODELS[@]}"; do
       def ms(k): if (.[k] // 0) > 0 then .[k] * 1000 else "-" end;
       [$m, $b, ms("compileSeconds"), ms("loadSeconds"), ms("firstSeconds"), ms("p50Seconds"), ms("p99Seconds"),
        (if .ready and $best > 0 then .p50Seconds / $best else "-" end),
-       (if .ready then "ready, parity \(.parityMaxAbsError)" else "\(.reason): …\(.message | .[-100:])" end)] | @tsv' <<<"${outs[$i]}" |
+       (if .ready then "ready\(if $b == "auto" then " on \(.engine)" else "" end), parity \(.parityMaxAbsError)" else "\(.reason): …\(.message | .[-100:])" end)] | @tsv' <<<"${outs[$i]}" |
       while IFS=$'\t' read -r mm b c l f p50 p99 vs outcome; do
         printf '%-15s %-12s %s %s %s %s %s %s  %s\n' "$mm" "$b" "$(num 10 1 "$c")" "$(num 9 2 "$l")" \
           "$(num 9 3 "$f")" "$(num 9 3 "$p50")" "$(num 9 3 "$p99")" "$(num 7 2 "$vs")$([[ $vs == - ]] && echo " " || echo x)" "$outcome"
