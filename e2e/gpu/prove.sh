@@ -22,9 +22,10 @@
 #       local-<example>.json     kiln-agent local on each examples/*/kiln.yaml as written
 #       runs/*.json              the example models, ResNet-50 and BERT-base (e2e/gpu/export.py,
 #                                random seeded weights, fixtures from ONNX Runtime's CPU provider)
-#                                through tract, ONNX Runtime CPU and ONNX Runtime CUDA, each at
-#                                precision fp32 and tf32 (rows say whatever the spec and backend
-#                                make of tf32); CUDA with cpuFallback Forbidden (BERT's int64 shape
+#                                through tract, ONNX Runtime CPU and ONNX Runtime CUDA and backend
+#                                auto (which keeps the fastest that passes: on a GPU class the
+#                                CUDA provider is a candidate), at precision fp32 and (but tract)
+#                                tf32; CUDA with cpuFallback Forbidden (BERT's int64 shape
 #                                nodes sit on the CPU on purpose); TensorRT, whose library is not
 #                                there; the example's CUDA artifact with its build manifest
 #                                rewritten as if built for compute capability 10.0, and under a
@@ -139,6 +140,7 @@ backend() {
     ort-cuda) echo '{"kind":"onnxruntime","executionProvider":"cuda"}' ;;
     ort-cuda-forbid) echo '{"kind":"onnxruntime","executionProvider":"cuda","cpuFallback":{"policy":"Forbidden"}}' ;;
     ort-tensorrt) echo '{"kind":"onnxruntime","executionProvider":"tensorrt"}' ;;
+    auto) echo '{"kind":"auto"}' ;;
   esac
 }
 
@@ -214,10 +216,11 @@ run() {
     [[ -s $dir/ma.yaml && -s $dir/prof.json ]] || continue
     local ma
     ma=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["metadata"]["name"])' "$dir/ma.yaml")
-    for v in tract ort-cpu ort-cuda ort-cuda-forbid ort-tensorrt; do
+    for v in tract ort-cpu ort-cuda ort-cuda-forbid ort-tensorrt auto; do
       for p in fp32 tf32; do
-        # Forbidden fallback and TensorRT are about placement and refusal: fp32 only.
-        [[ $p == tf32 && ( $v == ort-cuda-forbid || $v == ort-tensorrt ) ]] && continue
+        # Forbidden fallback and TensorRT are about placement and refusal: fp32 only; tract
+        # computes exact fp32 and tf32 on it is refused at admission.
+        [[ $p == tf32 && ( $v == ort-cuda-forbid || $v == ort-tensorrt || $v == tract ) ]] && continue
         { cat "$dir/ma.yaml"; echo "---"; target "$name-$v-$p" "$ma" "$(backend $v)" "$p" "$(cat "$dir/prof.json")"; } >"$dir/$v-$p.yaml"
         local_run "$name.$v.$p" "$dir/$v-$p.yaml" "$out/store/$name-$v-$p" "$out"
       done
