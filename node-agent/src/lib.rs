@@ -15,3 +15,23 @@ pub mod memory;
 pub mod metrics;
 pub mod pipeline;
 pub mod run;
+
+/// What unit tests of several modules share.
+#[cfg(test)]
+pub(crate) mod test_support {
+    /// A build manifest with every required field, `fields` (a JSON object) set over them.
+    pub fn manifest(fields: serde_json::Value) -> kiln_crds::BuildManifest {
+        let mut m = serde_json::json!({
+            "manifestVersion": 1, "compileKey": "0".repeat(64), "artifactDigest": "0".repeat(64),
+            "artifactSize": 1, "mediaType": "x", "backend": "tract", "backendVersion": "0",
+            "toolVersion": "0", "precision": "fp32", "profiles": {}, "class": {},
+            "host": {"arch": "amd64", "cpuLevel": "x", "cores": 1, "memoryBytes": 1},
+            "flags": {}, "inputs": {}, "outputs": [], "unsupportedOperators": [],
+            "parityMaxAbsError": null, "compileSeconds": 0.0, "converterLog": []
+        });
+        if let (Some(m), Some(f)) = (m.as_object_mut(), fields.as_object()) {
+            m.extend(f.clone());
+        }
+        serde_json::from_value(m).expect("manifest")
+    }
+}

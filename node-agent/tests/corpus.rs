@@ -15,8 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::{AGENT, Run, data, run_local_env};
-use kiln_store::staged::sha256_bytes;
+use common::{Run, data, ort_fixture, run_local_env};
 
 /// The backends every corpus model runs on, in order.
 const BACKENDS: &[&str] = &["tract", "onnxruntime", "auto"];
@@ -143,29 +142,12 @@ fn prepare(corpus: &Corpus, model: &str) -> Prepared {
     let onnx = dir.path().join(format!("{model}.onnx"));
     std::fs::copy(corpus.models.join(format!("{model}.onnx")), &onnx).expect("copy model");
     let fixture = dir.path().join(format!("{model}-fixture-v1.safetensors"));
-    let out = Command::new(AGENT)
-        .env("ORT_DYLIB_PATH", &corpus.library)
-        .args([
-            "fixtures",
-            "--reference",
-            "onnxruntime",
-            "--fixture-version",
-            "v1",
-        ])
-        .arg("--model")
-        .arg(&onnx)
-        .arg("--inputs")
-        .arg(corpus.models.join(format!("{model}-inputs.safetensors")))
-        .arg("--out")
-        .arg(&fixture)
-        .output()
-        .expect("run kiln-agent fixtures");
-    assert!(
-        out.status.success(),
-        "fixtures --reference onnxruntime for {model}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let digest = ort_fixture(
+        &corpus.library,
+        &onnx,
+        &corpus.models.join(format!("{model}-inputs.safetensors")),
+        &fixture,
     );
-    let digest = sha256_bytes(&std::fs::read(&fixture).expect("fixture"));
     let template =
         std::fs::read_to_string(data(&format!("corpus/{model}.yaml"))).expect("corpus spec");
     assert!(template.contains("@FIXTURE_SHA256@") && template.contains("kind: tract"));

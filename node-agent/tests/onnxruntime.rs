@@ -12,7 +12,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{AGENT, Run, data, metric, run_local_env};
+use common::{Run, data, metric, ort_fixture, run_local_env};
 use kiln_store::staged::{sha256_bytes, sha256_file};
 use serde_json::{Value, json};
 
@@ -81,29 +81,12 @@ impl Model {
         std::fs::copy(data(&format!("ort/{file}.onnx")), &model).expect("copy model");
         let (sha, size) = sha256_file(&model).expect("hash");
         let fixture = dir.path().join("fixture.safetensors");
-        let out = Command::new(AGENT)
-            .env("ORT_DYLIB_PATH", library(Release::Pinned))
-            .args([
-                "fixtures",
-                "--reference",
-                "onnxruntime",
-                "--fixture-version",
-                "v1",
-            ])
-            .arg("--model")
-            .arg(&model)
-            .arg("--inputs")
-            .arg(data(&format!("ort/{file}-inputs.safetensors")))
-            .arg("--out")
-            .arg(&fixture)
-            .output()
-            .expect("run fixtures");
-        assert!(
-            out.status.success(),
-            "fixtures --reference onnxruntime for {file}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let fixture_sha = ort_fixture(
+            &library(Release::Pinned),
+            &model,
+            &data(&format!("ort/{file}-inputs.safetensors")),
+            &fixture,
         );
-        let fixture_sha = sha256_bytes(&std::fs::read(&fixture).expect("fixture"));
         Self {
             dir,
             sha,

@@ -295,16 +295,9 @@ mod tests {
     use kiln_crds::compiled_target::Backend as Spec;
 
     fn manifest(backend: &str, options: serde_json::Value) -> kiln_crds::BuildManifest {
-        serde_json::from_value(serde_json::json!({
-            "manifestVersion": 1, "compileKey": "0".repeat(64), "artifactDigest": "0".repeat(64),
-            "artifactSize": 1, "mediaType": "x", "backend": backend, "backendVersion": "0",
-            "toolVersion": "0", "precision": "fp32", "profiles": {}, "class": {},
-            "host": {"arch": "amd64", "cpuLevel": "x", "cores": 1, "memoryBytes": 1},
-            "flags": {}, "inputs": {}, "outputs": [], "unsupportedOperators": [],
-            "parityMaxAbsError": null, "compileSeconds": 0.0, "converterLog": [],
-            "backendOptions": options
-        }))
-        .expect("manifest")
+        crate::test_support::manifest(
+            serde_json::json!({"backend": backend, "backendOptions": options}),
+        )
     }
 
     #[test]

@@ -364,16 +364,10 @@ revisions:
     }
 
     fn manifest_with(selection: serde_json::Value) -> kiln_crds::BuildManifest {
-        serde_json::from_value(serde_json::json!({
-            "manifestVersion": 1, "compileKey": "kauto", "artifactDigest": "dkept",
-            "artifactSize": 1, "mediaType": "x", "backend": "onnxruntime", "backendVersion": "0",
-            "toolVersion": "0", "precision": "fp32", "profiles": {}, "class": {},
-            "host": {"arch": "amd64", "cpuLevel": "x", "cores": 1, "memoryBytes": 1},
-            "flags": {}, "inputs": {}, "outputs": [], "unsupportedOperators": [],
-            "parityMaxAbsError": null, "compileSeconds": 0.0, "converterLog": [],
+        crate::test_support::manifest(serde_json::json!({
+            "compileKey": "kauto", "artifactDigest": "dkept", "backend": "onnxruntime",
             "selection": selection
         }))
-        .expect("manifest")
     }
 
     #[test]

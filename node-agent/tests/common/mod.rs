@@ -262,6 +262,37 @@ pub fn run_local_env(yaml: &Path, store: &Path, metrics: &Path, env: &[(&str, &P
     }
 }
 
+/// Golden outputs for `inputs` through `model` as ONNX Runtime (the library at `library`) runs
+/// it as written: `kiln-agent fixtures --reference onnxruntime`, version v1, into `out`.
+/// Returns the fixture's sha256.
+#[allow(dead_code)] // not every test binary makes ONNX Runtime fixtures
+pub fn ort_fixture(library: &Path, model: &Path, inputs: &Path, out: &Path) -> String {
+    let run = Command::new(AGENT)
+        .env("ORT_DYLIB_PATH", library)
+        .args([
+            "fixtures",
+            "--reference",
+            "onnxruntime",
+            "--fixture-version",
+            "v1",
+        ])
+        .arg("--model")
+        .arg(model)
+        .arg("--inputs")
+        .arg(inputs)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("run kiln-agent fixtures");
+    assert!(
+        run.status.success(),
+        "fixtures --reference onnxruntime for {}: {}",
+        model.display(),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    sha256_bytes(&std::fs::read(out).expect("fixture"))
+}
+
 pub fn metric(exposition: &str, series: &str) -> Option<f64> {
     exposition
         .lines()
