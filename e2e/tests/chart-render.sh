@@ -48,6 +48,18 @@ grep -q "VERSION@sha256" <<<"$out" || fail "backends.onnxruntime refusal: $out"
 ident="1.31.1@sha256:$(printf '%064d' 0)"
 t --set store.url=/s --set backends.onnxruntime="$ident" | grep -cF "KILN_BACKEND_VERSIONS, value: \"tract=0.23.9,onnxruntime=$ident\"" >/dev/null ||
   fail "backends.onnxruntime does not reach the operator's KILN_BACKEND_VERSIONS"
+# The GPU image's library: GPU classes' compile keys name it, with agent.gpu only; without
+# agent.gpu the value changes nothing at all.
+gident="1.31.1@sha256:$(printf '%064d' 1)"
+out=$(t --set store.url=/s --set agent.gpu.enabled=true --set backends.onnxruntimeGpu=1.31.1 2>&1) &&
+  fail "rendered a GPU onnxruntime backend without its library digest"
+grep -q "onnxruntimeGpu must be VERSION@sha256" <<<"$out" || fail "backends.onnxruntimeGpu refusal: $out"
+t --set store.url=/s --set agent.gpu.enabled=true --set backends.onnxruntime="$ident" --set backends.onnxruntimeGpu="$gident" |
+  grep -cF "KILN_GPU_BACKEND_VERSIONS, value: \"tract=0.23.9,onnxruntime=$gident\"" >/dev/null ||
+  fail "backends.onnxruntimeGpu does not reach the operator's KILN_GPU_BACKEND_VERSIONS"
+cmp -s <(t --set store.url=/s --set backends.onnxruntime="$ident") \
+  <(t --set store.url=/s --set backends.onnxruntime="$ident" --set backends.onnxruntimeGpu="$gident") ||
+  fail "backends.onnxruntimeGpu changes the render without agent.gpu"
 
 python3 - "$REPO" "$WORK" <<'PY'
 import glob, re, sys, yaml
@@ -99,6 +111,16 @@ check(c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"
 check("limits" in c["resources"] and "requests" in c["resources"], "operator resources")
 check(e.get("KILN_STORE") == "/var/lib/kiln/store", "operator KILN_STORE (fs)")
 check(e.get("KILN_AGENT_IMAGE") == "kiln/agent:0.1.0", "operator KILN_AGENT_IMAGE")
+check(not any(k.startswith("KILN_GPU_") for k in e), "no GPU compile worker without agent.gpu")
+# agent.gpu: GPU classes' compile Jobs run the GPU image (keyed on its libraries: tract only
+# without backends.onnxruntimeGpu) under the GPU agent's RuntimeClass, its own or inherited.
+ge = env(one(oci, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0])
+check(ge.get("KILN_GPU_AGENT_IMAGE") == "kiln/agent-gpu:0.1.0" and ge.get("KILN_AGENT_IMAGE") == "kiln/agent:0.1.0",
+      f"compile Jobs' images with agent.gpu: {ge}")
+check(ge.get("KILN_GPU_BACKEND_VERSIONS") == "tract=0.23.9" and ge.get("KILN_GPU_RUNTIME_CLASS") == "nvidia",
+      f"GPU compile worker's versions and RuntimeClass: {ge}")
+ae = env(one(gpuaff, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0])
+check(ae.get("KILN_GPU_RUNTIME_CLASS") == "sandboxed", "GPU compile Jobs inherit agent.runtimeClassName")
 check(e.get("KILN_LEASE_NAME") == "kiln-operator" and "KILN_NO_LEADER_ELECTION" not in e, "leader election on")
 check(e.get("KILN_SOURCES_HOST_PATH") == "/srv/models", "sources host path")
 check(e.get("POD_NAMESPACE") == {"fieldRef": {"fieldPath": "metadata.namespace"}}, "POD_NAMESPACE downward API")

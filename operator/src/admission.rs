@@ -245,6 +245,7 @@ mod tests {
                 key: "kiln.dev/class".into(),
                 value: "c".into(),
             },
+            runner: Default::default(),
         }
     }
 

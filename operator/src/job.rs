@@ -2,7 +2,9 @@
 //! the target, running `kiln-agent compile` with the objects it needs in its environment, as a
 //! non-root user on a read-only root filesystem under the `kiln-compile` ServiceAccount with no
 //! token, with the operator's store (a hostPath mount for a filesystem store; the URL and
-//! registry settings for an OCI store) and the signing key.
+//! registry settings for an OCI store) and the signing key. The image is the class's worker
+//! (the GPU agent image on a GPU class when there is one, [`crate::plan::Workers`]), which may
+//! claim a GPU and name a RuntimeClass.
 //!
 //! A foreign compiler (`backend.kind: exec`) never shares a container with any of those: it runs
 //! in an init container of its own image (kiln-agent injected by another init container) with
@@ -25,7 +27,7 @@ use kiln_crds::labels::JOB_CLASS;
 use kiln_crds::{CompiledTarget, ModelArtifact};
 use kube::Resource;
 
-use crate::plan::NewJob;
+use crate::plan::{GPU_RESOURCE, NewJob};
 
 /// Label on every Job (and its pods) the operator creates; its Job watch selects on it.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "kiln-operator");
@@ -67,11 +69,10 @@ pub enum JobStore {
     },
 }
 
-/// How compile Jobs are built, from the operator's flags.
+/// How compile Jobs are built, from the operator's flags. The image each runs is the plan's
+/// choice per class ([`NewJob::runner`]).
 #[derive(Clone, Debug)]
 pub struct JobSettings {
-    /// kiln-agent image.
-    pub image: String,
     /// `Always`, `IfNotPresent` or `Never`.
     pub image_pull_policy: String,
     /// Where the worker stores artifacts.
@@ -116,7 +117,7 @@ pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &J
         .backend
         .image
         .as_ref()
-        .map(|compiler| wiring.compiler(target, compiler, s));
+        .map(|compiler| wiring.compiler(target, new, compiler, s));
     wiring.store(&s.store);
     if let Some(secret) = &s.signing_secret {
         wiring.signing(secret);
@@ -131,7 +132,7 @@ pub fn build(target: &CompiledTarget, model: &ModelArtifact, new: &NewJob, s: &J
     }
     wiring.env.push(env(
         "KILN_BUILDER_IMAGE",
-        t.backend.image.as_deref().unwrap_or(&s.image),
+        t.backend.image.as_deref().unwrap_or(&new.runner.image),
     ));
     Job {
         metadata: ObjectMeta {
@@ -305,6 +306,7 @@ impl Wiring {
     fn compiler(
         &mut self,
         target: &CompiledTarget,
+        new: &NewJob,
         compiler: &str,
         s: &JobSettings,
     ) -> Vec<Container> {
@@ -327,7 +329,7 @@ impl Wiring {
         self.mounts.retain(|m| m.name != "kiln-tools");
         let install = Container {
             name: "kiln-tools".into(),
-            image: Some(s.image.clone()),
+            image: Some(new.runner.image.clone()),
             image_pull_policy: Some(s.image_pull_policy.clone()),
             command: Some(vec!["/bin/kiln-agent".into()]),
             args: Some(vec!["install".into(), TOOLS_DIR.into()]),
@@ -349,7 +351,7 @@ impl Wiring {
             command: Some(agent_command(TOOLS_DIR, &[])),
             args: Some(vec!["compile".into()]),
             env: Some(compiler_env),
-            resources: Some(compile_resources(target)),
+            resources: Some(compile_resources(target, new)),
             volume_mounts: Some(compiler_mounts),
             termination_message_policy: Some("FallbackToLogsOnError".into()),
             security_context: Some(restricted()),
@@ -378,6 +380,7 @@ fn pod(
         tolerations: (!t.compile.tolerations.is_empty()).then(|| t.compile.tolerations.clone()),
         // The worker needs no API access: everything it reads is in its environment.
         service_account_name: s.service_account.clone(),
+        runtime_class_name: new.runner.runtime_class.clone(),
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         security_context: Some(PodSecurityContext {
@@ -395,12 +398,12 @@ fn pod(
         init_containers: init,
         containers: vec![Container {
             name: "compile".into(),
-            image: Some(s.image.clone()),
+            image: Some(new.runner.image.clone()),
             image_pull_policy: Some(s.image_pull_policy.clone()),
             command: Some(vec!["/bin/kiln-agent".into()]),
             args: Some(vec!["compile".into()]),
             env: Some(wiring.env),
-            resources: Some(compile_resources(target)),
+            resources: Some(compile_resources(target, new)),
             volume_mounts: Some(wiring.mounts),
             termination_message_policy: Some("FallbackToLogsOnError".into()),
             security_context: Some(restricted()),
@@ -411,14 +414,22 @@ fn pod(
     }
 }
 
-/// The target's compile resources, or the default.
-fn compile_resources(target: &CompiledTarget) -> ResourceRequirements {
-    target
+/// The target's compile resources, or the default; with one `nvidia.com/gpu` where the plan
+/// says the Job claims one (a GPU compile on a GPU class whose target asked none). An extended
+/// resource is a limit: its request follows it.
+fn compile_resources(target: &CompiledTarget, new: &NewJob) -> ResourceRequirements {
+    let mut r = target
         .spec
         .compile
         .resources
         .clone()
-        .unwrap_or_else(|| resources(("500m", "512Mi"), "4Gi"))
+        .unwrap_or_else(|| resources(("500m", "512Mi"), "4Gi"));
+    if new.runner.gpu {
+        r.limits
+            .get_or_insert_with(BTreeMap::new)
+            .insert(GPU_RESOURCE.to_string(), Quantity("1".into()));
+    }
+    r
 }
 
 /// Requests (cpu, memory) and a memory limit.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use kiln_operator::job::{JobSettings, JobStore};
-use kiln_operator::plan::{CompileBounds, Settings, quantity};
+use kiln_operator::plan::{CompileBounds, Settings, Worker, Workers, quantity};
 use kiln_operator::run::{Config, Election, run};
 use kiln_operator::telemetry::{self, LogFormat};
 
@@ -72,13 +72,32 @@ struct Cli {
     /// it must exist in each target's namespace, where the Jobs run.
     #[arg(long, env = "KILN_REGISTRY_SECRET")]
     registry_secret: Option<String>,
-    /// kiln-agent image the compile Jobs run.
+    /// kiln-agent image the compile Jobs run (on GPU classes too, unless --gpu-agent-image).
     #[arg(
         long,
         env = "KILN_AGENT_IMAGE",
         default_value = "ghcr.io/kiln-dev/kiln-agent:latest"
     )]
     agent_image: String,
+    /// kiln-agent image with the GPU runtimes (chart `agent.gpu`) that runs the compile Jobs of
+    /// classes whose facts name an NVIDIA GPU (`nvidia.com/gpu.product`); their compile keys
+    /// name its --gpu-backend-version. Requires --gpu-backend-version. Unset: the agent image.
+    #[arg(long, env = "KILN_GPU_AGENT_IMAGE", requires = "gpu_backend_versions")]
+    gpu_agent_image: Option<String>,
+    /// Backend versions the GPU agent image carries, NAME=VERSION as for --backend-version (its
+    /// ONNX Runtime is another library: onnxruntime=1.31.1@sha256:<hex of that library>).
+    /// Requires --gpu-agent-image.
+    #[arg(
+        long = "gpu-backend-version",
+        env = "KILN_GPU_BACKEND_VERSIONS",
+        value_delimiter = ',',
+        requires = "gpu_agent_image"
+    )]
+    gpu_backend_versions: Vec<String>,
+    /// RuntimeClass of GPU classes' compile pods (where the NVIDIA container runtime is not the
+    /// node's default; chart `agent.gpu.runtimeClassName`). Used only with --gpu-agent-image.
+    #[arg(long, env = "KILN_GPU_RUNTIME_CLASS")]
+    gpu_runtime_class: Option<String>,
     /// Image pull policy of compile Jobs (`Never` for images loaded onto the node).
     #[arg(
         long,
@@ -160,14 +179,27 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut backend_versions = BTreeMap::new();
-    for pair in &cli.backend_versions {
-        let Some((name, version)) = pair.split_once('=') else {
-            eprintln!("kiln-operator: --backend-version {pair:?}: expected NAME=VERSION");
-            return ExitCode::from(2);
-        };
-        backend_versions.insert(name.trim().to_string(), version.trim().to_string());
-    }
+    let (Ok(backend_versions), Ok(gpu_backend_versions)) = (
+        versions(&cli.backend_versions, "--backend-version"),
+        versions(&cli.gpu_backend_versions, "--gpu-backend-version"),
+    ) else {
+        return ExitCode::from(2);
+    };
+    let workers = Workers {
+        agent: Worker {
+            image: cli.agent_image,
+            backend_versions,
+            runtime_class: None,
+        },
+        gpu: cli
+            .gpu_agent_image
+            .filter(|i| !i.is_empty())
+            .map(|image| Worker {
+                image,
+                backend_versions: gpu_backend_versions,
+                runtime_class: cli.gpu_runtime_class.filter(|c| !c.is_empty()),
+            }),
+    };
     let store = match kiln_store::open(&cli.store, &cli.registry.options()) {
         Ok(s) => s,
         Err(e) => {
@@ -197,7 +229,7 @@ fn main() -> ExitCode {
         store,
         trust,
         settings: Settings {
-            backend_versions,
+            workers,
             default_max_attempts: cli.max_attempts,
             backoff_base: Duration::from_secs(cli.retry_backoff_seconds),
             max_concurrent_compiles: cli.max_concurrent_compiles,
@@ -216,7 +248,6 @@ fn main() -> ExitCode {
             ..Settings::default()
         },
         job_settings: JobSettings {
-            image: cli.agent_image,
             image_pull_policy: cli.agent_image_pull_policy,
             store: match kiln_store::fs_path(&cli.store) {
                 Some(path) => JobStore::HostPath(path.display().to_string()),
@@ -253,4 +284,17 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// NAME=VERSION pairs of `flag` as a map; a malformed pair is reported.
+fn versions(pairs: &[String], flag: &str) -> Result<BTreeMap<String, String>, ()> {
+    let mut versions = BTreeMap::new();
+    for pair in pairs {
+        let Some((name, version)) = pair.split_once('=') else {
+            eprintln!("kiln-operator: {flag} {pair:?}: expected NAME=VERSION");
+            return Err(());
+        };
+        versions.insert(name.trim().to_string(), version.trim().to_string());
+    }
+    Ok(versions)
 }

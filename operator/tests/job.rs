@@ -10,7 +10,7 @@ use kiln_crds::{CompiledTarget, ModelArtifact};
 use kiln_operator::job::{
     COMPILER_CONTAINER, HANDOFF_MOUNT, JobSettings, JobStore, STORE_MOUNT, build,
 };
-use kiln_operator::plan::{NewJob, NodeLabel};
+use kiln_operator::plan::{NewJob, NodeLabel, Runner};
 
 fn objects() -> (CompiledTarget, ModelArtifact) {
     let mut target: CompiledTarget =
@@ -23,7 +23,6 @@ fn objects() -> (CompiledTarget, ModelArtifact) {
 
 fn settings(store: JobStore) -> JobSettings {
     JobSettings {
-        image: "kiln/agent:test".into(),
         image_pull_policy: "Never".into(),
         store,
         sources_host_path: None,
@@ -47,6 +46,11 @@ fn new_job() -> NewJob {
         node_selector: NodeLabel {
             key: "kiln.dev/class".into(),
             value: "amd64-1234".into(),
+        },
+        runner: Runner {
+            image: "kiln/agent:test".into(),
+            gpu: false,
+            runtime_class: None,
         },
     }
 }
@@ -159,6 +163,86 @@ fn built_in_backend_runs_the_agent_image_with_no_init_container() {
     assert_eq!(
         c.command.as_deref(),
         Some(&["/bin/kiln-agent".to_string()][..])
+    );
+}
+
+/// The Job of a GPU class whose worker is the GPU agent image (the plan's `Runner`).
+fn gpu_job() -> NewJob {
+    let mut new = new_job();
+    new.facts
+        .insert("nvidia.com/gpu.product".into(), "NVIDIA-L4".into());
+    new.runner = Runner {
+        image: "kiln/agent-gpu:test".into(),
+        gpu: true,
+        runtime_class: Some("nvidia".into()),
+    };
+    new
+}
+
+fn gpus(c: &k8s_openapi::api::core::v1::Container) -> Option<String> {
+    let limits = c.resources.as_ref()?.limits.as_ref()?;
+    limits.get("nvidia.com/gpu").map(|q| q.0.clone())
+}
+
+#[test]
+fn a_gpu_class_runs_its_runner_image_with_one_gpu_and_its_runtime_class() {
+    let (mut target, model) = objects();
+    let s = settings(JobStore::HostPath("/s".into()));
+    let job = build(&target, &model, &gpu_job(), &s);
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let c = &pod.containers[0];
+    assert_eq!(c.image.as_deref(), Some("kiln/agent-gpu:test"));
+    assert_eq!(
+        value(c.env.as_ref().unwrap(), "KILN_BUILDER_IMAGE").as_deref(),
+        Some("kiln/agent-gpu:test"),
+        "the provenance names the image that built it"
+    );
+    assert_eq!(gpus(c).as_deref(), Some("1"));
+    // The default memory limit and requests stay.
+    let r = c.resources.as_ref().unwrap();
+    assert_eq!(r.limits.as_ref().unwrap()["memory"].0, "4Gi");
+    assert_eq!(r.requests.as_ref().unwrap()["cpu"].0, "500m");
+    assert_eq!(pod.runtime_class_name.as_deref(), Some("nvidia"));
+
+    // The target's own resources keep theirs, with the GPU added to its limits.
+    target.spec.compile.resources = Some(
+        serde_json::from_value(
+            serde_json::json!({"requests": {"cpu": "2"}, "limits": {"memory": "8Gi"}}),
+        )
+        .unwrap(),
+    );
+    let job = build(&target, &model, &gpu_job(), &s);
+    let c = &job.spec.unwrap().template.spec.unwrap().containers[0];
+    let r = c.resources.as_ref().unwrap();
+    assert_eq!(r.requests.as_ref().unwrap()["cpu"].0, "2");
+    assert_eq!(r.limits.as_ref().unwrap()["memory"].0, "8Gi");
+    assert_eq!(gpus(c).as_deref(), Some("1"));
+
+    // A CPU class's Job: the agent image, no GPU, no RuntimeClass.
+    let job = build(&target, &model, &new_job(), &s);
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.containers[0].image.as_deref(), Some("kiln/agent:test"));
+    assert_eq!(gpus(&pod.containers[0]), None);
+    assert!(pod.runtime_class_name.is_none());
+}
+
+#[test]
+fn a_gpu_class_exec_job_installs_the_agent_from_its_runner_image() {
+    let (mut target, model) = objects();
+    target.spec.backend.kind = kiln_crds::compiled_target::BackendKind::Exec;
+    target.spec.backend.image = Some(format!("registry.example/c@sha256:{}", "e".repeat(64)));
+    let job = build(
+        &target,
+        &model,
+        &gpu_job(),
+        &settings(JobStore::HostPath("/s".into())),
+    );
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let init = pod.init_containers.unwrap();
+    assert_eq!(init[0].image.as_deref(), Some("kiln/agent-gpu:test"));
+    assert_eq!(
+        pod.containers[0].image.as_deref(),
+        Some("kiln/agent-gpu:test")
     );
 }
 

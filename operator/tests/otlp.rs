@@ -107,7 +107,6 @@ async fn child_exports_a_reconcile_span() {
         trust: Default::default(),
         settings: Settings::default(),
         job_settings: JobSettings {
-            image: "kiln-agent".into(),
             image_pull_policy: "Never".into(),
             store: JobStore::HostPath(dir.path().display().to_string()),
             sources_host_path: None,

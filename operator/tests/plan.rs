@@ -11,8 +11,8 @@ use kiln_crds::kiln_node::NodePhase;
 use kiln_crds::{CompiledTarget, FailureReason, KilnNode, ModelArtifact};
 use kiln_operator::classes::NodeView;
 use kiln_operator::plan::{
-    Inputs, JobState, JobView, LabelChange, ModelLookup, NodeLabel, Plan, Settings, Stored, plan,
-    wanted_keys,
+    Inputs, JobState, JobView, LabelChange, ModelLookup, NodeLabel, Plan, Settings, Stored, Worker,
+    key_for, plan, wanted_keys,
 };
 
 #[derive(serde::Deserialize)]
@@ -1200,7 +1200,7 @@ fn an_exec_compiler_image_compiles_per_class_under_its_own_keys() {
     assert_eq!(first, again);
     assert!(first.iter().all(|k| !other.contains(k)));
     // exec builds with tract: without tract in the operator's worker versions it is unavailable.
-    w.settings.backend_versions.clear();
+    w.settings.workers.agent.backend_versions.clear();
     let stalled = w.plan(0);
     assert_eq!(condition(&stalled, "Stalled").reason, "BackendUnavailable");
 }
@@ -1274,4 +1274,111 @@ fn nodes_wait_for_their_agents_report_before_they_get_a_class_and_a_compile() {
     let p = w.plan(60);
     assert_eq!(p.node_labels, [change("cpu-0", "kiln.dev/class", None)]);
     assert_eq!(p.delete.len(), 1, "{:?}", p.delete);
+}
+
+/// Each class's Job as `(is a GPU class, image, claims a GPU, RuntimeClass, compile key)`.
+fn jobs_by_class(p: &Plan) -> BTreeMap<String, (bool, String, bool, Option<String>, String)> {
+    p.create
+        .iter()
+        .map(|j| {
+            let gpu_class = j.facts.contains_key(kiln_crds::labels::GPU_PRODUCT);
+            let r = &j.runner;
+            let job = (gpu_class, r.image.clone(), r.gpu, r.runtime_class.clone());
+            (
+                j.class.clone(),
+                (job.0, job.1, job.2, job.3, j.compile_key.clone()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn gpu_classes_compile_in_the_gpu_image_keyed_on_its_libraries() {
+    let cpu_ort = format!("1.31.1@sha256:{}", "c".repeat(64));
+    let gpu_ort = format!("1.31.1@sha256:{}", "9".repeat(64));
+    let gpu_worker = Worker {
+        image: "kiln/agent-gpu:test".into(),
+        backend_versions: BTreeMap::from([
+            ("tract".into(), "0.23.9".into()),
+            ("onnxruntime".into(), gpu_ort),
+        ]),
+        runtime_class: Some("nvidia".into()),
+    };
+    for (kind, gpu_engine) in [("onnxruntime", true), ("auto", true), ("tract", false)] {
+        let mut w = World::new();
+        w.target.spec.backend =
+            serde_json::from_value(serde_json::json!({"kind": kind})).expect("backend");
+        let agent = &mut w.settings.workers.agent;
+        agent
+            .backend_versions
+            .insert("onnxruntime".into(), cpu_ort.clone());
+        let image = agent.image.clone();
+        // No GPU image: every class as before, the agent image, no GPU claimed.
+        let before = jobs_by_class(&w.plan(0));
+        assert_eq!(before.len(), 3, "{kind}: {before:?}");
+        assert!(
+            before
+                .values()
+                .all(|j| j.1 == image && !j.2 && j.3.is_none())
+        );
+
+        w.settings.workers.gpu = Some(gpu_worker.clone());
+        let after = jobs_by_class(&w.plan(0));
+        // The key a GPU class must have: the one a worker with the GPU image's libraries computes.
+        let mut as_gpu = w.settings.clone();
+        as_gpu.workers.agent.backend_versions = gpu_worker.backend_versions.clone();
+        let ModelLookup::Found(model) = w.model.clone() else {
+            panic!("model");
+        };
+        for j in w.plan(0).create {
+            let (gpu_class, img, claims, runtime_class, key) = &after[&j.class];
+            if !gpu_class {
+                assert_eq!(
+                    &after[&j.class], &before[&j.class],
+                    "{kind}: CPU class changed"
+                );
+                continue;
+            }
+            let want = key_for(&model, &w.target, &j.facts, &as_gpu);
+            assert_eq!(
+                key, &want,
+                "{kind} on {}: not keyed on the GPU image",
+                j.class
+            );
+            // tract is the same library in both images: its key stays; ONNX Runtime's does not.
+            assert_eq!(
+                key == &before[&j.class].4,
+                !gpu_engine,
+                "{kind} on {}",
+                j.class
+            );
+            assert_eq!(img, "kiln/agent-gpu:test", "{kind} on {}", j.class);
+            assert_eq!(*claims, gpu_engine, "{kind} on {}: GPU claim", j.class);
+            assert_eq!(runtime_class.as_deref(), Some("nvidia"));
+        }
+        assert_eq!(
+            after.values().filter(|j| j.0).count(),
+            2,
+            "{kind}: {after:?}"
+        );
+    }
+}
+
+#[test]
+fn a_runtime_only_the_gpu_image_carries_is_available() {
+    let mut w = World::new();
+    w.target.spec.backend =
+        serde_json::from_value(serde_json::json!({"kind": "onnxruntime"})).expect("backend");
+    assert_eq!(
+        condition(&w.plan(0), "Stalled").reason,
+        "BackendUnavailable"
+    );
+    w.settings.workers.gpu = Some(Worker {
+        image: "kiln/agent-gpu:test".into(),
+        backend_versions: BTreeMap::from([("onnxruntime".into(), "1.31.1@sha256:g".into())]),
+        runtime_class: None,
+    });
+    let p = w.plan(0);
+    assert!(!is_true(&p.status.conditions, "Stalled"), "{:?}", p.status);
+    assert_eq!(p.create.len(), 3, "{:?}", p.create);
 }

@@ -7,15 +7,17 @@ use kiln_crds::conditions::reasons;
 use kiln_crds::{CompileKeyInput, CompiledTarget, ModelArtifact, compile_key};
 
 use super::conditions::Course;
-use super::{Inputs, LabelChange, Settings, validate};
+use super::{Inputs, LabelChange, Runner, Settings, validate};
 use crate::classes::{Class, NodeView, class_label_key, group, missing_keys, unreported};
 
-/// A class with its compile key.
+/// A class with its compile key and what runs its compile Job.
 pub struct Keyed {
     /// The class.
     pub class: Class,
     /// Its compile key.
     pub key: String,
+    /// The image (the one whose backend versions the key names), GPU claim and RuntimeClass.
+    pub runner: Runner,
 }
 
 /// The target's classes, and what follows for its nodes' class labels.
@@ -121,7 +123,8 @@ fn awaiting_message(nodes: &[String], keys: &[&str]) -> String {
     )
 }
 
-/// The compile key of `target` for a class, as the compile worker computes it.
+/// The compile key of `target` for a class, as the compile worker computes it: with the
+/// backend versions of the image that compiles the class (`Workers::for_class`).
 pub fn key_for(
     model: &ModelArtifact,
     target: &CompiledTarget,
@@ -129,19 +132,16 @@ pub fn key_for(
     settings: &Settings,
 ) -> String {
     let t = &target.spec;
+    let carried = &settings.workers.for_class(facts).backend_versions;
     let backend_version = if t.backend.kind == kiln_crds::compiled_target::BackendKind::Auto {
-        // Every runtime the workers carry: what a worker's candidates load.
+        // Every runtime the class's worker carries: what its candidates load.
         kiln_crds::compiled_target::auto_identity(
-            settings
-                .backend_versions
-                .iter()
-                .map(|(n, v)| (n.as_str(), v.as_str())),
+            carried.iter().map(|(n, v)| (n.as_str(), v.as_str())),
         )
     } else {
         backend_version(
             t.backend.version.as_deref(),
-            settings
-                .backend_versions
+            carried
                 .get(t.backend.kind.runtime().as_str())
                 .map(String::as_str),
         )
@@ -175,6 +175,10 @@ fn keyed_with(inputs: &Inputs<'_>, model: &ModelArtifact) -> Vec<Keyed> {
     .into_iter()
     .map(|class| Keyed {
         key: key_for(model, t, &class.facts, inputs.settings),
+        runner: inputs
+            .settings
+            .workers
+            .runner(t, &class.facts, &inputs.settings.compile_bounds),
         class,
     })
     .collect()
@@ -204,6 +208,7 @@ mod tests {
                 nodes: nodes.iter().map(|n| n.to_string()).collect(),
             },
             key: format!("key-{id}"),
+            runner: Runner::default(),
         }
     }
 

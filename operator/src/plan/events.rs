@@ -284,6 +284,7 @@ mod tests {
                 key: "kiln.dev/class".into(),
                 value: "a".into(),
             },
+            runner: Default::default(),
         };
         let mut old = status(&[], &[("a", ClassPhase::Failed)]);
         old.classes[0].job = Some("t-k-1".into());

@@ -8,13 +8,15 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::{CompiledTarget, FailureReason, ModelArtifact};
 
+use super::worker::{Worker, Workers};
 use crate::classes::NodeView;
 
 /// Operator-wide settings the plan depends on.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// Backend name → version the compile image carries (part of the compile key).
-    pub backend_versions: BTreeMap<String, String>,
+    /// The images compile Jobs run and the backend versions each carries (part of the compile
+    /// key): the agent image, and the GPU agent image for classes with an NVIDIA GPU.
+    pub workers: Workers,
     /// Attempts per class when the target names none.
     pub default_max_attempts: u32,
     /// Wait after the first failed attempt; doubles per attempt.
@@ -61,7 +63,14 @@ impl Default for CompileBounds {
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            backend_versions: BTreeMap::from([("tract".into(), "0.23.9".into())]),
+            workers: Workers {
+                agent: Worker {
+                    image: "ghcr.io/kiln-dev/kiln-agent:latest".into(),
+                    backend_versions: BTreeMap::from([("tract".into(), "0.23.9".into())]),
+                    runtime_class: None,
+                },
+                gpu: None,
+            },
             default_max_attempts: 3,
             backoff_base: Duration::from_secs(10),
             backoff_max: Duration::from_secs(300),

@@ -28,6 +28,7 @@ mod revisions;
 mod rollout;
 mod schedule;
 mod validate;
+mod worker;
 
 use std::time::Duration;
 
@@ -43,6 +44,7 @@ pub use inputs::{CompileBounds, Inputs, JobState, JobView, ModelLookup, Settings
 pub use outputs::{Event, LabelChange, NewJob, NodeLabel, Plan};
 pub use schedule::job_name;
 pub use validate::quantity;
+pub use worker::{GPU_RESOURCE, Runner, Worker, Workers};
 
 use crate::admission::{self, Admission};
 use classify::Classified;

@@ -6,6 +6,8 @@ use std::time::Duration;
 use kiln_crds::CompiledTargetStatus;
 use kiln_crds::class::ClassFacts;
 
+use super::Runner;
+
 /// A Job to create.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewJob {
@@ -21,6 +23,8 @@ pub struct NewJob {
     pub attempt: u32,
     /// Node label the Job is pinned by: the target's class label key, and the class id.
     pub node_selector: NodeLabel,
+    /// The image that runs it, whether it claims a GPU, its RuntimeClass.
+    pub runner: Runner,
 }
 
 /// One node label, key and value.

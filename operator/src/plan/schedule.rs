@@ -281,6 +281,7 @@ fn new_job(cx: &Ctx<'_>, k: &Keyed, attempt: u32) -> NewJob {
             key: cx.label_key.to_string(),
             value: k.class.id.clone(),
         },
+        runner: k.runner.clone(),
     }
 }
 
@@ -365,6 +366,7 @@ mod tests {
                 nodes: vec!["n".into()],
             },
             key: "k".repeat(64),
+            runner: Default::default(),
         }
     }
 
@@ -478,6 +480,7 @@ mod tests {
                 key: "kiln.dev/class".into(),
                 value: name.into(),
             },
+            runner: Default::default(),
         };
         let next = vec![
             Next::Candidate(job("a")),

@@ -65,22 +65,16 @@ fn model_of<'a>(
     }
 }
 
-/// A backend the compile workers do not have. A foreign (`exec`) compiler's output is built
-/// and served by the built-in runtime, so that runtime must be there.
+/// A backend no compile worker has (the agent image's or the GPU agent image's). A foreign
+/// (`exec`) compiler's output is built and served by the built-in runtime, so that runtime must
+/// be there.
 fn backend(target: &CompiledTarget, settings: &Settings) -> Option<Invalid> {
     let kind = &target.spec.backend.kind;
-    if settings
-        .backend_versions
-        .contains_key(kind.runtime().as_str())
-    {
+    let runtimes = settings.workers.runtimes();
+    if runtimes.contains(kind.runtime().as_str()) {
         return None;
     }
-    let available = settings
-        .backend_versions
-        .keys()
-        .cloned()
-        .collect::<Vec<_>>()
-        .join(", ");
+    let available = runtimes.into_iter().collect::<Vec<_>>().join(", ");
     Some(Invalid {
         reason: reasons::BACKEND_UNAVAILABLE,
         message: format!(
