@@ -358,6 +358,15 @@ fn print_plain(outcome: &Outcome) {
             p.partitions,
             p.fallback_share * 100.0
         );
+        println!(
+            "  kernel time      {} on all providers; CPU fallback {:.1}% of it ({} shape, {} compute node(s)); {} transfer(s), {}",
+            ms(Some(p.total_kernel_seconds())),
+            p.fallback_time_share * 100.0,
+            p.shape_node_count,
+            p.compute_node_count,
+            p.transfer_count,
+            ms(Some(p.transfer_seconds))
+        );
     }
 }
 
