@@ -554,6 +554,17 @@ pub struct Warmup {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[1-9][0-9]{0,17}(Ki|Mi|Gi|Ti|k|M|G|T)?$"))]
     pub memory_budget: Option<String>,
+    /// GPU memory the engine may hold on a node, as a byte quantity (`8Gi`): the agent's own
+    /// process's device memory (NVML per-process accounting, CUDA context included) after load
+    /// and after warmup; above it the node fails before serving (`MemoryBudgetExceeded`).
+    /// Unset, the budget is the memory of one of the class's GPUs (`nvidia.com/gpu.memory`).
+    /// Applies only on classes with an NVIDIA GPU. Where the agent cannot read its device
+    /// memory there (no NVML, an agent outside the host's PID namespace, whose NVML lists other
+    /// process ids) nothing is measured: an explicit budget then fails closed (`WarmupFailed`),
+    /// the default one is not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[1-9][0-9]{0,17}(Ki|Mi|Gi|Ti|k|M|G|T)?$"))]
+    pub device_memory_budget: Option<String>,
 }
 
 fn default_iterations() -> u32 {

@@ -572,9 +572,16 @@ fn a_provider_the_library_lacks_is_refused_not_replaced_by_the_cpu() {
 #[test]
 fn peak_memory_is_measured_and_held_to_the_budget() {
     let mut m = squeezenet("{kind: onnxruntime}");
-    m.warmup_extra = "\n    memoryBudget: 4Gi".into();
+    // A device budget applies only on a node with a GPU; this one has none (or runs the CPU
+    // provider), so nothing is measured: the figure is absent, never 0.
+    m.warmup_extra = "\n    memoryBudget: 4Gi\n    deviceMemoryBudget: 1k".into();
     let run = m.run_ort();
     assert!(run.success, "{}", run.message());
+    assert!(
+        run.outcome["peakDeviceMemoryBytes"].is_null(),
+        "{}",
+        run.outcome
+    );
     let peak = run.outcome["peakMemoryBytes"]
         .as_u64()
         .expect("peak measured");

@@ -62,6 +62,9 @@ pub struct Outcome {
     pub placement: Option<kiln_crds::placement::Placement>,
     /// Resident memory the engine added at its peak in load and warmup.
     pub peak_memory_bytes: Option<u64>,
+    /// GPU memory this process held at its peak after load and warmup (NVML; absent where
+    /// nothing was measured: no GPU, no NVML).
+    pub peak_device_memory_bytes: Option<u64>,
     /// The engine that serves (`tract`, `onnxruntime/cpu`, `onnxruntime/cuda`).
     pub engine: Option<String>,
     /// `backend.kind: auto`: why the compile kept that engine.
@@ -174,6 +177,7 @@ async fn pipeline(
             &id,
             &inputs.fixture,
             &spec.target,
+            crate::pipeline::ready::gpu_memory(&host),
             metrics,
         )
     })?;
@@ -187,6 +191,7 @@ async fn pipeline(
     outcome.first_request_seconds = Some(w.first_request_seconds);
     outcome.placement = w.placement.clone();
     outcome.peak_memory_bytes = w.peak_memory_bytes;
+    outcome.peak_device_memory_bytes = w.peak_device_memory_bytes;
     outcome.message = format!(
         "{} verified, loaded and warmed: {} iterations, parity max abs error {:.3e}",
         spec.target.metadata.name.as_deref().unwrap_or("target"),
@@ -346,6 +351,12 @@ fn print_plain(outcome: &Outcome) {
     if let Some(peak) = outcome.peak_memory_bytes {
         println!(
             "  peak memory      {} above the baseline in load and warmup",
+            crate::memory::human(peak as usize)
+        );
+    }
+    if let Some(peak) = outcome.peak_device_memory_bytes {
+        println!(
+            "  peak GPU memory  {} held by this process after load and warmup",
             crate::memory::human(peak as usize)
         );
     }
