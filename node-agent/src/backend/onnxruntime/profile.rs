@@ -30,28 +30,38 @@ struct ProfileArgs {
     provider: Option<String>,
     #[serde(default)]
     op_name: Option<String>,
-    /// `[{"float":[1,3,224,224]}, …]`: one single-key object per input tensor.
+    /// `[{"float":[1,3,224,224]}, …]`: one single-key object per input tensor. Kept as JSON
+    /// so that a profile writing it otherwise loses only the shapes (its nodes read as compute),
+    /// not the placement.
     #[serde(default)]
-    input_type_shape: Option<Vec<BTreeMap<String, Vec<i64>>>>,
+    input_type_shape: Option<serde_json::Value>,
     #[serde(default)]
-    output_type_shape: Option<Vec<BTreeMap<String, Vec<i64>>>>,
+    output_type_shape: Option<serde_json::Value>,
 }
 
 impl ProfileArgs {
-    /// Every input and output tensor's dims, `None` unless the profile gives both lists.
+    /// Every input and output tensor's dims, `None` unless the profile gives both lists in the
+    /// form ONNX Runtime writes them.
     fn shapes(&self) -> Option<Vec<Vec<i64>>> {
-        let (inputs, outputs) = (
-            self.input_type_shape.as_ref()?,
-            self.output_type_shape.as_ref()?,
-        );
-        Some(
-            inputs
-                .iter()
-                .chain(outputs)
-                .flat_map(|t| t.values().cloned())
-                .collect(),
-        )
+        let mut all = tensor_dims(self.input_type_shape.as_ref()?)?;
+        all.extend(tensor_dims(self.output_type_shape.as_ref()?)?);
+        Some(all)
     }
+}
+
+/// The dims of each tensor of `[{"float":[1,3,224,224]}, …]`; `None` for anything else.
+fn tensor_dims(list: &serde_json::Value) -> Option<Vec<Vec<i64>>> {
+    let mut out = Vec::new();
+    for tensor in list.as_array()? {
+        let object = tensor.as_object().filter(|o| o.len() == 1)?;
+        let dims = object.values().next()?.as_array()?;
+        out.push(
+            dims.iter()
+                .map(serde_json::Value::as_i64)
+                .collect::<Option<_>>()?,
+        );
+    }
+    Some(out)
 }
 
 /// The placement a profile shows: every node event with its provider, in execution order; a
@@ -213,6 +223,10 @@ mod tests {
         assert_eq!(names, ["shape", "gather", "unsqueeze", "concat"]);
         assert!((p.fallback_time_share - 5.0 / 1030.0).abs() < 1e-12);
         assert!(placement_of(b"{not json", "cpu").is_err());
+        // Shapes in another form are lost, not the placement: the node reads as compute.
+        let odd = event("odd", CPU, "Gather", 1, (r#""[4]""#, r#"[{"int64":[1]}]"#));
+        let p = placement_of(&detector(&[odd]), CUDA).expect("profile");
+        assert_eq!((p.shape_node_count, p.compute_node_count), (4, 1));
     }
 
     #[test]
