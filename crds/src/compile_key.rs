@@ -302,6 +302,18 @@ assetDigests: {pre: cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
             max_share_percent: Some(10),
         });
         assert_eq!(explicit.options(&cpu)["cpuFallback"], "UpToShare:10");
+        // The words in existing keys stay as they were; the strict policy gets its own.
+        for (policy, word) in [
+            (CpuFallbackPolicy::Forbidden, "Forbidden"),
+            (CpuFallbackPolicy::Allowed, "Allowed"),
+            (CpuFallbackPolicy::Strict, "Strict"),
+        ] {
+            explicit.cpu_fallback = Some(CpuFallback {
+                policy,
+                max_share_percent: None,
+            });
+            assert_eq!(explicit.options(&cpu)["cpuFallback"], word);
+        }
         // Unset, the provider follows the class: CUDA where the class has an NVIDIA GPU.
         let mut gpu = cpu.clone();
         gpu.insert(

@@ -394,12 +394,17 @@ impl OptimizationLevel {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("(self.policy == 'UpToShare') == has(self.maxSharePercent)").message("cpuFallback.maxSharePercent is required with policy UpToShare and not allowed otherwise"))]
 pub struct CpuFallback {
-    /// `Forbidden` (the provider must take every node, or the compile and the node fail closed
-    /// with `UnsupportedOperator` naming the nodes it cannot run), `Allowed` (the default), or
-    /// `UpToShare` (refused when more than `maxSharePercent` of the nodes run on the CPU).
+    /// `Forbidden` (no compute node on the CPU: shape nodes — `Shape`, `Size`, or every input
+    /// and output tensor of rank ≤ 1 with at most 64 elements, as the first run's profile
+    /// reports them — may run there and are listed in the placement; otherwise the compile and
+    /// the node fail closed with `UnsupportedOperator` naming the compute nodes), `Strict` (no
+    /// node at all on the CPU: ONNX Runtime's `disable_cpu_ep_fallback`, refused naming the
+    /// nodes), `Allowed` (the default), or `UpToShare` (refused when the CPU took more than
+    /// `maxSharePercent` of the run's kernel time).
     #[serde(default)]
     pub policy: CpuFallbackPolicy,
-    /// With `UpToShare`: the largest percentage of nodes that may run on the CPU.
+    /// With `UpToShare`: the largest percentage of the first run's kernel time the CPU may
+    /// take (the node share where the run measured no time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 100))]
     pub max_share_percent: Option<u32>,
@@ -420,13 +425,15 @@ impl CpuFallback {
     schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq,
 )]
 pub enum CpuFallbackPolicy {
-    /// Every node on the requested provider.
+    /// No compute node on the CPU; shape nodes may run there.
     Forbidden,
     /// Whatever the runtime places on the CPU, measured and reported.
     #[default]
     Allowed,
-    /// At most `maxSharePercent` of the nodes on the CPU.
+    /// At most `maxSharePercent` of the kernel time on the CPU.
     UpToShare,
+    /// Every node on the requested provider, shape nodes included.
+    Strict,
 }
 
 /// Backends kiln can drive.
@@ -548,6 +555,17 @@ pub struct Warmup {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[1-9][0-9]{0,17}(Ki|Mi|Gi|Ti|k|M|G|T)?$"))]
     pub memory_budget: Option<String>,
+    /// GPU memory the engine may hold on a node, as a byte quantity (`8Gi`): the agent's own
+    /// process's device memory (NVML per-process accounting, CUDA context included) after load
+    /// and after warmup; above it the node fails before serving (`MemoryBudgetExceeded`).
+    /// Unset, the budget is the memory of one of the class's GPUs (`nvidia.com/gpu.memory`).
+    /// Applies only on classes with an NVIDIA GPU. Where the agent cannot read its device
+    /// memory there (no NVML, an agent outside the host's PID namespace, whose NVML lists other
+    /// process ids) nothing is measured: an explicit budget then fails closed (`WarmupFailed`),
+    /// the default one is not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[1-9][0-9]{0,17}(Ki|Mi|Gi|Ti|k|M|G|T)?$"))]
+    pub device_memory_budget: Option<String>,
 }
 
 fn default_iterations() -> u32 {

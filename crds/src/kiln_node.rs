@@ -195,4 +195,9 @@ pub struct NodeTargetStatus {
     /// agent's peak resident set above its resident set before the load).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_memory_bytes: Option<i64>,
+    /// GPU memory this agent's process held at its peak (after load, after warmup), in bytes,
+    /// as NVML accounts it per process (CUDA context included). Absent where nothing was
+    /// measured (no GPU or no NVML), never 0 for that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_device_memory_bytes: Option<i64>,
 }

@@ -1,6 +1,6 @@
 //! The human tables of each report (`-o json|yaml` serialise the reports instead).
 
-use crate::report::{HistoryRow, Status, Why, ms, or_dash, short, table};
+use crate::report::{HistoryRow, Status, Why, bytes, ms, or_dash, short, table};
 
 /// `status`: a summary line, the classes, then the nodes.
 pub fn status(s: &Status) -> String {
@@ -67,6 +67,8 @@ pub fn status(s: &Status) -> String {
                 ms(n.load_seconds),
                 ms(n.warmup_seconds),
                 ms(n.p50_seconds),
+                bytes(n.peak_memory_bytes),
+                bytes(n.peak_device_memory_bytes),
                 or_dash(n.reason.map(|r| r.as_str())),
             ]
         })
@@ -86,6 +88,8 @@ pub fn status(s: &Status) -> String {
                 "LOAD_MS",
                 "WARMUP_MS",
                 "P50_MS",
+                "MEM",
+                "GPU_MEM",
                 "REASON",
             ],
             &nodes,

@@ -87,6 +87,11 @@ pub struct NodeRow {
     pub warmup_seconds: Option<f64>,
     /// Steady p50 of the warmup, seconds.
     pub p50_seconds: Option<f64>,
+    /// Host memory the engine added at its peak in load and warmup, bytes.
+    pub peak_memory_bytes: Option<i64>,
+    /// GPU memory the agent's process held at its peak in load and warmup, bytes (absent
+    /// where the node measured none).
+    pub peak_device_memory_bytes: Option<i64>,
 }
 
 /// The target's rows on every node, by node name.
@@ -184,6 +189,8 @@ pub fn status(target: &CompiledTarget, nodes: &[KilnNode]) -> Status {
                 load_seconds: r.load_seconds,
                 warmup_seconds: r.warmup_seconds,
                 p50_seconds: r.p50_seconds,
+                peak_memory_bytes: r.peak_memory_bytes,
+                peak_device_memory_bytes: r.peak_device_memory_bytes,
             })
             .collect(),
     }
@@ -519,6 +526,15 @@ pub fn ms(s: Option<f64>) -> String {
     s.map_or_else(|| "-".into(), |s| format!("{:.2}", s * 1000.0))
 }
 
+/// Bytes in decimal megabytes or gigabytes with one decimal, or `-`.
+pub fn bytes(b: Option<i64>) -> String {
+    match b {
+        None => "-".into(),
+        Some(b) if b >= 1_000_000_000 => format!("{:.1} GB", b as f64 / 1e9),
+        Some(b) => format!("{:.1} MB", b as f64 / 1e6),
+    }
+}
+
 /// An optional value, or `-`.
 pub fn or_dash<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or_else(|| "-".into(), |v| v.to_string())
@@ -570,7 +586,7 @@ status:
         vec![
             node(
                 "a",
-                "[{namespace: ml, name: t, revision: 3, class: cpu, phase: Ready, loadSeconds: 0.1}, {namespace: other, name: t, revision: 9, class: cpu, phase: Ready}]",
+                "[{namespace: ml, name: t, revision: 3, class: cpu, phase: Ready, loadSeconds: 0.1, peakMemoryBytes: 52428800, peakDeviceMemoryBytes: 1288490188}, {namespace: other, name: t, revision: 9, class: cpu, phase: Ready}]",
             ),
             node(
                 "b",
@@ -605,6 +621,12 @@ status:
                 && shown.contains("cpu: onnxruntime/cpu kept: p50 6.100 ms"),
             "{shown}"
         );
+        // Host and GPU memory per node; a node that measured none shows a dash, not 0.
+        assert_eq!(s.nodes[0].peak_device_memory_bytes, Some(1288490188));
+        let a = shown.lines().find(|l| l.starts_with("a ")).expect("node a");
+        assert!(a.contains("52.4 MB") && a.contains("1.3 GB"), "{shown}");
+        assert!(shown.contains("GPU_MEM"), "{shown}");
+        assert_eq!(s.nodes[1].peak_device_memory_bytes, None);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 pub mod backend;
 pub mod cmd;
+pub mod device_memory;
 pub mod error;
 pub mod memory;
 pub mod metrics;

@@ -132,7 +132,14 @@ struct Inner {
     partition_nodes: Family<ProviderLabels, Gauge>,
     partitions: Family<TargetLabels, Gauge>,
     fallback_share: Family<TargetLabels, Gauge<f64, AtomicU64>>,
+    fallback_time_share: Family<TargetLabels, Gauge<f64, AtomicU64>>,
+    fallback_shape_nodes: Family<TargetLabels, Gauge>,
+    fallback_compute_nodes: Family<TargetLabels, Gauge>,
+    kernel_seconds: Family<ProviderLabels, Gauge<f64, AtomicU64>>,
+    transfers: Family<TargetLabels, Gauge>,
+    transfer_seconds: Family<TargetLabels, Gauge<f64, AtomicU64>>,
     peak_memory: Family<TargetLabels, Gauge>,
+    peak_device_memory: Family<TargetLabels, Gauge>,
     served_revision: Family<TargetLabels, Gauge>,
     served_engine: Family<EngineLabels, Gauge>,
 }
@@ -168,7 +175,14 @@ impl Metrics {
             partition_nodes: Family::default(),
             partitions: Family::default(),
             fallback_share: Family::default(),
+            fallback_time_share: Family::default(),
+            fallback_shape_nodes: Family::default(),
+            fallback_compute_nodes: Family::default(),
+            kernel_seconds: Family::default(),
+            transfers: Family::default(),
+            transfer_seconds: Family::default(),
             peak_memory: Family::default(),
+            peak_device_memory: Family::default(),
             served_revision: Family::default(),
             served_engine: Family::default(),
         };
@@ -253,6 +267,7 @@ impl Metrics {
             "Share of graph nodes the CPU ran although another execution provider was requested",
             inner.fallback_share.clone(),
         );
+        register_placement(r, &inner);
         r.register(
             "artifact_pull_bytes",
             "Artifact bytes pulled and verified into the node cache",
@@ -381,6 +396,48 @@ impl Metrics {
             .fallback_share
             .get_or_create(labels)
             .set(placement.fallback_share);
+        self.placement_work(labels, placement);
+    }
+
+    /// Records the kernel time, the CPU's shape and compute nodes and the transfers of a
+    /// target's engine on this node.
+    fn placement_work(&self, labels: &TargetLabels, p: &kiln_crds::placement::Placement) {
+        let inner = &self.inner;
+        for provider in kiln_crds::placement::PROVIDERS {
+            let series = provider_labels(labels, provider);
+            match p.kernel_seconds.get(provider) {
+                Some(s) => {
+                    inner.kernel_seconds.get_or_create(&series).set(*s);
+                }
+                None => {
+                    inner.kernel_seconds.remove(&series);
+                }
+            }
+        }
+        let gauges = [
+            (&inner.fallback_shape_nodes, p.shape_node_count),
+            (&inner.fallback_compute_nodes, p.compute_node_count),
+            (&inner.transfers, p.transfer_count),
+        ];
+        for (gauge, value) in gauges {
+            gauge.get_or_create(labels).set(value);
+        }
+        inner
+            .fallback_time_share
+            .get_or_create(labels)
+            .set(p.fallback_time_share);
+        inner
+            .transfer_seconds
+            .get_or_create(labels)
+            .set(p.transfer_seconds);
+    }
+
+    /// Records the GPU memory this process held at its peak around a target's engine.
+    pub fn peak_device_memory(&self, labels: &TargetLabels, bytes: u64) {
+        self.inner
+            .peak_device_memory
+            .get_or_create(labels)
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// Records the peak memory a target's engine added in load and warmup.
@@ -460,11 +517,17 @@ impl Metrics {
         self.inner.served_revision.remove(labels);
         self.inner.partitions.remove(labels);
         self.inner.fallback_share.remove(labels);
+        self.inner.fallback_time_share.remove(labels);
+        self.inner.fallback_shape_nodes.remove(labels);
+        self.inner.fallback_compute_nodes.remove(labels);
+        self.inner.transfers.remove(labels);
+        self.inner.transfer_seconds.remove(labels);
         self.inner.peak_memory.remove(labels);
+        self.inner.peak_device_memory.remove(labels);
         for provider in kiln_crds::placement::PROVIDERS {
-            self.inner
-                .partition_nodes
-                .remove(&provider_labels(labels, provider));
+            let series = provider_labels(labels, provider);
+            self.inner.partition_nodes.remove(&series);
+            self.inner.kernel_seconds.remove(&series);
         }
     }
 
@@ -491,6 +554,45 @@ impl Metrics {
     pub fn revision_ready(&self, seconds: f64) {
         self.inner.revision_ready_seconds.observe(seconds);
     }
+}
+
+/// The placement and device memory series, registered apart to keep `register` short.
+fn register_placement(r: &mut Registry, inner: &Inner) {
+    r.register(
+        "fallback_time_share",
+        "Share of the first run's kernel time on the CPU although another execution provider was requested",
+        inner.fallback_time_share.clone(),
+    );
+    r.register(
+        "fallback_shape_nodes",
+        "CPU fallback nodes that only compute shapes (Shape, Size, or small rank <= 1 tensors)",
+        inner.fallback_shape_nodes.clone(),
+    );
+    r.register(
+        "fallback_compute_nodes",
+        "CPU fallback nodes that compute (what cpuFallback Forbidden refuses)",
+        inner.fallback_compute_nodes.clone(),
+    );
+    r.register(
+        "partition_kernel_seconds",
+        "Kernel time of each execution provider in the engine's first warmup run",
+        inner.kernel_seconds.clone(),
+    );
+    r.register(
+        "partition_transfers",
+        "Copies between execution providers (Memcpy nodes) in the engine's first warmup run",
+        inner.transfers.clone(),
+    );
+    r.register(
+        "partition_transfer_seconds",
+        "Kernel time of the copies between execution providers in the engine's first warmup run",
+        inner.transfer_seconds.clone(),
+    );
+    r.register(
+        "engine_peak_device_memory_bytes",
+        "GPU memory the agent's process held at its peak after load and warmup of a target's engine (NVML)",
+        inner.peak_device_memory.clone(),
+    );
 }
 
 fn provider_labels(labels: &TargetLabels, provider: &str) -> ProviderLabels {

@@ -59,13 +59,19 @@ fn the_dashboard_queries_only_metrics_the_agent_exports() {
     m.load("cpu", 0.1);
     m.warmup("cpu", 0.2, &[0.01, 0.02], 1e-6);
     let placement = kiln_crds::placement::Placement {
-        requested: "cpu".into(),
-        nodes: [("cpu".to_string(), 39)].into(),
-        partitions: 1,
+        requested: "cuda".into(),
+        nodes: [("cpu".to_string(), 4), ("cuda".to_string(), 35)].into(),
+        partitions: 3,
+        kernel_seconds: [("cpu".to_string(), 1e-5), ("cuda".to_string(), 2e-3)].into(),
+        fallback_time_share: 0.005,
+        shape_node_count: 4,
+        transfer_count: 2,
+        transfer_seconds: 4e-5,
         ..Default::default()
     };
     m.placement(&labels, &placement);
     m.peak_memory(&labels, 1 << 20);
+    m.peak_device_memory(&labels, 1 << 30);
     m.ready("cpu", true);
     m.pulled(1 << 20, 0.5);
     m.compat_rejection(FailureReason::IncompatibleHardware);
@@ -91,6 +97,19 @@ fn the_dashboard_queries_only_metrics_the_agent_exports() {
         ) && !text.contains("engine=\"onnxruntime/cpu\""),
         "{text}"
     );
+    for series in [
+        "kiln_agent_partition_kernel_seconds{namespace=\"ml\",target=\"t\",class=\"cpu\",provider=\"cuda\"} 0.002\n",
+        "kiln_agent_fallback_time_share{namespace=\"ml\",target=\"t\",class=\"cpu\"} 0.005\n",
+        "kiln_agent_fallback_shape_nodes{namespace=\"ml\",target=\"t\",class=\"cpu\"} 4\n",
+        "kiln_agent_partition_transfers{namespace=\"ml\",target=\"t\",class=\"cpu\"} 2\n",
+        "kiln_agent_engine_peak_device_memory_bytes{namespace=\"ml\",target=\"t\",class=\"cpu\"} 1073741824\n",
+    ] {
+        assert!(text.contains(series), "{series} in {text}");
+    }
+    // Every family with series, the placement and device memory ones included.
+    if let Err(skip) = promtool_check(&text) {
+        eprintln!("skipping promtool check: {skip}");
+    }
     let queried = kiln_serve::test_support::dashboard_metrics("kiln_agent_");
     assert!(queried.len() > 5, "{queried:?}");
     let missing = kiln_serve::test_support::not_exported(&queried, &text);

@@ -225,6 +225,22 @@ fn the_example_runs_on_onnxruntime_with_partition_evidence_everywhere() {
         (p["partitions"].as_i64(), p["fallbackShare"].as_f64()),
         (Some(1), Some(0.0))
     );
+    // The profile's real durations: kernel time on the CPU, none of it fallback (the CPU was
+    // asked for), no shape or compute fallback nodes, nothing copied between providers.
+    // (Mixed placements need a GPU provider, which the CPU wheel lacks: they are tested on
+    // written profiles in backend/onnxruntime/profile.rs.)
+    let kernel = p["kernelSeconds"]["cpu"].as_f64().expect("cpu kernel time");
+    assert!(kernel > 0.0 && kernel < 60.0, "{p}");
+    assert_eq!(p["fallbackTimeShare"].as_f64(), Some(0.0), "{p}");
+    assert_eq!(
+        (
+            p["shapeNodeCount"].as_i64(),
+            p["computeNodeCount"].as_i64(),
+            p["transferCount"].as_i64()
+        ),
+        (Some(0), Some(0), Some(0)),
+        "{p}"
+    );
     // The first request after Ready is measured (the goal, within 1.2x p50, is a figure for
     // the benchmarks, not a timed assertion).
     assert!(
@@ -243,6 +259,12 @@ fn the_example_runs_on_onnxruntime_with_partition_evidence_everywhere() {
         json!({"cpuFallback": "Allowed", "executionProvider": "cpu", "optimizationLevel": "extended"})
     );
     assert_eq!(manifest["placement"]["nodes"]["cpu"], json!(cpu_nodes));
+    assert!(
+        manifest["placement"]["kernelSeconds"]["cpu"]
+            .as_f64()
+            .is_some_and(|s| s > 0.0),
+        "the compile's parity run is profiled too: {manifest}"
+    );
     assert!(
         manifest["boundTo"].is_null(),
         "extended is portable: {manifest}"
@@ -276,6 +298,21 @@ fn the_example_runs_on_onnxruntime_with_partition_evidence_everywhere() {
         ),
         Some(0.0)
     );
+    assert_eq!(
+        metric(
+            &exposition,
+            &format!("kiln_agent_fallback_time_share{{{target}}}")
+        ),
+        Some(0.0)
+    );
+    assert!(
+        metric(
+            &exposition,
+            &format!("kiln_agent_partition_kernel_seconds{{{target},provider=\"cpu\"}}")
+        )
+        .is_some_and(|s| s > 0.0),
+        "{exposition}"
+    );
 
     // tract reports the same fields: one partition on `tract`, no fallback.
     let t = squeezenet("{kind: tract}");
@@ -288,6 +325,11 @@ fn the_example_runs_on_onnxruntime_with_partition_evidence_everywhere() {
         "{p}"
     );
     assert!(p["nodes"]["tract"].as_i64().is_some_and(|n| n > 0), "{p}");
+    assert!(
+        p["kernelSeconds"].is_null(),
+        "tract measures no kernel time: {p}"
+    );
+    assert_eq!(p["computeNodeCount"].as_i64(), Some(0), "{p}");
 }
 
 #[test]
@@ -298,6 +340,7 @@ fn the_settings_and_the_library_are_in_the_compile_key() {
         "{kind: onnxruntime, optimizationLevel: basic}",
         "{kind: onnxruntime, cpuFallback: {policy: Forbidden}}",
         "{kind: onnxruntime, cpuFallback: {policy: UpToShare, maxSharePercent: 5}}",
+        "{kind: onnxruntime, cpuFallback: {policy: Strict}}",
     ]
     .iter()
     .map(|backend| {
@@ -310,7 +353,7 @@ fn the_settings_and_the_library_are_in_the_compile_key() {
     .collect();
     assert_eq!(keys[0], keys[1], "spelled-out defaults are the same key");
     let distinct: std::collections::BTreeSet<_> = keys[1..].iter().collect();
-    assert_eq!(distinct.len(), 4, "every setting changes the key: {keys:?}");
+    assert_eq!(distinct.len(), 5, "every setting changes the key: {keys:?}");
 }
 
 #[test]
@@ -696,9 +739,16 @@ fn a_provider_the_library_lacks_is_refused_not_replaced_by_the_cpu() {
 #[test]
 fn peak_memory_is_measured_and_held_to_the_budget() {
     let mut m = squeezenet("{kind: onnxruntime}");
-    m.warmup_extra = "\n    memoryBudget: 4Gi".into();
+    // A device budget applies only on a node with a GPU; this one has none (or runs the CPU
+    // provider), so nothing is measured: the figure is absent, never 0.
+    m.warmup_extra = "\n    memoryBudget: 4Gi\n    deviceMemoryBudget: 1k".into();
     let run = m.run_ort();
     assert!(run.success, "{}", run.message());
+    assert!(
+        run.outcome["peakDeviceMemoryBytes"].is_null(),
+        "{}",
+        run.outcome
+    );
     let peak = run.outcome["peakMemoryBytes"]
         .as_u64()
         .expect("peak measured");

@@ -62,6 +62,9 @@ pub struct Outcome {
     pub placement: Option<kiln_crds::placement::Placement>,
     /// Resident memory the engine added at its peak in load and warmup.
     pub peak_memory_bytes: Option<u64>,
+    /// GPU memory this process held at its peak after load and warmup (NVML; absent where
+    /// nothing was measured: no GPU, no NVML).
+    pub peak_device_memory_bytes: Option<u64>,
     /// The engine that serves (`tract`, `onnxruntime/cpu`, `onnxruntime/cuda`).
     pub engine: Option<String>,
     /// `backend.kind: auto`: why the compile kept that engine.
@@ -174,6 +177,7 @@ async fn pipeline(
             &id,
             &inputs.fixture,
             &spec.target,
+            crate::pipeline::ready::gpu_memory(&host),
             metrics,
         )
     })?;
@@ -187,6 +191,7 @@ async fn pipeline(
     outcome.first_request_seconds = Some(w.first_request_seconds);
     outcome.placement = w.placement.clone();
     outcome.peak_memory_bytes = w.peak_memory_bytes;
+    outcome.peak_device_memory_bytes = w.peak_device_memory_bytes;
     outcome.message = format!(
         "{} verified, loaded and warmed: {} iterations, parity max abs error {:.3e}",
         spec.target.metadata.name.as_deref().unwrap_or("target"),
@@ -349,6 +354,12 @@ fn print_plain(outcome: &Outcome) {
             crate::memory::human(peak as usize)
         );
     }
+    if let Some(peak) = outcome.peak_device_memory_bytes {
+        println!(
+            "  peak GPU memory  {} held by this process after load and warmup",
+            crate::memory::human(peak as usize)
+        );
+    }
     if let Some(p) = &outcome.placement {
         let nodes: Vec<String> = p.nodes.iter().map(|(k, v)| format!("{k} {v}")).collect();
         println!(
@@ -357,6 +368,15 @@ fn print_plain(outcome: &Outcome) {
             nodes.join(", "),
             p.partitions,
             p.fallback_share * 100.0
+        );
+        println!(
+            "  kernel time      {} on all providers; CPU fallback {:.1}% of it ({} shape, {} compute node(s)); {} transfer(s), {}",
+            ms(Some(p.total_kernel_seconds())),
+            p.fallback_time_share * 100.0,
+            p.shape_node_count,
+            p.compute_node_count,
+            p.transfer_count,
+            ms(Some(p.transfer_seconds))
         );
     }
 }

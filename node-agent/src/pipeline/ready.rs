@@ -12,6 +12,7 @@ use kiln_store::attest::{Subject, Trust};
 use kiln_store::{ArtifactRef, Store};
 
 use crate::backend::{Backend, Engine};
+use crate::device_memory::{device_budget, within_device_budget};
 use crate::error::{Error, Result};
 use crate::memory::{PeakWindow, human};
 use crate::metrics::{Metrics, TargetLabels};
@@ -142,7 +143,8 @@ pub async fn pull_verified(
     .inspect_err(|e| metrics.verify_failure(e.reason()))
 }
 
-/// Loads and warms the verified artifact at `artifact` (from [`pull_verified`]).
+/// Loads and warms the verified artifact at `artifact` (from [`pull_verified`]); `gpu_memory`
+/// ([`gpu_memory`] of the probed hardware) is the default device memory budget.
 #[allow(clippy::too_many_arguments)]
 pub fn load_warm(
     manifest: &BuildManifest,
@@ -152,12 +154,14 @@ pub fn load_warm(
     class_id: &str,
     fixture: &FixtureFile,
     target: &kiln_crds::CompiledTarget,
+    gpu_memory: Option<u64>,
     metrics: &Metrics,
 ) -> Result<Ready> {
     check_compatible(manifest, backend, class)?;
     fits_node(&target.spec.warmup, crate::memory::available())?;
     let window = PeakWindow::start();
     let loaded = load(backend, artifact, class_id, metrics)?;
+    let device_after_load = loaded.device_memory_bytes;
     let labels = TargetLabels {
         namespace: target.metadata.namespace.clone().unwrap_or_default(),
         target: target.metadata.name.clone().unwrap_or_default(),
@@ -174,8 +178,10 @@ pub fn load_warm(
     drop(loaded);
     account_memory(
         window.as_ref(),
+        device_after_load,
         &mut report,
         &target.spec.warmup,
+        gpu_memory,
         &labels,
         metrics,
     )?;
@@ -191,6 +197,8 @@ pub struct Loaded {
     pub engine: Box<dyn Engine>,
     /// Seconds the load (and optimisation) took.
     pub seconds: f64,
+    /// GPU memory this process held once the engine was loaded (NVML; `None`: not measured).
+    pub device_memory_bytes: Option<u64>,
 }
 
 /// Loads a verified, compatible artifact.
@@ -204,7 +212,11 @@ pub fn load(
     let engine = backend.load(artifact)?;
     let seconds = started.elapsed().as_secs_f64();
     metrics.load(class_id, seconds);
-    Ok(Loaded { engine, seconds })
+    Ok(Loaded {
+        engine,
+        seconds,
+        device_memory_bytes: crate::device_memory::process_bytes(),
+    })
 }
 
 /// Runs the warmup fixtures through a loaded engine with parity and the latency budget, and
@@ -217,7 +229,9 @@ pub fn warm_engine(
     metrics: &Metrics,
 ) -> Result<WarmupReport> {
     let class_id = labels.class.as_str();
-    let report = warm(engine, fixture, &target.warmup)?;
+    let mut report = warm(engine, fixture, &target.warmup)?;
+    // Read while the engine still holds its memory.
+    report.peak_device_memory_bytes = crate::device_memory::process_bytes();
     if let Some(p) = &report.placement {
         metrics.placement(labels, p);
         crate::pipeline::placement::check(
@@ -265,21 +279,42 @@ pub fn fits_node(
     }
 }
 
-/// Records the engine's peak memory since `window` started in `report` and the metrics, and
-/// holds it to the target's memory budget: over it is `MemoryBudgetExceeded`; a budget that
-/// cannot be checked on this node (no peak figure) fails closed.
+/// Records the engine's peak memory since `window` started, and the GPU memory this process
+/// held at its peak (after load: `device_after_load`; after warmup: already in `report`), in
+/// `report` and the metrics, and holds both to the target's budgets: over one is
+/// `MemoryBudgetExceeded`; a host budget that cannot be checked on this node fails closed, a
+/// device budget as [`within_device_budget`] says. `gpu_memory`: one of the node's GPUs' memory,
+/// the default device budget.
 pub fn account_memory(
     window: Option<&PeakWindow>,
+    device_after_load: Option<u64>,
     report: &mut WarmupReport,
     warmup: &kiln_crds::compiled_target::Warmup,
+    gpu_memory: Option<u64>,
     labels: &TargetLabels,
     metrics: &Metrics,
 ) -> Result<()> {
     report.peak_memory_bytes = window.and_then(PeakWindow::peak_bytes);
+    report.peak_device_memory_bytes = report.peak_device_memory_bytes.max(device_after_load);
     if let Some(peak) = report.peak_memory_bytes {
         metrics.peak_memory(labels, peak);
     }
-    within_budget(memory_budget(warmup)?, report.peak_memory_bytes)
+    if let Some(peak) = report.peak_device_memory_bytes {
+        metrics.peak_device_memory(labels, peak);
+    }
+    within_budget(memory_budget(warmup)?, report.peak_memory_bytes)?;
+    within_device_budget(
+        device_budget(warmup, gpu_memory)?,
+        report.peak_device_memory_bytes,
+    )
+}
+
+/// The memory of the first of `facts`' GPUs, bytes: the default device memory budget.
+pub fn gpu_memory(facts: &kiln_crds::kiln_node::HardwareFacts) -> Option<u64> {
+    facts
+        .accelerators
+        .first()
+        .and_then(|a| u64::try_from(a.memory_bytes).ok())
 }
 
 /// Whether a measured peak is within the budget. Pure.

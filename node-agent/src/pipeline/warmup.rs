@@ -37,6 +37,10 @@ pub struct WarmupReport {
     /// Resident memory the engine added at its peak in load and warmup (set by
     /// [`crate::pipeline::ready::account_memory`]).
     pub peak_memory_bytes: Option<u64>,
+    /// GPU memory this process held at its peak, after load and after warmup (NVML; `None`
+    /// where nothing was measured; set by [`crate::pipeline::ready::warm_engine`] and
+    /// [`crate::pipeline::ready::account_memory`]).
+    pub peak_device_memory_bytes: Option<u64>,
     /// Latency of one fixture run once warmup is over: what the first request after Ready finds.
     pub first_request_seconds: f64,
 }
@@ -328,6 +332,7 @@ mod tests {
             exclude_outputs: vec![],
             latency_budget_p99_ms: None,
             memory_budget: None,
+            device_memory_budget: None,
         }
     }
 

@@ -375,6 +375,8 @@ impl Agent {
         .await?;
         self.phase(key, pick, NodePhase::Warming).await;
         let load_seconds = loaded.seconds;
+        let device_after_load = loaded.device_memory_bytes;
+        let gpu_memory = ready::gpu_memory(&self.hardware);
         let metrics = self.metrics.clone();
         let labels = TargetLabels {
             namespace: key.namespace.clone(),
@@ -398,8 +400,10 @@ impl Agent {
                 drop(loaded);
                 ready::account_memory(
                     window.as_ref(),
+                    device_after_load,
                     &mut report,
                     &target_spec.warmup,
+                    gpu_memory,
                     &labels,
                     &metrics,
                 )?;

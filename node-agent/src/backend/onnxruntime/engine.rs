@@ -28,7 +28,7 @@ pub(super) struct OrtEngine {
     /// Where the first run's profile goes; taken (and removed) once it is read.
     profile_dir: Mutex<Option<tempfile::TempDir>>,
     placement: Mutex<Option<Placement>>,
-    /// ONNX Runtime refused the graph under `cpuFallback: Forbidden`; this engine runs with
+    /// ONNX Runtime refused the graph under `cpuFallback: Strict`; this engine runs with
     /// fallback allowed only to name the nodes, then fails.
     pub(super) refused: Option<String>,
 }
@@ -112,11 +112,11 @@ impl Engine for OrtEngine {
                 })?;
             drop(dir);
             if let Some(refused) = &self.refused {
-                let forbidden = CpuFallback {
-                    policy: CpuFallbackPolicy::Forbidden,
+                let strict = CpuFallback {
+                    policy: CpuFallbackPolicy::Strict,
                     max_share_percent: None,
                 };
-                crate::pipeline::placement::check("onnxruntime", &forbidden, &placement)?;
+                crate::pipeline::placement::check("onnxruntime", &strict, &placement)?;
                 return Err(Error::UnsupportedOperator {
                     backend: "onnxruntime".into(),
                     operators: vec![refused.clone()],

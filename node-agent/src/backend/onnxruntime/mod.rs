@@ -86,9 +86,10 @@ impl OnnxRuntime {
                     .error_on_failure()])?;
             }
         }
-        if provider != ExecutionProvider::Cpu
-            && self.fallback.policy == CpuFallbackPolicy::Forbidden
-        {
+        // Only `Strict` asks ONNX Runtime to refuse CPU nodes: under `Forbidden` the shape
+        // nodes its GPU providers leave on the CPU on purpose are allowed, and the profile of
+        // the first run decides (`pipeline::placement::check`).
+        if provider != ExecutionProvider::Cpu && self.fallback.policy == CpuFallbackPolicy::Strict {
             b = b.with_disable_cpu_fallback()?;
         }
         if let Some(save) = save {
@@ -355,11 +356,11 @@ impl Backend for OnnxRuntime {
         };
         let (session, refused) = match open(self) {
             Ok(session) => (session, None),
-            // The provider cannot take every node and cpuFallback is Forbidden. ONNX Runtime
+            // The provider cannot take every node and cpuFallback is Strict. ONNX Runtime
             // does not say which nodes: open the graph once more with fallback allowed, only to
             // run the first fixture and name the nodes the CPU takes; that run then fails.
             Err(Error::UnsupportedOperator { operators, .. })
-                if self.fallback.policy == CpuFallbackPolicy::Forbidden
+                if self.fallback.policy == CpuFallbackPolicy::Strict
                     && operators.iter().any(|m| m.contains("explicitly disabled")) =>
             {
                 let diagnose = Self {

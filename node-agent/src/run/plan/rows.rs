@@ -179,6 +179,10 @@ pub fn served(
             .warmup
             .peak_memory_bytes
             .map(|b| i64::try_from(b).unwrap_or(i64::MAX)),
+        peak_device_memory_bytes: p
+            .warmup
+            .peak_device_memory_bytes
+            .map(|b| i64::try_from(b).unwrap_or(i64::MAX)),
         revision_seen_at: if same {
             old.revision_seen_at.clone()
         } else {
@@ -218,6 +222,7 @@ pub fn served(
         row.parity_max_abs_error = mine(old.parity_max_abs_error);
         row.placement = old.placement.clone().filter(|_| same);
         row.peak_memory_bytes = old.peak_memory_bytes.filter(|_| same);
+        row.peak_device_memory_bytes = old.peak_device_memory_bytes.filter(|_| same);
         row.pull_seconds = mine(old.pull_seconds);
         row.pull_bytes = old.pull_bytes.filter(|_| same);
     }
@@ -438,6 +443,28 @@ mod tests {
             },
             engine: Some("onnxruntime/cpu".into()),
         }
+    }
+
+    #[test]
+    fn a_served_row_reports_device_memory_only_when_measured() {
+        let now = at(1_700_000_000);
+        let mut p = prepared(pick(3, "gpu"));
+        p.warmup.peak_memory_bytes = Some(1 << 20);
+        p.warmup.peak_device_memory_bytes = Some(3 << 30);
+        let row = served(
+            &NodeTargetStatus::default(),
+            &key(),
+            &p,
+            None,
+            None,
+            now.clone(),
+        );
+        assert_eq!(
+            (row.peak_memory_bytes, row.peak_device_memory_bytes),
+            (Some(1 << 20), Some(3 << 30))
+        );
+        let unmeasured = served(&row, &key(), &prepared(pick(4, "gpu")), None, None, now);
+        assert_eq!(unmeasured.peak_device_memory_bytes, None, "absent, never 0");
     }
 
     /// A fresh row serving `revision` of class cpu, ready since `now`.
