@@ -59,7 +59,8 @@ if [[ -n $target ]]; then
   echo "valid CompiledTarget accepted"
   # Not grep -q: it exits at the first match, kubectl gets SIGPIPE and pipefail fails the line.
   kubectl -n "$TEST_NS" get compiledtargets | grep 'MODEL.*BACKEND' >/dev/null || fail "printer columns missing"
-  kubectl -n "$TEST_NS" get compiledtargets | grep "$(jq -r .spec.modelRef.name <<<"$target").*tract" >/dev/null ||
+  kubectl -n "$TEST_NS" get compiledtargets |
+    grep "$(jq -r .spec.modelRef.name <<<"$target").*$(jq -r .spec.backend.kind <<<"$target")" >/dev/null ||
     fail "printer columns do not show model and backend"
   echo "kubectl get compiledtargets shows MODEL and BACKEND"
   WHY="fallback policy Class without class" PATTERN='fallback.class is required' expect_reject create -f - \
