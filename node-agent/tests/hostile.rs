@@ -791,21 +791,20 @@ fn table() -> Vec<Hostile> {
                 Ok(())
             },
             "SourceUnavailable",
-            &["models:", "Is a directory"],
+            &["models is a directory, not a regular file"],
         ),
         fails(
             "uri",
             "file:///dev/zero with a declared size",
-            |c, _, p| {
+            |c, _, _| {
                 c.source_uri = "file:///dev/zero".into();
-                p.needles.push(format!(
-                    "larger than the declared size of {} bytes",
-                    c.model_size
-                ));
                 Ok(())
             },
-            "HashMismatch",
-            &["model source file:///dev/zero"],
+            "SourceUnavailable",
+            &[
+                "file:///dev/zero",
+                "is a character device, not a regular file",
+            ],
         ),
         fails(
             "uri",
@@ -822,7 +821,7 @@ fn table() -> Vec<Hostile> {
                 Ok(())
             },
             "SourceUnavailable",
-            &["is a FIFO, not a file"],
+            &["is a FIFO, not a regular file"],
         ),
         fails(
             "uri",
@@ -905,19 +904,15 @@ fn table() -> Vec<Hostile> {
         fails(
             "uri",
             "undeclared-size asset from /dev/urandom",
-            |c, _, p| {
+            |c, _, _| {
                 c.model_extra = format!(
                     "\n  assets:\n    - {{name: noise, kind: other, uri: \"file:///dev/urandom\", sha256: \"{}\"}}",
                     "a".repeat(64)
                 );
-                p.env("KILN_FETCH_MAX_BYTES", "1048576");
                 Ok(())
             },
             "SourceUnavailable",
-            &[
-                "asset noise is larger than 1048576 bytes",
-                "--fetch-max-bytes",
-            ],
+            &["file:///dev/urandom", "/dev/urandom is a character device"],
         ),
         fails(
             "uri",
@@ -1687,6 +1682,24 @@ fn table() -> Vec<Hostile> {
             "HashMismatch",
             &["stored artifact", "it is a symbolic link", "delete"],
         ),
+        // A digest that holds a path never becomes one: the entry is corrupt, rebuilt and
+        // replaced, and nothing is created outside the store.
+        ready(
+            "store",
+            "manifest whose artifact digest is a path: rebuilt, nothing outside the store",
+            |c, _, p| {
+                let key = stored_once(c, p, &[])?;
+                p.absent.push(c.dir.path().join("kiln-digest-escape"));
+                edit_manifest(c, &key, |m| {
+                    m["artifactDigest"] = json!("../../../kiln-digest-escape")
+                })
+            },
+            true,
+        )
+        .logged(&[
+            "the stored entry is corrupt; compiling and replacing it",
+            "artifactDigest \"../../../kiln-digest-escape\" is not 64 hex digits",
+        ]),
         fails(
             "store",
             "manifest naming another artifact digest",

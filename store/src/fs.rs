@@ -121,6 +121,7 @@ impl FsStore {
                         ),
                     )
                 })?;
+                crate::check_manifest_digests(&format!("manifest {}", path.display()), &manifest)?;
                 // A manifest moved or rewritten under another key would send every later step
                 // to that key's directory.
                 if manifest.compile_key != key {
@@ -203,6 +204,7 @@ impl FsStore {
         }
         let manifest: BuildManifest =
             serde_json::from_slice(&bytes).map_err(|e| Error::store(&path, e))?;
+        crate::check_manifest_digests(&format!("manifest {}", path.display()), &manifest)?;
         check_manifest(&self.location(), r, &manifest, self.max_artifact_bytes)?;
         let src = dir.join(ARTIFACT);
         // Only the file the entry was stored with: not a link to something else, and a missing

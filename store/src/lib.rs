@@ -223,6 +223,26 @@ pub(crate) fn check_key(location: &str, key: &str) -> Result<()> {
     Ok(())
 }
 
+/// Checks that a build manifest read from a store names its compile key and artifact digest as
+/// 64 hex digits: both become path components and tags, so a manifest whose digest holds a path
+/// (`../../x`) is refused before anything touches a path.
+pub fn check_manifest_digests(what: &str, m: &BuildManifest) -> Result<()> {
+    for (field, value) in [
+        ("compileKey", &m.compile_key),
+        ("artifactDigest", &m.artifact_digest),
+    ] {
+        if !staged::is_sha256_hex(value) {
+            return Err(Error::HashMismatch {
+                what: what.to_string(),
+                message: format!(
+                    "its {field} {value:?} is not 64 hex digits; the entry is refused"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The hex of a `sha256:<64 hex>` digest; anything else is refused (it becomes a file name or
 /// a tag).
 pub(crate) fn digest_hex(digest: &str) -> Result<&str> {

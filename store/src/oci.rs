@@ -267,6 +267,7 @@ impl OciStore {
                 format!("{doing}: build manifest {} unreadable: {e}", config.digest),
             )
         })?;
+        crate::check_manifest_digests(&format!("build manifest {}", config.digest), &manifest)?;
         let layer = image.layers[0].clone();
         if layer.digest != format!("sha256:{}", manifest.artifact_digest)
             || u64::try_from(layer.size).ok() != Some(manifest.artifact_size)

@@ -37,9 +37,9 @@ pub struct Wanted<'a> {
 #[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
 pub struct FetchLimits {
     /// Largest object fetched when the spec declares no size (assets, fixtures); a declared size
-    /// is enforced exactly. A source that streams on past it (`/dev/zero`, a hostile server) is
-    /// cut off there.
-    #[arg(long = "fetch-max-bytes", env = "KILN_FETCH_MAX_BYTES", default_value_t = 64 << 30)]
+    /// is enforced exactly. A server that streams on past it is cut off there. Small by default
+    /// (1 GiB): what has no declared size is a tokenizer or a fixture, not weights.
+    #[arg(long = "fetch-max-bytes", env = "KILN_FETCH_MAX_BYTES", default_value_t = 1 << 30)]
     pub max_bytes: u64,
     /// Seconds an HTTPS connection may take to establish.
     #[arg(
@@ -322,13 +322,12 @@ fn copy_file(
         uri: wanted.uri.into(),
         message,
     };
-    // Opening a FIFO blocks until something writes to it, and reading it may block forever:
-    // no file:// source may be one. Opened without blocking and checked on the open descriptor,
-    // so a FIFO swapped in after a path check cannot slip through. (Devices such as /dev/zero
-    // read without blocking and are cut off at the size bound; for files the flag changes
-    // nothing.)
+    // Only regular files: opening a FIFO blocks until something writes to it, and a device
+    // (/dev/zero, /dev/urandom) streams until a size bound cuts it off. Opened without blocking
+    // and checked on the open descriptor, so something swapped in after a path check cannot slip
+    // through; for regular files the flag changes nothing.
     let mut input = {
-        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        use std::os::unix::fs::OpenOptionsExt;
         let input = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
@@ -338,11 +337,11 @@ fn copy_file(
             .metadata()
             .map_err(|e| unavailable(e.to_string()))?
             .file_type();
-        if kind.is_fifo() || kind.is_socket() {
+        if !kind.is_file() {
             return Err(unavailable(format!(
-                "{} is a {}, not a file; a file:// URI must name a file",
+                "{} is a {}, not a regular file; a file:// URI must name a regular file",
                 src.display(),
-                if kind.is_fifo() { "FIFO" } else { "socket" }
+                file_kind(&kind)
             )));
         }
         input
@@ -367,6 +366,24 @@ fn copy_file(
     }
     metrics.fetched(out.written());
     out.finish().map_err(|e| refused(&wanted, e))
+}
+
+/// What a non-regular file is, for the refusal.
+fn file_kind(kind: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_fifo() {
+        "FIFO"
+    } else if kind.is_socket() {
+        "socket"
+    } else if kind.is_char_device() {
+        "character device"
+    } else if kind.is_block_device() {
+        "block device"
+    } else if kind.is_dir() {
+        "directory"
+    } else {
+        "special file"
+    }
 }
 
 /// Refuses a fetch that would reach `length` bytes, past its `bound`. A declared size is the
