@@ -172,6 +172,43 @@ impl OciStore {
         Error::unavailable(location, message)
     }
 
+    /// Pushes a blob unless the repository already has it. Blobs are content-addressed, and
+    /// publishers of different classes push the same ones at the same time (the empty config of
+    /// every attestation, an engine two classes built alike): a push that loses such a race fails
+    /// at the registry, while the blob is there — which is all that was wanted.
+    async fn push_blob_once(
+        &self,
+        reference: &Reference,
+        bytes: Vec<u8>,
+        digest: &str,
+    ) -> oci_client::errors::Result<()> {
+        if self.client.blob_exists(reference, digest).await? {
+            return Ok(());
+        }
+        let pushed = self.client.push_blob(reference, bytes, digest).await;
+        self.pushed_or_present(pushed, reference, digest).await
+    }
+
+    /// A failed push of a content-addressed blob is a success when the blob is there after all
+    /// (another publisher pushed the same bytes concurrently).
+    async fn pushed_or_present<T>(
+        &self,
+        pushed: oci_client::errors::Result<T>,
+        reference: &Reference,
+        digest: &str,
+    ) -> oci_client::errors::Result<()> {
+        match pushed {
+            Ok(_) => Ok(()),
+            Err(e) => match self.client.blob_exists(reference, digest).await {
+                Ok(true) => {
+                    tracing::info!(digest, error = %e, "a concurrent push stored this blob first");
+                    Ok(())
+                }
+                _ => Err(e),
+            },
+        }
+    }
+
     /// Pushes `image` as the manifest at `reference`; returns its digest.
     async fn push_image(
         &self,
@@ -366,8 +403,11 @@ impl Store for OciStore {
                     ),
                 ));
             }
-            self.client
+            let pushed = self
+                .client
                 .push_blob_stream(&reference, file_stream(file), &layer_digest, Some(size))
+                .await;
+            self.pushed_or_present(pushed, &reference, &layer_digest)
                 .await
                 .map_err(|e| self.error(&format!("{doing}: artifact {layer_digest}"), e))?;
         }
@@ -379,8 +419,7 @@ impl Store for OciStore {
             size: i64::try_from(json.len()).unwrap_or(i64::MAX),
             ..Default::default()
         };
-        self.client
-            .push_blob(&reference, json, &config.digest)
+        self.push_blob_once(&reference, json, &config.digest)
             .await
             .map_err(|e| self.error(&format!("{doing}: build manifest"), e))?;
         let image = OciImageManifest {
@@ -426,8 +465,7 @@ impl Store for OciStore {
             size: i64::try_from(envelope.len()).unwrap_or(i64::MAX),
             ..Default::default()
         };
-        self.client
-            .push_blob(&reference, envelope.to_vec(), &layer.digest)
+        self.push_blob_once(&reference, envelope.to_vec(), &layer.digest)
             .await
             .map_err(|e| self.error(&doing, e))?;
         let config = b"{}".to_vec();
@@ -437,8 +475,7 @@ impl Store for OciStore {
             size: 2,
             ..Default::default()
         };
-        self.client
-            .push_blob(&reference, config, &config_desc.digest)
+        self.push_blob_once(&reference, config, &config_desc.digest)
             .await
             .map_err(|e| self.error(&doing, e))?;
         let image = OciImageManifest {

@@ -490,3 +490,38 @@ async fn a_download_that_breaks_off_resumes_by_range_and_is_verified_whole() {
     assert!(ranges[1].starts_with("range: bytes=0-"), "{ranges:?}");
     assert!(!kept.exists());
 }
+
+/// Publishers of different classes push at the same moment, and their blobs overlap: the same
+/// engine bytes under two compile keys, and every attestation's empty config. Each publish
+/// succeeds and each entry reads back with its attestation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_publishers_of_shared_blobs_all_succeed() {
+    let Some(reg) = Registry::start() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (path, first) = common::artifact(tmp.path(), "engine", 4096, 7);
+    let bytes = std::fs::read(&path).unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..8u8 {
+        let store = open(&reg.url("kiln/concurrent"), &insecure()).unwrap();
+        let path = path.clone();
+        // The same artifact, as two classes that built the engine alike would store it.
+        let mut manifest = common::manifest(&hex::encode(Sha256::digest([i, b'c'])), &bytes);
+        manifest.class.insert("pool".into(), format!("p{i}"));
+        tasks.push(tokio::spawn(async move {
+            let entry = store.put(&path, &manifest, false).await?;
+            let envelope = format!("{{\"payload\":\"{i}\"}}").into_bytes();
+            store
+                .put_attestation(&manifest.compile_key, &entry.manifest_digest, &envelope)
+                .await?;
+            Ok::<_, kiln_store::Error>((manifest.compile_key.clone(), entry.manifest_digest))
+        }));
+    }
+    let store = open(&reg.url("kiln/concurrent"), &insecure()).unwrap();
+    for task in tasks {
+        let (key, digest) = task.await.unwrap().unwrap();
+        let entry = store.lookup(&key).await.unwrap().expect("stored");
+        assert_eq!(entry.manifest_digest, digest);
+        assert_eq!(entry.manifest.artifact_digest, first.artifact_digest);
+        assert!(store.attestation(&key, &digest).await.unwrap().is_some());
+    }
+}
