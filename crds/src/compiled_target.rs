@@ -291,12 +291,8 @@ impl Backend {
     /// A candidate's name in manifests, status and metric labels: `tract`, `onnxruntime/cpu`,
     /// `onnxruntime/cuda`.
     pub fn engine_name(&self) -> String {
-        match (self.kind, self.execution_provider) {
-            (BackendKind::Onnxruntime, provider) => {
-                format!("onnxruntime/{}", provider.unwrap_or_default().as_str())
-            }
-            (kind, _) => kind.as_str().to_string(),
-        }
+        let provider = self.execution_provider.unwrap_or_default();
+        engine_name(self.kind.as_str(), provider.as_str())
     }
 
     /// Kind `auto`'s compile-key options: the candidates, and every candidate's options.
@@ -310,6 +306,17 @@ impl Backend {
             }
         }
         options
+    }
+}
+
+/// The name of an engine: `tract`, or `onnxruntime/<provider>` (the one backend whose provider
+/// varies). Shared by specs ([`Backend::engine_name`]) and build manifests
+/// ([`crate::BuildManifest::engine`]).
+pub fn engine_name(backend: &str, provider: &str) -> String {
+    if backend == BackendKind::Onnxruntime.as_str() {
+        format!("{backend}/{provider}")
+    } else {
+        backend.to_string()
     }
 }
 

@@ -77,8 +77,8 @@ impl BuildManifest {
     /// The engine the artifact runs on: `tract`, or `onnxruntime/<provider>`.
     pub fn engine(&self) -> String {
         match self.backend_options.get("executionProvider") {
-            Some(provider) if self.backend == "onnxruntime" => format!("onnxruntime/{provider}"),
-            _ => self.backend.clone(),
+            Some(provider) => crate::compiled_target::engine_name(&self.backend, provider),
+            None => self.backend.clone(),
         }
     }
 }

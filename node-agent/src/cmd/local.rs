@@ -150,7 +150,6 @@ async fn pipeline(
     };
     outcome.artifact_digest = Some(manifest.artifact_digest.clone());
     if let Some(selection) = &manifest.selection {
-        outcome.engine = Some(selection.engine.clone());
         outcome.engine_reason = Some(selection.reason.clone());
         outcome.candidates.clone_from(&selection.candidates);
     }

@@ -53,7 +53,15 @@ pub fn compile_auto(
         let out = dir.join(format!("candidate-{i}"));
         let engine = candidate.spec.engine_name();
         tracing::info!(compile_key = %target.key, engine, "building engine candidate");
-        match try_candidate(spec, inputs, candidate, target, &out) {
+        let tried = candidate
+            .backend
+            .as_ref()
+            .map_err(|e| (e.reason(), e.to_string()))
+            .and_then(|backend| {
+                try_candidate(spec, inputs, candidate, backend.as_ref(), target, &out)
+                    .map_err(|e| (e.reason(), e.to_string()))
+            });
+        match tried {
             Ok((report, manifest)) => {
                 reports.push(report);
                 built.push(Some(Built {
@@ -61,13 +69,13 @@ pub fn compile_auto(
                     manifest,
                 }));
             }
-            Err(e) => {
-                tracing::info!(compile_key = %target.key, engine, reason = %e.reason(), error = %e, "engine candidate did not pass");
+            Err((reason, message)) => {
+                tracing::info!(compile_key = %target.key, engine, %reason, error = %message, "engine candidate did not pass");
                 let _ = std::fs::remove_file(&out);
                 reports.push(EngineCandidate {
                     engine,
-                    reason: Some(e.reason()),
-                    message: Some(e.to_string()),
+                    reason: Some(reason),
+                    message: Some(message),
                     ..EngineCandidate::default()
                 });
                 built.push(None);
@@ -111,23 +119,23 @@ fn try_candidate(
     spec: &Spec,
     inputs: &Inputs,
     candidate: &Candidate,
+    backend: &dyn Backend,
     target: &Target<'_>,
     out: &Path,
 ) -> Result<(EngineCandidate, BuildManifest)> {
-    let backend = candidate.backend.as_ref().map_err(clone_error)?;
     let sub = concrete(spec, candidate);
     let key = crate::pipeline::build::key_with(&sub, &backend.identity(), target.class);
     let manifest = compile(
         &sub,
         inputs,
-        backend.as_ref(),
+        backend,
         &Target {
             out,
             key: &key,
             ..*target
         },
     )?;
-    let report = measure(&sub, inputs, backend.as_ref(), out)?;
+    let report = measure(&sub, inputs, backend, out)?;
     Ok((
         EngineCandidate {
             engine: candidate.spec.engine_name(),
@@ -170,12 +178,4 @@ fn concrete(spec: &Spec, candidate: &Candidate) -> Spec {
         sub.target.spec.precision = Precision::Fp32;
     }
     sub
-}
-
-/// The reason a candidate's backend is unavailable here, as an owned error.
-fn clone_error(e: &Error) -> Error {
-    match e.reason() {
-        kiln_crds::FailureReason::InvalidSpec => Error::InvalidSpec(e.to_string()),
-        _ => Error::IncompatibleRuntime(e.to_string()),
-    }
 }

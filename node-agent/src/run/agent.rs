@@ -27,7 +27,7 @@ use kube::{Api, Client, ResourceExt};
 use super::cache::{Cache, KnownGood};
 use super::deadline::{blocking_within, within};
 use super::decide::{Next, Pick, after_failure, alternates, wanted};
-use super::plan::rows::{self, Fallback, Prepared, policy_name, serves};
+use super::plan::rows::{self, Fallback, Prepared, serves};
 use super::plan::{Action, Attempt, State, TargetKey, next_action};
 use super::{gate, target, writes};
 use crate::backend;
@@ -253,7 +253,7 @@ impl Agent {
         };
         match fell_back {
             Some(p) => {
-                self.metrics.fallback(reason, policy_name(policy));
+                self.metrics.fallback(reason, policy.as_str());
                 let why = Fallback {
                     wanted: pick,
                     policy,

@@ -209,7 +209,7 @@ pub fn served(
         f.message,
         p.pick.revision,
         p.pick.class,
-        policy_name(f.policy)
+        f.policy.as_str()
     ));
     if f.policy == FallbackPolicy::PreviousKnownGood {
         // Re-verified, not re-warmed: report the figures of its pass when this agent measured
@@ -353,11 +353,6 @@ pub fn node_status(
         hardware: Some(hardware.clone()),
         targets: rows.values().cloned().collect(),
     }
-}
-
-/// The policy as metric labels and messages name it.
-pub fn policy_name(policy: FallbackPolicy) -> &'static str {
-    policy.as_str()
 }
 
 #[cfg(test)]
