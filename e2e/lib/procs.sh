@@ -73,7 +73,9 @@ cgroup_pids() {
   local d
   for d in $(cgroup_dirs); do
     d+=${1:+/$1}
-    [[ -d $d ]] && find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null
+    # A cgroup that goes away while it is read (a node's, during down) is not an error: under
+    # pipefail that failure made `down` exit at once with nothing said.
+    if [[ -d $d ]]; then find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null || true; fi
   done | sort -un
 }
 
