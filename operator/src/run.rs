@@ -18,7 +18,8 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use prometheus_client::registry::Registry;
 
-use crate::controller::{self, Context};
+use crate::context::Context;
+use crate::controller;
 use crate::job::{JobSettings, MANAGED_BY};
 use crate::metrics::Metrics;
 use crate::plan::Settings;
@@ -286,10 +287,10 @@ where
         .watches_stream(retried(node_stream, "Node"), move |n: Node| {
             // A deleted Node arrives without labels (a live one always has the kubelet's).
             if n.metadata.labels.is_none() {
-                crate::writes::forget_node(&own.labelled, &n.name_any());
+                crate::memo::forget_node(&own.labelled, &n.name_any());
             }
             g1.node(&n, &t1, |node, key, value| {
-                crate::writes::wrote_label(&own.labelled, node, key, value)
+                crate::memo::wrote_label(&own.labelled, node, key, value)
             })
         })
         .watches_stream(retried(kiln_stream, "KilnNode"), move |k: KilnNode| {

@@ -7,18 +7,9 @@ use kiln_crds::conditions::reasons;
 use kiln_crds::{CompileKeyInput, CompiledTarget, ModelArtifact, compile_key};
 
 use super::conditions::Course;
-use super::{Inputs, LabelChange, Runner, Settings, validate};
-use crate::classes::{Class, NodeView, class_label_key, group, missing_keys, unreported};
-
-/// A class with its compile key and what runs its compile Job.
-pub struct Keyed {
-    /// The class.
-    pub class: Class,
-    /// Its compile key.
-    pub key: String,
-    /// The image (the one whose backend versions the key names), GPU claim and RuntimeClass.
-    pub runner: Runner,
-}
+use super::keyed::Keyed;
+use super::{Inputs, LabelChange, Settings, validate};
+use crate::classes::{NodeView, class_label_key, group, missing_keys, unreported};
 
 /// The target's classes, and what follows for its nodes' class labels.
 pub struct Classified {
@@ -199,6 +190,8 @@ pub fn wanted_keys(inputs: &Inputs<'_>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::classes::Class;
+    use crate::plan::Runner;
 
     fn keyed(id: &str, nodes: &[&str]) -> Keyed {
         Keyed {

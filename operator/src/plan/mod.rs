@@ -12,17 +12,21 @@
 //! 4. [`revisions`]: a new revision once every class is compiled; which one nodes should serve.
 //! 5. [`rollout`]: what the nodes report for it, per class; readiness labels; promotion.
 //!
-//! That is the [`Draft`]. Then compile admission ([`crate::admission`], which the controller
-//! runs under the slot lock) says how many candidates get a slot, and [`settle`] finishes:
+//! That is the [`Draft`]. Then compile admission ([`admit`], which the controller runs under
+//! the lock of [`crate::admission`]'s slot ledger) says how many candidates get a slot, and
+//! [`settle`] finishes:
 //!
 //! 6. [`schedule::settle`]: admitted candidates get their Job, the rest are queued.
 //! 7. [`conditions`]: which conditions follow.
 //! 8. [`events`]: the Events for what changed.
 
+mod admit;
+mod bounds;
 mod classify;
 mod conditions;
 mod events;
 mod inputs;
+mod keyed;
 mod outputs;
 mod revisions;
 mod rollout;
@@ -35,18 +39,20 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::CompiledTargetStatus;
 
+pub use crate::classes::LabelChange;
+pub use admit::{Admission, admit};
+pub use bounds::CompileBounds;
 pub use classify::{key_for, wanted_keys};
 pub use conditions::store_unreachable;
 pub use events::{
     AUTO_ROLLED_BACK, CLASS_COMPILED, COMPILE_JOB_CREATED, RETRY_REQUESTED, REVISION_PROMOTED,
 };
-pub use inputs::{CompileBounds, Inputs, JobState, JobView, ModelLookup, Settings, Stored};
-pub use outputs::{Event, LabelChange, NewJob, NodeLabel, Plan};
+pub use inputs::{Inputs, JobState, JobView, ModelLookup, Settings, Stored};
+pub use outputs::{Event, NewJob, NodeLabel, Plan};
 pub use schedule::job_name;
 pub use validate::quantity;
 pub use worker::{GPU_RESOURCE, Runner, Worker, Workers};
 
-use crate::admission::{self, Admission};
 use classify::Classified;
 use conditions::{Course, Progress};
 use events::{News, Promotion};
@@ -56,7 +62,7 @@ use schedule::Next;
 pub fn plan(inputs: &Inputs<'_>) -> Plan {
     let draft = draft(inputs);
     let running = inputs.compiles_elsewhere + draft.running_here();
-    let admission = admission::admit(
+    let admission = admit(
         inputs.settings.max_concurrent_compiles,
         running,
         draft.candidates(),
@@ -93,7 +99,7 @@ pub struct Draft {
 }
 
 impl Draft {
-    /// Classes that need a compile slot, for [`admission::admit`].
+    /// Classes that need a compile slot, for [`admit`].
     pub fn candidates(&self) -> usize {
         self.next
             .iter()
