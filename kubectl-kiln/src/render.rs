@@ -192,3 +192,23 @@ pub fn why(w: &Why) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests::{HISTORY, nodes, target};
+
+    #[test]
+    fn status_shows_the_engine_and_each_nodes_memory() {
+        let shown = status(&crate::report::status(&target(HISTORY), &nodes()));
+        assert!(
+            shown.contains("onnxruntime/cpu")
+                && shown.contains("cpu: onnxruntime/cpu kept: p50 6.100 ms"),
+            "{shown}"
+        );
+        // Host and GPU memory per node; a node that measured none shows a dash, not 0.
+        let a = shown.lines().find(|l| l.starts_with("a ")).expect("node a");
+        assert!(a.contains("52.4 MB") && a.contains("1.3 GB"), "{shown}");
+        assert!(shown.contains("GPU_MEM"), "{shown}");
+    }
+}
