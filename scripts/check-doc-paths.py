@@ -5,7 +5,8 @@ A path is a word of the form `dir/.../name` whose first part is a top-level dire
 repository (`operator/src/plan/revisions.rs`, `e2e/testdata/specs/`): it must exist as written.
 A word ending in `.rs` that does not start at the top (`plan/revisions.rs`, `backend/auto.rs`,
 `memory.rs`) must be the end of some file's path in the repository. Words with `$`, `*`, `<` or
-`{` are patterns, not paths, and are passed over.
+`{`, or a placeholder part (`NAME`, `FILE`, ...: `e2e/tests/NAME.sh`) are patterns, not paths,
+and are passed over.
 
 Usage: scripts/check-doc-paths.py [DOC ...]   (default: ARCHITECTURE.md)
        scripts/check-doc-paths.py --self-test
@@ -20,6 +21,7 @@ import tempfile
 
 WORD = re.compile(r"[A-Za-z0-9_.$*<>{}-]+(?:/[A-Za-z0-9_.$*<>{}-]*)+|[A-Za-z0-9_]+\.rs\b")
 SKIP_DIRS = {".git", "target"}
+PLACEHOLDERS = {"NAME", "FILE", "DIR", "PATH", "TEST", "HOST", "REPO", "KEY", "HEX"}
 
 
 def repo_files(repo):
@@ -44,6 +46,8 @@ def missing(repo, doc):
             word = m.group(0).rstrip(".,:;")
             if any(c in word for c in "$*<>{}") or line[max(0, m.start() - 3):m.start()] == "://":
                 continue
+            if any(part.split(".", 1)[0] in PLACEHOLDERS for part in word.split("/")):
+                continue
             first = word.split("/", 1)[0]
             if "/" in word and first in tops:
                 if not os.path.exists(os.path.join(repo, word)):
@@ -63,7 +67,7 @@ def self_test():
             f.write(
                 "in `operator/src/plan/revisions.rs` (`plan/revisions.rs`, `revisions.rs`), `operator/src/`\n"
                 "gone: `operator/src/plan/rollout.rs`, and `rollout.rs`; kiln.dev/v1alpha1, kiln/agent-gpu,\n"
-                "https://example.com/operator/x.rs, `$REPO/target/release`, `operator/src/*.rs`\n"
+                "https://example.com/operator/x.rs, `$REPO/target/release`, `operator/src/*.rs`, operator/NAME.rs\n"
             )
         got = missing(repo, doc)
     want = [(2, "operator/src/plan/rollout.rs"), (2, "rollout.rs")]

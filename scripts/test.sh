@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kiln's whole test suite, as CI runs it (`.ci/run` calls exactly this):
 #   1. structure (no import circle between files or sibling modules of a crate, every path
-#      ARCHITECTURE.md and README.md name exists), format and lint (cargo fmt --check, clippy
+#      ARCHITECTURE.md and the READMEs name exists), format and lint (cargo fmt --check, clippy
 #      with warnings denied);
 #   2. the Rust workspace tests: API types, CEL rules, compile key, `kiln-agent local` on real
 #      ONNX models through every failure path, and both components' metrics through the real
@@ -20,7 +20,7 @@ echo "== structure"
 python3 scripts/check-use-graph.py --self-test
 python3 scripts/check-use-graph.py --allow node-agent --allow store
 python3 scripts/check-doc-paths.py --self-test
-python3 scripts/check-doc-paths.py ARCHITECTURE.md README.md
+python3 scripts/check-doc-paths.py ARCHITECTURE.md README.md operator/README.md e2e/README.md
 # docker-registry (kiln-store's OCI tests run a real distribution registry), htpasswd and
 # promtool (both components' exposition is checked with it); as root a missing one fails those
 # tests, so install them here (as non-root the tests say they skip and why).

@@ -1,5 +1,7 @@
 //! The human tables of each report (`-o json|yaml` serialise the reports instead).
 
+use kiln_crds::compiled_target::FallbackPolicy;
+
 use crate::report::{HistoryRow, Status, Why, bytes, ms, or_dash, short, table};
 
 /// `status`: a summary line, the classes, then the nodes.
@@ -62,7 +64,7 @@ pub fn status(s: &Status) -> String {
                 format!("{:?}", n.phase),
                 n.revision.to_string(),
                 or_dash(n.desired_revision),
-                or_dash(n.fallback.map(|f| format!("{f:?}"))),
+                or_dash(n.fallback.map(FallbackPolicy::as_str)),
                 or_dash(n.parity_max_abs_error.map(|e| format!("{e:.2e}"))),
                 ms(n.load_seconds),
                 ms(n.warmup_seconds),
@@ -210,5 +212,8 @@ mod tests {
         let a = shown.lines().find(|l| l.starts_with("a ")).expect("node a");
         assert!(a.contains("52.4 MB") && a.contains("1.3 GB"), "{shown}");
         assert!(shown.contains("GPU_MEM"), "{shown}");
+        // The fallback column names the policy as specs, status and metrics do.
+        let b = shown.lines().find(|l| l.starts_with("b ")).expect("node b");
+        assert!(b.contains(" PreviousKnownGood "), "{shown}");
     }
 }

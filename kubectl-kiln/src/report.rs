@@ -400,8 +400,8 @@ pub fn why_node(node: &KilnNode, events: Vec<EventLine>) -> Why {
             reason: r.reason,
             message: r.message.clone().unwrap_or_else(|| match r.phase {
                 NodePhase::Degraded => format!(
-                    "serving a fallback ({:?}) instead of revision {}",
-                    r.fallback,
+                    "serving a fallback ({}) instead of revision {}",
+                    r.fallback.map_or("unnamed", FallbackPolicy::as_str),
                     r.desired_revision.unwrap_or(r.revision)
                 ),
                 phase => format!("{phase:?}"),
@@ -702,6 +702,15 @@ status:
         assert_eq!(n.problems.len(), 1);
         assert_eq!(n.problems[0].at, "target ml/t revision 2");
         assert!(why_node(&nodes()[0], Vec::new()).ready);
+        // A fallback without a message is named as specs and metrics name it.
+        let quiet = node(
+            "c",
+            "[{namespace: ml, name: t, revision: 2, class: cpu, phase: Degraded, desiredRevision: 3, fallback: PreviousKnownGood}]",
+        );
+        assert_eq!(
+            why_node(&quiet, Vec::new()).problems[0].message,
+            "serving a fallback (PreviousKnownGood) instead of revision 3"
+        );
     }
 
     #[test]

@@ -249,7 +249,7 @@ async fn owned_jobs(
                 let name = job.name_any();
                 match recorded(&name) {
                     Some(known) => Some(known),
-                    None => Some(classify_failure(ctx, ns, &name, &job_reason, job.labels()).await),
+                    None => Some(read_failure(ctx, ns, &name, &job_reason, job.labels()).await),
                 }
             }
             _ => None,
@@ -261,7 +261,7 @@ async fn owned_jobs(
     views
 }
 
-async fn classify_failure(
+async fn read_failure(
     ctx: &Context,
     ns: &str,
     job: &str,
@@ -274,7 +274,7 @@ async fn classify_failure(
         .await
         .ok()
         .and_then(|l| l.items.into_iter().next());
-    let (reason, mut message) = observe::classify(job_reason, pod.as_ref());
+    let (reason, mut message) = observe::failure_reason(job_reason, pod.as_ref());
     if let Some(pod) = &pod {
         let params = LogParams {
             container: Some("compile".into()),

@@ -1,5 +1,5 @@
 //! The unit the stages after classification work on: a class of nodes with its compile key and
-//! what runs its compile Job. Only the type: [`super::classify`] makes them; schedule, rollout
+//! what runs its compile Job. Only the type: [`super::class_keys`] makes them; schedule, rollout
 //! and conditions read them.
 
 use super::Runner;

@@ -6,7 +6,7 @@
 //! One pass, in stages, each a pure function in its own module:
 //!
 //! 1. [`validate`]: can the spec be acted on at all?
-//! 2. [`classify`]: which classes the selected nodes form, their compile keys and class labels;
+//! 2. [`class_keys`]: which classes the selected nodes form, their compile keys and class labels;
 //!    why there is nothing to compile for, if so.
 //! 3. [`schedule`]: per class, compiled, compiling, retrying, failed, or a compile candidate.
 //! 4. [`revisions`]: a new revision once every class is compiled; which one nodes should serve.
@@ -22,7 +22,7 @@
 
 mod admit;
 mod bounds;
-mod classify;
+mod class_keys;
 mod conditions;
 mod events;
 mod inputs;
@@ -42,7 +42,7 @@ use kiln_crds::CompiledTargetStatus;
 pub use crate::classes::LabelChange;
 pub use admit::{Admission, admit};
 pub use bounds::CompileBounds;
-pub use classify::{key_for, wanted_keys};
+pub use class_keys::{key_for, wanted_keys};
 pub use conditions::store_unreachable;
 pub use events::{
     AUTO_ROLLED_BACK, CLASS_COMPILED, COMPILE_JOB_CREATED, RETRY_REQUESTED, REVISION_PROMOTED,
@@ -53,7 +53,7 @@ pub use schedule::job_name;
 pub use validate::quantity;
 pub use worker::{GPU_RESOURCE, Runner, Worker, Workers};
 
-use classify::Classified;
+use class_keys::KeyedClasses;
 use conditions::{Course, Progress};
 use events::{News, Promotion};
 use schedule::Next;
@@ -131,7 +131,7 @@ pub fn draft(inputs: &Inputs<'_>) -> Draft {
             return halted(inputs, course, None, Vec::new());
         }
     };
-    let mut classified = classify::classify(inputs, model);
+    let mut classified = class_keys::key_classes(inputs, model);
     match classified.halt.take() {
         Some(course) => halted(inputs, course, Some(0), classified.stale),
         None => with_classes(inputs, classified),
@@ -189,7 +189,7 @@ fn halted(
 }
 
 /// Classes to compile and roll out: stages 3 to 5.
-fn with_classes(inputs: &Inputs<'_>, classes: Classified) -> Draft {
+fn with_classes(inputs: &Inputs<'_>, classes: KeyedClasses) -> Draft {
     let t = inputs.target;
     let (old, mut status) = start(inputs);
     let generation = t.metadata.generation;
@@ -235,7 +235,7 @@ fn with_classes(inputs: &Inputs<'_>, classes: Classified) -> Draft {
     let (revisions, promoted) = revisions::promote(revisions, current, summary.unmet.is_empty());
 
     let mut node_labels = classes.stale;
-    node_labels.extend(classify::class_labels(
+    node_labels.extend(class_keys::class_labels(
         &classes.keyed,
         inputs.nodes,
         &classes.label_key,
