@@ -178,7 +178,7 @@ def load(root_file):
                     scan(child, toks, i + 3, close, file, os.path.join(directory, name))
                     i = close + 1
                     continue
-            if t == "use":
+            if t == "use" and i + 1 < end and toks[i + 1][0] != "<":
                 paths, i = use_paths(toks, i + 1)
                 for segs, glob in paths:
                     absolute = resolve_start(mod, segs)
@@ -221,6 +221,8 @@ def load(root_file):
 def resolve_start(mod, segs):
     """The absolute path `segs` names from module `mod`, or None when it leaves the crate."""
     base, rest = None, list(segs)
+    if not rest:
+        return None
     if rest[0] == "crate":
         base, rest = (), rest[1:]
     elif rest[0] in ("self", "super"):
@@ -400,7 +402,7 @@ def self_test():
             "plan/mod.rs": "mod admit;\nmod inputs;\npub use admit::Admission;\npub use inputs::*;\n"
             "// crate::ledger::count\npub fn run() -> usize { let _ = \"crate::ledger::count\"; admit::go() }\n",
             "plan/admit.rs": "use super::View;\npub struct Admission(pub View);\npub fn go() -> usize { 0 }\n",
-            "plan/inputs.rs": "pub struct View;\n",
+            "plan/inputs.rs": "pub struct View;\npub fn all() -> impl Iterator<Item = View> + use<> { None.into_iter() }\n",
             "ledger.rs": "use crate::plan::{Admission, View};\n"
             "pub fn count() -> usize { std::mem::size_of::<(Admission, View)>() }\n",
         },
