@@ -392,7 +392,7 @@ def self_test():
         "through_code": {
             "lib.rs": "mod plan;\nmod ledger;\n",
             "plan/mod.rs": "mod admit;\npub use admit::Admission;\npub struct View;\n"
-            "pub fn run() { let _ = crate::ledger::count(); }\n",
+            "pub fn run() -> impl Sized + use<> { crate::ledger::count() }\n",
             "plan/admit.rs": "pub struct Admission;\n",
             "ledger.rs": "/* crate::plan::nothing */ pub fn count() -> usize { let s = \"crate::plan::x\"; s.len() }\n"
             "#[cfg(test)]\nmod tests { fn v() -> crate::plan::View { crate::plan::View } }\n",
