@@ -307,6 +307,18 @@ struct Caches {
     jobs: Store<Job>,
 }
 
+/// Every object of kind `K` the watch `config` selects, retried with backoff.
+fn watch_all<K>(
+    client: &Client,
+    config: watcher::Config,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + use<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K: Send + 'static,
+{
+    watcher(Api::<K>::all(client.clone()), config).default_backoff()
+}
+
 /// One item of a cache's trigger stream: an object, or the error of the watch behind it.
 type Watched<K> = Result<K, watcher::Error>;
 
@@ -314,8 +326,7 @@ type Watched<K> = Result<K, watcher::Error>;
 /// flat; a Node triggers when its labels change or it goes.
 fn node_cache(client: &Client) -> (Store<Node>, impl Stream<Item = Watched<Node>> + use<>) {
     let (store, writer) = reflector::store::<Node>();
-    let stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
+    let stream = watch_all::<Node>(client, watcher::Config::default())
         .modify(|n| {
             n.managed_fields_mut().clear();
             n.status = None;
@@ -337,22 +348,18 @@ fn kiln_node_cache(
     impl Stream<Item = Watched<KilnNode>> + use<>,
 ) {
     let (store, writer) = reflector::store::<KilnNode>();
-    let stream = watcher(
-        Api::<KilnNode>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(|n| {
-        n.managed_fields_mut().clear();
-        if let Some(s) = n.status.as_mut() {
-            s.conditions.clear();
-        }
-    })
-    .reflect(writer)
-    .filter_map(changed(
-        |k: &KilnNode| crate::triggers::fingerprint(&k.status),
-        |k: &mut KilnNode| k.status = None,
-    ));
+    let stream = watch_all::<KilnNode>(client, watcher::Config::default())
+        .modify(|n| {
+            n.managed_fields_mut().clear();
+            if let Some(s) = n.status.as_mut() {
+                s.conditions.clear();
+            }
+        })
+        .reflect(writer)
+        .filter_map(changed(
+            |k: &KilnNode| crate::triggers::fingerprint(&k.status),
+            |k: &mut KilnNode| k.status = None,
+        ));
     (store, stream)
 }
 
@@ -364,26 +371,21 @@ fn model_cache(
     impl Stream<Item = Watched<ModelArtifact>> + use<>,
 ) {
     let (store, writer) = reflector::store::<ModelArtifact>();
-    let stream = watcher(
-        Api::<ModelArtifact>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(|m| m.managed_fields_mut().clear())
-    .reflect(writer)
-    .touched_objects()
-    .predicate_filter(predicates::generation, PredicateConfig::default());
+    let stream = watch_all::<ModelArtifact>(client, watcher::Config::default())
+        .modify(|m| m.managed_fields_mut().clear())
+        .reflect(writer)
+        .touched_objects()
+        .predicate_filter(predicates::generation, PredicateConfig::default());
     (store, stream)
 }
 
 /// The operator's own compile Jobs (by label), less their pod template; every change triggers.
 fn job_cache(client: &Client) -> (Store<Job>, impl Stream<Item = Watched<Job>> + use<>) {
     let (store, writer) = reflector::store::<Job>();
-    let stream = watcher(
-        Api::<Job>::all(client.clone()),
+    let stream = watch_all::<Job>(
+        client,
         watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)),
     )
-    .default_backoff()
     .modify(|j| {
         j.managed_fields_mut().clear();
         if let Some(s) = j.spec.as_mut() {
@@ -407,18 +409,14 @@ fn target_cache(
 ) {
     let (store, writer) = reflector::store::<CompiledTarget>();
     let (listed_tx, listed) = tokio::sync::watch::channel(false);
-    let stream = watcher(
-        Api::<CompiledTarget>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(writer)
-    .inspect(move |event| {
-        if matches!(event, Ok(watcher::Event::InitDone)) {
-            let _ = listed_tx.send(true);
-        }
-    })
-    .applied_objects();
+    let stream = watch_all::<CompiledTarget>(client, watcher::Config::default())
+        .reflect(writer)
+        .inspect(move |event| {
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                let _ = listed_tx.send(true);
+            }
+        })
+        .applied_objects();
     (store, listed, stream)
 }
 
