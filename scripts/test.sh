@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # kiln's whole test suite, as CI runs it (`.ci/run` calls exactly this):
-#   1. format and lint (cargo fmt --check, clippy with warnings denied);
+#   1. structure (no import circle between files or sibling modules of a crate, every path
+#      ARCHITECTURE.md and the READMEs name exists), format and lint (cargo fmt --check, clippy
+#      with warnings denied);
 #   2. the Rust workspace tests: API types, CEL rules, compile key, `kiln-agent local` on real
 #      ONNX models through every failure path, and both components' metrics through the real
 #      `promtool check metrics` (Debian package prometheus, installed here when missing), and
@@ -11,6 +13,14 @@ set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 
 export CARGO_TERM_COLOR=never
+# Seconds, no build: each checker first proves on small cases written on the spot that it
+# finds what it must. node-agent and store still have circles (issue 28, later round): printed,
+# not failed on; every other crate fails on a new one.
+echo "== structure"
+python3 scripts/check-use-graph.py --self-test
+python3 scripts/check-use-graph.py --allow node-agent --allow store
+python3 scripts/check-doc-paths.py --self-test
+python3 scripts/check-doc-paths.py ARCHITECTURE.md README.md operator/README.md e2e/README.md
 # docker-registry (kiln-store's OCI tests run a real distribution registry), htpasswd and
 # promtool (both components' exposition is checked with it); as root a missing one fails those
 # tests, so install them here (as non-root the tests say they skip and why).

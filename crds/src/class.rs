@@ -14,8 +14,7 @@ use crate::labels::{
     GPU_MEMORY, GPU_PRODUCT,
 };
 
-/// Class facts: label key → normalised value, for the keys a node has.
-pub type ClassFacts = BTreeMap<String, String>;
+pub use crate::labels::ClassFacts;
 
 /// The class facts of a node with `labels`, for `keys`. GPU product names lose the `-MIG-…` and
 /// `-SHARED` suffixes GPU Feature Discovery adds, so MIG or time-sliced H100s stay H100s.

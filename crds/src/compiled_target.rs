@@ -9,6 +9,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use crate::conditions::Condition;
+use crate::labels::ClassFacts;
 use crate::model_artifact::ModelArtifactSpec;
 use crate::reason::FailureReason;
 
@@ -221,7 +222,7 @@ impl Backend {
     /// for kind `onnxruntime`, CUDA on a class with an NVIDIA GPU (its class facts name a
     /// `nvidia.com/gpu.product`) and the CPU elsewhere, so one target gets a GPU engine on GPU
     /// classes and a CPU engine on CPU classes; the CPU for other kinds.
-    pub fn provider_for(&self, class: &crate::class::ClassFacts) -> ExecutionProvider {
+    pub fn provider_for(&self, class: &ClassFacts) -> ExecutionProvider {
         self.execution_provider.unwrap_or_else(|| {
             let gpu = class
                 .get(crate::labels::GPU_PRODUCT)
@@ -238,7 +239,7 @@ impl Backend {
     /// `tract` or `exec` backend that sets none (so their keys are unchanged), otherwise every
     /// setting with its default filled in (the provider resolved for the class), so that
     /// spelling out a default gives the same key.
-    pub fn options(&self, class: &crate::class::ClassFacts) -> BTreeMap<String, String> {
+    pub fn options(&self, class: &ClassFacts) -> BTreeMap<String, String> {
         if self.kind == BackendKind::Auto {
             return self.auto_options(class);
         }
@@ -270,7 +271,7 @@ impl Backend {
     /// breaks ties (the first passing one is kept unless a later one is clearly faster): tract,
     /// then ONNX Runtime on the CPU, then, on a class with an NVIDIA GPU, ONNX Runtime's CUDA
     /// provider. Each carries the target's ONNX Runtime settings; empty for other kinds.
-    pub fn candidates(&self, class: &crate::class::ClassFacts) -> Vec<Backend> {
+    pub fn candidates(&self, class: &ClassFacts) -> Vec<Backend> {
         if self.kind != BackendKind::Auto {
             return Vec::new();
         }
@@ -296,7 +297,7 @@ impl Backend {
     }
 
     /// Kind `auto`'s compile-key options: the candidates, and every candidate's options.
-    fn auto_options(&self, class: &crate::class::ClassFacts) -> BTreeMap<String, String> {
+    fn auto_options(&self, class: &ClassFacts) -> BTreeMap<String, String> {
         let candidates = self.candidates(class);
         let names: Vec<String> = candidates.iter().map(Backend::engine_name).collect();
         let mut options = BTreeMap::from([("candidates".to_string(), names.join(","))]);

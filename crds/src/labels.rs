@@ -1,4 +1,8 @@
-//! Label and annotation keys that the operator, the agent and users share.
+//! Label and annotation keys that the operator, the agent and users share, and the class facts
+//! made of them (here, below both `class` and `compiled_target`, so each can read them).
+
+/// Class facts: label key → normalised value, for the keys a node has.
+pub type ClassFacts = std::collections::BTreeMap<String, String>;
 
 /// GPU Feature Discovery: GPU product name (may carry `-MIG-…` / `-SHARED` suffixes).
 pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";

@@ -158,36 +158,16 @@ fn print<T: Serialize>(
 
 async fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     let (client, ns) = client(cli).await?;
-    let targets: Api<CompiledTarget> = Api::namespaced(client.clone(), &ns);
-    let kiln_nodes: Api<KilnNode> = Api::all(client.clone());
-    let get_target = |name: &str| {
-        let targets = targets.clone();
-        let (name, ns) = (name.to_string(), ns.clone());
-        async move {
-            targets.get_opt(&name).await?.ok_or_else(|| {
-                anyhow::anyhow!("no CompiledTarget {name} in namespace {ns} (-n picks another)")
-            })
-        }
+    let s = Session {
+        targets: Api::namespaced(client.clone(), &ns),
+        kiln_nodes: Api::all(client.clone()),
+        client,
+        ns,
+        output: cli.output,
     };
-    let nodes = || async { anyhow::Ok(kiln_nodes.list(&ListParams::default()).await?.items) };
     match &cli.command {
-        Command::Status { target } => {
-            let t = get_target(target).await?;
-            let s = report::status(&t, &nodes().await?);
-            print(cli.output, &s, render::status)?;
-            Ok(if s.ready {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
-        }
-        Command::History { target } => {
-            let t = get_target(target).await?;
-            print(cli.output, &report::history(&t, &nodes().await?), |h| {
-                render::history(h)
-            })?;
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Status { target } => status(&s, target).await,
+        Command::History { target } => history(&s, target).await,
         Command::Rollback {
             target,
             to,
@@ -196,83 +176,153 @@ async fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             wait,
             timeout,
         } => {
-            let t = get_target(target).await?;
-            let n = report::rollback_to(&t, *to, *force)
-                .map_err(|e| anyhow::anyhow!("{target}: {e}"))?;
-            let started = Instant::now();
-            pin(&targets, target, Some(n), *force_conflicts).await?;
-            let mut done = Rollback {
-                target: format!("{ns}/{target}"),
-                pinned_revision: n,
-                served_after_seconds: None,
-            };
-            if *wait {
-                let deadline = started + Duration::from_secs(*timeout);
-                loop {
-                    // The rows name the target by namespace and name: only the nodes change.
-                    if report::serves(&t, &nodes().await?, n) {
-                        done.served_after_seconds = Some(started.elapsed().as_secs_f64());
-                        break;
-                    }
-                    if Instant::now() > deadline {
-                        anyhow::bail!(
-                            "revision {n} pinned, but not every node serves it after {timeout} s; `kubectl kiln status {target}` shows where each stands"
-                        );
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+            let wait = wait.then_some(*timeout);
+            rollback(&s, target, (*to, *force), *force_conflicts, wait).await
+        }
+        Command::Unpin { target } => unpin(&s, target).await,
+        Command::Why { name } => why(&s, name).await,
+    }
+}
+
+/// What every command reads through: the cluster, the namespace, the output format.
+struct Session {
+    client: Client,
+    ns: String,
+    targets: Api<CompiledTarget>,
+    kiln_nodes: Api<KilnNode>,
+    output: Output,
+}
+
+impl Session {
+    /// The CompiledTarget `name` of the namespace; its absence is an error that says so.
+    async fn target(&self, name: &str) -> anyhow::Result<CompiledTarget> {
+        self.targets.get_opt(name).await?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "no CompiledTarget {name} in namespace {} (-n picks another)",
+                self.ns
+            )
+        })
+    }
+
+    /// Every KilnNode.
+    async fn nodes(&self) -> anyhow::Result<Vec<KilnNode>> {
+        Ok(self.kiln_nodes.list(&ListParams::default()).await?.items)
+    }
+}
+
+/// Exit status 0 when ready, 1 when not.
+fn ready_code(ready: bool) -> ExitCode {
+    if ready {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+/// `status`: classes x nodes x revision; exit 1 when not Ready.
+async fn status(s: &Session, target: &str) -> anyhow::Result<ExitCode> {
+    let t = s.target(target).await?;
+    let status = report::status(&t, &s.nodes().await?);
+    print(s.output, &status, render::status)?;
+    Ok(ready_code(status.ready))
+}
+
+/// `history`: revisions, newest first.
+async fn history(s: &Session, target: &str) -> anyhow::Result<ExitCode> {
+    let t = s.target(target).await?;
+    print(s.output, &report::history(&t, &s.nodes().await?), |h| {
+        render::history(h)
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `rollback`: pins the revision `report::rollback_to` picks for (`--to`, `--force`); with
+/// `wait` (seconds), waits until every node serves it, Ready.
+async fn rollback(
+    s: &Session,
+    target: &str,
+    (to, force): (Option<i64>, bool),
+    force_conflicts: bool,
+    wait: Option<u64>,
+) -> anyhow::Result<ExitCode> {
+    let t = s.target(target).await?;
+    let n = report::rollback_to(&t, to, force).map_err(|e| anyhow::anyhow!("{target}: {e}"))?;
+    let started = Instant::now();
+    pin(&s.targets, target, Some(n), force_conflicts).await?;
+    let mut done = Rollback {
+        target: format!("{}/{target}", s.ns),
+        pinned_revision: n,
+        served_after_seconds: None,
+    };
+    if let Some(timeout) = wait {
+        let deadline = started + Duration::from_secs(timeout);
+        loop {
+            // The rows name the target by namespace and name: only the nodes change.
+            if report::serves(&t, &s.nodes().await?, n) {
+                done.served_after_seconds = Some(started.elapsed().as_secs_f64());
+                break;
             }
-            print(cli.output, &done, |d| match d.served_after_seconds {
-                Some(s) => format!(
-                    "{}: pinned revision {}; every node serves it, Ready, {s:.3} s after the pin\n",
-                    d.target, d.pinned_revision
-                ),
-                None => format!(
-                    "{}: pinned revision {} (--wait waits until every node serves it)\n",
-                    d.target, d.pinned_revision
-                ),
-            })?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Unpin { target } => {
-            get_target(target).await?;
-            pin(&targets, target, None, false).await?;
-            println!("{ns}/{target}: unpinned; nodes serve the newest revision");
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Why { name } => {
-            let (kind, name) = match name.split_once('/') {
-                Some(("node" | "nodes" | "kilnnode" | "kilnnodes", n)) => (Some("node"), n),
-                Some(("target" | "compiledtarget" | "compiledtargets", n)) => (Some("target"), n),
-                Some((other, _)) => anyhow::bail!("{other}/: use node/NAME or target/NAME"),
-                None => (None, name.as_str()),
-            };
-            let node = match kind {
-                Some("target") => None,
-                _ => kiln_nodes.get_opt(name).await?,
-            };
-            let why = match (node, kind) {
-                (Some(node), _) => {
-                    let events = events(&client, None, name).await?;
-                    report::why_node(&node, events)
-                }
-                (None, Some("node")) => {
-                    anyhow::bail!("no KilnNode {name}: is kiln-agent running on that node?")
-                }
-                (None, _) => {
-                    let t = get_target(name).await?;
-                    let events = events(&client, Some(&ns), name).await?;
-                    report::why_target(&t, &nodes().await?, events)
-                }
-            };
-            print(cli.output, &why, render::why)?;
-            Ok(if why.ready {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
+            if Instant::now() > deadline {
+                anyhow::bail!(
+                    "revision {n} pinned, but not every node serves it after {timeout} s; `kubectl kiln status {target}` shows where each stands"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+    print(s.output, &done, |d| match d.served_after_seconds {
+        Some(s) => format!(
+            "{}: pinned revision {}; every node serves it, Ready, {s:.3} s after the pin\n",
+            d.target, d.pinned_revision
+        ),
+        None => format!(
+            "{}: pinned revision {} (--wait waits until every node serves it)\n",
+            d.target, d.pinned_revision
+        ),
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `unpin`: removes this plugin's pin.
+async fn unpin(s: &Session, target: &str) -> anyhow::Result<ExitCode> {
+    s.target(target).await?;
+    pin(&s.targets, target, None, false).await?;
+    println!(
+        "{}/{target}: unpinned; nodes serve the newest revision",
+        s.ns
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `why`: a node (looked up first, unless `target/` says otherwise) or a target, with its last
+/// Events; exit 1 when not ready.
+async fn why(s: &Session, name: &str) -> anyhow::Result<ExitCode> {
+    let (kind, name) = match name.split_once('/') {
+        Some(("node" | "nodes" | "kilnnode" | "kilnnodes", n)) => (Some("node"), n),
+        Some(("target" | "compiledtarget" | "compiledtargets", n)) => (Some("target"), n),
+        Some((other, _)) => anyhow::bail!("{other}/: use node/NAME or target/NAME"),
+        None => (None, name),
+    };
+    let node = match kind {
+        Some("target") => None,
+        _ => s.kiln_nodes.get_opt(name).await?,
+    };
+    let why = match (node, kind) {
+        (Some(node), _) => {
+            let events = events(&s.client, None, name).await?;
+            report::why_node(&node, events)
+        }
+        (None, Some("node")) => {
+            anyhow::bail!("no KilnNode {name}: is kiln-agent running on that node?")
+        }
+        (None, _) => {
+            let t = s.target(name).await?;
+            let events = events(&s.client, Some(&s.ns), name).await?;
+            report::why_target(&t, &s.nodes().await?, events)
+        }
+    };
+    print(s.output, &why, render::why)?;
+    Ok(ready_code(why.ready))
 }
 
 /// What `rollback` did.

@@ -1,5 +1,7 @@
 //! The human tables of each report (`-o json|yaml` serialise the reports instead).
 
+use kiln_crds::compiled_target::FallbackPolicy;
+
 use crate::report::{HistoryRow, Status, Why, bytes, ms, or_dash, short, table};
 
 /// `status`: a summary line, the classes, then the nodes.
@@ -62,7 +64,7 @@ pub fn status(s: &Status) -> String {
                 format!("{:?}", n.phase),
                 n.revision.to_string(),
                 or_dash(n.desired_revision),
-                or_dash(n.fallback.map(|f| format!("{f:?}"))),
+                or_dash(n.fallback.map(FallbackPolicy::as_str)),
                 or_dash(n.parity_max_abs_error.map(|e| format!("{e:.2e}"))),
                 ms(n.load_seconds),
                 ms(n.warmup_seconds),
@@ -191,4 +193,27 @@ pub fn why(w: &Why) -> String {
         out.push_str(&table(&["TIME", "TYPE", "REASON", "MESSAGE"], &rows));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests::{HISTORY, nodes, target};
+
+    #[test]
+    fn status_shows_the_engine_and_each_nodes_memory() {
+        let shown = status(&crate::report::status(&target(HISTORY), &nodes()));
+        assert!(
+            shown.contains("onnxruntime/cpu")
+                && shown.contains("cpu: onnxruntime/cpu kept: p50 6.100 ms"),
+            "{shown}"
+        );
+        // Host and GPU memory per node; a node that measured none shows a dash, not 0.
+        let a = shown.lines().find(|l| l.starts_with("a ")).expect("node a");
+        assert!(a.contains("52.4 MB") && a.contains("1.3 GB"), "{shown}");
+        assert!(shown.contains("GPU_MEM"), "{shown}");
+        // The fallback column names the policy as specs, status and metrics do.
+        let b = shown.lines().find(|l| l.starts_with("b ")).expect("node b");
+        assert!(b.contains(" PreviousKnownGood "), "{shown}");
+    }
 }

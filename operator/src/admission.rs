@@ -1,6 +1,6 @@
 //! Compile admission: keeps the compile Jobs of all targets within `--max-concurrent-compiles`.
-//! [`admit`] decides how many of one target's compile candidates get a slot; the slot ledger
-//! ([`TakenSlots`]) remembers the slots this replica took for Jobs the Job cache may not show
+//! [`crate::plan::admit`] (pure, part of the plan) decides how many of one target's compile
+//! candidates get a slot; the slot ledger ([`TakenSlots`]) remembers the slots this replica took for Jobs the Job cache may not show
 //! yet, so that while the watch lags neither the target itself (which would post its Jobs
 //! again) nor other targets (which would take the same slots) lose sight of them.
 //!
@@ -76,26 +76,6 @@ impl JobCache for Store<Job> {
                 j.metadata.deletion_timestamp.is_none() && crate::observe::outcome(j).is_none()
             })
             .count()
-    }
-}
-
-/// How many of a target's compile candidates get a slot.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Admission {
-    /// The first this many candidates (in the plan's order) get a slot; the rest are queued.
-    /// The default admits none (for a plan without candidates).
-    pub admitted: usize,
-    /// The limit applied, for the queued rows' message.
-    pub limit: usize,
-}
-
-/// The decision: of `candidates` asking, with `running` compiles already holding slots (other
-/// targets' and this target's own), how many fit under `limit` (at least 1).
-pub fn admit(limit: usize, running: usize, candidates: usize) -> Admission {
-    let limit = limit.max(1);
-    Admission {
-        admitted: limit.saturating_sub(running).min(candidates),
-        limit,
     }
 }
 
@@ -207,6 +187,7 @@ impl Drop for PendingSlots<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::admit;
 
     /// A Job cache as a list: (Job, owner uid, running).
     #[derive(Default)]
@@ -247,25 +228,6 @@ mod tests {
             },
             runner: Default::default(),
         }
-    }
-
-    #[test]
-    fn admits_what_fits_under_the_limit_in_order() {
-        assert_eq!(admit(4, 2, 3).admitted, 2);
-        assert_eq!(
-            admit(4, 5, 3).admitted,
-            0,
-            "over the limit: none, no underflow"
-        );
-        assert_eq!(admit(4, 0, 1).admitted, 1);
-        assert_eq!(
-            admit(0, 0, 3),
-            Admission {
-                admitted: 1,
-                limit: 1
-            },
-            "at least one"
-        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Node classes: which nodes a target selects, and how they group by the target's class label
-//! keys. Pure: nodes in, classes out; no client.
+//! keys; the node label changes that follow ([`LabelChange`]). Pure: nodes in, classes out; no
+//! client.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -161,6 +162,17 @@ pub fn missing_keys(
         })
         .cloned()
         .collect()
+}
+
+/// A node label to set or remove.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LabelChange {
+    /// Node name.
+    pub node: String,
+    /// Label key.
+    pub key: String,
+    /// The value to set; `None` removes the label.
+    pub value: Option<String>,
 }
 
 #[cfg(test)]

@@ -9,75 +9,25 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kiln_crds::CompiledTarget;
 use kiln_crds::compiled_target::ClassPhase;
-use kiln_crds::{CompiledTarget, KilnNode, ModelArtifact};
 use kiln_store::attest::subject;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, LogParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, ResourceExt};
 
-use crate::admission::{self, Admission, TakenSlots};
+use crate::admission;
 use crate::classes::NodeView;
+use crate::context::Context;
 use crate::error::Error;
-use crate::job::JobSettings;
-use crate::metrics::Metrics;
+use crate::memo;
 use crate::observe;
-use crate::plan::{self, Inputs, ModelLookup, Settings, Stored};
+use crate::plan::{self, Admission, Inputs, ModelLookup, Stored};
 use crate::readiness;
-use crate::writes::{self, LabelMemo};
-
-/// Field manager for everything the operator applies.
-pub const MANAGER: &str = "kiln-operator";
-
-/// What every reconcile shares.
-pub struct Context {
-    /// API client.
-    pub client: Client,
-    /// Watched Nodes.
-    pub nodes: Store<Node>,
-    /// Watched KilnNodes (hardware facts for nodes without GPU labels).
-    pub kiln_nodes: Store<KilnNode>,
-    /// Watched ModelArtifacts.
-    pub models: Store<ModelArtifact>,
-    /// Watched compile Jobs (only those the operator labels as its own).
-    pub jobs: Store<Job>,
-    /// True once the four caches above have listed. Wait on this, never on the stores: a store's
-    /// `wait_until_ready` wakes only its most recent waiter (kube-runtime 5.0's `DelayedInit` is
-    /// a oneshot receiver with one waker slot), so concurrent waiters can hang for good.
-    pub synced: tokio::sync::watch::Receiver<bool>,
-    /// The artifact store, read-only from here.
-    pub store: Arc<dyn kiln_store::Store>,
-    /// The keys a stored entry's attestation must be signed by (none: unsigned is accepted).
-    pub trust: kiln_store::attest::Trust,
-    /// Plan settings.
-    pub settings: Settings,
-    /// Job settings.
-    pub job_settings: JobSettings,
-    /// Metrics.
-    pub metrics: Metrics,
-    /// Event recorder.
-    pub recorder: Recorder,
-    /// Class count each target had at its last reconcile, for the classes gauge.
-    pub class_counts: std::sync::Mutex<BTreeMap<String, i64>>,
-    /// Node labels this replica wrote recently, (node, key) → value (`None`: removed): many
-    /// targets share a node, and until the watch delivers the patched Node each of them would
-    /// patch it again.
-    pub labelled: std::sync::Mutex<LabelMemo>,
-    /// Ready nodes per class each target had at its last reconcile, for the ready-nodes gauge.
-    pub ready_counts: std::sync::Mutex<BTreeMap<String, BTreeMap<String, i64>>>,
-    /// Compile slots this replica took for Jobs the Job cache may not show yet (the slot
-    /// ledger, [`admission`]). Counting the running compiles and taking slots happen under this
-    /// lock, so that reconciles of different targets (they run at once) cannot each take the
-    /// same free slot of `--max-concurrent-compiles`; the Jobs are then created outside it.
-    pub compile_slots: std::sync::Mutex<TakenSlots>,
-    /// Statuses this replica wrote that the target cache may not show yet ([`writes::as_written`]).
-    pub written: std::sync::Mutex<writes::StatusMemo>,
-}
+use crate::writes;
 
 /// Reconciles one CompiledTarget.
 #[tracing::instrument(skip_all, fields(target = %target.name_any(), ns = target.namespace().unwrap_or_default()))]
@@ -103,7 +53,7 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
     let ns = target.namespace().ok_or_else(|| malformed("namespace"))?;
     let uid = target.uid().ok_or_else(|| malformed("uid"))?;
     // The status this replica last wrote, where the cache still holds the object it replaced.
-    let target = &*writes::as_written(target, &uid, &ctx.written);
+    let target = &*memo::as_written(target, &uid, &ctx.written);
 
     // Dereference and gather: caches and the store, no writes.
     let model = model_of(target, ctx, &ns);
@@ -256,7 +206,7 @@ fn decide(inputs: &Inputs<'_>, ctx: &Context, ns: &str, uid: &str) -> plan::Plan
     let mut slots = admission::lock(&ctx.compile_slots);
     let now = Instant::now();
     let elsewhere = admission::running_elsewhere(&mut slots, uid, &ctx.jobs, now);
-    let admission = admission::admit(
+    let admission = plan::admit(
         ctx.settings.max_concurrent_compiles,
         elsewhere + draft.running_here(),
         draft.candidates(),
@@ -299,7 +249,7 @@ async fn owned_jobs(
                 let name = job.name_any();
                 match recorded(&name) {
                     Some(known) => Some(known),
-                    None => Some(classify_failure(ctx, ns, &name, &job_reason, job.labels()).await),
+                    None => Some(read_failure(ctx, ns, &name, &job_reason, job.labels()).await),
                 }
             }
             _ => None,
@@ -311,7 +261,7 @@ async fn owned_jobs(
     views
 }
 
-async fn classify_failure(
+async fn read_failure(
     ctx: &Context,
     ns: &str,
     job: &str,
@@ -324,7 +274,7 @@ async fn classify_failure(
         .await
         .ok()
         .and_then(|l| l.items.into_iter().next());
-    let (reason, mut message) = observe::classify(job_reason, pod.as_ref());
+    let (reason, mut message) = observe::failure_reason(job_reason, pod.as_ref());
     if let Some(pod) = &pod {
         let params = LogParams {
             container: Some("compile".into()),

@@ -3,9 +3,11 @@
 
 pub mod admission;
 pub mod classes;
+pub mod context;
 pub mod controller;
 pub mod error;
 pub mod job;
+pub mod memo;
 pub mod metrics;
 pub mod model;
 pub mod observe;

@@ -179,41 +179,74 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let config = match config(cli) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "kiln-operator stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// What `run` needs, from the flags: the compile workers, the store, the keys entries must be
+/// signed by, plan and Job settings, leader election. A flag that cannot be used is said on
+/// stderr, exit status 2.
+fn config(cli: Cli) -> Result<Config, ExitCode> {
+    let workers = workers(&cli)?;
+    let store = kiln_store::open(&cli.store, &cli.registry.options())
+        .map_err(|e| usage(&format!("--store: {e}")))?;
+    let trust = kiln_store::attest::Trust::from_files(None, cli.trust_key.as_deref())
+        .map_err(|e| usage(&format!("--trust-key: {e}")))?;
+    Ok(Config {
+        store,
+        trust,
+        settings: settings(&cli, workers)?,
+        job_settings: job_settings(&cli),
+        listen: cli.listen,
+        concurrency: cli.max_concurrent_reconciles,
+        election: election(cli),
+    })
+}
+
+/// Says what is wrong with a flag; the exit status of a usage error.
+fn usage(message: &str) -> ExitCode {
+    eprintln!("kiln-operator: {message}");
+    ExitCode::from(2)
+}
+
+/// The images compile Jobs run and the backend versions each carries.
+fn workers(cli: &Cli) -> Result<Workers, ExitCode> {
     let (Ok(backend_versions), Ok(gpu_backend_versions)) = (
         versions(&cli.backend_versions, "--backend-version"),
         versions(&cli.gpu_backend_versions, "--gpu-backend-version"),
     ) else {
-        return ExitCode::from(2);
+        return Err(ExitCode::from(2));
     };
-    let workers = Workers {
+    Ok(Workers {
         agent: Worker {
-            image: cli.agent_image,
+            image: cli.agent_image.clone(),
             backend_versions,
             runtime_class: None,
         },
         gpu: cli
             .gpu_agent_image
+            .clone()
             .filter(|i| !i.is_empty())
             .map(|image| Worker {
                 image,
                 backend_versions: gpu_backend_versions,
-                runtime_class: cli.gpu_runtime_class.filter(|c| !c.is_empty()),
+                runtime_class: cli.gpu_runtime_class.clone().filter(|c| !c.is_empty()),
             }),
-    };
-    let store = match kiln_store::open(&cli.store, &cli.registry.options()) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("kiln-operator: --store: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let trust = match kiln_store::attest::Trust::from_files(None, cli.trust_key.as_deref()) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("kiln-operator: --trust-key: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    })
+}
+
+/// Plan settings: workers, attempts and backoff, compile slots, the bounds on what a target may
+/// ask of its compile Jobs.
+fn settings(cli: &Cli, workers: Workers) -> Result<Settings, ExitCode> {
     let bound = |q: &str, scale: f64, flag: &str| {
         quantity(q, scale)
             .map(|v| v as u64)
@@ -223,67 +256,64 @@ fn main() -> ExitCode {
         bound(&cli.compile_max_memory, 1.0, "--compile-max-memory"),
         bound(&cli.compile_max_cpu, 1000.0, "--compile-max-cpu"),
     ) else {
-        return ExitCode::from(2);
+        return Err(ExitCode::from(2));
     };
-    let config = Config {
-        store,
-        trust,
-        settings: Settings {
-            workers,
-            default_max_attempts: cli.max_attempts,
-            backoff_base: Duration::from_secs(cli.retry_backoff_seconds),
-            max_concurrent_compiles: cli.max_concurrent_compiles,
-            compile_bounds: CompileBounds {
-                max_memory_bytes,
-                max_cpu_millis,
-                max_gpus: cli.compile_max_gpus,
-                toleration_keys: cli
-                    .compile_toleration_keys
-                    .iter()
-                    .map(|k| k.trim().to_string())
-                    .filter(|k| !k.is_empty())
-                    .collect(),
-            },
-            require_source_signature: cli.require_source_signature,
-            ..Settings::default()
+    Ok(Settings {
+        workers,
+        default_max_attempts: cli.max_attempts,
+        backoff_base: Duration::from_secs(cli.retry_backoff_seconds),
+        max_concurrent_compiles: cli.max_concurrent_compiles,
+        compile_bounds: CompileBounds {
+            max_memory_bytes,
+            max_cpu_millis,
+            max_gpus: cli.compile_max_gpus,
+            toleration_keys: cli
+                .compile_toleration_keys
+                .iter()
+                .map(|k| k.trim().to_string())
+                .filter(|k| !k.is_empty())
+                .collect(),
         },
-        job_settings: JobSettings {
-            image_pull_policy: cli.agent_image_pull_policy,
-            store: match kiln_store::fs_path(&cli.store) {
-                Some(path) => JobStore::HostPath(path.display().to_string()),
-                None => JobStore::Registry {
-                    url: cli.store.trim().to_string(),
-                    insecure: cli.registry.registry_insecure,
-                    secret: cli.registry_secret.filter(|s| !s.is_empty()),
-                },
+        require_source_signature: cli.require_source_signature,
+        ..Settings::default()
+    })
+}
+
+/// How compile Jobs are built: pull policy, the store they publish to, mounts, identity,
+/// deadlines, the Secrets they read.
+fn job_settings(cli: &Cli) -> JobSettings {
+    let secret = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
+    JobSettings {
+        image_pull_policy: cli.agent_image_pull_policy.clone(),
+        store: match kiln_store::fs_path(&cli.store) {
+            Some(path) => JobStore::HostPath(path.display().to_string()),
+            None => JobStore::Registry {
+                url: cli.store.trim().to_string(),
+                insecure: cli.registry.registry_insecure,
+                secret: secret(&cli.registry_secret),
             },
-            sources_host_path: cli.sources_host_path,
-            run_as_user: cli.compile_uid,
-            active_deadline_seconds: cli.compile_deadline_seconds,
-            ttl_seconds_after_finished: cli.job_ttl_seconds,
-            signing_secret: cli.signing_secret.filter(|s| !s.is_empty()),
-            service_account: cli.compile_service_account.filter(|s| !s.is_empty()),
-            source_trust_secret: cli.source_trust_secret.filter(|s| !s.is_empty()),
-            require_source_signature: cli.require_source_signature,
         },
-        listen: cli.listen,
-        concurrency: cli.max_concurrent_reconciles,
-        election: (!cli.no_leader_election).then(|| Election {
-            lease: cli.lease_name,
-            namespace: cli.lease_namespace,
-            identity: cli.identity.unwrap_or_else(|| {
-                let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-                format!("{}-{}", host.trim(), std::process::id())
-            }),
-        }),
-    };
-    match runtime.block_on(run(config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "kiln-operator stopped");
-            ExitCode::FAILURE
-        }
+        sources_host_path: cli.sources_host_path.clone(),
+        run_as_user: cli.compile_uid,
+        active_deadline_seconds: cli.compile_deadline_seconds,
+        ttl_seconds_after_finished: cli.job_ttl_seconds,
+        signing_secret: secret(&cli.signing_secret),
+        service_account: secret(&cli.compile_service_account),
+        source_trust_secret: secret(&cli.source_trust_secret),
+        require_source_signature: cli.require_source_signature,
     }
+}
+
+/// Leader election, unless disabled; the identity defaults to host name and process id.
+fn election(cli: Cli) -> Option<Election> {
+    (!cli.no_leader_election).then(|| Election {
+        lease: cli.lease_name,
+        namespace: cli.lease_namespace,
+        identity: cli.identity.unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            format!("{}-{}", host.trim(), std::process::id())
+        }),
+    })
 }
 
 /// NAME=VERSION pairs of `flag` as a map; a malformed pair is reported.

@@ -11,7 +11,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Client, ResourceExt};
 
-use crate::controller::MANAGER;
+use crate::context::MANAGER;
 use crate::error::Error;
 
 /// The status a ModelArtifact should have. Pure.

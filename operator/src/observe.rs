@@ -43,7 +43,7 @@ pub fn view(job: &Job, failure: Option<(FailureReason, String)>) -> Option<JobVi
         None => JobState::Active,
         Some(Ok(())) => JobState::Succeeded,
         Some(Err(job_reason)) => {
-            let (reason, message) = failure.unwrap_or_else(|| classify(&job_reason, None));
+            let (reason, message) = failure.unwrap_or_else(|| failure_reason(&job_reason, None));
             JobState::Failed { reason, message }
         }
     };
@@ -58,7 +58,7 @@ pub fn view(job: &Job, failure: Option<(FailureReason, String)>) -> Option<JobVi
 }
 
 /// The failure of a Job whose Job condition reason is `job_reason`, given its pod (if found).
-pub fn classify(job_reason: &str, pod: Option<&Pod>) -> (FailureReason, String) {
+pub fn failure_reason(job_reason: &str, pod: Option<&Pod>) -> (FailureReason, String) {
     // The publisher (`compile`), or an exec Job's compiler init container when that is what
     // failed (the publisher then never ran).
     let status = pod.and_then(|p| p.status.as_ref());
@@ -159,7 +159,7 @@ mod tests {
             "initContainerStatuses": [terminated("kiln-tools", 0, ""), terminated(COMPILER_CONTAINER, 1, "CompileFailed: backend.command \"x\" exited with status 3")],
             "containerStatuses": [{"name": "compile", "image": "i", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}}]
         }}));
-        let (reason, message) = classify("BackoffLimitExceeded", Some(&p));
+        let (reason, message) = failure_reason("BackoffLimitExceeded", Some(&p));
         assert_eq!(reason, FailureReason::CompileFailed);
         assert!(message.contains("exited with status 3"), "{message}");
         // The publisher's verdict wins when it ran.
@@ -167,7 +167,7 @@ mod tests {
             "initContainerStatuses": [terminated(COMPILER_CONTAINER, 0, "Compiled: handed over")],
             "containerStatuses": [terminated("compile", 1, "ParityExceeded: y off by 3")]
         }}));
-        let (reason, _) = classify("BackoffLimitExceeded", Some(&p));
+        let (reason, _) = failure_reason("BackoffLimitExceeded", Some(&p));
         assert_eq!(reason, FailureReason::ParityExceeded);
     }
 }

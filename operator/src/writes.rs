@@ -3,7 +3,7 @@
 //! may not decide (what to write comes from the plan, or from `sweep`).
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node;
@@ -14,55 +14,10 @@ use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::{Resource, ResourceExt};
 
 use crate::admission::PendingSlots;
-use crate::controller::{Context, MANAGER};
+use crate::context::{Context, MANAGER};
 use crate::error::Error;
+use crate::memo;
 use crate::plan::{self, ModelLookup};
-
-/// (node, label key) → the value this replica wrote there, and when.
-pub type LabelMemo = BTreeMap<(String, String), Written>;
-
-/// A node label value this replica wrote.
-pub struct Written {
-    /// The value (`None`: removed).
-    value: Option<String>,
-    /// When.
-    at: Instant,
-}
-
-/// Target uid → the status this replica wrote on it, and the resourceVersion of the object that
-/// status replaced.
-pub type StatusMemo = std::collections::HashMap<String, (String, CompiledTargetStatus)>;
-
-/// `target` as this replica last wrote it. A reconcile that starts before the watch delivers the
-/// target's own status write (a node label or a Job woke it) would see the old status, and write
-/// the same status and publish the same Events again: on 1,000 new targets, 1.9 status writes
-/// and Events each. While the cache still holds the resourceVersion the write replaced, the
-/// written status stands in for the cached one; any other version (the echo, or somebody
-/// else's write) ends the memo.
-pub fn as_written<'a>(
-    target: &'a CompiledTarget,
-    uid: &str,
-    written: &std::sync::Mutex<StatusMemo>,
-) -> std::borrow::Cow<'a, CompiledTarget> {
-    let Ok(mut memo) = written.lock() else {
-        return std::borrow::Cow::Borrowed(target);
-    };
-    match memo.get(uid) {
-        Some((replaced, status)) if target.metadata.resource_version.as_ref() == Some(replaced) => {
-            let mut fresher = target.clone();
-            fresher.status = Some(status.clone());
-            std::borrow::Cow::Owned(fresher)
-        }
-        Some(_) => {
-            memo.remove(uid);
-            std::borrow::Cow::Borrowed(target)
-        }
-        None => std::borrow::Cow::Borrowed(target),
-    }
-}
-
-/// How long a node label this replica set is trusted over a cache that does not show it yet.
-const LABEL_MEMO: Duration = Duration::from_secs(30);
 
 /// Carries the plan out: the only writes. Stops at the first failed write (the next reconcile
 /// starts over from what then exists); an Event that cannot be recorded fails nothing.
@@ -252,13 +207,7 @@ async fn write_status(
             source,
         })?;
     ctx.metrics.write("status");
-    if let (Some(uid), Some(replaced), Ok(mut memo)) = (
-        target.uid(),
-        target.metadata.resource_version.clone(),
-        ctx.written.lock(),
-    ) {
-        memo.insert(uid, (replaced, status.clone()));
-    }
+    memo::wrote_status(&ctx.written, target, status);
     Ok(())
 }
 
@@ -285,28 +234,6 @@ async fn publish_events(target: &CompiledTarget, events: &[plan::Event], ctx: &C
     }
 }
 
-/// Whether this replica set `node`'s label `key` to `value` (`None`: removed it) within the
-/// memo's window: a Node event showing it is the echo of that write.
-pub fn wrote_label(
-    labelled: &std::sync::Mutex<LabelMemo>,
-    node: &str,
-    key: &str,
-    value: Option<&str>,
-) -> bool {
-    labelled.lock().is_ok_and(|m| {
-        m.get(&(node.to_string(), key.to_string()))
-            .is_some_and(|w| w.at.elapsed() < LABEL_MEMO && w.value.as_deref() == value)
-    })
-}
-
-/// Forgets what this replica wrote on `node`, which was deleted: a Node registering again under
-/// that name starts without those labels, and the memo must not stand in for them.
-pub fn forget_node(labelled: &std::sync::Mutex<LabelMemo>, node: &str) {
-    if let Ok(mut m) = labelled.lock() {
-        m.retain(|(n, _), _| n != node);
-    }
-}
-
 /// Sets (`Some`) or removes (`None`) one node label, unless this replica already wrote that
 /// value recently (the cache may not show it yet).
 pub async fn set_label(
@@ -315,27 +242,9 @@ pub async fn set_label(
     key: &str,
     value: Option<&str>,
 ) -> Result<(), Error> {
-    let memo = (node.to_string(), key.to_string());
-    let want = value.map(str::to_string);
     // Claim the write before patching, so that concurrent reconciles of targets sharing the
     // node do not all patch it; a failed patch gives the claim back.
-    let claimed = ctx
-        .labelled
-        .lock()
-        .map(|mut m| {
-            m.retain(|_, w| w.at.elapsed() < LABEL_MEMO);
-            let fresh = m.get(&memo).is_some_and(|w| w.value == want);
-            if !fresh {
-                let written = Written {
-                    value: want.clone(),
-                    at: Instant::now(),
-                };
-                m.insert(memo.clone(), written);
-            }
-            !fresh
-        })
-        .unwrap_or(true);
-    if !claimed {
+    if !memo::claim_label(&ctx.labelled, node, key, value) {
         return Ok(());
     }
     let nodes: Api<Node> = Api::all(ctx.client.clone());
@@ -351,15 +260,11 @@ pub async fn set_label(
         // The node is gone, and its labels with it: nothing was written, so nothing to
         // remember (a node that registers again under the name starts without them).
         Err(kube::Error::Api(e)) if e.code == 404 => {
-            if let Ok(mut m) = ctx.labelled.lock() {
-                m.remove(&memo);
-            }
+            memo::release_label(&ctx.labelled, node, key);
             Ok(())
         }
         Err(source) => {
-            if let Ok(mut m) = ctx.labelled.lock() {
-                m.remove(&memo);
-            }
+            memo::release_label(&ctx.labelled, node, key);
             Err(Error::PatchNodeLabel {
                 node: node.to_string(),
                 key: key.to_string(),
@@ -376,99 +281,6 @@ pub fn ready_deltas(ctx: &Context, before: &BTreeMap<String, i64>, after: &BTree
         let delta = after.get(class).unwrap_or(&0) - before.get(class).unwrap_or(&0);
         if delta != 0 {
             ctx.metrics.ready_nodes(class, delta);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::Mutex;
-
-    fn target(resource_version: &str, revision: i64) -> CompiledTarget {
-        let mut t: CompiledTarget = serde_json::from_value(serde_json::json!({
-            "apiVersion": "kiln.dev/v1alpha1",
-            "kind": "CompiledTarget",
-            "metadata": {"name": "t", "namespace": "ml", "uid": "u",
-                         "resourceVersion": resource_version},
-            "spec": {"modelRef": {"name": "m"}, "backend": {"kind": "tract"}, "profiles": [],
-                     "warmup": {"fixtureVersion": "v1"}},
-        }))
-        .expect("target");
-        t.status = Some(CompiledTargetStatus {
-            revision: Some(revision),
-            ..Default::default()
-        });
-        t
-    }
-
-    #[test]
-    fn a_written_status_stands_in_until_the_cache_moves_past_what_it_replaced() {
-        let written = Mutex::new(StatusMemo::new());
-        let cached = target("10", 1);
-        // Nothing written: the cache is the truth.
-        assert_eq!(as_written(&cached, "u", &written).status, cached.status);
-        let mine = CompiledTargetStatus {
-            revision: Some(2),
-            ..Default::default()
-        };
-        written
-            .lock()
-            .expect("memo")
-            .insert("u".into(), ("10".into(), mine.clone()));
-        // The cache still holds version 10, which the write replaced: the write stands in.
-        assert_eq!(
-            as_written(&cached, "u", &written).status.as_ref(),
-            Some(&mine)
-        );
-        // Another uid is not this target.
-        assert_eq!(as_written(&cached, "v", &written).status, cached.status);
-        // The echo (or anybody's later write) arrives: the cache wins and the memo ends.
-        let echoed = target("11", 2);
-        assert_eq!(as_written(&echoed, "u", &written).status, echoed.status);
-        assert!(written.lock().expect("memo").is_empty());
-        assert_eq!(as_written(&cached, "u", &written).status, cached.status);
-    }
-
-    #[test]
-    fn only_a_value_this_replica_wrote_recently_is_an_echo() {
-        let labelled = Mutex::new(LabelMemo::new());
-        let key = |n: &str| (n.to_string(), "kiln.dev/class".to_string());
-        labelled.lock().expect("memo").insert(
-            key("n1"),
-            Written {
-                value: Some("a".into()),
-                at: Instant::now(),
-            },
-        );
-        labelled.lock().expect("memo").insert(
-            key("n2"),
-            Written {
-                value: None,
-                at: Instant::now(),
-            },
-        );
-        assert!(wrote_label(&labelled, "n1", "kiln.dev/class", Some("a")));
-        assert!(!wrote_label(&labelled, "n1", "kiln.dev/class", Some("b")));
-        assert!(!wrote_label(&labelled, "n1", "kiln.dev/class", None));
-        assert!(!wrote_label(&labelled, "n1", "other", Some("a")));
-        assert!(wrote_label(&labelled, "n2", "kiln.dev/class", None));
-        // A deleted node's labels went with it: nothing it had is an echo any more, and the
-        // other nodes' memos stay.
-        forget_node(&labelled, "n1");
-        assert!(!wrote_label(&labelled, "n1", "kiln.dev/class", Some("a")));
-        assert!(wrote_label(&labelled, "n2", "kiln.dev/class", None));
-        assert!(!wrote_label(&labelled, "n3", "kiln.dev/class", Some("a")));
-        // Past the memo's window it is nobody's echo.
-        if let Some(old) = Instant::now().checked_sub(LABEL_MEMO) {
-            labelled.lock().expect("memo").insert(
-                key("n1"),
-                Written {
-                    value: Some("a".into()),
-                    at: old,
-                },
-            );
-            assert!(!wrote_label(&labelled, "n1", "kiln.dev/class", Some("a")));
         }
     }
 }

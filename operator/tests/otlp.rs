@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kiln_crds::CompiledTarget;
-use kiln_operator::controller::{self, Context};
+use kiln_operator::context::Context;
+use kiln_operator::controller;
 use kiln_operator::job::{JobSettings, JobStore};
 use kiln_operator::metrics::Metrics;
 use kiln_operator::plan::Settings;

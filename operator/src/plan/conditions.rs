@@ -1,4 +1,4 @@
-//! Stage 6: which conditions follow from how the target stands. [`select`] decides each
+//! Stage 7: which conditions follow from how the target stands. [`select`] decides each
 //! condition's status, reason and message (in the order they are set, which is the order a new
 //! target lists them in); [`apply`] puts them into the list, keeping transition times. Reads
 //! the course of the plan and the final class rows, after admission. Pure.

@@ -1,4 +1,4 @@
-//! Stage 7: the Events for what this plan changes: a promoted revision, a retry granted, Jobs
+//! Stage 8: the Events for what this plan changes: a promoted revision, a retry granted, Jobs
 //! created, conditions that turned, classes that compiled or changed phase. Reads the old and
 //! the new status and what the other stages decided; emits nothing itself. Pure.
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::{CompiledTarget, FailureReason, ModelArtifact};
 
+use super::bounds::CompileBounds;
 use super::worker::{Worker, Workers};
 use crate::classes::NodeView;
 
@@ -32,32 +33,6 @@ pub struct Settings {
     /// Model sources must carry `spec.source.signature` (checked by the compile Jobs against
     /// the trusted source keys; refused here so that no stored artifact is reused for one).
     pub require_source_signature: bool,
-}
-
-/// Upper bounds on the tenant-chosen parts of a compile Job (`spec.compile.resources` and
-/// `spec.compile.tolerations`), from the operator's flags (chart `compile.bounds`).
-#[derive(Clone, Debug)]
-pub struct CompileBounds {
-    /// Largest memory request or limit, bytes.
-    pub max_memory_bytes: u64,
-    /// Largest CPU request or limit, millicores.
-    pub max_cpu_millis: u64,
-    /// Largest `nvidia.com/gpu` request or limit.
-    pub max_gpus: u64,
-    /// Toleration keys a target may use (a toleration without a key tolerates every taint and
-    /// is allowed only with `*` here).
-    pub toleration_keys: Vec<String>,
-}
-
-impl Default for CompileBounds {
-    fn default() -> Self {
-        Self {
-            max_memory_bytes: 64 << 30,
-            max_cpu_millis: 32_000,
-            max_gpus: 1,
-            toleration_keys: vec!["nvidia.com/gpu".into()],
-        }
-    }
 }
 
 impl Default for Settings {

@@ -6,23 +6,27 @@
 //! One pass, in stages, each a pure function in its own module:
 //!
 //! 1. [`validate`]: can the spec be acted on at all?
-//! 2. [`classify`]: which classes the selected nodes form, their compile keys and class labels;
+//! 2. [`class_keys`]: which classes the selected nodes form, their compile keys and class labels;
 //!    why there is nothing to compile for, if so.
 //! 3. [`schedule`]: per class, compiled, compiling, retrying, failed, or a compile candidate.
 //! 4. [`revisions`]: a new revision once every class is compiled; which one nodes should serve.
 //! 5. [`rollout`]: what the nodes report for it, per class; readiness labels; promotion.
 //!
-//! That is the [`Draft`]. Then compile admission ([`crate::admission`], which the controller
-//! runs under the slot lock) says how many candidates get a slot, and [`settle`] finishes:
+//! That is the [`Draft`]. Then compile admission ([`admit`], which the controller runs under
+//! the lock of [`crate::admission`]'s slot ledger) says how many candidates get a slot, and
+//! [`settle`] finishes:
 //!
 //! 6. [`schedule::settle`]: admitted candidates get their Job, the rest are queued.
 //! 7. [`conditions`]: which conditions follow.
 //! 8. [`events`]: the Events for what changed.
 
-mod classify;
+mod admit;
+mod bounds;
+mod class_keys;
 mod conditions;
 mod events;
 mod inputs;
+mod keyed;
 mod outputs;
 mod revisions;
 mod rollout;
@@ -35,19 +39,21 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::CompiledTargetStatus;
 
-pub use classify::{key_for, wanted_keys};
+pub use crate::classes::LabelChange;
+pub use admit::{Admission, admit};
+pub use bounds::CompileBounds;
+pub use class_keys::{key_for, wanted_keys};
 pub use conditions::store_unreachable;
 pub use events::{
     AUTO_ROLLED_BACK, CLASS_COMPILED, COMPILE_JOB_CREATED, RETRY_REQUESTED, REVISION_PROMOTED,
 };
-pub use inputs::{CompileBounds, Inputs, JobState, JobView, ModelLookup, Settings, Stored};
-pub use outputs::{Event, LabelChange, NewJob, NodeLabel, Plan};
+pub use inputs::{Inputs, JobState, JobView, ModelLookup, Settings, Stored};
+pub use outputs::{Event, NewJob, NodeLabel, Plan};
 pub use schedule::job_name;
 pub use validate::quantity;
 pub use worker::{GPU_RESOURCE, Runner, Worker, Workers};
 
-use crate::admission::{self, Admission};
-use classify::Classified;
+use class_keys::KeyedClasses;
 use conditions::{Course, Progress};
 use events::{News, Promotion};
 use schedule::Next;
@@ -56,7 +62,7 @@ use schedule::Next;
 pub fn plan(inputs: &Inputs<'_>) -> Plan {
     let draft = draft(inputs);
     let running = inputs.compiles_elsewhere + draft.running_here();
-    let admission = admission::admit(
+    let admission = admit(
         inputs.settings.max_concurrent_compiles,
         running,
         draft.candidates(),
@@ -93,7 +99,7 @@ pub struct Draft {
 }
 
 impl Draft {
-    /// Classes that need a compile slot, for [`admission::admit`].
+    /// Classes that need a compile slot, for [`admit`].
     pub fn candidates(&self) -> usize {
         self.next
             .iter()
@@ -125,7 +131,7 @@ pub fn draft(inputs: &Inputs<'_>) -> Draft {
             return halted(inputs, course, None, Vec::new());
         }
     };
-    let mut classified = classify::classify(inputs, model);
+    let mut classified = class_keys::key_classes(inputs, model);
     match classified.halt.take() {
         Some(course) => halted(inputs, course, Some(0), classified.stale),
         None => with_classes(inputs, classified),
@@ -183,7 +189,7 @@ fn halted(
 }
 
 /// Classes to compile and roll out: stages 3 to 5.
-fn with_classes(inputs: &Inputs<'_>, classes: Classified) -> Draft {
+fn with_classes(inputs: &Inputs<'_>, classes: KeyedClasses) -> Draft {
     let t = inputs.target;
     let (old, mut status) = start(inputs);
     let generation = t.metadata.generation;
@@ -229,7 +235,7 @@ fn with_classes(inputs: &Inputs<'_>, classes: Classified) -> Draft {
     let (revisions, promoted) = revisions::promote(revisions, current, summary.unmet.is_empty());
 
     let mut node_labels = classes.stale;
-    node_labels.extend(classify::class_labels(
+    node_labels.extend(class_keys::class_labels(
         &classes.keyed,
         inputs.nodes,
         &classes.label_key,

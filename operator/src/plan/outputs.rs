@@ -7,6 +7,7 @@ use kiln_crds::CompiledTargetStatus;
 use kiln_crds::class::ClassFacts;
 
 use super::Runner;
+use crate::classes::LabelChange;
 
 /// A Job to create.
 #[derive(Clone, Debug, PartialEq)]
@@ -34,17 +35,6 @@ pub struct NodeLabel {
     pub key: String,
     /// Label value.
     pub value: String,
-}
-
-/// A node label to set or remove.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct LabelChange {
-    /// Node name.
-    pub node: String,
-    /// Label key.
-    pub key: String,
-    /// The value to set; `None` removes the label.
-    pub value: Option<String>,
 }
 
 /// An Event to record.

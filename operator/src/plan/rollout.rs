@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::compiled_target::{AutoRollback, ClassPhase, ClassStatus, Revision, Rollout};
 
-use super::classify::Keyed;
+use super::keyed::Keyed;
 use super::{Inputs, LabelChange};
 use crate::classes::selector_matches;
 use crate::readiness::{self, ClassNodes, NodeReport};

@@ -12,9 +12,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::compiled_target::{ClassPhase, ClassStatus};
 use kiln_crds::{CompiledTarget, CompiledTargetStatus, FailureReason};
 
-use super::classify::Keyed;
+use super::Admission;
+use super::keyed::Keyed;
 use super::{JobState, JobView, NewJob, NodeLabel, Settings, Stored};
-use crate::admission::Admission;
 
 /// How often a target with queued compiles looks for a free slot in any case: a finished Job
 /// wakes every queued target, a deleted running one (its target gone) does not.

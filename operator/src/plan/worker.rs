@@ -10,7 +10,7 @@ use kiln_crds::CompiledTarget;
 use kiln_crds::class::ClassFacts;
 use kiln_crds::compiled_target::{Backend, BackendKind, ExecutionProvider};
 
-use super::CompileBounds;
+use super::bounds::CompileBounds;
 
 /// One kiln-agent image compile Jobs run, and what it carries.
 #[derive(Clone, Debug, PartialEq, Eq)]

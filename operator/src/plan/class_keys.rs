@@ -7,21 +7,12 @@ use kiln_crds::conditions::reasons;
 use kiln_crds::{CompileKeyInput, CompiledTarget, ModelArtifact, compile_key};
 
 use super::conditions::Course;
-use super::{Inputs, LabelChange, Runner, Settings, validate};
-use crate::classes::{Class, NodeView, class_label_key, group, missing_keys, unreported};
-
-/// A class with its compile key and what runs its compile Job.
-pub struct Keyed {
-    /// The class.
-    pub class: Class,
-    /// Its compile key.
-    pub key: String,
-    /// The image (the one whose backend versions the key names), GPU claim and RuntimeClass.
-    pub runner: Runner,
-}
+use super::keyed::Keyed;
+use super::{Inputs, LabelChange, Settings, validate};
+use crate::classes::{NodeView, class_label_key, group, missing_keys, unreported};
 
 /// The target's classes, and what follows for its nodes' class labels.
-pub struct Classified {
+pub struct KeyedClasses {
     /// Classes, each with its compile key, in a stable order.
     pub keyed: Vec<Keyed>,
     /// The node label that carries the class id for the target's class keys.
@@ -35,7 +26,7 @@ pub struct Classified {
 }
 
 /// Classifies the selected nodes for a target whose spec is valid and whose model is `model`.
-pub fn classify(inputs: &Inputs<'_>, model: &ModelArtifact) -> Classified {
+pub fn key_classes(inputs: &Inputs<'_>, model: &ModelArtifact) -> KeyedClasses {
     let t = &inputs.target.spec;
     let selector = t.node_selector.as_ref();
     let keyed = keyed_with(inputs, model);
@@ -55,7 +46,7 @@ pub fn classify(inputs: &Inputs<'_>, model: &ModelArtifact) -> Classified {
         })
         .collect();
     let halt = halt(&keyed, &missing, awaiting_note.as_ref());
-    Classified {
+    KeyedClasses {
         keyed,
         label_key,
         awaiting_note,
@@ -199,6 +190,8 @@ pub fn wanted_keys(inputs: &Inputs<'_>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::classes::Class;
+    use crate::plan::Runner;
 
     fn keyed(id: &str, nodes: &[&str]) -> Keyed {
         Keyed {
