@@ -114,6 +114,9 @@ pub fn check_golden(fixture: &FixtureFile, warmup: &Warmup) -> Result<()> {
 /// outputs), so an engine that replays captured work must read each run's inputs to pass.
 pub fn warm(engine: &dyn Engine, fixture: &FixtureFile, warmup: &Warmup) -> Result<WarmupReport> {
     let samples = checked_samples(engine, fixture, warmup)?;
+    if engine.replays_captured_work() {
+        enough_runs_to_replay(warmup.iterations, samples.len())?;
+    }
     let started = Instant::now();
     let mut report = WarmupReport {
         iterations: warmup.iterations,
@@ -233,6 +236,19 @@ pub fn check_replay_samples(samples: &[FixtureFile], warmup: &Warmup) -> Result<
                 Err(other) => return Err(other),
             }
         }
+    }
+    Ok(())
+}
+
+/// An engine that replays captured work captures on an early run (ONNX Runtime's CUDA graphs:
+/// a profile's second); only if every sample runs at least twice in warmup is each one replayed
+/// after the capture. Pure.
+pub fn enough_runs_to_replay(iterations: u32, samples: usize) -> Result<()> {
+    let least = 2 * samples;
+    if (iterations as usize) < least {
+        return Err(Error::InvalidSpec(format!(
+            "backend.cuda.cudaGraphs: warmup.iterations {iterations} runs the fixture's {samples} samples fewer than twice each, so not every sample is replayed after the graph is captured; set warmup.iterations to at least {least}"
+        )));
     }
     Ok(())
 }
@@ -665,12 +681,46 @@ mod tests {
             matches!(&err, Error::ParityExceeded(m) if m.starts_with("iteration 2 (sample 2 of 2): output y")),
             "{err}"
         );
-        // One iteration: the first request after warmup runs the second sample.
-        w.iterations = 1;
-        warm(&Replaying::new(false), &fixture, &w).expect("one iteration");
-        let err = warm(&Replaying::new(true), &fixture, &w).expect_err("stale");
+        // Too few iterations to replay every sample after the capture.
+        w.iterations = 3;
+        let err = warm(&Replaying::new(false), &fixture, &w).expect_err("3 runs of 2 samples");
         assert!(
-            matches!(&err, Error::ParityExceeded(m) if m.starts_with("first run after warmup (sample 2 of 2)")),
+            matches!(&err, Error::InvalidSpec(m) if m.contains("warmup.iterations to at least 4")),
+            "{err}"
+        );
+        enough_runs_to_replay(4, 2).expect("twice each");
+        // The first request after warmup runs the next sample in turn, checked too: a replay
+        // that goes stale only then fails.
+        struct StaleLate(Replaying, std::sync::atomic::AtomicUsize);
+        impl Engine for StaleLate {
+            fn run(
+                &self,
+                inputs: &BTreeMap<String, HostTensor>,
+            ) -> Result<BTreeMap<String, HostTensor>> {
+                let n = self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let fresh = self.0.run(inputs)?;
+                // From the fifth run on, the outputs of the last sample warmup ran.
+                Ok(if n < 4 {
+                    fresh
+                } else {
+                    outs(&[("y", t(&[6.0, 10.0]))])
+                })
+            }
+            fn profiles(&self) -> Vec<(String, crate::backend::Shapes)> {
+                self.0.profiles()
+            }
+            fn input_dtypes(&self) -> BTreeMap<String, Dtype> {
+                self.0.input_dtypes()
+            }
+            fn replays_captured_work(&self) -> bool {
+                true
+            }
+        }
+        w.iterations = 4;
+        let late = StaleLate(Replaying::new(false), Default::default());
+        let err = warm(&late, &two_samples([3.0, 5.0]), &w).expect_err("stale at the fifth run");
+        assert!(
+            matches!(&err, Error::ParityExceeded(m) if m.starts_with("first run after warmup (sample 1 of 2)")),
             "{err}"
         );
         // The compile's check runs every sample too.
