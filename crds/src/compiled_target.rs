@@ -93,7 +93,7 @@ pub struct ModelRef {
 #[x_kube(validation = Rule::new("!has(self.executionProvider) || self.executionProvider == 'cpu' || self.kind == 'onnxruntime'").message("backend.executionProvider cuda and tensorrt need kind onnxruntime; tract and exec run on the CPU"))]
 #[x_kube(validation = Rule::new("self.kind != 'auto' || (!has(self.executionProvider) && !has(self.version))").message("kind auto chooses the engine and its provider per class by measurement; drop backend.executionProvider and backend.version, or name one kind"))]
 #[x_kube(validation = Rule::new("!has(self.cuda) || self.kind in ['onnxruntime', 'auto']").message("backend.cuda configures ONNX Runtime's CUDA provider; it is for kind onnxruntime or auto"))]
-#[x_kube(validation = Rule::new("!has(self.cuda) || !has(self.cuda.cudaGraphs) || !self.cuda.cudaGraphs || (has(self.cpuFallback) && self.cpuFallback.policy in ['Forbidden', 'Strict'])").message("backend.cuda.cudaGraphs replays one captured CUDA graph, which ONNX Runtime builds only when no compute node runs on the CPU: set backend.cpuFallback.policy Forbidden (shape nodes may stay on the CPU) or Strict"))]
+#[x_kube(validation = Rule::new("!has(self.cuda) || !has(self.cuda.cudaGraphs) || self.cuda.cudaGraphs != true || (has(self.cpuFallback) && self.cpuFallback.policy in ['Forbidden', 'Strict'])").message("backend.cuda.cudaGraphs replays one captured CUDA graph, which ONNX Runtime builds only when no compute node runs on the CPU: set backend.cpuFallback.policy Forbidden (shape nodes may stay on the CPU) or Strict"))]
 pub struct Backend {
     /// `tract` (built in), `onnxruntime`, `auto` (every engine the class can run is built,
     /// checked and measured on the class's hardware, and the fastest that passes is kept),
