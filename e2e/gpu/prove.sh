@@ -38,9 +38,9 @@
 #                                torch.compile default and reduce-overhead) into OUT/anchor.json
 #   e2e/gpu/prove.sh graphs [--libs DIR] [OUT]
 #                                there, in one call (about 8 minutes on an H100): ResNet-50 and
-#                                BERT-base on ONNX Runtime CUDA without and with CUDA graphs (fp32,
-#                                cpuFallback Forbidden), then the PyTorch anchor in the same call,
-#                                and the p50 ratio of each to torch.compile reduce-overhead
+#                                BERT-base on ONNX Runtime CUDA (fp32 and tf32) and with CUDA graphs
+#                                (fp32, cpuFallback Forbidden), then the PyTorch anchor in the same
+#                                call, and the fp32 p50 ratio of each to torch.compile reduce-overhead
 #   e2e/gpu/prove.sh table [OUT] prints the table of what OUT holds (run, anchor and graphs end
 #                                with it), and the p50 ratios to torch.compile reduce-overhead
 #   e2e/gpu/prove.sh specs OUT   anywhere, no GPU: writes the documents `run` and `graphs` would
