@@ -157,4 +157,38 @@ mod tests {
         let err = choose(None, 7, None).expect_err("namespace unreadable");
         assert!(err.contains("unreadable"), "{err}");
     }
+
+    /// A stand-in host procfs: `<pid>/status` with an NSpid line, `<pid>/ns/pid` a link.
+    fn fake_proc(entries: &[(u32, &str, u64)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (pid, nspid, ns) in entries {
+            let p = dir.path().join(pid.to_string());
+            std::fs::create_dir_all(p.join("ns")).expect("mkdir");
+            std::fs::write(p.join("status"), format!("Pid:\t{pid}\nNSpid:\t{nspid}\n"))
+                .expect("status");
+            std::os::unix::fs::symlink(format!("pid:[{ns}]"), p.join("ns/pid")).expect("link");
+        }
+        std::fs::create_dir_all(dir.path().join("sys")).expect("a non-pid entry");
+        dir
+    }
+
+    #[test]
+    fn a_child_is_found_by_its_pid_in_this_namespace_and_only_there() {
+        let proc = fake_proc(&[
+            (5000, "5000\t7", 42),
+            // Another container's process with the same inner pid.
+            (5001, "5001\t7", 43),
+            (5002, "5002\t8", 42),
+        ]);
+        assert_eq!(find_in(proc.path(), 7, Some(42)), Ok(Some(vec![5000, 7])));
+        assert_eq!(find_in(proc.path(), 9, Some(42)), Ok(None), "not there");
+        assert_eq!(
+            find_in(proc.path(), 7, None),
+            Ok(None),
+            "own namespace unknown"
+        );
+        let twice = fake_proc(&[(5000, "5000\t7", 42), (5003, "5003\t7", 42)]);
+        let err = find_in(twice.path(), 7, Some(42)).expect_err("ambiguous");
+        assert!(err.contains("2 processes"), "{err}");
+    }
 }
