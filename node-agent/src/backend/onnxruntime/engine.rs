@@ -62,6 +62,14 @@ impl OrtEngine {
     }
 }
 
+impl Drop for OrtEngine {
+    /// The CUDA graphs' binding and device tensors go before the session they were made for
+    /// (fields drop in declaration order, the session first).
+    fn drop(&mut self) {
+        self.graphs = None;
+    }
+}
+
 impl Engine for OrtEngine {
     fn run(&self, inputs: &BTreeMap<String, HostTensor>) -> Result<BTreeMap<String, HostTensor>> {
         // A refused graph serves no run but the one that names its CPU nodes.

@@ -27,9 +27,10 @@ const GRAPH_ID: &str = "gpu_graph_id";
 
 /// The bound tensors and graph of every profile run so far.
 pub(super) struct Graphs {
+    /// By profile (input names and shapes); dropped before the allocator they came from.
+    bound: BTreeMap<Vec<(String, Vec<usize>)>, Bound>,
     allocator: Allocator,
     outputs: Vec<String>,
-    bound: BTreeMap<Vec<(String, Vec<usize>)>, Bound>,
 }
 
 /// One profile's graph: its binding and the device tensors at fixed addresses.
@@ -57,13 +58,13 @@ impl Graphs {
         let allocator = Allocator::new(session, device)
             .map_err(|e| classify(e, "the CUDA allocator", Error::LoadFailed))?;
         Ok(Self {
+            bound: BTreeMap::new(),
             allocator,
             outputs: session
                 .outputs()
                 .iter()
                 .map(|o| o.name().to_string())
                 .collect(),
-            bound: BTreeMap::new(),
         })
     }
 
