@@ -330,6 +330,47 @@ assetDigests: {pre: cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
     }
 
     #[test]
+    fn cuda_graphs_key_only_cuda_classes_and_only_when_on() {
+        use crate::compiled_target::{Backend, BackendKind, CudaSettings};
+        let cpu = BTreeMap::from([("kubernetes.io/arch".to_string(), "amd64".to_string())]);
+        let mut gpu = cpu.clone();
+        gpu.insert(
+            "nvidia.com/gpu.product".into(),
+            "NVIDIA-H100-80GB-HBM3".into(),
+        );
+        let with = |graphs: Option<bool>| Backend {
+            cuda: Some(CudaSettings {
+                cuda_graphs: graphs,
+                ..CudaSettings::default()
+            }),
+            ..Backend::of(BackendKind::Onnxruntime)
+        };
+        let key = |b: &Backend, class: &BTreeMap<String, String>| {
+            let mut input = sample();
+            input.backend_options = b.options(class);
+            compile_key(&input)
+        };
+        let (unset, off, on) = (with(None), with(Some(false)), with(Some(true)));
+        // On a CUDA class the setting is part of the key; off keys like unset (and like every
+        // key made before the setting existed).
+        assert_ne!(key(&on, &gpu), key(&off, &gpu));
+        assert_eq!(key(&off, &gpu), key(&unset, &gpu));
+        assert_eq!(
+            key(&unset, &gpu),
+            key(&Backend::of(BackendKind::Onnxruntime), &gpu)
+        );
+        assert_eq!(on.options(&gpu)["cuda.cudaGraphs"], "true");
+        // On a CPU class the CUDA settings do not apply and do not key.
+        assert_eq!(key(&on, &cpu), key(&off, &cpu));
+        // kind auto keys its CUDA candidate's setting.
+        let auto = |b: &Backend| Backend {
+            kind: BackendKind::Auto,
+            ..b.clone()
+        };
+        assert_ne!(key(&auto(&on), &gpu), key(&auto(&off), &gpu));
+    }
+
+    #[test]
     fn moving_a_value_between_fields_changes_the_key() {
         // The encoding separates fields, so "ab"+"c" is not "a"+"bc".
         let mut a = sample();

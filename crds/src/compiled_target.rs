@@ -94,6 +94,7 @@ pub struct ModelRef {
 #[x_kube(validation = Rule::new("!has(self.executionProvider) || self.executionProvider == 'cpu' || self.kind == 'onnxruntime'").message("backend.executionProvider cuda and tensorrt need kind onnxruntime; tract and exec run on the CPU"))]
 #[x_kube(validation = Rule::new("self.kind != 'auto' || (!has(self.executionProvider) && !has(self.version))").message("kind auto chooses the engine and its provider per class by measurement; drop backend.executionProvider and backend.version, or name one kind"))]
 #[x_kube(validation = Rule::new("!has(self.cuda) || self.kind in ['onnxruntime', 'auto']").message("backend.cuda configures ONNX Runtime's CUDA provider; it is for kind onnxruntime or auto"))]
+#[x_kube(validation = Rule::new("!has(self.cuda) || !has(self.cuda.cudaGraphs) || self.cuda.cudaGraphs != true || (has(self.cpuFallback) && self.cpuFallback.policy in ['Forbidden', 'Strict'])").message("backend.cuda.cudaGraphs replays one captured CUDA graph, which ONNX Runtime builds only when no compute node runs on the CPU: set backend.cpuFallback.policy Forbidden (shape nodes may stay on the CPU) or Strict"))]
 pub struct Backend {
     /// `tract` (built in), `onnxruntime`, `auto` (every engine the class can run is built,
     /// checked and measured on the class's hardware, and the fastest that passes is kept),
@@ -153,6 +154,25 @@ pub struct CudaSettings {
     /// (no slack: less device memory, more allocations).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arena_extend_strategy: Option<ArenaExtendStrategy>,
+    /// CUDA graphs (ONNX Runtime's `enable_cuda_graph`, default off): the engine's kernels are
+    /// captured once per shape profile and replayed on every later request, with inputs and
+    /// outputs bound at fixed device addresses, so a request costs one graph launch instead of
+    /// one launch per kernel. ONNX Runtime takes only a graph whose every compute node runs on
+    /// the CUDA provider with no copy between providers (shape nodes may stay on the CPU) and no
+    /// control flow (`If`, `Loop`, `Scan`); anything else fails the compile with
+    /// `UnsupportedOperator`. It therefore needs `cpuFallback.policy` `Forbidden` or `Strict`,
+    /// and a warmup fixture with at least two samples of different inputs: warmup alternates
+    /// them and checks every run against its own golden outputs, so a replay that does not read
+    /// the new inputs fails `ParityExceeded` before Ready. Part of the compile key when on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_graphs: Option<bool>,
+}
+
+impl CudaSettings {
+    /// Whether CUDA graphs are on (unset: off).
+    pub fn graphs(&self) -> bool {
+        self.cuda_graphs.unwrap_or(false)
+    }
 }
 
 /// cuDNN convolution algorithm search.
@@ -251,6 +271,11 @@ impl Backend {
             let arena = cuda.arena_extend_strategy.unwrap_or_default();
             options.insert("cuda.convAlgoSearch".into(), search.as_str().into());
             options.insert("cuda.arenaExtendStrategy".into(), arena.as_str().into());
+            // Only when on, so the keys of every target made before the setting stay as they
+            // were, and `false` spelled out keys like unset.
+            if cuda.graphs() {
+                options.insert("cuda.cudaGraphs".into(), "true".into());
+            }
         }
         if ort || self.execution_provider.is_some() {
             let provider = self.provider_for(class);

@@ -183,3 +183,29 @@ fn profiles_bind_symbols_within_bounds() {
     extra.dims.insert("seq".into(), 5);
     assert!(matches!(extra.bind(&m), Err(ProfileError::Unknown { .. })));
 }
+
+#[test]
+fn cuda_graphs_need_a_fallback_policy_that_keeps_compute_off_the_cpu() {
+    let with = |backend: &str| -> CompiledTarget {
+        serde_saphyr::from_str(&TARGET.replace("{kind: tract}", backend)).expect("yaml")
+    };
+    for refused in [
+        "{kind: onnxruntime, cuda: {cudaGraphs: true}}",
+        "{kind: onnxruntime, cuda: {cudaGraphs: true}, cpuFallback: {policy: Allowed}}",
+        "{kind: auto, cuda: {cudaGraphs: true}, cpuFallback: {policy: UpToShare, maxSharePercent: 5}}",
+    ] {
+        let err = validate_cel(&with(refused)).expect_err(refused).to_string();
+        assert!(
+            err.contains("cudaGraphs") && err.contains("Forbidden"),
+            "{refused}: {err}"
+        );
+    }
+    for accepted in [
+        "{kind: onnxruntime, cuda: {cudaGraphs: true}, cpuFallback: {policy: Forbidden}}",
+        "{kind: auto, cuda: {cudaGraphs: true}, cpuFallback: {policy: Strict}}",
+        "{kind: onnxruntime, cuda: {cudaGraphs: false}}",
+        "{kind: onnxruntime, cuda: {convAlgoSearch: Heuristic}}",
+    ] {
+        validate_cel(&with(accepted)).expect(accepted);
+    }
+}

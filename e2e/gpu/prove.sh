@@ -21,8 +21,9 @@
 #                                and the driver's own tool, which must agree
 #       local-<example>.json     kiln-agent local on each examples/*/kiln.yaml as written
 #       runs/*.json              the example models, ResNet-50 and BERT-base (e2e/gpu/export.py,
-#                                random seeded weights, fixtures from ONNX Runtime's CPU provider)
-#                                through tract, ONNX Runtime CPU and ONNX Runtime CUDA and backend
+#                                random seeded weights, fixtures of two samples from ONNX Runtime's
+#                                CPU provider) through tract, ONNX Runtime CPU and ONNX Runtime
+#                                CUDA (ResNet-50 and BERT-base also with CUDA graphs) and backend
 #                                auto (which keeps the fastest that passes: on a GPU class the
 #                                CUDA provider is a candidate), at precision fp32 and (but tract)
 #                                tf32; CUDA with cpuFallback Forbidden (BERT's int64 shape
@@ -35,7 +36,30 @@
 #   e2e/gpu/prove.sh anchor [OUT]  there, in its own call (torch.compile takes minutes): the same
 #                                ResNet-50 / BERT-base in PyTorch (e2e/gpu/torch_anchor.py: eager,
 #                                torch.compile default and reduce-overhead) into OUT/anchor.json
-#   e2e/gpu/prove.sh table [OUT] prints the table of what OUT holds (run and anchor end with it)
+#   e2e/gpu/prove.sh graphs [--libs DIR] [OUT]
+#                                there, in one call (about 8 minutes on an H100): ResNet-50 and
+#                                BERT-base on ONNX Runtime CUDA (fp32 and tf32) and with CUDA graphs
+#                                (fp32, cpuFallback Forbidden), then the PyTorch anchor in the same
+#                                call, and the fp32 p50 ratio of each to torch.compile reduce-overhead
+#   e2e/gpu/prove.sh table [OUT] prints the table of what OUT holds (run, anchor and graphs end
+#                                with it), and the p50 ratios to torch.compile reduce-overhead
+#   e2e/gpu/prove.sh specs OUT   anywhere, no GPU: writes the documents `run` and `graphs` would
+#                                run, for a stand-in model (the first example's), into OUT/m/*;
+#                                node-agent/tests/gpu_prove.rs checks them in CI
+#
+# What it verifies (each row of OUT/table.md; `run` fails only on the first three):
+#   * the probe finds the GPU, and agrees with nvidia-smi on the driver;
+#   * every examples/*/kiln.yaml is Ready as written;
+#   * tract, ONNX Runtime CPU / CUDA / auto at fp32 and tf32: Ready with parity at atol and rtol
+#     1e-3 on every warmup run, p50 at batch 1, placement, host and device memory;
+#   * CUDA with cpuFallback Forbidden on models with shape nodes on the CPU: Ready, the shape
+#     nodes listed;
+#   * CUDA graphs (backend.cuda.cudaGraphs) on ResNet-50 and BERT-base: Ready with parity on
+#     every run while warmup alternates two fixture samples (a replay that did not read the new
+#     inputs fails ParityExceeded), and the p50 against torch.compile reduce-overhead as a ratio
+#     (target: at most 1.0);
+#   * TensorRT without its library: IncompatibleRuntime; an artifact built for compute
+#     capability 10.0, or under a driver one major newer: refused before loading.
 #
 # Exits non-zero when the probe fails or an example does not run as written; the variant rows
 # are findings, not pass/fail.
@@ -135,6 +159,7 @@ target() {
 
 backend() {
   case $1 in
+    ort-cuda-graphs) echo '{"kind":"onnxruntime","executionProvider":"cuda","cpuFallback":{"policy":"Forbidden"},"cuda":{"cudaGraphs":true}}' ;;
     tract) echo '{"kind":"tract"}' ;;
     ort-cpu) echo '{"kind":"onnxruntime","executionProvider":"cpu"}' ;;
     ort-cuda) echo '{"kind":"onnxruntime","executionProvider":"cuda"}' ;;
@@ -144,10 +169,12 @@ backend() {
   esac
 }
 
-# models OUT: OUT/m/NAME/{ma.yaml,prof.json,...} for each example and the exported models.
+# models OUT [exported]: OUT/m/NAME/{ma.yaml,prof.json,...} for each example (unless
+# `exported`) and the exported models.
 models() {
   local out=$1 m name
   for m in "$ROOT"/examples/*/kiln.yaml; do
+    [[ ${2:-} != exported ]] || break
     name=$(basename "$(dirname "$m")")
     mkdir -p "$out/m/$name"
     cp "$(dirname "$m")"/*.onnx "$(dirname "$m")"/*.safetensors "$out/m/$name/"
@@ -160,7 +187,9 @@ print(json.dumps({x["symbol"]: x["min"] for i in d["spec"]["inputs"] for x in i[
   mkdir -p "$out/m/export"
   echo "== exporting ResNet-50 and BERT-base (e2e/gpu/export.py)"
   (cd "$out/m/export" && PYTHONUNBUFFERED=1 python3 "$HERE/export.py" . >"$out/export.log" 2>&1) || { tail -5 "$out/export.log"; return 0; }
-  local -A fx=([resnet50]="--shape input=1,3,224,224" [bert]="--inputs bert-inputs.safetensors")
+  # Two samples each: warmup alternates them, so a CUDA graph replay must read new inputs.
+  local -A fx=([resnet50]="--shape input=1,3,224,224 --samples 2"
+    [bert]="--inputs bert-inputs.safetensors --inputs bert-inputs-2.safetensors")
   local -A prof=([resnet50]="batch=1" [bert]="batch=1 seq=128")
   for name in resnet50 bert; do
     mkdir -p "$out/m/$name"
@@ -210,27 +239,79 @@ run() {
 
   models "$out"
   echo "== every model through every backend variant and precision"
-  local dir v p
+  local dir row yaml
   for dir in "$out"/m/*/; do
-    name=$(basename "$dir")
-    [[ -s $dir/ma.yaml && -s $dir/prof.json ]] || continue
-    local ma
-    ma=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["metadata"]["name"])' "$dir/ma.yaml")
-    for v in tract ort-cpu ort-cuda ort-cuda-forbid ort-tensorrt auto; do
-      for p in fp32 tf32; do
-        # Forbidden fallback and TensorRT are about placement and refusal: fp32 only; tract
-        # computes exact fp32 and tf32 on it is refused at admission.
-        [[ $p == tf32 && ( $v == ort-cuda-forbid || $v == ort-tensorrt || $v == tract ) ]] && continue
-        { cat "$dir/ma.yaml"; echo "---"; target "$name-$v-$p" "$ma" "$(backend $v)" "$p" "$(cat "$dir/prof.json")"; } >"$dir/$v-$p.yaml"
-        local_run "$name.$v.$p" "$dir/$v-$p.yaml" "$out/store/$name-$v-$p" "$out"
-      done
-    done
+    while read -r row yaml; do
+      local_run "$row" "$yaml" "$out/store/${row//./-}" "$out"
+    done < <(write_specs "$dir")
   done
 
   echo "== refused: an artifact built for another compute capability, or under a newer driver"
   refusals "$out"
   table "$out"
   return "$fail"
+}
+
+# variants NAME: the backend variants model NAME runs through: every one, and CUDA graphs for
+# the exported ResNet-50 and BERT-base (their fixtures have the two samples graphs need).
+variants() {
+  echo tract ort-cpu ort-cuda ort-cuda-forbid ort-tensorrt auto
+  [[ $1 != resnet50 && $1 != bert ]] || echo ort-cuda-graphs
+}
+
+# write_specs DIR [VARIANT...]: DIR/<variant>-<precision>.yaml (DIR/ma.yaml, then one
+# CompiledTarget) for each variant (default: `variants`) and precision; prints "ROW FILE" per
+# document, ROW = model.variant.precision.
+write_specs() {
+  local dir=${1%/} name ma v p
+  shift
+  name=$(basename "$dir")
+  [[ -s $dir/ma.yaml && -s $dir/prof.json ]] || return 0
+  ma=$(awk '/^metadata:/ {m = 1; next} m && /^  name:/ {print $2; exit}' "$dir/ma.yaml")
+  [[ -n $ma ]] || ma=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["metadata"]["name"])' "$dir/ma.yaml")
+  # shellcheck disable=SC2046 # the variants are words
+  for v in ${@:-$(variants "$name")}; do
+    for p in fp32 tf32; do
+      # Forbidden fallback, TensorRT and CUDA graphs are about placement, refusal and replay:
+      # fp32 only; tract computes exact fp32 and tf32 on it is refused at admission.
+      [[ $p == tf32 && ( $v == ort-cuda-forbid || $v == ort-tensorrt || $v == tract || $v == ort-cuda-graphs ) ]] && continue
+      { cat "$dir/ma.yaml"; echo "---"; target "$name-$v-$p" "$ma" "$(backend "$v")" "$p" "$(cat "$dir/prof.json")"; } >"$dir/$v-$p.yaml"
+      echo "$name.$v.$p $dir/$v-$p.yaml"
+    done
+  done
+}
+
+# graphs [--libs DIR] [OUT]: ResNet-50 and BERT-base on CUDA without and with CUDA graphs, and
+# the PyTorch anchor, in one call, so the ratios compare one GPU at one time.
+graphs() {
+  local libs=()
+  if [[ ${1:-} == --libs ]]; then libs=(--libs "$2"); shift 2; fi
+  local out=${1:-${OUT:-$ROOT/gpu-proof}} name row yaml
+  mkdir -p "$out"
+  out=$(readlink -f "$out")
+  setup "${libs[@]}"
+  models "$out" exported
+  echo "== ResNet-50 and BERT-base on CUDA, without and with CUDA graphs"
+  for name in resnet50 bert; do
+    while read -r row yaml; do
+      local_run "$row" "$yaml" "$out/store/${row//./-}" "$out"
+    done < <(write_specs "$out/m/$name" ort-cuda ort-cuda-graphs)
+  done
+  anchor "$out"
+}
+
+# specs OUT: what `run` writes for each model, for a stand-in model (the first example's
+# ModelArtifact, under the example's name and as resnet50 and bert), without a GPU or the
+# exports; node-agent/tests/gpu_prove.rs validates every document as the apiserver would.
+specs() {
+  local out=${1:?specs OUT} m name
+  m=$(ls "$ROOT"/examples/*/kiln.yaml | head -1)
+  for name in "$(basename "$(dirname "$m")")" resnet50 bert; do
+    mkdir -p "$out/m/$name"
+    awk '/^---/{exit} {print}' "$m" >"$out/m/$name/ma.yaml"
+    echo '{"batch": 1}' >"$out/m/$name/prof.json"
+    write_specs "$out/m/$name"
+  done
 }
 
 # refusals OUT: the first example's stored CUDA artifact (else its tract one), its build manifest
@@ -274,5 +355,7 @@ case ${1:-} in
   run) shift; run "$@" ;;
   anchor) shift; anchor "$@" ;;
   table) shift; table "$@" ;;
-  *) sed -n '2,40p' "$0" >&2; exit 2 ;;
+  graphs) shift; graphs "$@" ;;
+  specs) shift; specs "$@" ;;
+  *) awk 'NR > 1 && /^#/ {print} /^set -euo/ {exit}' "$0" >&2; exit 2 ;;
 esac

@@ -156,8 +156,16 @@ check(gspec["containers"][0]["image"] == "kiln/agent-gpu:0.1.0", "GPU agent runs
 check(gspec.get("runtimeClassName") == "nvidia" and ge.get("NVIDIA_VISIBLE_DEVICES") == "all" and
       ge.get("NVIDIA_DRIVER_CAPABILITIES") == "compute,utility", "GPU access when asked")
 check("nvidia.com/gpu" not in str(gspec["containers"][0]["resources"]), "GPU access claims no GPU")
+# The GPU agent reads its host pid (NVML's process names) from the node's procfs, read-only;
+# it does not share the host's PID namespace. The CPU agent gets neither.
+hp = [m for m in gspec["containers"][0]["volumeMounts"] if m["name"] == "host-proc"]
+hv = [v for v in gspec["volumes"] if v["name"] == "host-proc"]
+check(hp == [{"name": "host-proc", "mountPath": "/host/proc", "readOnly": True}] and
+      hv == [{"name": "host-proc", "hostPath": {"path": "/proc", "type": "Directory"}}] and
+      not gspec.get("hostPID"), f"GPU agent: host procfs read-only, no hostPID: {hp} {hv}")
 cds = one(oci, "DaemonSet", "kiln-agent")
 cspec = cds["spec"]["template"]["spec"]
+check(not any(v["name"] == "host-proc" for v in cspec["volumes"]), "CPU agent: no host procfs")
 check(cspec["containers"][0]["image"] == "kiln/agent:0.1.0" and "runtimeClassName" not in cspec and
       not any(k.startswith("NVIDIA") for k in env(cspec["containers"][0])), "CPU agent keeps the CPU image, no GPU access")
 def required(spec):

@@ -1,20 +1,31 @@
-//! The GPU memory this agent's own process holds, as NVML accounts it per process, and the
-//! device memory budget an engine is held to. Reading opens NVML (no GPU here to test it); the
-//! budget and the decision are pure and unit-tested.
+//! The GPU memory a process of this agent holds, as NVML accounts it per process (by host
+//! pid, [`crate::host_pid`]), and the device memory budget an engine is held to. Reading opens
+//! NVML (no GPU here to test it); the budget and the decision are pure and unit-tested.
 
 use crate::error::{Error, Result};
 use crate::memory::human;
 
-/// Bytes of GPU memory this process holds on every GPU NVML lists (its CUDA context included):
-/// the sum of `used_gpu_memory` of NVML's compute processes whose pid is this one. `None` where
-/// nothing can be read — no NVML or GPU, no CUDA context of ours, or an agent outside the host's
-/// PID namespace (NVML names processes by host pid) — never 0 for "unknown".
+/// Bytes of GPU memory this process holds on every GPU NVML lists; `None` where it cannot be
+/// known (the reason is logged): [`process_bytes_of`] for this process.
 pub fn process_bytes() -> Option<u64> {
+    process_bytes_of(None)
+        .map_err(|why| tracing::debug!(%why, "GPU memory of the agent's process unknown"))
+        .ok()
+}
+
+/// Bytes of GPU memory the process `pid` (a pid in this agent's namespace; this process when
+/// `None`) holds on every GPU NVML lists, its CUDA context included: the sum of
+/// `used_gpu_memory` of NVML's compute processes whose pid is its host pid
+/// ([`crate::host_pid`]: NVML names processes by host pid). An error says why nothing can be
+/// read — no NVML or GPU, a host pid that cannot be known, no CUDA context of that process —
+/// never 0 for "unknown".
+pub fn process_bytes_of(pid: Option<u32>) -> std::result::Result<u64, String> {
     use nvml_wrapper::enums::device::UsedGpuMemory;
-    let nvml = nvml_wrapper::Nvml::init().ok()?;
-    let pid = std::process::id();
+    let nvml = nvml_wrapper::Nvml::init().map_err(|e| format!("NVML: {e}"))?;
+    let pid = crate::host_pid::host_pid(pid)?;
+    let count = nvml.device_count().map_err(|e| format!("NVML: {e}"))?;
     let mut held = None;
-    for index in 0..nvml.device_count().ok()? {
+    for index in 0..count {
         let Ok(processes) = nvml
             .device_by_index(index)
             .and_then(|d| d.running_compute_processes())
@@ -27,7 +38,9 @@ pub fn process_bytes() -> Option<u64> {
             }
         }
     }
-    held
+    held.ok_or_else(|| {
+        format!("NVML lists no compute process with host pid {pid} and a known memory use")
+    })
 }
 
 /// The device memory an engine may hold on a node, and whether the target set it.
@@ -69,7 +82,7 @@ pub fn within_device_budget(budget: Option<DeviceBudget>, peak: Option<u64>) -> 
     match (budget, peak) {
         (None, _) => Ok(()),
         (Some(b), None) if b.explicit => Err(Error::WarmupFailed(
-            "warmup.deviceMemoryBudget is set but this agent cannot read the GPU memory its process holds (NVML lists no compute process with its pid: no NVML, or the agent runs outside the host's PID namespace); remove the budget or run the agent in the host's PID namespace".into(),
+            "warmup.deviceMemoryBudget is set but this agent cannot read the GPU memory its process holds (no NVML, no CUDA context, or no host pid for it: an agent in a PID namespace of its own needs the node's /proc at /host/proc, chart agent.gpu.hostProc); remove the budget or give the agent the host's procfs".into(),
         )),
         (Some(_), None) => Ok(()),
         (Some(b), Some(peak)) if peak > b.bytes => {

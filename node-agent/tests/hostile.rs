@@ -1201,6 +1201,41 @@ fn table() -> Vec<Hostile> {
         ),
         fails(
             "fixture",
+            "a second sample without golden outputs",
+            |c, _, _| {
+                let (mut h, mut data) = fixture_parts(c)?;
+                let mut x = h["input/x"].clone();
+                let at = |i: usize| x["data_offsets"][i].as_u64().ok_or("offsets");
+                let (a, b) = (at(0)? as usize, at(1)? as usize);
+                let end = data.len();
+                data.extend_from_within(a..b);
+                x["data_offsets"] = json!([end, end + (b - a)]);
+                h["sample1/input/x"] = x;
+                put_fixture_parts(c, &h, &data)
+            },
+            "InvalidSpec",
+            &[
+                "sample1/ has outputs []",
+                "every sample has the same output names",
+            ],
+        ),
+        fails(
+            "fixture",
+            "a sample number with a leading zero",
+            |c, _, _| {
+                edit_fixture(c, |h| {
+                    if let Some(m) = h.as_object_mut()
+                        && let Some(x) = m.remove("input/x")
+                    {
+                        m.insert("sample01/input/x".into(), x);
+                    }
+                })
+            },
+            "InvalidSpec",
+            &["\"sample01/input/x\"", "without leading zeros"],
+        ),
+        fails(
+            "fixture",
             "made for fixture version v2",
             |c, _, _| edit_fixture_meta(c, |m| m["kiln.fixture.version"] = json!("v2")),
             "InvalidSpec",

@@ -40,6 +40,7 @@ fn a_model_asking_for_40_gb_fails_classified_in_local_mode() {
             "y".into(),
             seeded.tensor(Dtype::F32, &[4, 16]).expect("tensor"),
         )]),
+        more: Vec::new(),
     };
     let bytes = fixture.to_bytes().expect("fixture bytes");
     std::fs::write(dir.path().join("fixture.safetensors"), &bytes).expect("write");

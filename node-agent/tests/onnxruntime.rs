@@ -357,6 +357,46 @@ fn the_settings_and_the_library_are_in_the_compile_key() {
 }
 
 #[test]
+fn cuda_graphs_on_a_cpu_class_change_nothing_and_fixture_samples_alternate() {
+    // The CUDA settings apply only to the CUDA provider: on this CPU class a target with CUDA
+    // graphs compiles, warms (alternating a fixture of two samples, each against its own golden
+    // outputs) and keys exactly as one without them.
+    let mut m = squeezenet("{kind: onnxruntime, cpuFallback: {policy: Forbidden}}");
+    let fixture = m.path("fixture.safetensors");
+    let made = Command::new(common::AGENT)
+        .args(["fixtures", "--fixture-version", "v1", "--samples", "2"])
+        .args(["--shape", "data_0=1,3,224,224"])
+        .arg("--model")
+        .arg(m.path("model.onnx"))
+        .arg("--out")
+        .arg(&fixture)
+        .output()
+        .expect("kiln-agent fixtures");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let bytes = std::fs::read(&fixture).expect("fixture");
+    m.fixture_sha = sha256_bytes(&bytes);
+    let names = String::from_utf8_lossy(&bytes[..bytes.len().min(4096)]).to_string();
+    assert!(
+        names.contains("sample1/input/data_0") && names.contains("sample1/output/"),
+        "a second sample in the fixture's header"
+    );
+    let plain = m.run_ort();
+    assert!(plain.success, "{}", plain.message());
+    m.backend =
+        "{kind: onnxruntime, cpuFallback: {policy: Forbidden}, cuda: {cudaGraphs: true}}".into();
+    let graphs = m.run_ort();
+    assert!(graphs.success, "{}", graphs.message());
+    assert_eq!(
+        graphs.outcome["compileKey"], plain.outcome["compileKey"],
+        "cudaGraphs keys only CUDA classes"
+    );
+}
+
+#[test]
 fn a_later_release_serving_the_api_is_accepted_and_keyed_by_its_bytes() {
     // ONNX Runtime's C API is backward compatible: 1.32.0 serves API 31 and runs the example.
     let m = squeezenet("{kind: onnxruntime}");

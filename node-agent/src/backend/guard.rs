@@ -112,6 +112,10 @@ impl Engine for GuardedEngine {
     fn placement(&self) -> Option<kiln_crds::placement::Placement> {
         self.0.placement()
     }
+
+    fn replays_captured_work(&self) -> bool {
+        self.0.replays_captured_work()
+    }
 }
 
 #[cfg(test)]
@@ -140,5 +144,30 @@ mod tests {
         assert_eq!(err.reason(), kiln_crds::FailureReason::WarmupFailed);
         assert!(err.to_string().contains("boom 7"), "{err}");
         assert_eq!(guard("x", Error::LoadFailed, || Ok(5)).ok(), Some(5));
+    }
+
+    #[test]
+    fn the_guarded_engine_says_what_the_engine_says_about_replays() {
+        struct Replays(bool);
+        impl Engine for Replays {
+            fn run(
+                &self,
+                _: &BTreeMap<String, HostTensor>,
+            ) -> Result<BTreeMap<String, HostTensor>> {
+                Ok(BTreeMap::new())
+            }
+            fn profiles(&self) -> Vec<(String, Shapes)> {
+                Vec::new()
+            }
+            fn input_dtypes(&self) -> BTreeMap<String, safetensors::Dtype> {
+                BTreeMap::new()
+            }
+            fn replays_captured_work(&self) -> bool {
+                self.0
+            }
+        }
+        // Warmup holds a replaying engine to more samples: the wrapper must not hide it.
+        assert!(GuardedEngine(Box::new(Replays(true))).replays_captured_work());
+        assert!(!GuardedEngine(Box::new(Replays(false))).replays_captured_work());
     }
 }

@@ -97,6 +97,12 @@ pub trait Engine: Send + Sync {
     fn placement(&self) -> Option<kiln_crds::placement::Placement> {
         None
     }
+    /// Whether the engine replays work it captured on an earlier run (CUDA graphs) rather than
+    /// computing each run anew: then only inputs that differ between runs show that a replay
+    /// reads the new ones (`pipeline::warmup::check_replay_samples`).
+    fn replays_captured_work(&self) -> bool {
+        false
+    }
 }
 
 /// What compiles a target's class: one backend, or for kind `auto` every candidate.

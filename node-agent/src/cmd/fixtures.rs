@@ -12,7 +12,8 @@ use kiln_crds::compiled_target::Tolerance;
 
 use crate::backend::{Backend, Shapes};
 use crate::error::{Error, Result};
-use crate::pipeline::fixtures::{FixtureFile, Seeded};
+use crate::pipeline::fixtures::{FixtureFile, Sample, Seeded};
+use crate::pipeline::tensor::HostTensor;
 
 /// What to make.
 pub struct Request<'a> {
@@ -22,8 +23,12 @@ pub struct Request<'a> {
     pub version: &'a str,
     /// Shapes for inputs with symbolic dims (`name` → shape); fixed inputs need none.
     pub shapes: Shapes,
-    /// A safetensors file whose tensors (named like the inputs) are used instead of random ones.
-    pub given: Option<PathBuf>,
+    /// Safetensors files whose tensors (named like the inputs) are used instead of random ones:
+    /// the first for the first sample, the second for the second, …
+    pub given: Vec<PathBuf>,
+    /// How many samples (input sets, each with its golden outputs) to make, at least one and at
+    /// least one per given file; the inputs no file gives are seeded-random, different in each.
+    pub samples: usize,
     /// Seed for random inputs.
     pub seed: u64,
     /// Tolerances to suggest in the metadata.
@@ -32,18 +37,75 @@ pub struct Request<'a> {
 
 /// Builds the fixture.
 pub fn make(backend: &dyn Backend, req: &Request<'_>) -> Result<FixtureFile> {
-    let given = match &req.given {
-        Some(path) => read_given(path)?,
-        None => BTreeMap::new(),
-    };
+    let count = req.samples.max(req.given.len()).max(1);
+    if count > crate::pipeline::fixtures::MAX_SAMPLES - 1 {
+        return Err(Error::InvalidSpec(format!(
+            "{count} samples: a fixture holds at most {}",
+            crate::pipeline::fixtures::MAX_SAMPLES - 1
+        )));
+    }
+    let infos = backend.inputs(req.model)?;
     let mut seeded = Seeded::new(req.seed);
+    let mut samples = Vec::new();
+    let mut reference: Option<(Shapes, Box<dyn crate::backend::Engine>)> = None;
+    for k in 0..count {
+        let given = match req.given.get(k) {
+            Some(path) => read_given(path)?,
+            None => BTreeMap::new(),
+        };
+        let inputs = sample_inputs(&infos, &given, &req.shapes, &mut seeded)?;
+        let shapes: Shapes = inputs
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shape.clone()))
+            .collect();
+        if reference.as_ref().is_some_and(|(s, _)| *s != shapes) {
+            return Err(Error::InvalidSpec(format!(
+                "sample {} has input shapes {shapes:?}, the first {:?}: every sample has the same shapes",
+                k + 1,
+                reference.as_ref().map(|(s, _)| s)
+            )));
+        }
+        if reference.is_none() {
+            reference = Some((shapes.clone(), backend.reference(req.model, &shapes)?));
+        }
+        let Some((_, engine)) = &reference else {
+            continue;
+        };
+        let outputs = engine.run(&inputs)?;
+        samples.push(Sample { inputs, outputs });
+    }
+    let (model_sha256, _) = sha256_file(req.model).map_err(|e| Error::SourceUnavailable {
+        uri: req.model.display().to_string(),
+        message: e.to_string(),
+    })?;
+    let mut samples = samples.into_iter();
+    let first = samples
+        .next()
+        .ok_or_else(|| Error::InvalidSpec("no sample made".into()))?;
+    Ok(FixtureFile {
+        version: req.version.to_string(),
+        model_sha256: Some(model_sha256),
+        tolerance: req.tolerance,
+        inputs: first.inputs,
+        outputs: first.outputs,
+        more: samples.collect(),
+    })
+}
+
+/// One sample's inputs: the given tensors, the others drawn from `seeded` at the shape the
+/// graph fixes or `shapes` names.
+fn sample_inputs(
+    infos: &[crate::backend::InputInfo],
+    given: &BTreeMap<String, HostTensor>,
+    shapes: &Shapes,
+    seeded: &mut Seeded,
+) -> Result<BTreeMap<String, HostTensor>> {
     let mut inputs = BTreeMap::new();
-    let mut shapes = Shapes::new();
-    for info in backend.inputs(req.model)? {
+    for info in infos {
         let tensor = if let Some(t) = given.get(&info.name) {
             t.clone()
         } else {
-            let shape = match req.shapes.get(&info.name) {
+            let shape = match shapes.get(&info.name) {
                 Some(s) => s.clone(),
                 None => info
                     .dims
@@ -59,30 +121,17 @@ pub fn make(backend: &dyn Backend, req: &Request<'_>) -> Result<FixtureFile> {
             };
             seeded.tensor(info.dtype, &shape)?
         };
-        shapes.insert(info.name.clone(), tensor.shape.clone());
-        inputs.insert(info.name, tensor);
+        inputs.insert(info.name.clone(), tensor);
     }
     if let Some(extra) = given.keys().find(|k| !inputs.contains_key(*k)) {
         return Err(Error::InvalidSpec(format!(
             "given tensor {extra:?} is not an input of the model"
         )));
     }
-    let engine = backend.reference(req.model, &shapes)?;
-    let outputs = engine.run(&inputs)?;
-    let (model_sha256, _) = sha256_file(req.model).map_err(|e| Error::SourceUnavailable {
-        uri: req.model.display().to_string(),
-        message: e.to_string(),
-    })?;
-    Ok(FixtureFile {
-        version: req.version.to_string(),
-        model_sha256: Some(model_sha256),
-        tolerance: req.tolerance,
-        inputs,
-        outputs,
-    })
+    Ok(inputs)
 }
 
-fn read_given(path: &Path) -> Result<BTreeMap<String, crate::pipeline::tensor::HostTensor>> {
+fn read_given(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
     let bytes = std::fs::read(path).map_err(|e| Error::SourceUnavailable {
         uri: path.display().to_string(),
         message: e.to_string(),
@@ -97,7 +146,7 @@ fn read_given(path: &Path) -> Result<BTreeMap<String, crate::pipeline::tensor::H
             let name = name.strip_prefix("input/").unwrap_or(&name).to_string();
             (
                 name,
-                crate::pipeline::tensor::HostTensor {
+                HostTensor {
                     dtype: v.dtype(),
                     shape: v.shape().to_vec(),
                     data: v.data().to_vec(),
@@ -119,9 +168,15 @@ pub struct Args {
     /// Shape of an input with symbolic dims: NAME=D0,D1,... (repeatable; NAME= for a scalar).
     #[arg(long = "shape", env = "KILN_FIXTURE_SHAPES", value_delimiter = ';')]
     shapes: Vec<String>,
-    /// Safetensors file with given input tensors, named like the inputs.
-    #[arg(long, env = "KILN_FIXTURE_INPUTS")]
-    inputs: Option<PathBuf>,
+    /// Safetensors file with given input tensors, named like the inputs; repeated, one file per
+    /// sample in order.
+    #[arg(long, env = "KILN_FIXTURE_INPUTS", value_delimiter = ';')]
+    inputs: Vec<PathBuf>,
+    /// Samples (input sets with their golden outputs) to make; inputs no --inputs file gives
+    /// are seeded-random, different in each. Warmup alternates them; backend.cuda.cudaGraphs
+    /// needs at least two.
+    #[arg(long, env = "KILN_FIXTURE_SAMPLES", default_value_t = 1)]
+    samples: usize,
     /// Seed for random inputs.
     #[arg(long, env = "KILN_FIXTURE_SEED", default_value_t = 42)]
     seed: u64,
@@ -169,6 +224,7 @@ pub fn main(args: Args) -> ExitCode {
         version: &args.version,
         shapes,
         given: args.inputs,
+        samples: args.samples,
         seed: args.seed,
         tolerance: args
             .atol

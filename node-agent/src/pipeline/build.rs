@@ -453,10 +453,7 @@ pub fn compile(
     })?;
     // Parity of the compiled engine against the fixture's golden outputs, before anything is stored.
     let engine = backend.load(&out)?;
-    warmup::check_inputs(engine.as_ref(), &inputs.fixture)?;
-    warmup::check_golden(&inputs.fixture, &t.warmup)?;
-    let outputs = engine.run(&inputs.fixture.inputs)?;
-    let parity = warmup::parity(&outputs, &inputs.fixture, &t.warmup)?;
+    let parity = warmup::check_samples(engine.as_ref(), &inputs.fixture, &t.warmup)?;
     let parity_max = parity.values().copied().fold(0.0, f64::max);
     let placement = engine.placement();
     if let Some(p) = &placement {

@@ -34,7 +34,24 @@ pub struct FixtureFile {
     pub inputs: BTreeMap<String, HostTensor>,
     /// Golden outputs by name.
     pub outputs: BTreeMap<String, HostTensor>,
+    /// Further samples after this first one (`sample<k>/input/<name>` and
+    /// `sample<k>/output/<name>`, k = 1, 2, …): the same names, dtypes and shapes, other values.
+    /// Warmup alternates every sample; an engine that replays captured work (CUDA graphs) needs
+    /// at least two that parity tells apart.
+    pub more: Vec<Sample>,
 }
+
+/// One more input set of a fixture and its golden outputs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    /// Inputs by name.
+    pub inputs: BTreeMap<String, HostTensor>,
+    /// Golden outputs by name.
+    pub outputs: BTreeMap<String, HostTensor>,
+}
+
+/// The most samples a fixture may hold.
+pub const MAX_SAMPLES: usize = 64;
 
 impl FixtureFile {
     /// Reads and checks a fixture file.
@@ -80,27 +97,71 @@ impl FixtureFile {
             },
             inputs: BTreeMap::new(),
             outputs: BTreeMap::new(),
+            more: Vec::new(),
         };
+        let mut more: BTreeMap<usize, Sample> = BTreeMap::new();
         for (name, view) in tensors.tensors() {
             let tensor = HostTensor {
                 dtype: view.dtype(),
                 shape: view.shape().to_vec(),
                 data: view.data().to_vec(),
             };
-            if let Some(n) = name.strip_prefix(INPUT) {
-                file.inputs.insert(n.to_string(), tensor);
-            } else if let Some(n) = name.strip_prefix(OUTPUT) {
-                file.outputs.insert(n.to_string(), tensor);
+            let (index, rest) = split_sample(&name)?;
+            let (inputs, outputs) = match index {
+                0 => (&mut file.inputs, &mut file.outputs),
+                k => {
+                    let s = more.entry(k).or_insert_with(|| Sample {
+                        inputs: BTreeMap::new(),
+                        outputs: BTreeMap::new(),
+                    });
+                    (&mut s.inputs, &mut s.outputs)
+                }
+            };
+            if let Some(n) = rest.strip_prefix(INPUT) {
+                inputs.insert(n.to_string(), tensor);
+            } else if let Some(n) = rest.strip_prefix(OUTPUT) {
+                outputs.insert(n.to_string(), tensor);
             } else {
                 return Err(format!(
-                    "tensor {name:?} is neither input/<name> nor output/<name>"
+                    "tensor {name:?} is neither input/<name> nor output/<name> (optionally under sample<k>/)"
                 ));
             }
         }
         if file.inputs.is_empty() || file.outputs.is_empty() {
             return Err("a fixture needs at least one input/ and one output/ tensor".into());
         }
+        for (position, (k, sample)) in more.into_iter().enumerate() {
+            if k != position + 1 {
+                return Err(format!(
+                    "sample{k}/ follows sample{position}/: samples are numbered 1, 2, … without gaps"
+                ));
+            }
+            same_layout(&file.inputs, &sample.inputs, "input", k)?;
+            same_layout(&file.outputs, &sample.outputs, "output", k)?;
+            file.more.push(sample);
+        }
         Ok(file)
+    }
+
+    /// Every sample as a fixture of its own (the first, then `more`), for running and checking
+    /// one at a time.
+    pub fn samples(&self) -> Vec<FixtureFile> {
+        let first = (self.inputs.clone(), self.outputs.clone());
+        let rest = self
+            .more
+            .iter()
+            .map(|s| (s.inputs.clone(), s.outputs.clone()));
+        std::iter::once(first)
+            .chain(rest)
+            .map(|(inputs, outputs)| FixtureFile {
+                version: self.version.clone(),
+                model_sha256: self.model_sha256.clone(),
+                tolerance: self.tolerance,
+                inputs,
+                outputs,
+                more: Vec::new(),
+            })
+            .collect()
     }
 
     /// Serialises to safetensors bytes. Same contents, same bytes: the metadata is one key whose
@@ -123,15 +184,26 @@ impl FixtureFile {
         let json = serde_json::to_string(&meta)
             .map_err(|e| Error::InvalidSpec(format!("fixture metadata: {e}")))?;
         let info = HashMap::from([(META_KEY.to_string(), json)]);
-        let views = self
-            .inputs
-            .iter()
-            .map(|(n, t)| (format!("{INPUT}{n}"), t))
-            .chain(
-                self.outputs
+        let samples = std::iter::once((String::new(), &self.inputs, &self.outputs)).chain(
+            self.more
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (format!("sample{}/", i + 1), &s.inputs, &s.outputs)),
+        );
+        let named: Vec<(String, &HostTensor)> = samples
+            .flat_map(|(prefix, inputs, outputs)| {
+                let ins = inputs.iter().map({
+                    let p = prefix.clone();
+                    move |(n, t)| (format!("{p}{INPUT}{n}"), t)
+                });
+                let outs = outputs
                     .iter()
-                    .map(|(n, t)| (format!("{OUTPUT}{n}"), t)),
-            )
+                    .map(move |(n, t)| (format!("{prefix}{OUTPUT}{n}"), t));
+                ins.chain(outs)
+            })
+            .collect();
+        let views = named
+            .into_iter()
             .map(|(n, t)| {
                 TensorView::new(t.dtype, t.shape.clone(), &t.data)
                     .map(|v| (n.clone(), v))
@@ -141,6 +213,46 @@ impl FixtureFile {
         safetensors::serialize(views, Some(info))
             .map_err(|e| Error::InvalidSpec(format!("fixture: {e}")))
     }
+}
+
+/// A tensor name's sample (0 without a `sample<k>/` prefix, else k ≥ 1) and the rest of it.
+fn split_sample(name: &str) -> std::result::Result<(usize, &str), String> {
+    let Some(rest) = name.strip_prefix("sample") else {
+        return Ok((0, name));
+    };
+    let (digits, rest) = rest
+        .split_once('/')
+        .ok_or_else(|| format!("tensor {name:?}: sample<k>/ without a k"))?;
+    match digits.parse::<usize>() {
+        // One spelling per sample: no leading zeros, no sign.
+        Ok(k) if (1..MAX_SAMPLES).contains(&k) && k.to_string() == digits => Ok((k, rest)),
+        _ => Err(format!(
+            "tensor {name:?}: sample<k>/ takes k from 1 to {} without leading zeros",
+            MAX_SAMPLES - 1
+        )),
+    }
+}
+
+/// Whether a further sample has exactly the first one's tensors (names, dtypes, shapes).
+fn same_layout(
+    first: &BTreeMap<String, HostTensor>,
+    other: &BTreeMap<String, HostTensor>,
+    what: &str,
+    k: usize,
+) -> std::result::Result<(), String> {
+    let layout = |m: &BTreeMap<String, HostTensor>| -> Vec<(String, Dtype, Vec<usize>)> {
+        m.iter()
+            .map(|(n, t)| (n.clone(), t.dtype, t.shape.clone()))
+            .collect()
+    };
+    if layout(first) != layout(other) {
+        return Err(format!(
+            "sample{k}/ has {what}s {:?}, the first sample {:?}: every sample has the same {what} names, dtypes and shapes",
+            layout(other),
+            layout(first)
+        ));
+    }
+    Ok(())
 }
 
 /// A seeded generator for fixture inputs (SplitMix64): the same seed gives the same fixtures on
@@ -225,6 +337,7 @@ mod tests {
             }),
             inputs: BTreeMap::from([("x".into(), x.clone())]),
             outputs: BTreeMap::from([("y".into(), x)]),
+            more: Vec::new(),
         };
         assert_eq!(
             FixtureFile::parse(&file.to_bytes().expect("bytes")).expect("parse"),
@@ -236,5 +349,98 @@ mod tests {
     fn garbage_is_a_clear_error() {
         let err = FixtureFile::parse(b"definitely not safetensors").expect_err("garbage");
         assert!(err.contains("not a safetensors file"), "{err}");
+    }
+
+    fn sample(seed: u64) -> Sample {
+        let mut g = Seeded::new(seed);
+        Sample {
+            inputs: BTreeMap::from([("x".into(), g.tensor(Dtype::F32, &[2]).expect("x"))]),
+            outputs: BTreeMap::from([("y".into(), g.tensor(Dtype::F32, &[2]).expect("y"))]),
+        }
+    }
+
+    fn with_more(more: Vec<Sample>) -> FixtureFile {
+        let first = sample(1);
+        FixtureFile {
+            version: "v1".into(),
+            model_sha256: None,
+            tolerance: None,
+            inputs: first.inputs,
+            outputs: first.outputs,
+            more,
+        }
+    }
+
+    #[test]
+    fn further_samples_round_trip_and_split() {
+        let file = with_more(vec![sample(2), sample(3)]);
+        let parsed = FixtureFile::parse(&file.to_bytes().expect("bytes")).expect("parse");
+        assert_eq!(parsed, file);
+        let samples = parsed.samples();
+        assert_eq!(samples.len(), 3);
+        assert_eq!(samples[2].inputs, sample(3).inputs);
+        assert_eq!(samples[2].outputs, sample(3).outputs);
+        assert!(
+            samples
+                .iter()
+                .all(|s| s.more.is_empty() && s.version == "v1")
+        );
+        // A fixture of one sample is what it always was.
+        assert_eq!(with_more(vec![]).samples().len(), 1);
+    }
+
+    /// Safetensors bytes of a fixture whose tensors are named as given.
+    fn raw(names: &[&str], shape: &[usize]) -> Vec<u8> {
+        let data = vec![0u8; 4 * shape.iter().product::<usize>()];
+        let views: Vec<(String, TensorView<'_>)> = names
+            .iter()
+            .map(|n| {
+                let v = TensorView::new(Dtype::F32, shape.to_vec(), &data).expect("view");
+                (n.to_string(), v)
+            })
+            .collect();
+        let meta = HashMap::from([(
+            META_KEY.to_string(),
+            r#"{"kiln.fixture.version":"v1"}"#.to_string(),
+        )]);
+        safetensors::serialize(views, Some(meta)).expect("serialize")
+    }
+
+    #[test]
+    fn malformed_samples_are_refused_naming_the_problem() {
+        let ok = ["input/x", "output/y", "sample1/input/x", "sample1/output/y"];
+        FixtureFile::parse(&raw(&ok, &[2])).expect("well-formed");
+        for (names, says) in [
+            (
+                &["input/x", "output/y", "sample2/input/x", "sample2/output/y"][..],
+                "without gaps",
+            ),
+            (
+                &[
+                    "input/x",
+                    "output/y",
+                    "sample01/input/x",
+                    "sample01/output/y",
+                ][..],
+                "without leading zeros",
+            ),
+            (&["input/x", "output/y", "sample0/input/x"][..], "from 1 to"),
+            (
+                &["input/x", "output/y", "sample1/input/x"][..],
+                "same output names",
+            ),
+            (
+                &["input/x", "output/y", "sample1/input/z", "sample1/output/y"][..],
+                "same input names",
+            ),
+            (&["input/x", "output/y", "samplex"][..], "without a k"),
+            (
+                &["input/x", "output/y", "sample1/other/x"][..],
+                "neither input/",
+            ),
+        ] {
+            let err = FixtureFile::parse(&raw(names, &[2])).expect_err(says);
+            assert!(err.contains(says), "{names:?}: {err}");
+        }
     }
 }

@@ -109,25 +109,30 @@ pub fn check_golden(fixture: &FixtureFile, warmup: &Warmup) -> Result<()> {
     Ok(())
 }
 
-/// Runs the fixture `warmup.iterations` times, checking parity on every run.
+/// Runs the fixture `warmup.iterations` times, checking parity on every run. A fixture of
+/// several samples is alternated (iteration i runs sample i mod n, each against its own golden
+/// outputs), so an engine that replays captured work must read each run's inputs to pass.
 pub fn warm(engine: &dyn Engine, fixture: &FixtureFile, warmup: &Warmup) -> Result<WarmupReport> {
-    check_inputs(engine, fixture)?;
-    check_golden(fixture, warmup)?;
+    let samples = checked_samples(engine, fixture, warmup)?;
+    if engine.replays_captured_work() {
+        enough_runs_to_replay(warmup.iterations, samples.len())?;
+    }
     let started = Instant::now();
     let mut report = WarmupReport {
         iterations: warmup.iterations,
         ..WarmupReport::default()
     };
-    for iteration in 0..warmup.iterations {
+    for iteration in 0..warmup.iterations as usize {
+        let sample = &samples[iteration % samples.len()];
         let t = Instant::now();
-        let outputs = engine.run(&fixture.inputs)?;
+        let outputs = engine.run(&sample.inputs)?;
         report.latencies.push(t.elapsed().as_secs_f64());
-        let errors = parity(&outputs, fixture, warmup).map_err(|e| match e {
-            Error::ParityExceeded(m) => {
-                Error::ParityExceeded(format!("iteration {}: {m}", iteration + 1))
-            }
-            other => other,
-        })?;
+        let which = format!(
+            "iteration {}{}",
+            iteration + 1,
+            sample_name(iteration, &samples)
+        );
+        let errors = parity(&outputs, sample, warmup).map_err(|e| within(e, &which))?;
         for (name, err) in errors {
             let slot = report.per_output.entry(name).or_insert(0.0);
             *slot = slot.max(err);
@@ -155,15 +160,113 @@ pub fn warm(engine: &dyn Engine, fixture: &FixtureFile, warmup: &Warmup) -> Resu
             warmup.iterations
         )));
     }
-    // The first request after Ready: one more run once warmup is over, parity-checked too.
+    // The first request after Ready: one more run once warmup is over (the next sample in
+    // turn, so with one iteration a replaying engine still runs a second input set),
+    // parity-checked too.
+    let next = warmup.iterations as usize;
+    let sample = &samples[next % samples.len()];
     let t = Instant::now();
-    let outputs = engine.run(&fixture.inputs)?;
+    let outputs = engine.run(&sample.inputs)?;
     report.first_request_seconds = t.elapsed().as_secs_f64();
-    parity(&outputs, fixture, warmup).map_err(|e| match e {
-        Error::ParityExceeded(m) => Error::ParityExceeded(format!("first run after warmup: {m}")),
-        other => other,
-    })?;
+    let which = format!("first run after warmup{}", sample_name(next, &samples));
+    parity(&outputs, sample, warmup).map_err(|e| within(e, &which))?;
     Ok(report)
+}
+
+/// Runs every sample of the fixture once, in order, checking parity on each: the compile's
+/// check of a built engine. Returns the largest absolute error per output over all samples.
+pub fn check_samples(
+    engine: &dyn Engine,
+    fixture: &FixtureFile,
+    warmup: &Warmup,
+) -> Result<BTreeMap<String, f64>> {
+    let samples = checked_samples(engine, fixture, warmup)?;
+    let mut worst = BTreeMap::new();
+    for (i, sample) in samples.iter().enumerate() {
+        let outputs = engine.run(&sample.inputs)?;
+        let which = format!("compile check{}", sample_name(i, &samples));
+        for (name, err) in parity(&outputs, sample, warmup).map_err(|e| within(e, &which))? {
+            let slot: &mut f64 = worst.entry(name).or_insert(0.0);
+            *slot = slot.max(err);
+        }
+    }
+    Ok(worst)
+}
+
+/// The fixture's samples, each checked against the engine's profiles and for finite golden
+/// values, and, for an engine that replays captured work, told apart by parity.
+fn checked_samples(
+    engine: &dyn Engine,
+    fixture: &FixtureFile,
+    warmup: &Warmup,
+) -> Result<Vec<FixtureFile>> {
+    let samples = fixture.samples();
+    for sample in &samples {
+        check_inputs(engine, sample)?;
+        check_golden(sample, warmup)?;
+    }
+    if engine.replays_captured_work() {
+        check_replay_samples(&samples, warmup)?;
+    }
+    Ok(samples)
+}
+
+/// An engine that replays captured work (CUDA graphs) passes a check only if a replay that
+/// ignored the new inputs would fail it: the fixture needs at least two samples, and no
+/// sample's golden outputs may pass parity as another's (a stale replay returns the outputs of
+/// the inputs it captured). Pure.
+pub fn check_replay_samples(samples: &[FixtureFile], warmup: &Warmup) -> Result<()> {
+    let version = samples.first().map_or("?", |s| s.version.as_str());
+    if samples.len() < 2 {
+        return Err(Error::InvalidSpec(format!(
+            "backend.cuda.cudaGraphs replays a captured graph, and only a second input set shows that a replay reads new inputs, but fixture {version} has one sample; make it with at least two (kiln-agent fixtures --samples 2, or one --inputs file per sample)"
+        )));
+    }
+    for (i, a) in samples.iter().enumerate() {
+        for (j, b) in samples.iter().enumerate().filter(|(j, _)| *j != i) {
+            match parity(&a.outputs, b, warmup) {
+                Err(Error::ParityExceeded(_)) => {}
+                Ok(_) => {
+                    return Err(Error::InvalidSpec(format!(
+                        "fixture {version}: the golden outputs of sample {} pass parity as sample {}'s, so a CUDA graph replay that ignored the new inputs would pass warmup; make the samples from inputs whose outputs differ beyond the tolerance",
+                        i + 1,
+                        j + 1
+                    )));
+                }
+                Err(other) => return Err(other),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An engine that replays captured work captures on an early run (ONNX Runtime's CUDA graphs:
+/// a profile's second); only if every sample runs at least twice in warmup is each one replayed
+/// after the capture. Pure.
+pub fn enough_runs_to_replay(iterations: u32, samples: usize) -> Result<()> {
+    let least = 2 * samples;
+    if (iterations as usize) < least {
+        return Err(Error::InvalidSpec(format!(
+            "backend.cuda.cudaGraphs: warmup.iterations {iterations} runs the fixture's {samples} samples fewer than twice each, so not every sample is replayed after the graph is captured; set warmup.iterations to at least {least}"
+        )));
+    }
+    Ok(())
+}
+
+/// `" (sample k of n)"` for a fixture of several samples, else nothing.
+fn sample_name(run: usize, samples: &[FixtureFile]) -> String {
+    if samples.len() < 2 {
+        return String::new();
+    }
+    format!(" (sample {} of {})", run % samples.len() + 1, samples.len())
+}
+
+/// A parity failure with the run it happened in.
+fn within(e: Error, which: &str) -> Error {
+    match e {
+        Error::ParityExceeded(m) => Error::ParityExceeded(format!("{which}: {m}")),
+        other => other,
+    }
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -320,6 +423,7 @@ mod tests {
             tolerance: None,
             inputs: BTreeMap::new(),
             outputs: outs(golden),
+            more: Vec::new(),
         }
     }
 
@@ -507,5 +611,160 @@ mod tests {
         assert_eq!(percentile(&v, 0.5), 50.0);
         assert_eq!(percentile(&v, 0.99), 99.0);
         assert_eq!(percentile(&[3.0], 0.99), 3.0);
+    }
+
+    /// y = 2x on f32[2], as a CUDA graph engine would compute it: `stale` replays the outputs
+    /// of the first run's inputs (what a graph replay that does not read rebound inputs
+    /// returns); otherwise every run reads its inputs.
+    struct Replaying {
+        stale: bool,
+        captured: std::sync::Mutex<Option<BTreeMap<String, HostTensor>>>,
+    }
+
+    impl Replaying {
+        fn new(stale: bool) -> Self {
+            Self {
+                stale,
+                captured: std::sync::Mutex::new(None),
+            }
+        }
+    }
+
+    impl Engine for Replaying {
+        fn run(
+            &self,
+            inputs: &BTreeMap<String, HostTensor>,
+        ) -> Result<BTreeMap<String, HostTensor>> {
+            let x = inputs["x"].to_f64()?;
+            let y: Vec<f32> = x.iter().map(|v| (v * 2.0) as f32).collect();
+            let fresh = outs(&[("y", t(&y))]);
+            let mut captured = self.captured.lock().expect("lock");
+            let replay = captured.get_or_insert_with(|| fresh.clone()).clone();
+            Ok(if self.stale { replay } else { fresh })
+        }
+        fn profiles(&self) -> Vec<(String, crate::backend::Shapes)> {
+            vec![("p".into(), BTreeMap::from([("x".into(), vec![2])]))]
+        }
+        fn input_dtypes(&self) -> BTreeMap<String, Dtype> {
+            BTreeMap::from([("x".into(), Dtype::F32)])
+        }
+        fn replays_captured_work(&self) -> bool {
+            true
+        }
+    }
+
+    fn two_samples(second_x: [f32; 2]) -> FixtureFile {
+        let y2: Vec<f32> = second_x.iter().map(|v| v * 2.0).collect();
+        FixtureFile {
+            version: "v1".into(),
+            model_sha256: None,
+            tolerance: None,
+            inputs: outs(&[("x", t(&[1.0, 2.0]))]),
+            outputs: outs(&[("y", t(&[2.0, 4.0]))]),
+            more: vec![crate::pipeline::fixtures::Sample {
+                inputs: outs(&[("x", t(&second_x))]),
+                outputs: outs(&[("y", t(&y2))]),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_stale_replay_fails_parity_and_a_true_one_passes() {
+        let fixture = two_samples([3.0, 5.0]);
+        let mut w = warmup(1e-3, 1e-3);
+        w.iterations = 4;
+        let report = warm(&Replaying::new(false), &fixture, &w).expect("reads every input");
+        assert_eq!(report.latencies.len(), 4);
+        assert_eq!(report.parity_max_abs_error, 0.0);
+        let err = warm(&Replaying::new(true), &fixture, &w).expect_err("stale");
+        assert!(
+            matches!(&err, Error::ParityExceeded(m) if m.starts_with("iteration 2 (sample 2 of 2): output y")),
+            "{err}"
+        );
+        // Too few iterations to replay every sample after the capture.
+        w.iterations = 3;
+        let err = warm(&Replaying::new(false), &fixture, &w).expect_err("3 runs of 2 samples");
+        assert!(
+            matches!(&err, Error::InvalidSpec(m) if m.contains("warmup.iterations to at least 4")),
+            "{err}"
+        );
+        enough_runs_to_replay(4, 2).expect("twice each");
+        // The first request after warmup runs the next sample in turn, checked too: a replay
+        // that goes stale only then fails.
+        struct StaleLate(Replaying, std::sync::atomic::AtomicUsize);
+        impl Engine for StaleLate {
+            fn run(
+                &self,
+                inputs: &BTreeMap<String, HostTensor>,
+            ) -> Result<BTreeMap<String, HostTensor>> {
+                let n = self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let fresh = self.0.run(inputs)?;
+                // From the fifth run on, the outputs of the last sample warmup ran.
+                Ok(if n < 4 {
+                    fresh
+                } else {
+                    outs(&[("y", t(&[6.0, 10.0]))])
+                })
+            }
+            fn profiles(&self) -> Vec<(String, crate::backend::Shapes)> {
+                self.0.profiles()
+            }
+            fn input_dtypes(&self) -> BTreeMap<String, Dtype> {
+                self.0.input_dtypes()
+            }
+            fn replays_captured_work(&self) -> bool {
+                true
+            }
+        }
+        w.iterations = 4;
+        let late = StaleLate(Replaying::new(false), Default::default());
+        let err = warm(&late, &two_samples([3.0, 5.0]), &w).expect_err("stale at the fifth run");
+        assert!(
+            matches!(&err, Error::ParityExceeded(m) if m.starts_with("first run after warmup (sample 1 of 2)")),
+            "{err}"
+        );
+        // The compile's check runs every sample too.
+        check_samples(&Replaying::new(false), &fixture, &w).expect("compile check");
+        let err = check_samples(&Replaying::new(true), &fixture, &w).expect_err("stale");
+        assert!(
+            matches!(&err, Error::ParityExceeded(m) if m.starts_with("compile check (sample 2 of 2)")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_replaying_engine_needs_samples_parity_tells_apart() {
+        let w = warmup(1e-3, 1e-3);
+        let mut one = two_samples([3.0, 5.0]);
+        one.more.clear();
+        let err = warm(&Replaying::new(false), &one, &w).expect_err("one sample");
+        assert!(
+            matches!(&err, Error::InvalidSpec(m) if m.contains("fixture v1 has one sample") && m.contains("--samples 2")),
+            "{err}"
+        );
+        // Outputs within tolerance of each other: a stale replay would pass.
+        let close = two_samples([1.0, 2.0004]);
+        let err = warm(&Replaying::new(true), &close, &w).expect_err("alike");
+        assert!(
+            matches!(&err, Error::InvalidSpec(m) if m.contains("sample 1 pass parity as sample 2")),
+            "{err}"
+        );
+        // An engine that computes every run is held to nothing more: one sample serves.
+        struct Plain(Replaying);
+        impl Engine for Plain {
+            fn run(
+                &self,
+                inputs: &BTreeMap<String, HostTensor>,
+            ) -> Result<BTreeMap<String, HostTensor>> {
+                self.0.run(inputs)
+            }
+            fn profiles(&self) -> Vec<(String, crate::backend::Shapes)> {
+                self.0.profiles()
+            }
+            fn input_dtypes(&self) -> BTreeMap<String, Dtype> {
+                self.0.input_dtypes()
+            }
+        }
+        warm(&Plain(Replaying::new(false)), &one, &w).expect("plain engine, one sample");
     }
 }

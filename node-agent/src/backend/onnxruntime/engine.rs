@@ -12,6 +12,7 @@ use ort::value::DynValue;
 use safetensors::Dtype;
 
 use super::artifact::ProfileEntry;
+use super::graphs::Graphs;
 use super::profile::read_profile;
 use super::values::{from_value, tensor_type, to_value};
 use super::{classify, provider_name};
@@ -31,6 +32,9 @@ pub(super) struct OrtEngine {
     /// ONNX Runtime refused the graph under `cpuFallback: Strict`; this engine runs with
     /// fallback allowed only to name the nodes, then fails.
     pub(super) refused: Option<String>,
+    /// With `backend.cuda.cudaGraphs` on the CUDA provider: runs through fixed device tensors,
+    /// capturing and replaying a CUDA graph per profile.
+    pub(super) graphs: Option<Mutex<Graphs>>,
 }
 
 impl OrtEngine {
@@ -53,7 +57,16 @@ impl OrtEngine {
             profile_dir: Mutex::new(profile_dir),
             placement: Mutex::new(None),
             refused: None,
+            graphs: None,
         }
+    }
+}
+
+impl Drop for OrtEngine {
+    /// The CUDA graphs' binding and device tensors go before the session they were made for
+    /// (fields drop in declaration order, the session first).
+    fn drop(&mut self) {
+        self.graphs = None;
     }
 }
 
@@ -82,21 +95,15 @@ impl Engine for OrtEngine {
                 "inputs {got:?} match no compiled profile {want:?}; fixture inputs must have a profile's names and shapes"
             )));
         }
-        let mut values: Vec<(String, DynValue)> = Vec::with_capacity(inputs.len());
-        for (name, t) in inputs {
-            values.push((name.clone(), to_value(t)?));
-        }
-        let mut session = self.session.lock().map_err(|_| {
-            Error::WarmupFailed("the engine is poisoned by an earlier panic".into())
-        })?;
-        let outputs = session
-            .run(values)
-            .map_err(|e| classify(e, "running the engine", Error::WarmupFailed))?;
-        let mut host = BTreeMap::new();
-        for (name, value) in outputs.iter() {
-            host.insert(name.to_string(), from_value(name, &value)?);
-        }
-        drop(outputs);
+        let poisoned = || Error::WarmupFailed("the engine is poisoned by an earlier panic".into());
+        let mut session = self.session.lock().map_err(|_| poisoned())?;
+        let host = match &self.graphs {
+            Some(graphs) => graphs
+                .lock()
+                .map_err(|_| poisoned())?
+                .run(&mut session, inputs)?,
+            None => run_plain(&mut session, inputs)?,
+        };
         let first = self
             .profile_dir
             .lock()
@@ -143,4 +150,27 @@ impl Engine for OrtEngine {
     fn placement(&self) -> Option<Placement> {
         self.placement.lock().ok().and_then(|p| p.clone())
     }
+
+    fn replays_captured_work(&self) -> bool {
+        self.graphs.is_some()
+    }
+}
+
+/// One run with the inputs copied in and the outputs out by ONNX Runtime.
+fn run_plain(
+    session: &mut Session,
+    inputs: &BTreeMap<String, HostTensor>,
+) -> Result<BTreeMap<String, HostTensor>> {
+    let mut values: Vec<(String, DynValue)> = Vec::with_capacity(inputs.len());
+    for (name, t) in inputs {
+        values.push((name.clone(), to_value(t)?));
+    }
+    let outputs = session
+        .run(values)
+        .map_err(|e| classify(e, "running the engine", Error::WarmupFailed))?;
+    let mut host = BTreeMap::new();
+    for (name, value) in outputs.iter() {
+        host.insert(name.to_string(), from_value(name, &value)?);
+    }
+    Ok(host)
 }

@@ -12,6 +12,7 @@
 
 mod artifact;
 mod engine;
+mod graphs;
 mod library;
 mod profile;
 mod values;
@@ -117,25 +118,45 @@ impl OnnxRuntime {
     }
 }
 
-/// ONNX Runtime's CUDA provider as `device` asks for it. TensorFloat-32 is on only for precision
-/// `tf32`: the provider's own default is on, which makes an fp32 target miss a 1e-3 tolerance on
-/// real models (ResNet-50 2.4e-2) or silently serve a lower precision.
+/// ONNX Runtime's CUDA provider as `device` asks for it ([`cuda_options`]).
 fn cuda_provider(device: Device<'_>) -> ort::ep::ExecutionProviderDispatch {
-    use ort::ep::cuda::ConvAlgorithmSearch;
+    use ort::ep::ArbitrarilyConfigurableExecutionProvider;
+    cuda_options(device)
+        .into_iter()
+        .fold(ort::ep::CUDA::default(), |ep, (key, value)| {
+            ep.with_arbitrary_config(key, value)
+        })
+        .build()
+}
+
+/// The CUDA provider's options, by ONNX Runtime's names, as `device` asks for them. Pure.
+/// TensorFloat-32 is on only for precision `tf32`: the provider's own default is on, which makes
+/// an fp32 target miss a 1e-3 tolerance on real models (ResNet-50 2.4e-2) or silently serve a
+/// lower precision. `enable_cuda_graph` is set only when on, as ONNX Runtime's default is off.
+fn cuda_options(device: Device<'_>) -> Vec<(&'static str, &'static str)> {
     let search = match device.cuda.conv_algo_search.unwrap_or_default() {
-        ConvAlgoSearch::Exhaustive => ConvAlgorithmSearch::Exhaustive,
-        ConvAlgoSearch::Heuristic => ConvAlgorithmSearch::Heuristic,
-        ConvAlgoSearch::Default => ConvAlgorithmSearch::Default,
+        ConvAlgoSearch::Exhaustive => "EXHAUSTIVE",
+        ConvAlgoSearch::Heuristic => "HEURISTIC",
+        ConvAlgoSearch::Default => "DEFAULT",
     };
     let arena = match device.cuda.arena_extend_strategy.unwrap_or_default() {
-        ArenaExtendStrategy::NextPowerOfTwo => ort::ep::ArenaExtendStrategy::NextPowerOfTwo,
-        ArenaExtendStrategy::SameAsRequested => ort::ep::ArenaExtendStrategy::SameAsRequested,
+        ArenaExtendStrategy::NextPowerOfTwo => "kNextPowerOfTwo",
+        ArenaExtendStrategy::SameAsRequested => "kSameAsRequested",
     };
-    ort::ep::CUDA::default()
-        .with_tf32(tf32_allowed(device.precision))
-        .with_conv_algorithm_search(search)
-        .with_arena_extend_strategy(arena)
-        .build()
+    let tf32 = if tf32_allowed(device.precision) {
+        "1"
+    } else {
+        "0"
+    };
+    let mut options = vec![
+        ("use_tf32", tf32),
+        ("cudnn_conv_algo_search", search),
+        ("arena_extend_strategy", arena),
+    ];
+    if device.cuda.graphs() {
+        options.push(("enable_cuda_graph", "1"));
+    }
+    options
 }
 
 /// Whether matrix products may use TensorFloat-32: only when the target says `tf32`.
@@ -147,8 +168,22 @@ fn tf32_allowed(precision: Precision) -> bool {
 /// the graph is `UnsupportedOperator`, a provider that cannot start `IncompatibleRuntime`,
 /// anything else `other`.
 fn classify(e: ort::Error, what: &str, other: fn(String) -> Error) -> Error {
-    let message = e.to_string();
+    classify_message(e.to_string(), what, other)
+}
+
+/// [`classify`] on ONNX Runtime's message. Pure.
+fn classify_message(message: String, what: &str, other: fn(String) -> Error) -> Error {
     let lower = message.to_ascii_lowercase();
+    // ONNX Runtime refuses to capture a graph with nodes on another provider, copies between
+    // providers, or control flow (`If`, `Loop`, `Scan`).
+    if lower.contains("graph capture") || lower.contains("cuda graph") {
+        return Error::UnsupportedOperator {
+            backend: "onnxruntime".into(),
+            operators: vec![format!(
+                "{what}: {message}; backend.cuda.cudaGraphs needs every compute node on the CUDA provider, no copy between providers and no control flow: turn cudaGraphs off for this model"
+            )],
+        };
+    }
     if lower.contains("could not find an implementation")
         || lower.contains("not implemented")
         || lower.contains("fallback to cpu ep has been explicitly disabled")
@@ -277,6 +312,13 @@ impl Backend for OnnxRuntime {
         if let Some(why) = &machine_bound {
             log.push(format!("{why}: the artifact is bound to it"));
         }
+        if req.provider == ExecutionProvider::Cuda {
+            let options: Vec<String> = cuda_options(device)
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            log.push(format!("CUDA provider options: {}", options.join(" ")));
+        }
         let config = ArtifactConfig {
             runtime_version: self.rt.version.clone(),
             runtime_sha256: self.rt.sha256.clone(),
@@ -372,6 +414,10 @@ impl Backend for OnnxRuntime {
             }
             Err(e) => return Err(e),
         };
+        // CUDA graphs: runs go through fixed device tensors (`graphs.rs`).
+        let graphs = (config.execution_provider == ExecutionProvider::Cuda && config.cuda.graphs())
+            .then(|| graphs::Graphs::new(&session))
+            .transpose()?;
         let mut engine = OrtEngine::new(
             session,
             config.profiles,
@@ -379,6 +425,7 @@ impl Backend for OnnxRuntime {
             Some(profile_dir),
         );
         engine.refused = refused;
+        engine.graphs = graphs.map(std::sync::Mutex::new);
         Ok(Box::new(engine))
     }
 
@@ -439,5 +486,83 @@ impl Backend for OnnxRuntime {
             });
         }
         Ok(graph)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(precision: Precision, cuda: &CudaSettings) -> Device<'_> {
+        Device {
+            provider: ExecutionProvider::Cuda,
+            precision,
+            cuda,
+        }
+    }
+
+    #[test]
+    fn cuda_options_follow_precision_and_settings() {
+        let defaults = CudaSettings::default();
+        assert_eq!(
+            cuda_options(device(Precision::Fp32, &defaults)),
+            vec![
+                ("use_tf32", "0"),
+                ("cudnn_conv_algo_search", "EXHAUSTIVE"),
+                ("arena_extend_strategy", "kNextPowerOfTwo"),
+            ],
+            "fp32 is exact; no CUDA graphs unless asked"
+        );
+        let options = cuda_options(device(Precision::Tf32, &defaults));
+        assert!(options.contains(&("use_tf32", "1")), "{options:?}");
+        let graphs = CudaSettings {
+            cuda_graphs: Some(true),
+            conv_algo_search: Some(ConvAlgoSearch::Heuristic),
+            arena_extend_strategy: Some(ArenaExtendStrategy::SameAsRequested),
+        };
+        assert_eq!(
+            cuda_options(device(Precision::Fp32, &graphs)),
+            vec![
+                ("use_tf32", "0"),
+                ("cudnn_conv_algo_search", "HEURISTIC"),
+                ("arena_extend_strategy", "kSameAsRequested"),
+                ("enable_cuda_graph", "1"),
+            ]
+        );
+        let off = CudaSettings {
+            cuda_graphs: Some(false),
+            ..CudaSettings::default()
+        };
+        assert!(
+            !cuda_options(device(Precision::Fp32, &off))
+                .iter()
+                .any(|(k, _)| *k == "enable_cuda_graph")
+        );
+    }
+
+    #[test]
+    fn a_refused_graph_capture_is_unsupported_and_says_what_to_do() {
+        // ONNX Runtime's words when a graph has nodes off the CUDA provider or control flow.
+        for message in [
+            "This session cannot use the graph capture feature as requested by the user  as all compute graph nodes have not been partitioned to the CUDAExecutionProvider",
+            "This session cannot use the CUDA Graph feature as requested by the user as the model has control flow nodes which can't be supported by CUDA Graphs.",
+        ] {
+            let err =
+                classify_message(message.into(), "optimising the graph", Error::CompileFailed);
+            assert_eq!(
+                err.reason(),
+                kiln_crds::FailureReason::UnsupportedOperator,
+                "{err}"
+            );
+            let text = err.to_string();
+            assert!(
+                text.contains(
+                    "backend.cuda.cudaGraphs needs every compute node on the CUDA provider"
+                ) && text.contains(message),
+                "{text}"
+            );
+        }
+        let other = classify_message("out of memory".into(), "x", Error::CompileFailed);
+        assert_eq!(other.reason(), kiln_crds::FailureReason::CompileFailed);
     }
 }
