@@ -186,10 +186,6 @@ fn lagging_jobs(ctx: &Context, ns: &str, uid: &str) -> Vec<plan::JobView> {
     admission::created_not_cached(&slots, ns, uid, &ctx.jobs, Instant::now())
 }
 
-/// How long an entry without a valid attestation gets before it is refused (the publisher's
-/// attestation follows its entry by moments).
-const ATTESTATION_GRACE: Duration = Duration::from_secs(2);
-
 /// What the store holds of `keys` (only the keys the plan will ask about).
 async fn stored(ctx: &Context, keys: Vec<String>) -> Result<BTreeMap<String, Stored>, Error> {
     let mut stored = BTreeMap::new();
@@ -214,13 +210,9 @@ async fn stored(ctx: &Context, keys: Vec<String>) -> Result<BTreeMap<String, Sto
         if let Some(entry) = found {
             // An entry nobody trusted signed is not stored as far as the plan is concerned: a
             // compile Job builds the key again and its publisher replaces the entry.
-            let mut checked = ctx.trust.check(ctx.store.as_ref(), &subject(&entry)).await;
-            if checked.is_err() {
-                // A publisher tags its entry, then pushes the attestation: a lookup in between
-                // sees an entry without one. Look once more before refusing it.
-                tokio::time::sleep(ATTESTATION_GRACE).await;
-                checked = ctx.trust.check(ctx.store.as_ref(), &subject(&entry)).await;
-            }
+            // Publishers tag an entry only after its attestation is stored
+            // (`Trust::publish`), so an unattested entry here was not written by one.
+            let checked = ctx.trust.check(ctx.store.as_ref(), &subject(&entry)).await;
             if let Err(e) = checked {
                 if e.reason() != kiln_crds::FailureReason::SignatureInvalid {
                     return Err(Error::StoreLookup { key, source: e });
