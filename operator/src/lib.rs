@@ -6,6 +6,7 @@ pub mod classes;
 pub mod controller;
 pub mod error;
 pub mod job;
+pub mod lookups;
 pub mod metrics;
 pub mod model;
 pub mod observe;

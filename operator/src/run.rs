@@ -44,6 +44,8 @@ pub struct Config {
     pub store: Arc<dyn kiln_store::Store>,
     /// The keys stored entries must be signed by.
     pub trust: kiln_store::attest::Trust,
+    /// Store lookups remembered (empty; sized and bounded by the flags).
+    pub lookups: crate::lookups::LookupCache,
     /// Plan settings.
     pub settings: Settings,
     /// Job settings.
@@ -253,6 +255,7 @@ where
         ready_counts: std::sync::Mutex::new(BTreeMap::new()),
         compile_slots: std::sync::Mutex::new(BTreeMap::new()),
         written: std::sync::Mutex::new(Default::default()),
+        lookups: std::sync::Mutex::new(config.lookups.clone()),
     });
 
     // Our own reflector rather than `Controller::new`'s, to learn when it has listed without
