@@ -930,9 +930,14 @@ fn exec_compiler_output_is_built_parity_checked_stored_and_served() {
     let script = r#"echo "optimising $(basename "$KILN_MODEL") at $KILN_PRECISION in $(pwd)"
 echo "profiles $KILN_PROFILES flags $KILN_FLAGS"
 echo "credentials ${KILN_REGISTRY_PASSWORD:-withheld}" >&2
+env | cut -d= -f1 | sed 's/^/env-name /'
 cp "$KILN_MODEL" "$KILN_ARTIFACT""#;
     let case = Case::exec(script);
-    let run = case.run_with_env(&[("KILN_REGISTRY_PASSWORD", Path::new("hunter2"))]);
+    let run = case.run_with_env(&[
+        ("KILN_REGISTRY_PASSWORD", Path::new("hunter2")),
+        ("AWS_SECRET_ACCESS_KEY", Path::new("s3cr3t")),
+        ("LC_ALL", Path::new("C")),
+    ]);
     assert!(run.success, "{}", run.stderr);
     assert_eq!(run.outcome["ready"], true);
     let manifest = case.manifest(&run);
@@ -956,6 +961,63 @@ cp "$KILN_MODEL" "$KILN_ARTIFACT""#;
         "registry credentials never reach the compiler: {log}"
     );
     assert!(!log.contains("hunter2") && !run.stderr.contains("hunter2"));
+    // Its whole environment, as it dumped it: the contract's KILN_* variables and an
+    // allow-list (paths, locale, GPU selection); nothing else of kiln-agent's.
+    let names: Vec<String> = manifest["converterLog"]
+        .as_array()
+        .expect("converterLog")
+        .iter()
+        .filter_map(|l| l.as_str()?.strip_prefix("env-name ").map(str::to_string))
+        .collect();
+    assert!(names.iter().any(|n| n == "LC_ALL"), "{names:?}");
+    assert!(names.iter().any(|n| n == "KILN_MODEL"), "{names:?}");
+    let contract = [
+        "KILN_MODEL",
+        "KILN_ARTIFACT",
+        "KILN_WORK",
+        "KILN_PRECISION",
+        "KILN_PROFILES",
+        "KILN_FLAGS",
+    ];
+    // The allow-list (backend/exec.rs), and what the shell sets itself.
+    let allowed = [
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "LD_LIBRARY_PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "OMP_NUM_THREADS",
+        "PWD",
+        "SHLVL",
+        "_",
+    ];
+    for name in &names {
+        assert!(
+            contract.contains(&name.as_str())
+                || allowed.contains(&name.as_str())
+                || ["LC_", "CUDA_", "NVIDIA_"]
+                    .iter()
+                    .any(|p| name.starts_with(p)),
+            "{name} reached the compiler: {names:?}"
+        );
+    }
+    // Everything else the test harness runs kiln-agent with stays behind.
+    for name in [
+        "AWS_SECRET_ACCESS_KEY",
+        "KILN_REGISTRY_PASSWORD",
+        "ORT_DYLIB_PATH",
+    ] {
+        assert!(!names.iter().any(|n| n == name), "{name}: {names:?}");
+    }
     // The compiler's lines are logged as they come.
     assert!(run.stderr.contains("optimising"), "{}", run.stderr);
     // Same model through tract: another key (the compiler is in it), same numbers.
