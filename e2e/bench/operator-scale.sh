@@ -110,9 +110,10 @@ per_pass() {
   q1=$(requests); c1=$(reconciles "$1")
   sleep 60
   q2=$(requests); c2=$(reconciles "$1")
-  echo "$q1 $c1 $q2 $c2" | awk -v n="$N" '{ passes = ($4 - $2) / n;
+  echo "$q1 $c1 $q2 $c2" | awk -v n="$N" '{ passes = ($4 - $2) / n; per = 0
+    if (passes > 0) per = ($3 - $1) / passes
     printf "%d requests over %d reconciles (%.2f full passes): %.0f requests per full pass\n",
-      $3 - $1, $4 - $2, passes, passes > 0 ? ($3 - $1) / passes : 0 }'
+      $3 - $1, $4 - $2, passes, per }'
 }
 
 echo "== operator"
@@ -177,7 +178,8 @@ if [[ -n $REG_PID ]]; then
   echo "before: $BEFORE"
   echo "after:  $AFTER"
   b=$(awk '{print $(NF - 4)}' <<<"$BEFORE"); a=$(awk '{print $(NF - 4)}' <<<"$AFTER")
-  awk -v b="$b" -v a="$a" 'BEGIN { if (a > 0) printf "before / after = %.0f\n", b / a; else printf "before / after: %d / 0 (no request in the steady minute)\n", b }'
+  awk -v b="$b" -v a="$a" 'BEGIN { if (a + 0 > 0) printf "before / after = %.0f\n", b / a
+    else printf "before / after: %d / 0 (no request in the steady minute)\n", b }'
 fi
 
 # Bound, measured here: one kubectl writing what the operator had to write, the N targets' worth
