@@ -481,6 +481,73 @@ fn corrupt_stored_artifact_is_detected_before_load() {
     );
 }
 
+/// With no key given, a local store signs its entries with a key of its own (created on first
+/// use, 0600, in the store's root): an artifact and manifest rewritten together by someone
+/// without that key are refused, rebuilt from the verified sources and replaced, never served.
+#[test]
+fn local_store_signs_itself_and_refuses_a_consistent_rewrite() {
+    use std::os::unix::fs::PermissionsExt;
+    let case = Case::mlp(4);
+    let first = case.run();
+    assert!(first.success, "{}", first.message());
+    let key_file = case.store().join("signing.key");
+    let mode = std::fs::metadata(&key_file)
+        .expect("key created")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the key is its owner's only");
+    let key = first.outcome["compileKey"]
+        .as_str()
+        .expect("key")
+        .to_string();
+    let good = first.outcome["artifactDigest"]
+        .as_str()
+        .expect("digest")
+        .to_string();
+    let entry = case.store().join("artifacts").join(&key);
+    assert!(
+        std::fs::read_dir(&entry)
+            .expect("entry")
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("attestation-")),
+        "the entry is signed"
+    );
+    let again = case.run();
+    assert_eq!(again.outcome["cacheHit"], true, "{}", again.message());
+
+    // Artifact and manifest rewritten together: every digest agrees with itself.
+    let mut bytes = std::fs::read(entry.join("artifact")).expect("artifact");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(entry.join("artifact"), &bytes).expect("substitute");
+    let mut manifest: Value =
+        serde_json::from_slice(&std::fs::read(entry.join("manifest.json")).expect("manifest"))
+            .expect("json");
+    manifest["artifactDigest"] = sha256_bytes(&bytes).into();
+    std::fs::write(
+        entry.join("manifest.json"),
+        serde_json::to_vec_pretty(&manifest).expect("json"),
+    )
+    .expect("rewrite manifest");
+    let rebuilt = case.run();
+    assert!(rebuilt.success, "{}", rebuilt.message());
+    assert_eq!(
+        rebuilt.outcome["cacheHit"], false,
+        "the rewrite is never a cache hit"
+    );
+    assert_eq!(rebuilt.outcome["artifactDigest"], good.as_str());
+    assert!(
+        rebuilt.stderr.contains("refusing the stored entry"),
+        "{}",
+        rebuilt.stderr
+    );
+
+    // A key others can read is not used.
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    case.run()
+        .fails_with("SignatureInvalid", &["signing.key", "mode 0644"]);
+}
+
 #[test]
 fn store_entry_rewritten_whole_is_refused_by_its_attestation_and_rebuilt() {
     let case = Case::mlp(4);
@@ -1177,7 +1244,7 @@ fn exec_compiler_past_its_deadline_is_killed_with_what_it_started() {
 
     // A child that leaves the process group (setsid) and keeps the output open: killed too,
     // at the deadline and after a normal exit, and it does not hang the log readers.
-    let mut case = Case::exec("echo started; setsid sleep 60 & sleep 60");
+    let mut case = Case::exec("echo started; setsid sleep 60.0137 & sleep 60");
     case.warmup_extra = "\n  compile: {activeDeadlineSeconds: 1}".into();
     let started = std::time::Instant::now();
     case.run().fails_with("Timeout", &["(1s)"]);
@@ -1186,7 +1253,7 @@ fn exec_compiler_past_its_deadline_is_killed_with_what_it_started() {
         "a setsid child kept the run waiting: {:?}",
         started.elapsed()
     );
-    let case = Case::exec("setsid sleep 61 & cp \"$KILN_MODEL\" \"$KILN_ARTIFACT\"");
+    let case = Case::exec("setsid sleep 61.0137 & cp \"$KILN_MODEL\" \"$KILN_ARTIFACT\"");
     let started = std::time::Instant::now();
     let run = case.run();
     assert!(run.success, "{}", run.stderr);
@@ -1195,8 +1262,9 @@ fn exec_compiler_past_its_deadline_is_killed_with_what_it_started() {
         "a setsid straggler kept the run waiting: {:?}",
         started.elapsed()
     );
+    // Durations no other test (or other checkout on this machine) uses: pgrep sees them all.
     let survivors = Command::new("pgrep")
-        .args(["-f", "sleep 6[01]$"])
+        .args(["-f", "sleep 6[01].0137$"])
         .output()
         .expect("pgrep");
     assert!(

@@ -8,6 +8,7 @@
 pub mod attest;
 mod error;
 mod fs;
+pub mod local_key;
 mod oci;
 pub mod staged;
 

@@ -115,8 +115,14 @@ async fn pipeline(
     (trust, sources): (&TrustArgs, &SourceTrustArgs),
     outcome: &mut Outcome,
 ) -> Result<()> {
+    // With no key given, the store signs itself with a key of its own (created on first use),
+    // so an entry rewritten by someone without that key is refused like in a cluster.
+    let trust = match (&trust.signing_key, &trust.trust_key) {
+        (None, None) => kiln_store::local_key::trust(store_dir)?,
+        _ => trust.load()?,
+    };
     let publish = Publish {
-        trust: trust.load()?,
+        trust,
         builder_image: None,
     };
     let spec = Spec::load(file)?;
