@@ -756,6 +756,12 @@ fn latency_budget_is_enforced() {
     case.warmup_extra = "\n    latencyBudgetP99Ms: 0.000001".into();
     case.run()
         .fails_with("LatencyBudgetExceeded", &["above the budget"]);
+    // The copy pulled for the run that failed is gone; the stored entry stays.
+    let cache: Vec<_> = std::fs::read_dir(case.store().join("cache"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(cache.is_empty(), "a failed warmup left {cache:?}");
+    assert_eq!(case.stored().len(), 1);
 }
 
 #[test]

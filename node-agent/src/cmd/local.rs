@@ -185,6 +185,11 @@ async fn pipeline(
             crate::pipeline::ready::gpu_memory(&host),
             metrics,
         )
+    })
+    // What failed to load or warm is not kept as a ready copy: the next run pulls it again
+    // from the store, verified.
+    .inspect_err(|_| {
+        let _ = std::fs::remove_file(&cached);
     })?;
     let w = &ready.warmup;
     outcome.parity_max_abs_error = Some(w.parity_max_abs_error);
