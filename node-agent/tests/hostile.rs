@@ -576,31 +576,11 @@ fn edit_manifest(case: &Case, key: &str, edit: impl FnOnce(&mut Value)) -> Resul
     resign(case, key)
 }
 
-/// Signs the edited entry of `key` with the store's own key (`signing.key`, which `local`
-/// creates when given none), as someone holding that key would: the checks behind the
-/// signature (digests, the loaders) are what these rows exercise. Nothing without that key
-/// (a row that passes its own keys tests the signature itself).
+/// Signs the edited entry of `key` with the store's own key, as someone holding it would: the
+/// checks behind the signature (digests, the loaders) are what these rows exercise. Nothing
+/// without that key (a row that passes its own keys tests the signature itself).
 fn resign(case: &Case, key: &str) -> Result<(), String> {
-    use kiln_store::attest::{Signer, Statement};
-    let signing = case.store().join("signing.key");
-    if !signing.exists() {
-        return Ok(());
-    }
-    let dir = entry(case, key);
-    let bytes = std::fs::read(dir.join("manifest.json")).map_err(|e| e.to_string())?;
-    let Ok(manifest) = serde_json::from_slice::<kiln_crds::BuildManifest>(&bytes) else {
-        return Ok(());
-    };
-    let hex = sha256_bytes(&bytes);
-    let entry = kiln_store::Entry {
-        manifest,
-        manifest_digest: format!("sha256:{hex}"),
-    };
-    let signer = Signer::from_pem_file(&signing).map_err(|e| e.to_string())?;
-    let envelope = signer
-        .sign(&Statement::for_entry(&entry, None))
-        .map_err(|e| e.to_string())?;
-    std::fs::write(dir.join(format!("attestation-{hex}.json")), envelope).map_err(|e| e.to_string())
+    common::resign(&case.store(), key)
 }
 
 /// Replaces the stored artifact of `key` with `bytes` and rewrites its manifest to match: a
