@@ -145,10 +145,11 @@ positive kiln_agent_target_ready "$agent_m"
 
 echo "== an entry rewritten in the registry is refused by the operator and rebuilt, signed"
 # Someone with push access (but not the signing key) retags the compile key to another manifest
-# (here the same layers with one more annotation: every digest in it is consistent). At its next
-# reconcile (a spec change, a Job, or the 10-minute resync; an annotation forces it here) the
-# operator refuses the unsigned entry, a compile Job rebuilds and re-signs the key, and the node
-# keeps serving what it verified.
+# (here the same layers with one more annotation: every digest in it is consistent). A running
+# operator remembers the entry it verified (operator/src/lookups.rs: nodes keep pulling that
+# digest) until a node reports the entry broken or it restarts; restarted here, it looks the key
+# up again, refuses the unsigned entry, a compile Job rebuilds and re-signs the key, and the
+# node keeps serving what it verified.
 OCI_MT=application/vnd.oci.image.manifest.v1+json
 tag_digest() {
   curl -fsSI -H "Accept: $OCI_MT" "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/$KEY" |
@@ -160,13 +161,14 @@ curl -fsS -X PUT -H "Content-Type: $OCI_MT" --data-binary "$forged" \
   "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/$KEY" >/dev/null || die "retagging $KEY"
 FORGED=$(tag_digest)
 [[ $FORGED != "$MDIGEST" ]] || die "the retag did not move $KEY"
-kubectl -n "$NS" annotate compiledtarget "$TARGET" kiln.dev/e2e-reconcile="$(date +%s)" --overwrite >/dev/null
+kubectl -n "$NS" rollout restart deploy/kiln-operator >/dev/null || die "restarting the operator"
+kubectl -n "$NS" rollout status deploy/kiln-operator --timeout=120s >/dev/null || die "operator not back"
 op_metric() {
   kubectl get --raw "/api/v1/namespaces/$NS/services/kiln-operator-metrics:metrics/proxy/metrics" |
     awk -v m="$1" '$1 == m {print $2}'
 }
 refused() { (($(op_metric kiln_operator_untrusted_entries_total) > 0)); }
-wait_for "operator refuses the rewritten entry" 60 refused
+wait_for "operator refuses the rewritten entry" 120 refused
 signed_again() {
   local d
   d=$(tag_digest) && [[ $d != "$FORGED" ]] &&

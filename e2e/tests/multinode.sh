@@ -162,8 +162,9 @@ OLD_MANIFEST_B=$(crow "$CB" | jq -r .manifestDigest)
 flip "$(blob_path "$CONFIG")"
 BLOB=$(blob_path "$CONFIG")
 t0=$(now)
-# Any reconcile reads the store again: a label change wakes the target.
-kubectl -n "$NS" annotate compiledtarget "$T" example.com/poke="$(date +%s)" --overwrite >/dev/null
+# A running operator remembers the entry it verified (operator/src/lookups.rs) until a node
+# reports it broken or it restarts: restarted, it reads the store again.
+kubectl -n "$NS" rollout restart deploy/kiln-operator >/dev/null || die "restarting the operator"
 wait_for "class $CB rebuilt under a new build manifest" 180 ctq --arg c "$CB" --arg m "$OLD_MANIFEST_B" \
   '.status.classes[] | select(.class == $c) | .phase == "Ready" and .manifestDigest != $m'
 echo "   corrupt build manifest -> class $CB rebuilt and Ready again: $(since "$t0") s"

@@ -481,6 +481,73 @@ fn corrupt_stored_artifact_is_detected_before_load() {
     );
 }
 
+/// With no key given, a local store signs its entries with a key of its own (created on first
+/// use, 0600, in the store's root): an artifact and manifest rewritten together by someone
+/// without that key are refused, rebuilt from the verified sources and replaced, never served.
+#[test]
+fn local_store_signs_itself_and_refuses_a_consistent_rewrite() {
+    use std::os::unix::fs::PermissionsExt;
+    let case = Case::mlp(4);
+    let first = case.run();
+    assert!(first.success, "{}", first.message());
+    let key_file = case.store().join("signing.key");
+    let mode = std::fs::metadata(&key_file)
+        .expect("key created")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the key is its owner's only");
+    let key = first.outcome["compileKey"]
+        .as_str()
+        .expect("key")
+        .to_string();
+    let good = first.outcome["artifactDigest"]
+        .as_str()
+        .expect("digest")
+        .to_string();
+    let entry = case.store().join("artifacts").join(&key);
+    assert!(
+        std::fs::read_dir(&entry)
+            .expect("entry")
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("attestation-")),
+        "the entry is signed"
+    );
+    let again = case.run();
+    assert_eq!(again.outcome["cacheHit"], true, "{}", again.message());
+
+    // Artifact and manifest rewritten together: every digest agrees with itself.
+    let mut bytes = std::fs::read(entry.join("artifact")).expect("artifact");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(entry.join("artifact"), &bytes).expect("substitute");
+    let mut manifest: Value =
+        serde_json::from_slice(&std::fs::read(entry.join("manifest.json")).expect("manifest"))
+            .expect("json");
+    manifest["artifactDigest"] = sha256_bytes(&bytes).into();
+    std::fs::write(
+        entry.join("manifest.json"),
+        serde_json::to_vec_pretty(&manifest).expect("json"),
+    )
+    .expect("rewrite manifest");
+    let rebuilt = case.run();
+    assert!(rebuilt.success, "{}", rebuilt.message());
+    assert_eq!(
+        rebuilt.outcome["cacheHit"], false,
+        "the rewrite is never a cache hit"
+    );
+    assert_eq!(rebuilt.outcome["artifactDigest"], good.as_str());
+    assert!(
+        rebuilt.stderr.contains("refusing the stored entry"),
+        "{}",
+        rebuilt.stderr
+    );
+
+    // A key others can read is not used.
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    case.run()
+        .fails_with("SignatureInvalid", &["signing.key", "mode 0644"]);
+}
+
 #[test]
 fn store_entry_rewritten_whole_is_refused_by_its_attestation_and_rebuilt() {
     let case = Case::mlp(4);
@@ -689,6 +756,12 @@ fn latency_budget_is_enforced() {
     case.warmup_extra = "\n    latencyBudgetP99Ms: 0.000001".into();
     case.run()
         .fails_with("LatencyBudgetExceeded", &["above the budget"]);
+    // The copy pulled for the run that failed is gone; the stored entry stays.
+    let cache: Vec<_> = std::fs::read_dir(case.store().join("cache"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(cache.is_empty(), "a failed warmup left {cache:?}");
+    assert_eq!(case.stored().len(), 1);
 }
 
 #[test]
@@ -930,9 +1003,14 @@ fn exec_compiler_output_is_built_parity_checked_stored_and_served() {
     let script = r#"echo "optimising $(basename "$KILN_MODEL") at $KILN_PRECISION in $(pwd)"
 echo "profiles $KILN_PROFILES flags $KILN_FLAGS"
 echo "credentials ${KILN_REGISTRY_PASSWORD:-withheld}" >&2
+env | cut -d= -f1 | sed 's/^/env-name /'
 cp "$KILN_MODEL" "$KILN_ARTIFACT""#;
     let case = Case::exec(script);
-    let run = case.run_with_env(&[("KILN_REGISTRY_PASSWORD", Path::new("hunter2"))]);
+    let run = case.run_with_env(&[
+        ("KILN_REGISTRY_PASSWORD", Path::new("hunter2")),
+        ("AWS_SECRET_ACCESS_KEY", Path::new("s3cr3t")),
+        ("LC_ALL", Path::new("C")),
+    ]);
     assert!(run.success, "{}", run.stderr);
     assert_eq!(run.outcome["ready"], true);
     let manifest = case.manifest(&run);
@@ -956,6 +1034,63 @@ cp "$KILN_MODEL" "$KILN_ARTIFACT""#;
         "registry credentials never reach the compiler: {log}"
     );
     assert!(!log.contains("hunter2") && !run.stderr.contains("hunter2"));
+    // Its whole environment, as it dumped it: the contract's KILN_* variables and an
+    // allow-list (paths, locale, GPU selection); nothing else of kiln-agent's.
+    let names: Vec<String> = manifest["converterLog"]
+        .as_array()
+        .expect("converterLog")
+        .iter()
+        .filter_map(|l| l.as_str()?.strip_prefix("env-name ").map(str::to_string))
+        .collect();
+    assert!(names.iter().any(|n| n == "LC_ALL"), "{names:?}");
+    assert!(names.iter().any(|n| n == "KILN_MODEL"), "{names:?}");
+    let contract = [
+        "KILN_MODEL",
+        "KILN_ARTIFACT",
+        "KILN_WORK",
+        "KILN_PRECISION",
+        "KILN_PROFILES",
+        "KILN_FLAGS",
+    ];
+    // The allow-list (backend/exec.rs), and what the shell sets itself.
+    let allowed = [
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "LD_LIBRARY_PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "OMP_NUM_THREADS",
+        "PWD",
+        "SHLVL",
+        "_",
+    ];
+    for name in &names {
+        assert!(
+            contract.contains(&name.as_str())
+                || allowed.contains(&name.as_str())
+                || ["LC_", "CUDA_", "NVIDIA_"]
+                    .iter()
+                    .any(|p| name.starts_with(p)),
+            "{name} reached the compiler: {names:?}"
+        );
+    }
+    // Everything else the test harness runs kiln-agent with stays behind.
+    for name in [
+        "AWS_SECRET_ACCESS_KEY",
+        "KILN_REGISTRY_PASSWORD",
+        "ORT_DYLIB_PATH",
+    ] {
+        assert!(!names.iter().any(|n| n == name), "{name}: {names:?}");
+    }
     // The compiler's lines are logged as they come.
     assert!(run.stderr.contains("optimising"), "{}", run.stderr);
     // Same model through tract: another key (the compiler is in it), same numbers.
@@ -1115,7 +1250,7 @@ fn exec_compiler_past_its_deadline_is_killed_with_what_it_started() {
 
     // A child that leaves the process group (setsid) and keeps the output open: killed too,
     // at the deadline and after a normal exit, and it does not hang the log readers.
-    let mut case = Case::exec("echo started; setsid sleep 60 & sleep 60");
+    let mut case = Case::exec("echo started; setsid sleep 60.0137 & sleep 60");
     case.warmup_extra = "\n  compile: {activeDeadlineSeconds: 1}".into();
     let started = std::time::Instant::now();
     case.run().fails_with("Timeout", &["(1s)"]);
@@ -1124,7 +1259,7 @@ fn exec_compiler_past_its_deadline_is_killed_with_what_it_started() {
         "a setsid child kept the run waiting: {:?}",
         started.elapsed()
     );
-    let case = Case::exec("setsid sleep 61 & cp \"$KILN_MODEL\" \"$KILN_ARTIFACT\"");
+    let case = Case::exec("setsid sleep 61.0137 & cp \"$KILN_MODEL\" \"$KILN_ARTIFACT\"");
     let started = std::time::Instant::now();
     let run = case.run();
     assert!(run.success, "{}", run.stderr);
@@ -1133,8 +1268,9 @@ fn exec_compiler_past_its_deadline_is_killed_with_what_it_started() {
         "a setsid straggler kept the run waiting: {:?}",
         started.elapsed()
     );
+    // Durations no other test (or other checkout on this machine) uses: pgrep sees them all.
     let survivors = Command::new("pgrep")
-        .args(["-f", "sleep 6[01]$"])
+        .args(["-f", "sleep 6[01].0137$"])
         .output()
         .expect("pgrep");
     assert!(

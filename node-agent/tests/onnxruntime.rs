@@ -710,6 +710,8 @@ fn layout_optimised_artifacts_are_bound_to_their_cpu_level() {
     };
     edited["boundTo"]["cpuLevel"] = json!(other);
     std::fs::write(&path, serde_json::to_vec_pretty(&edited).expect("json")).expect("write");
+    // Signed as the store's own key would (the check under test lies behind the signature).
+    common::resign(&m.path("store"), &key).expect("re-sign");
     let run = run_squeezenet(&m);
     run.fails_with(
         "IncompatibleHardware",

@@ -13,6 +13,7 @@ use kube::runtime::reflector::Store;
 
 use crate::admission::TakenSlots;
 use crate::job::JobSettings;
+use crate::lookups::LookupCache;
 use crate::memo::{LabelMemo, StatusMemo};
 use crate::metrics::Metrics;
 use crate::plan::Settings;
@@ -63,4 +64,7 @@ pub struct Context {
     pub compile_slots: Mutex<TakenSlots>,
     /// Statuses this replica wrote that the target cache may not show yet ([`crate::memo::as_written`]).
     pub written: Mutex<StatusMemo>,
+    /// Store lookups remembered by compile key ([`crate::lookups`]): verified entries for good,
+    /// misses until a Job of the key finishes or `--store-miss-recheck-seconds` pass.
+    pub lookups: Mutex<LookupCache>,
 }

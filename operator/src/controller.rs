@@ -23,6 +23,7 @@ use crate::admission;
 use crate::classes::NodeView;
 use crate::context::Context;
 use crate::error::Error;
+use crate::lookups;
 use crate::memo;
 use crate::observe;
 use crate::plan::{self, Admission, Inputs, ModelLookup, Stored};
@@ -72,7 +73,11 @@ async fn reconcile_inner(target: &CompiledTarget, ctx: &Context) -> Result<Actio
         settings: &ctx.settings,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
-    let stored = match stored(ctx, plan::wanted_keys(&inputs)).await {
+    let seen = Seen {
+        finished: lookups::finished_jobs(&jobs),
+        broken: lookups::broken_keys(target, &nodes),
+    };
+    let stored = match stored(ctx, plan::wanted_keys(&inputs), &seen).await {
         Ok(stored) => stored,
         Err(e) => {
             // Said on the target, not only in the log: `kubectl get` shows why nothing moves.
@@ -136,63 +141,99 @@ fn lagging_jobs(ctx: &Context, ns: &str, uid: &str) -> Vec<plan::JobView> {
     admission::created_not_cached(&slots, ns, uid, &ctx.jobs, Instant::now())
 }
 
-/// How long an entry without a valid attestation gets before it is refused (the publisher's
-/// attestation follows its entry by moments).
-const ATTESTATION_GRACE: Duration = Duration::from_secs(2);
+/// What this reconcile saw that bears on remembered lookups.
+struct Seen {
+    /// Per compile key, the target's finished Jobs.
+    finished: BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// Keys whose entry a node reports broken.
+    broken: std::collections::BTreeSet<String>,
+}
 
-/// What the store holds of `keys` (only the keys the plan will ask about).
-async fn stored(ctx: &Context, keys: Vec<String>) -> Result<BTreeMap<String, Stored>, Error> {
+/// What the store holds of `keys` (only the keys the plan will ask about): from the lookup
+/// cache where it knows ([`lookups`]), else from the store, and remembered.
+async fn stored(
+    ctx: &Context,
+    keys: Vec<String>,
+    seen: &Seen,
+) -> Result<BTreeMap<String, Stored>, Error> {
     let mut stored = BTreeMap::new();
+    let none = std::collections::BTreeSet::new();
     for key in keys {
-        let found = match ctx.store.lookup(&key).await {
-            Ok(found) => found,
-            // A corrupt entry (its build manifest does not match its digest) is not stored as
-            // far as the plan is concerned, like an unsigned one: the class compiles again and
-            // its publisher replaces the entry. Only this class waits; the others go on.
-            Err(e) if e.reason() == kiln_crds::FailureReason::HashMismatch => {
-                tracing::warn!(compile_key = %key, error = %e, "stored entry corrupt; it will be rebuilt");
-                ctx.metrics.untrusted_entry();
-                continue;
+        let finished = seen.finished.get(&key).unwrap_or(&none);
+        let known = {
+            let mut cache = ctx.lookups.lock().unwrap_or_else(|p| p.into_inner());
+            if seen.broken.contains(&key) {
+                cache.forget(&key);
             }
-            Err(source) => {
-                return Err(Error::StoreLookup {
-                    key: key.clone(),
-                    source,
-                });
-            }
+            cache.get(&key, finished, Instant::now())
         };
-        if let Some(entry) = found {
-            // An entry nobody trusted signed is not stored as far as the plan is concerned: a
-            // compile Job builds the key again and its publisher replaces the entry.
-            let mut checked = ctx.trust.check(ctx.store.as_ref(), &subject(&entry)).await;
-            if checked.is_err() {
-                // A publisher tags its entry, then pushes the attestation: a lookup in between
-                // sees an entry without one. Look once more before refusing it.
-                tokio::time::sleep(ATTESTATION_GRACE).await;
-                checked = ctx.trust.check(ctx.store.as_ref(), &subject(&entry)).await;
-            }
-            if let Err(e) = checked {
-                if e.reason() != kiln_crds::FailureReason::SignatureInvalid {
-                    return Err(Error::StoreLookup { key, source: e });
-                }
-                tracing::warn!(compile_key = %key, error = %e, "stored entry refused; it will be rebuilt");
-                ctx.metrics.untrusted_entry();
+        match known {
+            Some(lookups::Known::Hit(entry)) => {
+                stored.insert(key, *entry);
                 continue;
             }
-            let engine = Some((
-                entry.manifest.engine(),
-                entry.manifest.selection.as_ref().map(|s| s.reason.clone()),
-            ));
-            let entry = Stored {
-                digest: entry.manifest.artifact_digest,
-                manifest_digest: entry.manifest_digest,
-                engine,
-                placement: entry.manifest.placement,
-            };
-            stored.insert(key, entry);
+            Some(lookups::Known::Miss) => continue,
+            None => {}
+        }
+        let found = lookup_verified(ctx, &key).await?;
+        let mut cache = ctx.lookups.lock().unwrap_or_else(|p| p.into_inner());
+        match found {
+            Some(entry) => {
+                cache.hit(&key, entry.clone());
+                stored.insert(key, entry);
+            }
+            None => cache.miss(&key, finished, Instant::now()),
         }
     }
     Ok(stored)
+}
+
+/// The verified entry of `key` in the store: `None` when there is none, or when it is corrupt
+/// or unsigned (counted; a compile Job rebuilds the key and its publisher replaces it).
+async fn lookup_verified(ctx: &Context, key: &str) -> Result<Option<Stored>, Error> {
+    let found = match ctx.store.lookup(key).await {
+        Ok(found) => found,
+        // A corrupt entry (its build manifest does not match its digest) is not stored as far
+        // as the plan is concerned, like an unsigned one: the class compiles again and its
+        // publisher replaces the entry. Only this class waits; the others go on.
+        Err(e) if e.reason() == kiln_crds::FailureReason::HashMismatch => {
+            tracing::warn!(compile_key = %key, error = %e, "stored entry corrupt; it will be rebuilt");
+            ctx.metrics.untrusted_entry();
+            return Ok(None);
+        }
+        Err(source) => {
+            return Err(Error::StoreLookup {
+                key: key.to_string(),
+                source,
+            });
+        }
+    };
+    let Some(entry) = found else {
+        return Ok(None);
+    };
+    // Publishers tag an entry only after its attestation is stored (`Trust::publish`), so an
+    // entry without a valid one was not written by a publisher holding the key.
+    if let Err(e) = ctx.trust.check(ctx.store.as_ref(), &subject(&entry)).await {
+        if e.reason() != kiln_crds::FailureReason::SignatureInvalid {
+            return Err(Error::StoreLookup {
+                key: key.to_string(),
+                source: e,
+            });
+        }
+        tracing::warn!(compile_key = %key, error = %e, "stored entry refused; it will be rebuilt");
+        ctx.metrics.untrusted_entry();
+        return Ok(None);
+    }
+    let engine = Some((
+        entry.manifest.engine(),
+        entry.manifest.selection.as_ref().map(|s| s.reason.clone()),
+    ));
+    Ok(Some(Stored {
+        digest: entry.manifest.artifact_digest,
+        manifest_digest: entry.manifest_digest,
+        engine,
+        placement: entry.manifest.placement,
+    }))
 }
 
 /// The plan, in one pass: draft, compile admission, settle. Counting the running compiles and

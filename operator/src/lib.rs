@@ -7,6 +7,7 @@ pub mod context;
 pub mod controller;
 pub mod error;
 pub mod job;
+pub mod lookups;
 pub mod memo;
 pub mod metrics;
 pub mod model;

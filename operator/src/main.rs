@@ -139,6 +139,15 @@ struct Cli {
     #[arg(long, env = "KILN_MAX_CONCURRENT_RECONCILES", default_value_t = 32,
           value_parser = clap::value_parser!(u16).range(1..))]
     max_concurrent_reconciles: u16,
+    /// Store lookups: a compile key found missing (or refused) is looked up again after this
+    /// many seconds at the latest, and at once when one of its compile Jobs finishes; 0 looks
+    /// it up on every reconcile. A verified entry is remembered for good (it does not change).
+    #[arg(long, env = "KILN_STORE_MISS_RECHECK_SECONDS", default_value_t = 300)]
+    store_miss_recheck_seconds: u64,
+    /// Compile keys whose store lookup is remembered (oldest forgotten first).
+    #[arg(long, env = "KILN_STORE_CACHE_ENTRIES", default_value_t = kiln_operator::lookups::DEFAULT_MAX_ENTRIES,
+          value_parser = clap::value_parser!(usize))]
+    store_cache_entries: usize,
     /// Wait after a failed attempt, in seconds; doubles per attempt up to 5 minutes.
     #[arg(long, env = "KILN_RETRY_BACKOFF_SECONDS", default_value_t = 10)]
     retry_backoff_seconds: u64,
@@ -204,6 +213,10 @@ fn config(cli: Cli) -> Result<Config, ExitCode> {
     Ok(Config {
         store,
         trust,
+        lookups: kiln_operator::lookups::LookupCache::new(
+            cli.store_cache_entries,
+            Duration::from_secs(cli.store_miss_recheck_seconds),
+        ),
         settings: settings(&cli, workers)?,
         job_settings: job_settings(&cli),
         listen: cli.listen,

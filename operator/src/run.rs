@@ -45,6 +45,8 @@ pub struct Config {
     pub store: Arc<dyn kiln_store::Store>,
     /// The keys stored entries must be signed by.
     pub trust: kiln_store::attest::Trust,
+    /// Store lookups remembered (empty; sized and bounded by the flags).
+    pub lookups: crate::lookups::LookupCache,
     /// Plan settings.
     pub settings: Settings,
     /// Job settings.
@@ -450,6 +452,7 @@ fn context(
         ready_counts: std::sync::Mutex::new(BTreeMap::new()),
         compile_slots: std::sync::Mutex::new(BTreeMap::new()),
         written: std::sync::Mutex::new(Default::default()),
+        lookups: std::sync::Mutex::new(config.lookups.clone()),
     }
 }
 

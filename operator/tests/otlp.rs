@@ -132,6 +132,10 @@ async fn child_exports_a_reconcile_span() {
         ready_counts: Default::default(),
         compile_slots: Default::default(),
         written: Default::default(),
+        lookups: std::sync::Mutex::new(kiln_operator::lookups::LookupCache::new(
+            16,
+            kiln_operator::lookups::DEFAULT_MISS_RECHECK,
+        )),
     });
     let mut target: CompiledTarget =
         serde_saphyr::from_str(include_str!("fixtures/target.yaml")).expect("target.yaml");

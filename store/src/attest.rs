@@ -508,6 +508,27 @@ impl Trust {
         Ok(())
     }
 
+    /// Publishes an artifact in the order that leaves no window: blobs and manifest by digest
+    /// ([`crate::Store::stage`]), then this process's attestation of them, then the compile-key
+    /// tag ([`crate::Store::tag`]). A lookup at any moment finds nothing or an attested entry;
+    /// a publisher that dies part-way leaves only unreferenced content. Unless `replace`, an
+    /// entry already under the key is returned untouched (the caller checks whose it is).
+    pub async fn publish(
+        &self,
+        store: &dyn crate::Store,
+        artifact: &Path,
+        manifest: &BuildManifest,
+        replace: bool,
+        builder_image: Option<&str>,
+    ) -> Result<Entry> {
+        if !replace && let Some(entry) = store.lookup(&manifest.compile_key).await? {
+            return Ok(entry);
+        }
+        let staged = store.stage(artifact, manifest).await?;
+        self.sign(store, &staged, builder_image).await?;
+        store.tag(&staged, replace).await
+    }
+
     /// Signs `entry` and stores the attestation beside it; nothing without a signer.
     pub async fn sign(
         &self,

@@ -1,7 +1,10 @@
 //! The filesystem store: a content-addressed directory `<root>/artifacts/<key>/{artifact,
 //! manifest.json}`, written by rename so readers see a whole entry or none. The manifest digest
 //! is the sha256 of `manifest.json` as stored; an entry's attestation is
-//! `attestation-<manifest hex>.json` beside it. Touches only its root directory.
+//! `attestation-<manifest hex>.json` beside it. A publish builds the entry in `tmp/`, renames it
+//! to `staged/<manifest hex>/`, writes the attestation into it (temp file, fsync, rename) and only
+//! then renames the whole directory to `artifacts/<key>/` (the tag), so a lookup never finds an
+//! entry without the attestation its publisher wrote. Touches only its root directory.
 
 use std::path::{Path, PathBuf};
 
@@ -90,7 +93,12 @@ impl FsStore {
 
     fn prepare(&self) -> Result<()> {
         let root = &self.root;
-        for dir in [root.join("artifacts"), root.join("tmp"), root.join("blobs")] {
+        for dir in [
+            root.join("artifacts"),
+            root.join("staged"),
+            root.join("tmp"),
+            root.join("blobs"),
+        ] {
             std::fs::create_dir_all(&dir)
                 .map_err(|e| Error::store(&dir, format!("{e}; pass a writable --store")))?;
         }
@@ -102,6 +110,8 @@ impl FsStore {
         // processes may share this store (compile Jobs on one hostPath), so only what nobody
         // has touched for a day goes.
         sweep_stale(&root.join("tmp"), |_| true);
+        // Entries staged by a publisher that died before tagging them.
+        sweep_stale(&root.join("staged"), |_| true);
         sweep_stale(&root.join("blobs"), |name| {
             name.starts_with(".model-") || name.starts_with(crate::staged::PARTIAL_PREFIX)
         });
@@ -144,28 +154,77 @@ impl FsStore {
         }
     }
 
-    fn put_sync(&self, artifact: &Path, manifest: &BuildManifest, replace: bool) -> Result<Entry> {
-        let key = &manifest.compile_key;
-        let dest = self.entry_dir(key)?;
-        if !replace && let Some(entry) = self.lookup_sync(key)? {
-            return Ok(entry);
-        }
+    /// Where the entry stored under `manifest_digest` waits for its tag: complete, attested
+    /// there, invisible to lookups.
+    fn staged_dir(&self, manifest_digest: &str) -> Result<PathBuf> {
+        let hex = crate::digest_hex(manifest_digest)?;
+        Ok(self.root.join("staged").join(hex))
+    }
+
+    /// Builds the entry in a scratch directory (artifact and manifest fsynced) and renames it
+    /// whole to `staged/<manifest hex>`: content-addressed, so a directory already there holds
+    /// the same entry.
+    fn stage_sync(&self, artifact: &Path, manifest: &BuildManifest) -> Result<Entry> {
+        self.entry_dir(&manifest.compile_key)?;
         self.prepare()?;
-        let staging = self.scratch_sync()?;
-        let staged_artifact = staging.path().join(ARTIFACT);
+        let scratch = self.scratch_sync()?;
+        let staged_artifact = scratch.path().join(ARTIFACT);
         std::fs::rename(artifact, &staged_artifact)
             .or_else(|_| std::fs::copy(artifact, &staged_artifact).map(|_| ()))
             .map_err(|e| Error::store(&staged_artifact, e))?;
-        let json = serde_json::to_vec_pretty(manifest).map_err(|e| Error::store(&dest, e))?;
-        let manifest_path = staging.path().join(MANIFEST);
-        write_synced(&manifest_path, &json).map_err(|e| Error::store(&manifest_path, e))?;
         std::fs::File::open(&staged_artifact)
             .and_then(|f| f.sync_all())
             .map_err(|e| Error::store(&staged_artifact, e))?;
+        let json = serde_json::to_vec_pretty(manifest).map_err(|e| Error::store(&self.root, e))?;
+        let manifest_path = scratch.path().join(MANIFEST);
+        write_synced(&manifest_path, &json).map_err(|e| Error::store(&manifest_path, e))?;
+        let entry = Entry {
+            manifest: manifest.clone(),
+            manifest_digest: oci_digest(&json),
+        };
+        let dest = self.staged_dir(&entry.manifest_digest)?;
+        if !dest.join(MANIFEST).exists() {
+            // A failed rename with the directory there after all: a concurrent publisher staged
+            // the same bytes first.
+            if let Err(e) = install_dir(scratch.keep(), &dest)
+                && !dest.join(MANIFEST).exists()
+            {
+                return Err(Error::store(&dest, e));
+            }
+        }
+        Ok(entry)
+    }
+
+    /// Renames the staged entry onto `artifacts/<key>`: one rename of a whole directory, so a
+    /// reader sees the old entry, nothing (while a refused one is moved aside) or the new one
+    /// with its attestation already inside.
+    fn tag_sync(&self, entry: &Entry, replace: bool) -> Result<Entry> {
+        let key = &entry.manifest.compile_key;
+        let dest = self.entry_dir(key)?;
+        let current = self.lookup_sync(key);
+        match &current {
+            Ok(Some(found)) if found.manifest_digest == entry.manifest_digest => {
+                return Ok(found.clone());
+            }
+            Ok(Some(found)) if !replace => return Ok(found.clone()),
+            _ => {}
+        }
+        let staged = self.staged_dir(&entry.manifest_digest)?;
+        if !staged.join(MANIFEST).exists() {
+            // A concurrent publisher of the same bytes may have tagged them just now.
+            if let Some(found) = self.lookup_sync(key)?
+                && found.manifest_digest == entry.manifest_digest
+            {
+                return Ok(found);
+            }
+            return Err(Error::store(
+                &staged,
+                "nothing staged under this digest; stage the entry before tagging it",
+            ));
+        }
         // The entry being replaced moves aside first (a directory renames only onto nothing),
         // and goes once the new one is in place. So does a directory without a manifest, which
-        // no store write leaves (entries are installed whole) and no lookup finds: left there it
-        // would refuse every new entry for the key.
+        // no store write leaves and no lookup finds: left there it would refuse every new entry.
         let old = if dest.exists() && (replace || !dest.join(MANIFEST).exists()) {
             let old = self.scratch_sync()?.keep();
             std::fs::rename(&dest, old.join("old")).map_err(|e| Error::store(&dest, e))?;
@@ -173,18 +232,22 @@ impl FsStore {
         } else {
             None
         };
-        let installed = install_dir(staging.keep(), &dest);
+        crate::staged::sync_dir(&staged);
+        let installed = std::fs::rename(&staged, &dest);
+        if let Some(parent) = dest.parent() {
+            crate::staged::sync_dir(parent);
+        }
         if let Some(old) = old {
             let _ = std::fs::remove_dir_all(old);
         }
         match installed {
             Ok(()) => {}
-            // Someone stored the same key first: same inputs, same artifact; keep theirs.
+            // Someone tagged the key first (their entry is attested too); keep theirs.
             Err(_) if dest.join(MANIFEST).exists() => {}
             Err(e) => return Err(Error::store(&dest, e)),
         }
         self.lookup_sync(key)?
-            .ok_or_else(|| Error::store(&dest, "entry vanished right after it was stored"))
+            .ok_or_else(|| Error::store(&dest, "entry vanished right after it was tagged"))
     }
 
     fn pull_sync(&self, r: &ArtifactRef, dest: &Path) -> Result<BuildManifest> {
@@ -259,14 +322,30 @@ impl FsStore {
         manifest_digest: &str,
         envelope: &[u8],
     ) -> Result<()> {
-        let dir = self.entry_dir(key)?;
+        let name = attestation_name(manifest_digest)?;
+        let entry_dir = self.entry_dir(key)?;
         let staging = self.scratch_sync()?;
         let staged = staging.path().join("attestation");
         write_synced(&staged, envelope).map_err(|e| Error::store(&staged, e))?;
-        let dest = dir.join(attestation_name(manifest_digest)?);
-        std::fs::rename(&staged, &dest).map_err(|e| Error::store(&dest, e))?;
-        crate::staged::sync_dir(&dir);
-        Ok(())
+        // Into the staged entry while it waits for its tag (so the tag brings it along); into
+        // the tagged entry once it has one (a publisher that re-signs, or a concurrent one that
+        // tagged the same bytes first).
+        let waiting = self.staged_dir(manifest_digest)?;
+        for dir in [waiting, entry_dir] {
+            let dest = dir.join(&name);
+            match std::fs::rename(&staged, &dest) {
+                Ok(()) => {
+                    crate::staged::sync_dir(&dir);
+                    return Ok(());
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(Error::store(&dest, e)),
+            }
+        }
+        Err(Error::store(
+            self.root.join("staged"),
+            format!("no entry stored under {manifest_digest} for compile key {key} to attest"),
+        ))
     }
 
     fn attestation_sync(&self, key: &str, manifest_digest: &str) -> Result<Option<Vec<u8>>> {
@@ -355,9 +434,14 @@ impl Store for FsStore {
         blocking(move || s.lookup_sync(&key)).await
     }
 
-    async fn put(&self, artifact: &Path, manifest: &BuildManifest, replace: bool) -> Result<Entry> {
+    async fn stage(&self, artifact: &Path, manifest: &BuildManifest) -> Result<Entry> {
         let (s, artifact, manifest) = (self.clone(), artifact.to_path_buf(), manifest.clone());
-        blocking(move || s.put_sync(&artifact, &manifest, replace)).await
+        blocking(move || s.stage_sync(&artifact, &manifest)).await
+    }
+
+    async fn tag(&self, entry: &Entry, replace: bool) -> Result<Entry> {
+        let (s, entry) = (self.clone(), entry.clone());
+        blocking(move || s.tag_sync(&entry, replace)).await
     }
 
     async fn put_attestation(

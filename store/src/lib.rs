@@ -8,6 +8,7 @@
 pub mod attest;
 mod error;
 mod fs;
+pub mod local_key;
 mod oci;
 pub mod staged;
 
@@ -140,11 +141,27 @@ pub trait Store: Send + Sync {
     /// The entry stored under `key`, if any. An entry is only visible together with its
     /// complete artifact.
     async fn lookup(&self, key: &str) -> Result<Option<Entry>>;
-    /// Stores the artifact at `artifact` with its manifest under `manifest.compile_key`,
-    /// atomically: readers see all of it or nothing. Storing a key twice is harmless: the entry
-    /// already there is kept, unless `replace` (the caller refused it, say for a bad
-    /// attestation), when this one takes its place.
-    async fn put(&self, artifact: &Path, manifest: &BuildManifest, replace: bool) -> Result<Entry>;
+    /// The first steps of a publish: stores the artifact and its manifest by digest (blobs, then
+    /// the manifest), complete and durable, but not yet under `manifest.compile_key`, so
+    /// [`Store::lookup`] does not see it. Returns the entry (its manifest digest is what the
+    /// attestation names). Staging the same manifest twice is harmless.
+    async fn stage(&self, artifact: &Path, manifest: &BuildManifest) -> Result<Entry>;
+    /// The last step of a publish, after the attestation ([`Store::put_attestation`]): makes the
+    /// staged `entry` the one `lookup` finds under its compile key, atomically. An entry already
+    /// under the key is kept (and returned) unless `replace` (the caller refused it, say for a
+    /// bad attestation), when this one takes its place. A lookup therefore sees nothing, or an
+    /// entry whose attestation was stored before it became visible.
+    async fn tag(&self, entry: &Entry, replace: bool) -> Result<Entry>;
+    /// Stages and tags in one go, with no attestation in between (unsigned stores, tests); a
+    /// signing publisher uses [`attest::Trust::publish`]. Unless `replace`, an entry already
+    /// under the key is kept and nothing is written.
+    async fn put(&self, artifact: &Path, manifest: &BuildManifest, replace: bool) -> Result<Entry> {
+        if !replace && let Some(entry) = self.lookup(&manifest.compile_key).await? {
+            return Ok(entry);
+        }
+        let staged = self.stage(artifact, manifest).await?;
+        self.tag(&staged, replace).await
+    }
     /// Keeps `envelope` (a DSSE envelope, see [`attest`]) as the attestation of the entry of
     /// `key` stored under `manifest_digest`, replacing any earlier one.
     async fn put_attestation(

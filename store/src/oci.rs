@@ -219,6 +219,17 @@ impl OciStore {
         let bytes =
             serde_json::to_vec(image).map_err(|e| Error::unavailable(self.location(), e))?;
         let digest = oci_digest(&bytes);
+        self.push_manifest_bytes(reference, bytes, doing).await?;
+        Ok(digest)
+    }
+
+    /// Puts the manifest `bytes` at `reference` (a tag, or their own digest).
+    async fn push_manifest_bytes(
+        &self,
+        reference: &Reference,
+        bytes: Vec<u8>,
+        doing: &str,
+    ) -> Result<()> {
         self.client
             .push_manifest_raw(
                 reference,
@@ -227,7 +238,7 @@ impl OciStore {
             )
             .await
             .map_err(|e| self.error(doing, e))?;
-        Ok(digest)
+        Ok(())
     }
 
     /// The raw manifest at `reference`, or `None` if the registry does not know it.
@@ -367,12 +378,9 @@ impl Store for OciStore {
         Ok(Some(entry))
     }
 
-    async fn put(&self, artifact: &Path, manifest: &BuildManifest, replace: bool) -> Result<Entry> {
+    async fn stage(&self, artifact: &Path, manifest: &BuildManifest) -> Result<Entry> {
         let key = &manifest.compile_key;
         check_key(&self.location(), key)?;
-        if !replace && let Some(entry) = self.lookup(key).await? {
-            return Ok(entry);
-        }
         let doing = format!("pushing compile key {key}");
         let reference = self.tagged(key);
         let layer_digest = format!("sha256:{}", manifest.artifact_digest);
@@ -436,13 +444,62 @@ impl Store for OciStore {
             artifact_type: Some(ARTIFACT_TYPE.into()),
             annotations: Some([("dev.kiln.compile-key".to_string(), key.clone())].into()),
         };
-        let manifest_digest = self
-            .push_image(&reference, &image, &format!("{doing}: manifest"))
-            .await?;
+        // By digest: the registry holds it, no tag points at it yet.
+        let bytes =
+            serde_json::to_vec(&image).map_err(|e| Error::unavailable(self.location(), e))?;
+        let manifest_digest = oci_digest(&bytes);
+        self.push_manifest_bytes(
+            &self.by_digest(&manifest_digest),
+            bytes,
+            &format!("{doing}: manifest"),
+        )
+        .await?;
         Ok(Entry {
             manifest: manifest.clone(),
             manifest_digest,
         })
+    }
+
+    /// Points the compile-key tag at the manifest pushed by digest: the same bytes, read back
+    /// by digest and checked, put under the tag in one request.
+    async fn tag(&self, entry: &Entry, replace: bool) -> Result<Entry> {
+        let key = &entry.manifest.compile_key;
+        check_key(&self.location(), key)?;
+        if !replace && let Some(found) = self.lookup(key).await? {
+            return Ok(found);
+        }
+        let doing = format!("tagging compile key {key}");
+        let bytes = self
+            .manifest_bytes(&self.by_digest(&entry.manifest_digest), &doing)
+            .await?
+            .ok_or_else(|| {
+                Error::unavailable(
+                    self.location(),
+                    format!(
+                        "{doing}: manifest {} is not in the registry; stage it first",
+                        entry.manifest_digest
+                    ),
+                )
+            })?;
+        if oci_digest(&bytes) != entry.manifest_digest {
+            return Err(Error::HashMismatch {
+                what: format!(
+                    "manifest {} from {}",
+                    entry.manifest_digest,
+                    self.location()
+                ),
+                message: format!(
+                    "the registry served bytes with digest {}",
+                    oci_digest(&bytes)
+                ),
+            });
+        }
+        self.client
+            .store_auth_if_needed(&self.registry, &self.auth)
+            .await;
+        self.push_manifest_bytes(&self.tagged(key), bytes, &doing)
+            .await?;
+        Ok(entry.clone())
     }
 
     /// As cosign keeps attestations: an image manifest tagged `sha256-<hex>.att` (the digest of

@@ -173,3 +173,16 @@ fn stale_leftovers_are_swept_when_the_store_opens() {
         "a fresh scratch directory may be another process's"
     );
 }
+
+/// The publish order on a filesystem: staged entries are invisible, the attestation lands
+/// inside the staged entry, and the tag (a rename of the whole directory) brings it along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_between_publish_steps_sees_nothing_or_a_verified_entry() {
+    let tmp = tempfile::tempdir().unwrap();
+    let url = tmp.path().join("store").display().to_string();
+    let store = open(&url, &RegistryOptions::default()).unwrap();
+    common::publish::every_step_shows_nothing_or_a_verified_entry(store.clone(), tmp.path()).await;
+    common::publish::a_racing_reader_never_sees_an_unattested_entry(store, tmp.path()).await;
+    // Nothing staged is left behind once every entry is tagged.
+    assert!(common::names(&tmp.path().join("store/staged")).is_empty());
+}

@@ -525,3 +525,14 @@ async fn concurrent_publishers_of_shared_blobs_all_succeed() {
         assert!(store.attestation(&key, &digest).await.unwrap().is_some());
     }
 }
+
+/// The publish order against the real registry: the manifest is pushed by digest (no tag), the
+/// attestation next, the compile-key tag last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lookup_between_publish_steps_sees_nothing_or_a_verified_entry() {
+    let Some(reg) = Registry::start() else { return };
+    let store = open(&reg.url("kiln/order"), &insecure()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    common::publish::every_step_shows_nothing_or_a_verified_entry(store.clone(), tmp.path()).await;
+    common::publish::a_racing_reader_never_sees_an_unattested_entry(store, tmp.path()).await;
+}

@@ -13,7 +13,10 @@
 //! Exit status 0 and a non-empty `KILN_ARTIFACT` mean success; anything else is
 //! `CompileFailed` with the last lines of its output; past `compile.activeDeadlineSeconds` it is
 //! killed with everything it started (`Timeout`). Its output is logged line by line and kept
-//! in the build manifest. Registry credentials are not passed on.
+//! in the build manifest. Of kiln-agent's environment it gets only an allow-list ([`PASSED`]:
+//! paths, locale, GPU selection), so no credential reaches it. It runs in its own process group,
+//! and kiln-agent is a child subreaper: when the compiler exits or times out, its group is
+//! killed and then every process reparented to kiln-agent (a child that detached with `setsid`).
 //!
 //! In a compile Job the compiler never shares a container with anything secret: an init
 //! container (the compiler image, kiln-agent injected, no store, no credentials, no signing key)
@@ -46,12 +49,28 @@ const TAIL_LINES: usize = 12;
 /// Bytes of those lines quoted at most, their end: a line is cut at 4 KiB of raw output, but
 /// each byte that is not UTF-8 becomes a 3-byte replacement character.
 const TAIL_BYTES: usize = 8 << 10;
-/// Environment the compiler must not see.
-const WITHHELD: &[&str] = &[
-    "KILN_REGISTRY_USERNAME",
-    "KILN_REGISTRY_PASSWORD",
-    "KILN_SIGNING_KEY",
+/// The only variables of kiln-agent's environment a compiler gets (besides [`PASSED_PREFIXES`]
+/// and its own `KILN_*` contract): what finds programs and libraries, locale and time, never
+/// credentials (a registry password, a cloud token, the signing key's path).
+const PASSED: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TMPDIR",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "OMP_NUM_THREADS",
 ];
+/// Families of variables passed on: locale, and which GPU the compiler may use.
+const PASSED_PREFIXES: &[&str] = &["LC_", "CUDA_", "NVIDIA_"];
 /// The compiler's model in a handoff directory.
 pub const HANDOFF_MODEL: &str = "compiled.onnx";
 /// The compiler's output lines (JSON array) in a handoff directory.
@@ -145,7 +164,9 @@ impl Exec {
         let profiles = serde_json::to_string(req.profiles).unwrap_or_default();
         let flags = serde_json::to_string(req.flags).unwrap_or_default();
         let mut cmd = Command::new(program);
-        cmd.args(args)
+        cmd.env_clear()
+            .envs(std::env::vars_os().filter(|(name, _)| name.to_str().is_some_and(passed)))
+            .args(args)
             .current_dir(work)
             .env("KILN_MODEL", &model)
             .env("KILN_ARTIFACT", onnx)
@@ -156,9 +177,6 @@ impl Exec {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        for var in WITHHELD {
-            cmd.env_remove(var);
-        }
         // Its own process group: on a deadline, and after it exits, whatever it started goes
         // too (a straggler holding its output open would otherwise hang the log readers).
         // What leaves the group (setsid) is reparented to this process, a child subreaper, and
@@ -167,6 +185,9 @@ impl Exec {
         if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
             tracing::warn!(error = %e, "cannot become a child subreaper; a compiler's setsid children may outlive it");
         }
+        // Children this process had before the compiler (another engine's worker) are not the
+        // compiler's and are left alone.
+        let before = children_of(rustix::process::getpid().as_raw_nonzero().get());
         tracing::info!(command = ?self.command, "running the compiler");
         let mut child = cmd.spawn().map_err(|e| {
             Error::CompileFailed(format!(
@@ -215,7 +236,7 @@ impl Exec {
             {
                 let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
             }
-            kill_orphans();
+            kill_orphans(&before);
             status
         });
         let log: Vec<String> = log.into_inner().unwrap_or_else(|p| p.into_inner()).into();
@@ -275,6 +296,12 @@ impl Exec {
     }
 }
 
+/// Whether kiln-agent's variable `name` is passed on to a compiler (an allow-list: anything
+/// not named here, `KILN_REGISTRY_PASSWORD` among them, stays behind).
+fn passed(name: &str) -> bool {
+    PASSED.contains(&name) || PASSED_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
 /// What a path that should be a file is instead, for messages.
 fn not_a_file(m: &std::fs::Metadata) -> &'static str {
     let kind = m.file_type();
@@ -287,13 +314,15 @@ fn not_a_file(m: &std::fs::Metadata) -> &'static str {
     }
 }
 
-/// Kills and reaps every process reparented to this one: what a compiler detached from its
-/// process group (setsid) and left running. Rounds, because killing one reparents its children.
-fn kill_orphans() {
+/// Kills and reaps every process reparented to this one but those in `keep`: what a compiler
+/// detached from its process group (setsid) and left running. Rounds, because killing one
+/// reparents its children.
+fn kill_orphans(keep: &[i32]) {
     use rustix::process::{Pid, Signal, WaitOptions, getpid, kill_process, waitpid};
     let me = getpid().as_raw_nonzero().get();
     for _ in 0..16 {
-        let orphans = children_of(me);
+        let mut orphans = children_of(me);
+        orphans.retain(|pid| !keep.contains(pid));
         if orphans.is_empty() {
             return;
         }
@@ -443,6 +472,31 @@ fn printable(line: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_allow_listed_variables_reach_a_compiler() {
+        for name in [
+            "PATH",
+            "HOME",
+            "LC_ALL",
+            "CUDA_VISIBLE_DEVICES",
+            "LD_LIBRARY_PATH",
+        ] {
+            assert!(passed(name), "{name}");
+        }
+        for name in [
+            "KILN_REGISTRY_PASSWORD",
+            "KILN_REGISTRY_USERNAME",
+            "KILN_SIGNING_KEY",
+            "AWS_SECRET_ACCESS_KEY",
+            "HF_TOKEN",
+            "RUST_LOG",
+            "PATHX",
+            "",
+        ] {
+            assert!(!passed(name), "{name}");
+        }
+    }
 
     #[test]
     fn compiler_output_cannot_carry_control_characters() {

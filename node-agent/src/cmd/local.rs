@@ -115,8 +115,14 @@ async fn pipeline(
     (trust, sources): (&TrustArgs, &SourceTrustArgs),
     outcome: &mut Outcome,
 ) -> Result<()> {
+    // With no key given, the store signs itself with a key of its own (created on first use),
+    // so an entry rewritten by someone without that key is refused like in a cluster.
+    let trust = match (&trust.signing_key, &trust.trust_key) {
+        (None, None) => kiln_store::local_key::trust(store_dir)?,
+        _ => trust.load()?,
+    };
     let publish = Publish {
-        trust: trust.load()?,
+        trust,
         builder_image: None,
     };
     let spec = Spec::load(file)?;
@@ -179,6 +185,11 @@ async fn pipeline(
             crate::pipeline::ready::gpu_memory(&host),
             metrics,
         )
+    })
+    // What failed to load or warm is not kept as a ready copy: the next run pulls it again
+    // from the store, verified.
+    .inspect_err(|_| {
+        let _ = std::fs::remove_file(&cached);
     })?;
     let w = &ready.warmup;
     outcome.parity_max_abs_error = Some(w.parity_max_abs_error);

@@ -355,7 +355,8 @@ pub async fn compile_or_reuse(
     })
 }
 
-/// Stores an artifact and its manifest and signs the entry; when another compile of the key
+/// Stores an artifact and its manifest, signed, in the order that leaves no window (blobs and
+/// manifest by digest, attestation, tag: `Trust::publish`); when another compile of the key
 /// stored first, its entry is used only if its attestation holds.
 async fn publish_entry(
     artifact: &Path,
@@ -364,13 +365,18 @@ async fn publish_entry(
     store: &dyn Store,
     publish: &Publish,
 ) -> Result<Entry> {
-    let entry = store.put(artifact, manifest, replace).await?;
-    if entry.manifest == *manifest {
-        publish
-            .trust
-            .sign(store, &entry, publish.builder_image.as_deref())
-            .await?;
-    } else {
+    let entry = publish
+        .trust
+        .publish(
+            store,
+            artifact,
+            manifest,
+            replace,
+            publish.builder_image.as_deref(),
+        )
+        .await?;
+    // Another compile of the key stored first: its entry is used only if its attestation holds.
+    if entry.manifest != *manifest {
         publish.trust.check(store, &subject(&entry)).await?;
     }
     tracing::info!(compile_key = %manifest.compile_key, digest = %entry.manifest.artifact_digest, manifest = %entry.manifest_digest, store = %store.location(), signed = publish.trust.signer.is_some(), "stored artifact");

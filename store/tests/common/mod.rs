@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod publish;
+
 use std::path::{Path, PathBuf};
 
 use kiln_crds::BuildManifest;
