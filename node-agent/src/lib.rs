@@ -6,10 +6,12 @@
 //!   with parity, probe the hardware.
 //! * [`run`] — the DaemonSet's loop (watches, decisions, KilnNode status, pod gates).
 //! * [`backend`] — the engine backends (tract, a foreign compiler via `exec`).
+//! * [`compat`] — whether a class's hardware facts hold on a machine (pure).
 //! * [`memory`] — the heap ceiling (the binary's global allocator).
 
 pub mod backend;
 pub mod cmd;
+pub mod compat;
 pub mod device_memory;
 pub mod error;
 pub mod host_pid;
