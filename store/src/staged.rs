@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+pub use crate::error::Mismatch;
 use crate::{Error, Result};
 
 /// Buffer size of streaming reads and writes: large enough that the hash, not syscalls,
@@ -26,42 +27,6 @@ pub struct Expected {
     pub digest: String,
     /// Exact size in bytes, when known; without it only the digest decides.
     pub size: Option<u64>,
-}
-
-/// Why a verified write refused its bytes (see [`Error::Refused`]).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Mismatch {
-    /// More bytes arrived than the expected size; the rest was refused.
-    #[error("more than the expected {expected} bytes arrived; refusing the rest")]
-    TooLarge {
-        /// The expected size.
-        expected: u64,
-    },
-    /// The bytes ended short of the expected size.
-    #[error(
-        "got {got} bytes, expected {expected}; the transfer was cut short or the stored blob is truncated"
-    )]
-    Short {
-        /// Bytes that arrived.
-        got: u64,
-        /// The expected size.
-        expected: u64,
-    },
-    /// The bytes hash to something else.
-    #[error("sha256 mismatch: expected {expected}, got {got}; the stored bytes are corrupt")]
-    Digest {
-        /// sha256 of what arrived.
-        got: String,
-        /// The expected sha256.
-        expected: String,
-    },
-}
-
-impl Mismatch {
-    /// The store's message for a refused write of `dest`.
-    pub fn refusal(&self, dest: &Path) -> String {
-        format!("{self}; nothing was written to {}", dest.display())
-    }
 }
 
 /// Whether `hex` is a bare sha256 (64 hex digits, either case): what a digest or compile key
