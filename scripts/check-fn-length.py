@@ -15,6 +15,7 @@ and not yet split; an --allow that no longer names a long function fails, so the
 shrinks. Exit status 1 on a failure, 2 on a usage error.
 """
 
+import argparse
 import importlib.util
 import os
 import sys
@@ -162,20 +163,15 @@ def main(argv):
     repo = os.path.dirname(HERE)
     if argv == ["--self-test"]:
         return self_test()
-    limit, allowed, crates = 100, set(), []
-    while argv:
-        if argv[0] == "--max" and len(argv) > 1 and argv[1].isdigit():
-            limit, argv = int(argv[1]), argv[2:]
-        elif argv[0] == "--allow" and len(argv) > 1 and "::" in argv[1]:
-            allowed.add(argv[1])
-            argv = argv[2:]
-        elif argv[0].startswith("-"):
-            print(__doc__, file=sys.stderr)
-            return 2
-        else:
-            crates.append(argv[0].rstrip("/"))
-            argv = argv[1:]
-    lines, failed = check(repo, crates or use_graph.workspace_members(repo), limit, allowed)
+    parser = argparse.ArgumentParser(usage=__doc__.split("Usage: ")[1].split("\n\n")[0])
+    parser.add_argument("--max", type=int, default=100)
+    parser.add_argument("--allow", action="append", default=[])
+    parser.add_argument("crates", nargs="*")
+    args = parser.parse_args(argv)
+    if any("::" not in a for a in args.allow):
+        parser.error("--allow takes FILE::NAME")
+    crates = [c.rstrip("/") for c in args.crates] or use_graph.workspace_members(repo)
+    lines, failed = check(repo, crates, args.max, set(args.allow))
     print("\n".join(lines))
     return 1 if failed else 0
 

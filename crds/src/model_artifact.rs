@@ -321,23 +321,12 @@ impl ModelArtifactSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `as_str` is the serde name of every variant, both ways.
-    fn round_trips<T>(all: &[T], name: fn(&T) -> &'static str)
-    where
-        T: Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug,
-    {
-        for v in all {
-            let json = serde_json::to_value(v).expect("serialise");
-            assert_eq!(json, serde_json::json!(name(v)));
-            assert_eq!(&serde_json::from_value::<T>(json).expect("read"), v);
-        }
-    }
+    use crate::test_support::serde_names;
 
     #[test]
     fn formats_dtypes_and_asset_kinds_serialise_as_their_names() {
-        round_trips(&ModelFormat::ALL, |f| f.as_str());
-        round_trips(&DType::ALL, |d| d.as_str());
-        round_trips(&AssetKind::ALL, |k| k.as_str());
+        serde_names(&ModelFormat::ALL, |f| f.as_str());
+        serde_names(&DType::ALL, |d| d.as_str());
+        serde_names(&AssetKind::ALL, |k| k.as_str());
     }
 }
