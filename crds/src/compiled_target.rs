@@ -447,8 +447,8 @@ impl CpuFallback {
     /// The policy in one word, as it enters the compile key (`UpToShare:10`).
     pub fn describe(&self) -> String {
         match (self.policy, self.max_share_percent) {
-            (CpuFallbackPolicy::UpToShare, Some(p)) => format!("UpToShare:{p}"),
-            (policy, _) => format!("{policy:?}"),
+            (CpuFallbackPolicy::UpToShare, Some(p)) => format!("{}:{p}", self.policy.as_str()),
+            (policy, _) => policy.as_str().to_string(),
         }
     }
 }
@@ -467,6 +467,26 @@ pub enum CpuFallbackPolicy {
     UpToShare,
     /// Every node on the requested provider, shape nodes included.
     Strict,
+}
+
+impl CpuFallbackPolicy {
+    /// Every variant, in declaration order.
+    pub const ALL: [Self; 4] = [
+        Self::Forbidden,
+        Self::Allowed,
+        Self::UpToShare,
+        Self::Strict,
+    ];
+
+    /// The name in specs, status, messages and metric labels (its serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Forbidden => "Forbidden",
+            Self::Allowed => "Allowed",
+            Self::UpToShare => "UpToShare",
+            Self::Strict => "Strict",
+        }
+    }
 }
 
 /// Backends kiln can drive.
@@ -1110,6 +1130,22 @@ impl ShapeProfile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_fallback_policies_serialise_as_their_names() {
+        crate::test_support::serde_names(&CpuFallbackPolicy::ALL, |p| p.as_str());
+        for p in CpuFallbackPolicy::ALL {
+            let cpu = CpuFallback {
+                policy: p,
+                max_share_percent: Some(10),
+            };
+            let share = (p == CpuFallbackPolicy::UpToShare).then_some(":10");
+            assert_eq!(
+                cpu.describe(),
+                format!("{}{}", p.as_str(), share.unwrap_or_default())
+            );
+        }
+    }
 
     #[test]
     fn class_phases_serialise_as_their_names_and_unknown_ones_read_as_pending() {

@@ -122,6 +122,32 @@ pub enum NodePhase {
     Failed,
 }
 
+impl NodePhase {
+    /// Every variant, in declaration order.
+    pub const ALL: [Self; 7] = [
+        Self::Pending,
+        Self::Pulling,
+        Self::Loading,
+        Self::Warming,
+        Self::Ready,
+        Self::Degraded,
+        Self::Failed,
+    ];
+
+    /// The name in specs, status, messages and metric labels (its serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Pulling => "Pulling",
+            Self::Loading => "Loading",
+            Self::Warming => "Warming",
+            Self::Ready => "Ready",
+            Self::Degraded => "Degraded",
+            Self::Failed => "Failed",
+        }
+    }
+}
+
 /// One target revision on one node.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -200,4 +226,14 @@ pub struct NodeTargetStatus {
     /// measured (no GPU or no NVML), never 0 for that.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_device_memory_bytes: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_phases_serialise_as_their_names() {
+        crate::test_support::serde_names(&NodePhase::ALL, |p| p.as_str());
+    }
 }

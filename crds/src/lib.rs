@@ -61,3 +61,7 @@ pub fn crd_yaml() -> Vec<(&'static str, String)> {
     })
     .collect()
 }
+
+/// What unit tests of several modules share.
+#[cfg(test)]
+pub(crate) mod test_support;

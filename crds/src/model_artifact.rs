@@ -100,6 +100,21 @@ pub enum ModelFormat {
     Gguf,
 }
 
+impl ModelFormat {
+    /// Every variant, in declaration order.
+    pub const ALL: [Self; 4] = [Self::Onnx, Self::TorchExport, Self::Safetensors, Self::Gguf];
+
+    /// The name in specs, status, messages and metric labels (its serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Onnx => "onnx",
+            Self::TorchExport => "torch-export",
+            Self::Safetensors => "safetensors",
+            Self::Gguf => "gguf",
+        }
+    }
+}
+
 /// Element types of tensors.
 #[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[serde(rename_all = "lowercase")]
@@ -120,6 +135,34 @@ pub enum DType {
     U8,
     /// Boolean.
     Bool,
+}
+
+impl DType {
+    /// Every variant, in declaration order.
+    pub const ALL: [Self; 8] = [
+        Self::F32,
+        Self::F16,
+        Self::Bf16,
+        Self::I64,
+        Self::I32,
+        Self::I8,
+        Self::U8,
+        Self::Bool,
+    ];
+
+    /// The name in specs, status, messages and metric labels (its serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::Bf16 => "bf16",
+            Self::I64 => "i64",
+            Self::I32 => "i32",
+            Self::I8 => "i8",
+            Self::U8 => "u8",
+            Self::Bool => "bool",
+        }
+    }
 }
 
 /// A named tensor with its dtype and shape.
@@ -173,6 +216,26 @@ pub enum AssetKind {
     ChatTemplate,
     /// Anything else the serving side reads.
     Other,
+}
+
+impl AssetKind {
+    /// Every variant, in declaration order.
+    pub const ALL: [Self; 4] = [
+        Self::Tokenizer,
+        Self::Preprocessor,
+        Self::ChatTemplate,
+        Self::Other,
+    ];
+
+    /// The name in specs, status, messages and metric labels (its serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tokenizer => "tokenizer",
+            Self::Preprocessor => "preprocessor",
+            Self::ChatTemplate => "chatTemplate",
+            Self::Other => "other",
+        }
+    }
 }
 
 /// A file bound to the model by digest.
@@ -252,5 +315,18 @@ impl ModelArtifactSpec {
             .iter()
             .flat_map(|i| i.dims.iter().filter_map(|d| d.symbol.as_deref()))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::serde_names;
+
+    #[test]
+    fn formats_dtypes_and_asset_kinds_serialise_as_their_names() {
+        serde_names(&ModelFormat::ALL, |f| f.as_str());
+        serde_names(&DType::ALL, |d| d.as_str());
+        serde_names(&AssetKind::ALL, |k| k.as_str());
     }
 }

@@ -61,7 +61,7 @@ pub fn status(s: &Status) -> String {
             vec![
                 n.node.clone(),
                 n.class.clone(),
-                format!("{:?}", n.phase),
+                n.phase.as_str().to_string(),
                 n.revision.to_string(),
                 or_dash(n.desired_revision),
                 or_dash(n.fallback.map(FallbackPolicy::as_str)),

@@ -396,7 +396,7 @@ pub fn why_node(node: &KilnNode, events: Vec<EventLine>) -> Why {
         .filter(|r| r.phase != NodePhase::Ready)
         .map(|r| Problem {
             at: format!("target {}/{} revision {}", r.namespace, r.name, r.revision),
-            step: step(r.reason, &format!("{:?}", r.phase)),
+            step: step(r.reason, r.phase.as_str()),
             reason: r.reason,
             message: r.message.clone().unwrap_or_else(|| match r.phase {
                 NodePhase::Degraded => format!(
@@ -404,7 +404,7 @@ pub fn why_node(node: &KilnNode, events: Vec<EventLine>) -> Why {
                     r.fallback.map_or("unnamed", FallbackPolicy::as_str),
                     r.desired_revision.unwrap_or(r.revision)
                 ),
-                phase => format!("{phase:?}"),
+                phase => phase.as_str().to_string(),
             }),
         })
         .collect();
@@ -464,7 +464,7 @@ pub fn why_target(target: &CompiledTarget, nodes: &[KilnNode], events: Vec<Event
         if matches!(r.phase, NodePhase::Failed | NodePhase::Degraded) {
             problems.push(Problem {
                 at: format!("node {node} revision {}", r.revision),
-                step: step(r.reason, &format!("{:?}", r.phase)),
+                step: step(r.reason, r.phase.as_str()),
                 reason: r.reason,
                 message: r.message.clone().unwrap_or_default(),
             });

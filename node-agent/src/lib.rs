@@ -6,17 +6,23 @@
 //!   with parity, probe the hardware.
 //! * [`run`] — the DaemonSet's loop (watches, decisions, KilnNode status, pod gates).
 //! * [`backend`] — the engine backends (tract, a foreign compiler via `exec`).
+//! * [`compat`] — whether a class's hardware facts hold on a machine (pure).
+//! * [`tensor`], [`placement`] — the host tensor every engine takes and returns, and whether a
+//!   measured placement is allowed: below both the pipeline and the backends.
 //! * [`memory`] — the heap ceiling (the binary's global allocator).
 
 pub mod backend;
 pub mod cmd;
+pub mod compat;
 pub mod device_memory;
 pub mod error;
 pub mod host_pid;
 pub mod memory;
 pub mod metrics;
 pub mod pipeline;
+pub mod placement;
 pub mod run;
+pub mod tensor;
 
 /// What unit tests of several modules share.
 #[cfg(test)]

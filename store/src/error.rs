@@ -1,9 +1,10 @@
-//! The store's one error type; every variant maps to one [`FailureReason`].
-//! Types only; touches nothing.
+//! The store's one error type; every variant maps to one [`FailureReason`]. With it, why a
+//! verified write refused its bytes ([`Mismatch`], re-exported by `staged`). Types only;
+//! touches nothing.
+
+use std::path::Path;
 
 use kiln_crds::FailureReason;
-
-use crate::staged::Mismatch;
 
 /// Result alias for store operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -55,5 +56,41 @@ impl Error {
             Self::InvalidUrl { .. } => FailureReason::InvalidSpec,
             Self::SignatureInvalid { .. } => FailureReason::SignatureInvalid,
         }
+    }
+}
+
+/// Why a verified write refused its bytes (see [`Error::Refused`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Mismatch {
+    /// More bytes arrived than the expected size; the rest was refused.
+    #[error("more than the expected {expected} bytes arrived; refusing the rest")]
+    TooLarge {
+        /// The expected size.
+        expected: u64,
+    },
+    /// The bytes ended short of the expected size.
+    #[error(
+        "got {got} bytes, expected {expected}; the transfer was cut short or the stored blob is truncated"
+    )]
+    Short {
+        /// Bytes that arrived.
+        got: u64,
+        /// The expected size.
+        expected: u64,
+    },
+    /// The bytes hash to something else.
+    #[error("sha256 mismatch: expected {expected}, got {got}; the stored bytes are corrupt")]
+    Digest {
+        /// sha256 of what arrived.
+        got: String,
+        /// The expected sha256.
+        expected: String,
+    },
+}
+
+impl Mismatch {
+    /// The store's message for a refused write of `dest`.
+    pub fn refusal(&self, dest: &Path) -> String {
+        format!("{self}; nothing was written to {}", dest.display())
     }
 }

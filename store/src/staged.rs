@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+pub use crate::error::Mismatch;
 use crate::{Error, Result};
 
 /// Buffer size of streaming reads and writes: large enough that the hash, not syscalls,
@@ -26,42 +27,6 @@ pub struct Expected {
     pub digest: String,
     /// Exact size in bytes, when known; without it only the digest decides.
     pub size: Option<u64>,
-}
-
-/// Why a verified write refused its bytes (see [`Error::Refused`]).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Mismatch {
-    /// More bytes arrived than the expected size; the rest was refused.
-    #[error("more than the expected {expected} bytes arrived; refusing the rest")]
-    TooLarge {
-        /// The expected size.
-        expected: u64,
-    },
-    /// The bytes ended short of the expected size.
-    #[error(
-        "got {got} bytes, expected {expected}; the transfer was cut short or the stored blob is truncated"
-    )]
-    Short {
-        /// Bytes that arrived.
-        got: u64,
-        /// The expected size.
-        expected: u64,
-    },
-    /// The bytes hash to something else.
-    #[error("sha256 mismatch: expected {expected}, got {got}; the stored bytes are corrupt")]
-    Digest {
-        /// sha256 of what arrived.
-        got: String,
-        /// The expected sha256.
-        expected: String,
-    },
-}
-
-impl Mismatch {
-    /// The store's message for a refused write of `dest`.
-    pub fn refusal(&self, dest: &Path) -> String {
-        format!("{self}; nothing was written to {}", dest.display())
-    }
 }
 
 /// Whether `hex` is a bare sha256 (64 hex digits, either case): what a digest or compile key
@@ -360,37 +325,84 @@ where
     }
 }
 
-/// One verified pull; also returns how many bytes it took over from an earlier one.
+/// One verified pull; also returns how many bytes it took over from an earlier one. Steps: open
+/// the verified write (resuming kept bytes), start its writer thread, download into it, then
+/// judge how the download ended and the whole object.
 async fn stream_once<S, F, Fut>(open: &mut F, dest: &Path, expected: Expected) -> (Result<()>, u64)
 where
     S: futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Unpin,
     F: FnMut(u64) -> Fut,
     Fut: std::future::Future<Output = Result<Opened<S>>>,
 {
-    use futures_util::StreamExt;
     let what = expected.what.clone();
     let size = expected.size;
-    let staged = {
-        let dest = dest.to_path_buf();
-        tokio::task::spawn_blocking(move || VerifiedWrite::resumable(&dest, expected)).await
-    };
-    let staged = match staged {
-        Ok(Ok(staged)) => staged,
-        Ok(Err(e)) => return (Err(e), 0),
-        Err(e) => return (Err(Error::store(dest, format!("writer failed: {e}"))), 0),
+    let staged = match open_write(dest, expected).await {
+        Ok(staged) => staged,
+        Err(e) => return (Err(e), 0),
     };
     let resumed = staged.resumed();
     if resumed > 0 {
         tracing::info!(what = %what, bytes = resumed, "resuming a pull from the bytes an earlier one kept");
     }
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
-    let writer = tokio::task::spawn_blocking(move || -> Result<VerifiedWrite> {
-        let mut staged = staged;
+    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
+    let writer = spawn_writer(staged, rx);
+    let (ended, resumes) = download(open, &tx, resumed, size, &what).await;
+    drop(tx);
+    let written = writer.await;
+    let broke_off = match ended {
+        Ended::NotOpened(e) => return (Err(e), resumed),
+        Ended::Complete => None,
+        Ended::BrokeOff(e) => Some(e),
+    };
+    let staged = match written {
+        Ok(Ok(staged)) => staged,
+        Ok(Err(e)) => return (Err(e), resumed),
+        Err(e) => {
+            return (
+                Err(Error::store(dest, format!("writer failed: {e}"))),
+                resumed,
+            );
+        }
+    };
+    if let Some(e) = broke_off {
+        let message = format!(
+            "download of {what} broke off after {} of {} bytes: {e}; nothing was written to {} (the bytes received are kept for the next pull to resume from)",
+            staged.written,
+            size.map_or_else(|| "?".to_string(), |s| s.to_string()),
+            dest.display()
+        );
+        return (Err(Error::unavailable("registry", message)), resumed);
+    }
+    if resumes > 0 {
+        tracing::info!(what = %what, resumes, "download resumed by range; verifying the whole object");
+    }
+    let finished = tokio::task::spawn_blocking(move || staged.finish())
+        .await
+        .map_err(|e| Error::store(dest, format!("writer failed: {e}")))
+        .and_then(|r| r);
+    (finished, resumed)
+}
+
+/// [`VerifiedWrite::resumable`] of `dest`, on a blocking thread.
+async fn open_write(dest: &Path, expected: Expected) -> Result<VerifiedWrite> {
+    let owned = dest.to_path_buf();
+    match tokio::task::spawn_blocking(move || VerifiedWrite::resumable(&owned, expected)).await {
+        Ok(result) => result,
+        Err(e) => Err(Error::store(dest, format!("writer failed: {e}"))),
+    }
+}
+
+/// The writer thread: writes and hashes every chunk that arrives, logging progress in tenths
+/// (for logs of long pulls), until the sender is dropped; returns the write to be judged.
+fn spawn_writer(
+    mut staged: VerifiedWrite,
+    mut rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+) -> tokio::task::JoinHandle<Result<VerifiedWrite>> {
+    tokio::task::spawn_blocking(move || -> Result<VerifiedWrite> {
         let started = std::time::Instant::now();
         let mut reported = 0;
         while let Some(chunk) = rx.blocking_recv() {
             staged.write(&chunk)?;
-            // Progress in tenths, for logs of long pulls.
             let Some(total) = staged.expected.size else {
                 continue;
             };
@@ -408,82 +420,91 @@ where
             }
         }
         Ok(staged)
-    });
-    let mut sent = resumed;
+    })
+}
+
+/// How a download ended.
+enum Ended {
+    /// Every byte was sent (or the writer stopped: its error says why).
+    Complete,
+    /// The first open failed: nothing was sent.
+    NotOpened(Error),
+    /// The stream broke off, or could not be reopened, after some bytes; why.
+    BrokeOff(String),
+}
+
+/// Sends the object from byte `sent` on to the writer, reopening a stream that breaks off at the
+/// first byte not yet sent, up to [`MAX_RESUMES`] times. Returns how it ended and how many
+/// times it resumed.
+async fn download<S, F, Fut>(
+    open: &mut F,
+    tx: &tokio::sync::mpsc::Sender<bytes::Bytes>,
+    mut sent: u64,
+    size: Option<u64>,
+    what: &str,
+) -> (Ended, u32)
+where
+    S: futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Unpin,
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<Opened<S>>>,
+{
     let mut resumes = 0;
-    let failed = 'download: loop {
+    let ended = loop {
         if size == Some(sent) && sent > 0 {
-            break 'download None; // all kept already: only the verdict is left
+            break Ended::Complete; // all kept already: only the verdict is left
         }
-        let (mut chunks, mut at) = match open(sent).await {
+        let (chunks, at) = match open(sent).await {
             Ok(opened) => opened,
-            Err(e) if resumes > 0 => break 'download Some(e.to_string()),
-            Err(e) => {
-                drop(tx);
-                let _ = writer.await;
-                return (Err(e), resumed);
-            }
+            Err(e) if resumes > 0 => break Ended::BrokeOff(e.to_string()),
+            Err(e) => break Ended::NotOpened(e),
         };
-        let broke = loop {
-            match chunks.next().await {
-                Some(Ok(mut chunk)) => {
-                    // Bytes before `sent` (a server that ignored the range) were taken already.
-                    if at < sent {
-                        let skip = (sent - at).min(chunk.len() as u64);
-                        at += skip;
-                        chunk = chunk.slice(skip as usize..);
-                        if chunk.is_empty() {
-                            continue;
-                        }
-                    }
-                    let n = chunk.len() as u64;
-                    if tx.send(chunk).await.is_err() {
-                        break None; // the writer stopped: its error says why
-                    }
-                    at += n;
-                    sent += n;
-                }
-                Some(Err(e)) => break Some(e),
-                None => break None,
-            }
-        };
-        let Some(e) = broke else {
-            break 'download None;
+        let Some(e) = forward(chunks, at, &mut sent, tx).await else {
+            break Ended::Complete;
         };
         if resumes >= MAX_RESUMES {
-            break 'download Some(format!("{e} (after {resumes} resumed attempts)"));
+            break Ended::BrokeOff(format!("{e} (after {resumes} resumed attempts)"));
         }
         resumes += 1;
         tracing::warn!(what = %what, bytes = sent, error = %e, attempt = resumes, "download broke off; resuming from the next byte");
     };
-    drop(tx);
-    let staged = match writer.await {
-        Ok(Ok(staged)) => staged,
-        Ok(Err(e)) => return (Err(e), resumed),
-        Err(e) => {
-            return (
-                Err(Error::store(dest, format!("writer failed: {e}"))),
-                resumed,
-            );
+    (ended, resumes)
+}
+
+/// Sends what `chunks` yields (the object from byte `at` on) to the writer, counting `sent`.
+/// Returns the error the stream broke off with; `None` when it ended or the writer stopped.
+async fn forward<S>(
+    mut chunks: S,
+    mut at: u64,
+    sent: &mut u64,
+    tx: &tokio::sync::mpsc::Sender<bytes::Bytes>,
+) -> Option<std::io::Error>
+where
+    S: futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Unpin,
+{
+    use futures_util::StreamExt;
+    loop {
+        match chunks.next().await {
+            Some(Ok(mut chunk)) => {
+                // Bytes before `sent` (a server that ignored the range) were taken already.
+                if at < *sent {
+                    let skip = (*sent - at).min(chunk.len() as u64);
+                    at += skip;
+                    chunk = chunk.slice(skip as usize..);
+                    if chunk.is_empty() {
+                        continue;
+                    }
+                }
+                let n = chunk.len() as u64;
+                if tx.send(chunk).await.is_err() {
+                    return None; // the writer stopped: its error says why
+                }
+                at += n;
+                *sent += n;
+            }
+            Some(Err(e)) => return Some(e),
+            None => return None,
         }
-    };
-    if let Some(e) = failed {
-        let message = format!(
-            "download of {what} broke off after {} of {} bytes: {e}; nothing was written to {} (the bytes received are kept for the next pull to resume from)",
-            staged.written,
-            size.map_or_else(|| "?".to_string(), |s| s.to_string()),
-            dest.display()
-        );
-        return (Err(Error::unavailable("registry", message)), resumed);
     }
-    if resumes > 0 {
-        tracing::info!(what = %what, resumes, "download resumed by range; verifying the whole object");
-    }
-    let finished = tokio::task::spawn_blocking(move || staged.finish())
-        .await
-        .map_err(|e| Error::store(dest, format!("writer failed: {e}")))
-        .and_then(|r| r);
-    (finished, resumed)
 }
 
 /// Copies `src` into `dest` through a verified write.

@@ -23,13 +23,18 @@ pub struct Auto {
 }
 
 impl Auto {
-    /// The candidates of `spec` (kind `auto`) on `class`.
-    pub fn for_class(spec: &Spec, class: &ClassFacts) -> Self {
+    /// The candidates of `spec` (kind `auto`) on `class`, each backend made by `make`
+    /// (`backend::for_target`: passed in, so this list sits below the code that picks backends).
+    pub fn for_class(
+        spec: &Spec,
+        class: &ClassFacts,
+        make: impl Fn(&Spec) -> Result<Box<dyn Backend>, Error>,
+    ) -> Self {
         let candidates = spec
             .candidates(class)
             .into_iter()
             .map(|spec| Candidate {
-                backend: super::for_target(&spec),
+                backend: make(&spec),
                 spec,
             })
             .collect();

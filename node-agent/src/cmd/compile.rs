@@ -178,30 +178,17 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<Built> {
     .await
 }
 
-/// Every hardware fact of the expected class (the keys kiln probes itself: GPU product, compute
-/// capability, driver, architecture, CPU level) must hold on this node, a GPU fact on a node
-/// without that GPU included. Other class keys (a node pool label, say) describe how the node is
-/// labelled, not its hardware; the Job's node selector already matched them. Facts the node has
-/// beyond the class (say, a CPU level when the class only names the architecture) do not matter.
+/// Every hardware fact of the expected class must hold on this node exactly
+/// ([`crate::compat::matches_class`]): the Job's node selector matched its labels, this checks
+/// that they tell the truth about the hardware.
 pub fn check_class(expected: &ClassFacts, probed: &ClassFacts) -> Result<()> {
-    let hardware = |k: &str| kiln_crds::labels::DEFAULT_CLASS_KEYS.contains(&k);
-    let wrong: Vec<String> = expected
-        .iter()
-        .filter(|(k, _)| hardware(k))
-        .filter(|(k, v)| probed.get(*k) != Some(*v))
-        .map(|(k, v)| {
-            format!(
-                "{k}: class says {v:?}, node probes {:?}",
-                probed.get(k).map(String::as_str).unwrap_or("nothing")
-            )
-        })
-        .collect();
+    let wrong = crate::compat::matches_class(expected, probed);
     if wrong.is_empty() {
         Ok(())
     } else {
         Err(Error::IncompatibleHardware(format!(
             "this node does not match the class the Job was pinned to ({}); its node labels disagree with its hardware, fix the labels",
-            wrong.join("; ")
+            crate::compat::describe(&wrong)
         )))
     }
 }

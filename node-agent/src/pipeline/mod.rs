@@ -5,13 +5,15 @@
 
 pub mod build;
 pub mod candidates;
+pub mod compile;
 pub mod fetch;
 pub mod fixtures;
 pub mod interface;
-pub mod placement;
 pub mod probe;
 pub mod ready;
 pub mod schema;
 pub mod spec;
-pub mod tensor;
 pub mod warmup;
+
+// Below both the pipeline and the backends, which use them; re-exported at their old paths.
+pub use crate::{placement, tensor};

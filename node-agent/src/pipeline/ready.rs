@@ -87,40 +87,26 @@ pub fn check_against(
     Ok(())
 }
 
-/// What an artifact's GPU facts demand of this node, said plainly before the whole class is
-/// compared: a GPU build on a node without that GPU or with another compute capability is
-/// `IncompatibleHardware`; one built under a newer NVIDIA driver than the node runs is
-/// `IncompatibleRuntime` (its kernels may need what the older driver lacks). Pure.
+/// What an artifact's GPU facts demand of this node ([`crate::compat::gpu_gap`]), said plainly
+/// before the whole class is compared: a GPU build on a node without that GPU or with another
+/// compute capability is `IncompatibleHardware`; one built under a newer NVIDIA driver than the
+/// node runs is `IncompatibleRuntime` (its kernels may need what the older driver lacks). Pure.
 pub fn gpu_fits(built: &ClassFacts, here: &ClassFacts) -> Result<()> {
-    use kiln_crds::labels::{DRIVER_MAJOR, GPU_COMPUTE_MAJOR, GPU_COMPUTE_MINOR, GPU_PRODUCT};
-    if let Some(product) = built.get(GPU_PRODUCT)
-        && !here.contains_key(GPU_PRODUCT)
-    {
-        return Err(Error::IncompatibleHardware(format!(
+    use crate::compat::GpuGap;
+    match crate::compat::gpu_gap(built, here) {
+        None => Ok(()),
+        Some(GpuGap::NoGpu { product }) => Err(Error::IncompatibleHardware(format!(
             "artifact built for GPU {product}, this node has no GPU in its class"
-        )));
-    }
-    let cc = |f: &ClassFacts| {
-        f.get(GPU_COMPUTE_MAJOR)
-            .zip(f.get(GPU_COMPUTE_MINOR))
-            .map(|(a, b)| format!("{a}.{b}"))
-    };
-    if let (Some(want), Some(have)) = (cc(built), cc(here))
-        && want != have
-    {
-        return Err(Error::IncompatibleHardware(format!(
-            "artifact built for compute capability {want}, this GPU is {have}; it needs its own class's build"
-        )));
-    }
-    let major = |f: &ClassFacts| f.get(DRIVER_MAJOR).and_then(|d| d.parse::<u32>().ok());
-    if let (Some(want), Some(have)) = (major(built), major(here))
-        && want > have
-    {
-        return Err(Error::IncompatibleRuntime(format!(
+        ))),
+        Some(GpuGap::ComputeCapability { want, have }) => {
+            Err(Error::IncompatibleHardware(format!(
+                "artifact built for compute capability {want}, this GPU is {have}; it needs its own class's build"
+            )))
+        }
+        Some(GpuGap::OlderDriver { want, have }) => Err(Error::IncompatibleRuntime(format!(
             "artifact built under NVIDIA driver {want}, this node runs driver {have}; upgrade the node's driver or let its class compile on its own nodes"
-        )));
+        ))),
     }
-    Ok(())
 }
 
 /// Pulls the artifact of `r` from the store into `dest`: its attestation first (when `trust`

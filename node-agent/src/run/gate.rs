@@ -84,11 +84,14 @@ pub fn desired(pod: &Pod, rows: &BTreeMap<TargetKey, NodeTargetStatus>) -> Optio
         },
         phase => Warm {
             status: false,
-            reason: format!("{phase:?}"),
-            message: row
-                .message
-                .clone()
-                .unwrap_or_else(|| format!("revision {} is {phase:?} on this node", row.revision)),
+            reason: phase.as_str().to_string(),
+            message: row.message.clone().unwrap_or_else(|| {
+                format!(
+                    "revision {} is {} on this node",
+                    row.revision,
+                    phase.as_str()
+                )
+            }),
         },
     };
     Some(warm)

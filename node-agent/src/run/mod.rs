@@ -60,36 +60,17 @@ pub struct Config {
     pub deadlines: deadline::Deadlines,
 }
 
-/// Runs until SIGTERM/SIGINT.
+/// Runs until SIGTERM/SIGINT: serve the metrics, open the store and the cache, probe, own the
+/// KilnNode, watch, resume from the last rows, then pass on every change.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let client = Client::try_default().await?;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
-    let registry = Arc::new(registry);
     let health = Arc::new(kiln_serve::Health::new(
         "watches not synced or KilnNode not written",
     ));
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
-    {
-        let (registry, health, stop) = (registry.clone(), health.clone(), stopped());
-        let listen = config.listen;
-        tokio::spawn(async move {
-            if let Err(e) = kiln_serve::serve(listen, registry, health, stop).await {
-                tracing::error!(error = %e, %listen, "metrics endpoint failed");
-            }
-        });
-    }
-    tokio::spawn(async move {
-        kiln_serve::shutdown_signal().await;
-        tracing::info!("shutting down");
-        let _ = stop_tx.send(true);
-    });
+    let stop = Stop::on_signal();
+    serve_metrics(config.listen, Arc::new(registry), health.clone(), &stop);
 
     let store = kiln_store::open(&config.store, &config.registry)?;
     let cache = cache::Cache::open(&config.cache)?;
@@ -100,34 +81,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let owner = writes::node_owner(&Api::all(client.clone()), &config.node_name).await?;
     writes::ensure_kiln_node(&kiln_nodes, &config.node_name, owner).await?;
 
-    // Watches: what concerns this node only, except CompiledTargets (any may select it).
     let changed = Arc::new(Notify::new());
-    let own = watcher::Config::default().fields(&format!("metadata.name={}", config.node_name));
-    let on_node = watcher::Config::default().fields(&format!("spec.nodeName={}", config.node_name));
-    let (nodes, w) = reflector::store();
-    spawn_watch(
-        reflector(w, Api::<Node>::all(client.clone()), own.clone()),
-        changed.clone(),
-    );
-    let (pods, w) = reflector::store();
-    spawn_watch(
-        reflector(w, Api::<Pod>::all(client.clone()), on_node),
-        changed.clone(),
-    );
-    let (targets, w) = reflector::store();
-    spawn_watch(
-        reflector(
-            w,
-            Api::<CompiledTarget>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-        changed.clone(),
-    );
-    // The agent's own KilnNode: a deletion is noticed and it is written again.
-    let (_own_kiln_node, w) = reflector::store::<KilnNode>();
-    spawn_watch(reflector(w, kiln_nodes.clone(), own), changed.clone());
-    wait_ready(&nodes, &pods, &targets).await?;
-
+    let Watched {
+        nodes,
+        pods,
+        targets,
+        own_kiln_node: _own_kiln_node,
+    } = watch(&client, &config.node_name, &kiln_nodes, &changed).await?;
     let mut agent = agent::Agent {
         node: config.node_name.clone(),
         client,
@@ -148,14 +108,109 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         published: None,
         pulled: BTreeMap::new(),
     };
-    // A restarted agent starts from the rows it last reported, so serving pods do not flap; no
-    // row is trusted, though: the first pass prepares every target again (re-verifying cached
-    // artifacts) while a served row keeps serving, and a failure there takes effect as usual.
-    if let Some(status) = kiln_nodes
-        .get_opt(&config.node_name)
-        .await?
-        .and_then(|k| k.status)
-    {
+    resume(&mut agent, &kiln_nodes, &config.node_name).await?;
+    agent.publish().await;
+    pass_until_stopped(&mut agent, &health, &changed, config.resync, &stop).await;
+    Ok(())
+}
+
+/// Resolves for every waiter once SIGTERM or SIGINT arrived.
+struct Stop(tokio::sync::watch::Receiver<bool>);
+
+impl Stop {
+    /// Listens for the signal from now on.
+    fn on_signal() -> Self {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            kiln_serve::shutdown_signal().await;
+            tracing::info!("shutting down");
+            let _ = stop_tx.send(true);
+        });
+        Self(stop_rx)
+    }
+
+    /// A future that resolves at the signal.
+    fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.0.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    }
+}
+
+/// `/metrics`, `/healthz`, `/readyz` on `listen`, until the signal.
+fn serve_metrics(
+    listen: SocketAddr,
+    registry: Arc<Registry>,
+    health: Arc<kiln_serve::Health>,
+    stop: &Stop,
+) {
+    let stop = stop.stopped();
+    tokio::spawn(async move {
+        if let Err(e) = kiln_serve::serve(listen, registry, health, stop).await {
+            tracing::error!(error = %e, %listen, "metrics endpoint failed");
+        }
+    });
+}
+
+/// The caches the agent reads, each filled by a watch that wakes the pass loop.
+struct Watched {
+    nodes: Reader<Node>,
+    pods: Reader<Pod>,
+    targets: Reader<CompiledTarget>,
+    /// The agent's own KilnNode: a deletion is noticed and it is written again.
+    own_kiln_node: Reader<KilnNode>,
+}
+
+/// Watches what concerns this node only, except CompiledTargets (any may select it), and waits
+/// until the caches have synced.
+async fn watch(
+    client: &Client,
+    node_name: &str,
+    kiln_nodes: &Api<KilnNode>,
+    changed: &Arc<Notify>,
+) -> anyhow::Result<Watched> {
+    let own = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+    let on_node = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
+    let (nodes, w) = reflector::store();
+    spawn_watch(
+        reflector(w, Api::<Node>::all(client.clone()), own.clone()),
+        changed.clone(),
+    );
+    let (pods, w) = reflector::store();
+    spawn_watch(
+        reflector(w, Api::<Pod>::all(client.clone()), on_node),
+        changed.clone(),
+    );
+    let (targets, w) = reflector::store();
+    spawn_watch(
+        reflector(
+            w,
+            Api::<CompiledTarget>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+        changed.clone(),
+    );
+    let (own_kiln_node, w) = reflector::store::<KilnNode>();
+    spawn_watch(reflector(w, kiln_nodes.clone(), own), changed.clone());
+    wait_ready(&nodes, &pods, &targets).await?;
+    Ok(Watched {
+        nodes,
+        pods,
+        targets,
+        own_kiln_node,
+    })
+}
+
+/// A restarted agent starts from the rows it last reported, so serving pods do not flap; no
+/// row is trusted, though: the first pass prepares every target again (re-verifying cached
+/// artifacts) while a served row keeps serving, and a failure there takes effect as usual.
+async fn resume(
+    agent: &mut agent::Agent,
+    kiln_nodes: &Api<KilnNode>,
+    node_name: &str,
+) -> anyhow::Result<()> {
+    if let Some(status) = kiln_nodes.get_opt(node_name).await?.and_then(|k| k.status) {
         for row in &status.targets {
             agent
                 .states
@@ -165,11 +220,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         agent.published = Some(status);
     }
-    agent.publish().await;
+    Ok(())
+}
+
+/// A pass on every change and every `resync`, until the signal; ready while the KilnNode is
+/// written.
+async fn pass_until_stopped(
+    agent: &mut agent::Agent,
+    health: &kiln_serve::Health,
+    changed: &Notify,
+    resync: Duration,
+    stop: &Stop,
+) {
     health
         .ready
         .store(agent.published.is_some(), Ordering::Relaxed);
-    let stop = stopped();
+    let stop = stop.stopped();
     tokio::pin!(stop);
     loop {
         // A pass in flight is dropped at shutdown: status stays as last written, and the next
@@ -183,11 +249,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .store(agent.published.is_some(), Ordering::Relaxed);
         tokio::select! {
             () = changed.notified() => {}
-            () = tokio::time::sleep(config.resync) => {}
+            () = tokio::time::sleep(resync) => {}
             () = &mut stop => break,
         }
     }
-    Ok(())
 }
 
 fn reflector<K>(

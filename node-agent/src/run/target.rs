@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use kiln_crds::BuildManifest;
 use kiln_crds::class::ClassFacts;
-use kiln_crds::labels::CPU_LEVEL;
 use kiln_store::{ArtifactRef, Store};
 
 use super::cache::{Cache, Cached};
@@ -108,43 +107,24 @@ pub fn check(
     result.inspect_err(|e| metrics.compat_rejection(e.reason()))
 }
 
-/// Whether every fact of `class` that the probe knows holds on this machine.
+/// Whether every fact of `class` that the probe knows holds on this machine
+/// ([`crate::compat::runs_here`]).
 pub fn runs_here(class: &ClassFacts, probed: &BTreeMap<String, String>) -> Result<()> {
-    let wrong: Vec<String> = class
-        .iter()
-        .filter_map(|(k, want)| {
-            let have = probed.get(k)?;
-            let fits = if k == CPU_LEVEL {
-                level(have) >= level(want)
-            } else {
-                have == want
-            };
-            (!fits).then(|| format!("{k}: class says {want:?}, this node probes {have:?}"))
-        })
-        .collect();
+    let wrong = crate::compat::runs_here(class, probed);
     if wrong.is_empty() {
         Ok(())
     } else {
         Err(Error::IncompatibleHardware(format!(
             "the artifact's class does not hold on this node's hardware ({}); fix the node's labels or the target's classes",
-            wrong.join("; ")
+            crate::compat::describe(&wrong)
         )))
-    }
-}
-
-/// Order of x86-64 levels; anything unknown is the baseline.
-fn level(value: &str) -> u8 {
-    match value {
-        "x86-64-v4" => 4,
-        "x86-64-v3" => 3,
-        "x86-64-v2" => 2,
-        _ => 1,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_crds::labels::CPU_LEVEL;
 
     fn facts(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

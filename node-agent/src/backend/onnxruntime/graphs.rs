@@ -17,7 +17,7 @@ use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, Memory
 use ort::session::{IoBinding, RunOptions, Session};
 use ort::value::{DynTensor, DynTensorValueType, Shape, ValueType};
 
-use super::classify;
+use super::terms::classify;
 use super::values::{from_value, to_value};
 use crate::error::{Error, Result};
 use crate::pipeline::tensor::HostTensor;

@@ -15,6 +15,7 @@ mod engine;
 mod graphs;
 mod library;
 mod profile;
+mod terms;
 mod values;
 
 use std::path::Path;
@@ -33,6 +34,8 @@ use artifact::{ArtifactConfig, CONFIG, MODEL, ProfileEntry, read_artifact};
 use engine::OrtEngine;
 pub use library::{MIN_RELEASE, Runtime, configure, library_path, runtime};
 pub use profile::read_profile;
+use terms::classify;
+pub use terms::provider_name;
 use values::{bind_profile, tensor_type, unsupported_io};
 
 const MEDIA_TYPE: &str = "application/vnd.kiln.onnxruntime.optimized.v1.tar";
@@ -164,47 +167,6 @@ fn tf32_allowed(precision: Precision) -> bool {
     precision == Precision::Tf32
 }
 
-/// An ONNX Runtime error as a failure reason: a missing kernel or a provider that cannot take
-/// the graph is `UnsupportedOperator`, a provider that cannot start `IncompatibleRuntime`,
-/// anything else `other`.
-fn classify(e: ort::Error, what: &str, other: fn(String) -> Error) -> Error {
-    classify_message(e.to_string(), what, other)
-}
-
-/// [`classify`] on ONNX Runtime's message. Pure.
-fn classify_message(message: String, what: &str, other: fn(String) -> Error) -> Error {
-    let lower = message.to_ascii_lowercase();
-    // ONNX Runtime refuses to capture a graph with nodes on another provider, copies between
-    // providers, or control flow (`If`, `Loop`, `Scan`).
-    if lower.contains("graph capture") || lower.contains("cuda graph") {
-        return Error::UnsupportedOperator {
-            backend: "onnxruntime".into(),
-            operators: vec![format!(
-                "{what}: {message}; backend.cuda.cudaGraphs needs every compute node on the CUDA provider, no copy between providers and no control flow: turn cudaGraphs off for this model"
-            )],
-        };
-    }
-    if lower.contains("could not find an implementation")
-        || lower.contains("not implemented")
-        || lower.contains("fallback to cpu ep has been explicitly disabled")
-    {
-        return Error::UnsupportedOperator {
-            backend: "onnxruntime".into(),
-            operators: vec![message],
-        };
-    }
-    let provider_missing = lower.contains("execution provider")
-        && ["not enabled", "not available", "not built", "not supported"]
-            .iter()
-            .any(|m| lower.contains(m));
-    if provider_missing || lower.contains("failed to load library") {
-        return Error::IncompatibleRuntime(format!(
-            "{what}: {message}; this ONNX Runtime library does not carry the requested execution provider (the GPU providers need the onnxruntime-gpu build and its CUDA libraries)"
-        ));
-    }
-    other(format!("{what}: {message}"))
-}
-
 fn ort_level(level: OptimizationLevel) -> GraphOptimizationLevel {
     match level {
         OptimizationLevel::Disabled => GraphOptimizationLevel::Disable,
@@ -212,15 +174,6 @@ fn ort_level(level: OptimizationLevel) -> GraphOptimizationLevel {
         OptimizationLevel::Extended => GraphOptimizationLevel::Level2,
         OptimizationLevel::Layout => GraphOptimizationLevel::Level3,
         OptimizationLevel::All => GraphOptimizationLevel::All,
-    }
-}
-
-/// The name ONNX Runtime gives a provider.
-pub fn provider_name(provider: ExecutionProvider) -> &'static str {
-    match provider {
-        ExecutionProvider::Cpu => "CPUExecutionProvider",
-        ExecutionProvider::Cuda => "CUDAExecutionProvider",
-        ExecutionProvider::Tensorrt => "TensorrtExecutionProvider",
     }
 }
 
@@ -491,6 +444,7 @@ impl Backend for OnnxRuntime {
 
 #[cfg(test)]
 mod tests {
+    use super::terms::classify_message;
     use super::*;
 
     fn device(precision: Precision, cuda: &CudaSettings) -> Device<'_> {

@@ -128,8 +128,10 @@ pub fn preparing(
         return NodeTargetStatus {
             desired_revision: Some(pick.revision),
             message: Some(format!(
-                "preparing revision {} (class {}): {phase:?}",
-                pick.revision, pick.class
+                "preparing revision {} (class {}): {}",
+                pick.revision,
+                pick.class,
+                phase.as_str()
             )),
             ..old.clone()
         };

@@ -1,0 +1,157 @@
+//! Compiling with one backend: the verified inputs a compile reads, where and for whom it
+//! builds, the compile itself with parity on the fixture and the placement check, and the build
+//! manifest it returns. Below both `build.rs` (which fetches the inputs, reuses or stores) and
+//! `candidates.rs` (which runs it once per engine of `backend.kind: auto`).
+//! Writes only the artifact path it is given; runs the backend.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kiln_crds::class::ClassFacts;
+use kiln_crds::compiled_target::ExecutionProvider;
+use kiln_crds::kiln_node::HardwareFacts;
+use kiln_crds::manifest::MANIFEST_VERSION;
+use kiln_crds::{BuildManifest, CompileKeyInput, compile_key};
+use kiln_store::staged::sha256_file;
+
+use crate::backend::{Backend, CompileRequest};
+use crate::error::{Error, Result};
+use crate::pipeline::fixtures::FixtureFile;
+use crate::pipeline::spec::Spec;
+use crate::pipeline::warmup;
+
+/// Verified local copies of everything a model run needs.
+pub struct Inputs {
+    /// The model source, alone in a private directory with the declared assets (named by their
+    /// `name`): ONNX external data resolves inside the model's directory, so it can name only
+    /// declared assets — never another model's blob in the shared cache.
+    pub model: PathBuf,
+    /// That directory; removed when the inputs go.
+    pub(super) _staged: tempfile::TempDir,
+    /// Asset name → path.
+    pub assets: BTreeMap<String, PathBuf>,
+    /// The warmup fixture, parsed.
+    pub fixture: FixtureFile,
+    /// sha256 of the fixture file.
+    pub fixture_digest: String,
+}
+
+/// The compile key of `spec` for a class, with the backend identity given.
+pub fn key_with(spec: &Spec, identity: &str, class: &ClassFacts) -> String {
+    compile_key(&CompileKeyInput::for_target(
+        &spec.model.spec,
+        &spec.target.spec,
+        class,
+        identity,
+    ))
+}
+
+/// Where and for whom a compile builds.
+pub struct Target<'a> {
+    /// The class's facts.
+    pub class: &'a ClassFacts,
+    /// This machine's facts.
+    pub host: &'a HardwareFacts,
+    /// Where the artifact goes.
+    pub out: &'a Path,
+    /// Its compile key.
+    pub key: &'a str,
+}
+
+/// Compiles `spec` with one backend into `target.out`, checks parity on the fixture and the
+/// placement against the CPU-fallback policy, and returns the build manifest.
+pub fn compile(
+    spec: &Spec,
+    inputs: &Inputs,
+    backend: &dyn Backend,
+    target: &Target<'_>,
+) -> Result<BuildManifest> {
+    let Target {
+        class,
+        host,
+        out,
+        key,
+    } = *target;
+    let started = Instant::now();
+    let t = &spec.target.spec;
+    let profiles = spec.shapes()?;
+    let out = out.to_path_buf();
+    crate::pipeline::interface::check_declared(
+        &spec.model.spec,
+        &backend.interface(&inputs.model)?,
+    )?;
+    tracing::info!(compile_key = %key, backend = backend.name(), profiles = profiles.len(), "compiling");
+    let compiled = backend.compile(&CompileRequest {
+        model: &inputs.model,
+        profiles: &profiles,
+        precision: t.precision,
+        provider: t.backend.provider_for(class),
+        flags: &t.backend.flags,
+        out: &out,
+        timeout: spec.compile_timeout(),
+    })?;
+    // Parity of the compiled engine against the fixture's golden outputs, before anything is stored.
+    let engine = backend.load(&out)?;
+    let parity = warmup::check_samples(engine.as_ref(), &inputs.fixture, &t.warmup)?;
+    let parity_max = parity.values().copied().fold(0.0, f64::max);
+    let placement = engine.placement();
+    if let Some(p) = &placement {
+        crate::pipeline::placement::check(
+            backend.name(),
+            &t.backend.cpu_fallback.clone().unwrap_or_default(),
+            p,
+        )?;
+    }
+    let (digest, size) = sha256_file(&out).map_err(|e| Error::store(&out, e))?;
+    let mut input_digests = BTreeMap::from([
+        ("model".to_string(), spec.model.spec.source.sha256.clone()),
+        (
+            format!("fixture/{}", inputs.fixture.version),
+            inputs.fixture_digest.clone(),
+        ),
+    ]);
+    for a in &spec.model.spec.assets {
+        input_digests.insert(format!("asset/{}", a.name), a.sha256.clone());
+    }
+    let mut backend_options = t.backend.options(class);
+    if t.backend.provider_for(class) == ExecutionProvider::Cuda {
+        // What the precision means to the provider, recorded beside the settings it follows from.
+        let tf32 = t.precision == kiln_crds::compiled_target::Precision::Tf32;
+        backend_options.insert("cuda.useTf32".into(), tf32.to_string());
+    }
+    let manifest = BuildManifest {
+        manifest_version: MANIFEST_VERSION,
+        compile_key: key.to_string(),
+        artifact_digest: digest,
+        artifact_size: size,
+        media_type: backend.media_type().to_string(),
+        backend: backend.name().to_string(),
+        backend_version: backend.version(),
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        precision: t.precision.as_str().to_string(),
+        profiles,
+        class: class.clone(),
+        host: host.clone(),
+        flags: t.backend.flags.clone(),
+        inputs: input_digests,
+        outputs: compiled.outputs,
+        unsupported_operators: Vec::new(),
+        parity_max_abs_error: Some(parity_max),
+        compile_seconds: started.elapsed().as_secs_f64(),
+        converter_log: compiled.log,
+        backend_options,
+        runtime_digest: backend.runtime_digest(),
+        bound_to: compiled
+            .machine_bound
+            .map(|why| kiln_crds::manifest::MachineBinding {
+                arch: host.arch.clone(),
+                cpu_level: host.cpu_level.clone(),
+                why,
+            }),
+        placement,
+        selection: None,
+    };
+    tracing::info!(compile_key = %key, digest = %manifest.artifact_digest, parity_max_abs_error = parity_max, "compiled; parity within tolerance");
+    Ok(manifest)
+}
