@@ -12,6 +12,7 @@ pub mod backend;
 pub mod cmd;
 pub mod device_memory;
 pub mod error;
+pub mod isolate;
 pub mod memory;
 pub mod metrics;
 pub mod pipeline;

@@ -167,16 +167,22 @@ async fn pipeline(
     // Loaded by the backend the verified manifest names: for `auto`, the kept candidate's.
     let backend = backend::for_artifact(&t.backend, &manifest)?;
     outcome.engine = Some(manifest.engine());
+    let labels = crate::metrics::TargetLabels {
+        namespace: spec.target.metadata.namespace.clone().unwrap_or_default(),
+        target: spec.target.metadata.name.clone().unwrap_or_default(),
+        class: id.clone(),
+    };
     let ready = blocking(|| {
         load_warm(
             &manifest,
             &cached,
             backend.as_ref(),
             &class,
-            &id,
-            &inputs.fixture,
+            inputs.fixture_ref(),
             &spec.target,
+            &labels,
             crate::pipeline::ready::gpu_memory(&host),
+            crate::run::deadline::Deadlines::default().warm * 2,
             metrics,
         )
     })?;

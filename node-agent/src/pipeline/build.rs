@@ -11,6 +11,7 @@ use std::time::Instant;
 use kiln_crds::FailureReason;
 use kiln_crds::class::ClassFacts;
 use kiln_crds::compiled_target::ExecutionProvider;
+use kiln_crds::engine::EngineCandidate;
 use kiln_crds::kiln_node::HardwareFacts;
 use kiln_crds::manifest::MANIFEST_VERSION;
 use kiln_crds::model_artifact::ModelFormat;
@@ -21,6 +22,7 @@ use kiln_store::{Entry, Store};
 
 use crate::backend::{Backend, Builder, CompileRequest};
 use crate::error::{Error, Result};
+use crate::isolate::job::{FixtureRef, Job, Outcome};
 use crate::metrics::Metrics;
 use crate::pipeline::fetch::{Fetcher, Wanted};
 use crate::pipeline::fixtures::FixtureFile;
@@ -33,14 +35,39 @@ pub struct Inputs {
     /// `name`): ONNX external data resolves inside the model's directory, so it can name only
     /// declared assets — never another model's blob in the shared cache.
     pub model: PathBuf,
-    /// That directory; removed when the inputs go.
-    _staged: tempfile::TempDir,
+    /// That directory; removed when the inputs go (`None`: staged by another process).
+    _staged: Option<tempfile::TempDir>,
     /// Asset name → path.
     pub assets: BTreeMap<String, PathBuf>,
     /// The warmup fixture, parsed.
     pub fixture: FixtureFile,
     /// sha256 of the fixture file.
     pub fixture_digest: String,
+    /// The fixture file in the blob cache.
+    pub fixture_path: PathBuf,
+}
+
+impl Inputs {
+    /// Inputs another process fetched, verified and staged (the engine's process gets them
+    /// so): the staged model and the fixture, re-checked against its digest by the caller.
+    pub fn verified(model: PathBuf, fixture: FixtureFile, from: FixtureRef) -> Self {
+        Self {
+            model,
+            _staged: None,
+            assets: BTreeMap::new(),
+            fixture,
+            fixture_digest: from.sha256,
+            fixture_path: from.path,
+        }
+    }
+
+    /// Where the engine's process finds the fixture.
+    pub fn fixture_ref(&self) -> FixtureRef {
+        FixtureRef {
+            path: self.fixture_path.clone(),
+            sha256: self.fixture_digest.clone(),
+        }
+    }
 }
 
 /// Who may sign model sources: `spec.source.signature`, as `cosign sign-blob --key` makes it.
@@ -155,14 +182,16 @@ pub async fn fetch_inputs(
     let VerifiedFixture {
         file: fixture,
         sha256: fixture_digest,
+        path: fixture_path,
     } = fetch_fixture(spec, fetcher).await?;
     let staged = stage_model(fetcher.cache_dir(), &model, &assets)?;
     Ok(Inputs {
         model: staged.path().join("model.onnx"),
-        _staged: staged,
+        _staged: Some(staged),
         assets,
         fixture,
         fixture_digest,
+        fixture_path,
     })
 }
 
@@ -205,6 +234,8 @@ pub struct VerifiedFixture {
     pub file: FixtureFile,
     /// Its sha256, as the ModelArtifact declares it.
     pub sha256: String,
+    /// The verified file in the blob cache.
+    pub path: PathBuf,
 }
 
 /// Fetches, verifies and parses the warmup fixture version the target names. The node agent
@@ -240,6 +271,7 @@ pub async fn fetch_fixture(spec: &Spec, fetcher: &Fetcher) -> Result<VerifiedFix
     Ok(VerifiedFixture {
         file: fixture,
         sha256: declared.sha256.clone(),
+        path,
     })
 }
 
@@ -334,9 +366,8 @@ pub async fn compile_or_reuse(
         key: &key,
     };
     let result = tokio::task::block_in_place(|| match builder {
-        Builder::One(backend) => {
-            compile(spec, inputs, backend.as_ref(), &target).map(|m| (m, vec![]))
-        }
+        Builder::One(backend) => compile_isolated(spec, inputs, backend.as_ref(), &target, false)
+            .map(|(m, _)| (m, vec![])),
         Builder::Auto(auto) => {
             crate::pipeline::candidates::compile_auto(spec, inputs, auto, &target)
         }
@@ -417,6 +448,48 @@ pub struct Target<'a> {
     pub out: &'a Path,
     /// Its compile key.
     pub key: &'a str,
+}
+
+/// How long a compile may run when the target sets no `compile.activeDeadlineSeconds`.
+const DEFAULT_COMPILE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// [`compile`] (and with `measure`, [`crate::pipeline::candidates::measure`]) in the engine's
+/// own process ([`crate::isolate`]). `exec` stays in this process: its foreign compiler already
+/// runs apart, in its own container or process group, and the tract build after it reads the
+/// handoff only this process was given.
+pub fn compile_isolated(
+    spec: &Spec,
+    inputs: &Inputs,
+    backend: &dyn Backend,
+    target: &Target<'_>,
+    measure: bool,
+) -> Result<(BuildManifest, Option<EngineCandidate>)> {
+    if backend.name() == "exec" {
+        let manifest = compile(spec, inputs, backend, target)?;
+        let measured = measure
+            .then(|| crate::pipeline::candidates::measure(spec, inputs, backend, target.out))
+            .transpose()?;
+        return Ok((manifest, measured));
+    }
+    let job = Job::Compile(Box::new(crate::isolate::job::Compile {
+        model: spec.model.clone(),
+        target: spec.target.clone(),
+        model_file: inputs.model.clone(),
+        fixture: inputs.fixture_ref(),
+        class: target.class.clone(),
+        host: target.host.clone(),
+        out: target.out.to_path_buf(),
+        key: target.key.to_string(),
+        measure,
+    }));
+    let what = format!("compiling {} with {}", target.key, backend.name());
+    let deadline = spec.compile_timeout().unwrap_or(DEFAULT_COMPILE_DEADLINE);
+    match crate::isolate::parent::run(job, &what, deadline)?.outcome {
+        Outcome::Compiled(c) => Ok((c.manifest, c.measured)),
+        _ => Err(Error::EngineAnswer(format!(
+            "{what}: the answer is not a compile's"
+        ))),
+    }
 }
 
 /// Compiles `spec` with one backend into `target.out`, checks parity on the fixture and the

@@ -16,7 +16,7 @@ use kiln_crds::engine::{EngineCandidate, EngineSelection};
 use crate::backend::auto::{Auto, Candidate};
 use crate::backend::{Backend, select};
 use crate::error::{Error, Result};
-use crate::pipeline::build::{Inputs, Target, compile};
+use crate::pipeline::build::{Inputs, Target, compile_isolated};
 use crate::pipeline::spec::Spec;
 use crate::pipeline::warmup;
 
@@ -125,7 +125,7 @@ fn try_candidate(
 ) -> Result<(EngineCandidate, BuildManifest)> {
     let sub = concrete(spec, candidate);
     let key = crate::pipeline::build::key_with(&sub, &backend.identity(), target.class);
-    let manifest = compile(
+    let (manifest, measured) = compile_isolated(
         &sub,
         inputs,
         backend,
@@ -134,8 +134,10 @@ fn try_candidate(
             key: &key,
             ..*target
         },
+        true,
     )?;
-    let report = measure(&sub, inputs, backend, out)?;
+    let report = measured
+        .ok_or_else(|| Error::EngineAnswer("a candidate's compile came back unmeasured".into()))?;
     Ok((
         EngineCandidate {
             engine: candidate.spec.engine_name(),
@@ -149,7 +151,7 @@ fn try_candidate(
 }
 
 /// Load, first run, p50 and p99 over the target's warmup iterations, parity on each.
-fn measure(
+pub(crate) fn measure(
     spec: &Spec,
     inputs: &Inputs,
     backend: &dyn Backend,

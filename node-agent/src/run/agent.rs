@@ -25,13 +25,14 @@ use kube::runtime::reflector::Store as Reader;
 use kube::{Api, Client, ResourceExt};
 
 use super::cache::{Cache, KnownGood};
-use super::deadline::{blocking_within, within};
+use super::deadline::within;
 use super::decide::{Next, Pick, after_failure, alternates, wanted};
 use super::plan::rows::{self, Fallback, Prepared, serves};
 use super::plan::{Action, Attempt, State, TargetKey, next_action};
 use super::{gate, target, writes};
 use crate::backend;
 use crate::error::{Error, Result};
+use crate::isolate::job::{FixtureRef, LoadWarm};
 use crate::metrics::{Metrics, TargetLabels};
 use crate::pipeline::fetch::Fetcher;
 use crate::pipeline::probe;
@@ -355,62 +356,43 @@ impl Agent {
             "--pull-deadline-seconds",
             crate::pipeline::build::fetch_fixture(&spec, &self.fetcher),
         )
-        .await?
-        .file;
-        self.phase(key, pick, NodePhase::Loading).await;
-        // Load, then warm, each on a blocking thread under the deadline.
-        let (path, class, metrics) = (
-            pulled.path.clone(),
-            pick.class.clone(),
-            self.metrics.clone(),
-        );
-        ready::fits_node(&t.spec.warmup, crate::memory::available())?;
-        let window = crate::memory::PeakWindow::start();
-        let loaded = blocking_within(
-            self.deadlines.warm,
-            &format!("loading {name}"),
-            "--warmup-deadline-seconds",
-            move || ready::load(backend.as_ref(), &path, &class, &metrics),
-        )
         .await?;
-        self.phase(key, pick, NodePhase::Warming).await;
-        let load_seconds = loaded.seconds;
-        let device_after_load = loaded.device_memory_bytes;
-        let gpu_memory = ready::gpu_memory(&self.hardware);
-        let metrics = self.metrics.clone();
+        self.phase(key, pick, NodePhase::Loading).await;
+        ready::fits_node(&t.spec.warmup, crate::memory::available())?;
+        // Load and warm in the engine's own process (crate::isolate), which proves the engine
+        // and exits: nothing stays loaded here; serving pods load their own copy.
+        let job = LoadWarm {
+            backend: t.spec.backend.clone(),
+            manifest: pulled.manifest.clone(),
+            artifact: pulled.path.clone(),
+            fixture: FixtureRef {
+                path: fixture.path,
+                sha256: fixture.sha256,
+            },
+            warmup: t.spec.warmup.clone(),
+        };
+        // --warmup-deadline-seconds bounds loading and warming each, so both together get twice.
+        let deadline = self.deadlines.warm.saturating_mul(2);
+        let what = format!("loading and warming {name} (--warmup-deadline-seconds)");
+        let warmed =
+            tokio::task::spawn_blocking(move || ready::load_warm_isolated(job, &what, deadline))
+                .await
+                .map_err(|e| {
+                    Error::LoadFailed(format!("{name}: the engine's thread failed: {e}"))
+                })??;
         let labels = TargetLabels {
             namespace: key.namespace.clone(),
             target: key.name.clone(),
             class: pick.class.clone(),
         };
-        let target_spec = t.spec.clone();
-        let warmup = blocking_within(
-            self.deadlines.warm,
-            &format!("warming {name}"),
-            "--warmup-deadline-seconds",
-            move || {
-                let mut report = ready::warm_engine(
-                    loaded.engine.as_ref(),
-                    &fixture,
-                    &target_spec,
-                    &labels,
-                    &metrics,
-                )?;
-                // The agent proves the engine and drops it; serving pods load their own copy.
-                drop(loaded);
-                ready::account_memory(
-                    window.as_ref(),
-                    device_after_load,
-                    &mut report,
-                    &target_spec.warmup,
-                    gpu_memory,
-                    &labels,
-                    &metrics,
-                )?;
-                Ok(report)
-            },
-        )
-        .await?;
+        let ready = ready::judge_warmed(
+            warmed,
+            &t.spec,
+            &labels,
+            ready::gpu_memory(&self.hardware),
+            &self.metrics,
+        )?;
+        let (load_seconds, warmup) = (ready.load_seconds, ready.warmup);
         Ok(Prepared {
             pick: pick.clone(),
             pull_bytes: pulled.bytes,
