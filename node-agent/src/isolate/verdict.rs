@@ -55,7 +55,7 @@ pub fn judge(seen: &Seen<'_>) -> Result<Answer> {
         && seen.ended != Ended::Code(0)
         && allocation_failed(seen.stderr_tail)
     {
-        return Err(over_limit(what, limit, &describe(seen.ended)));
+        return Err(over_limit(what, limit, None, &describe(seen.ended)));
     }
     match seen.ended {
         Ended::Code(0) => {}
@@ -71,7 +71,12 @@ pub fn judge(seen: &Seen<'_>) -> Result<Answer> {
         (Outcome::Failed { reason, message }, Some(limit))
             if *reason != FailureReason::MemoryBudgetExceeded && allocation_failed(message) =>
         {
-            Err(over_limit(what, limit, &format!("failed: {message}")))
+            Err(over_limit(
+                what,
+                limit,
+                answer.peak_rss_bytes,
+                &format!("failed: {message}"),
+            ))
         }
         (Outcome::Failed { reason, message }, _) => Err(Error::InEngine {
             reason: *reason,
@@ -100,10 +105,14 @@ fn parse(bytes: &[u8], oversized: bool) -> Result<Answer> {
     })
 }
 
-fn over_limit(what: &str, limit: u64, how: &str) -> Error {
+fn over_limit(what: &str, limit: u64, peak: Option<u64>, how: &str) -> Error {
+    let bytes = |b: u64| human(usize::try_from(b).unwrap_or(usize::MAX));
+    let peak = peak
+        .map(|p| format!(" (its resident set peaked at {})", bytes(p)))
+        .unwrap_or_default();
     Error::MemoryBudgetExceeded(format!(
-        "{what}: the engine's process hit its memory limit of {} (RLIMIT_DATA, from --memory-limit / KILN_MEMORY_LIMIT) and {how}; the model needs more memory than that, or is hostile",
-        human(usize::try_from(limit).unwrap_or(usize::MAX))
+        "{what}: the engine's process hit its memory limit of {} (RLIMIT_DATA, from --memory-limit / KILN_MEMORY_LIMIT){peak} and {how}; the model needs more memory than that, or is hostile",
+        bytes(limit)
     ))
 }
 
@@ -246,6 +255,7 @@ mod tests {
         let (r, m) = reason(judge(&seen(Ended::Code(0), &failed, "", &l)));
         assert_eq!(r, FailureReason::MemoryBudgetExceeded);
         assert!(m.contains("bad allocation"), "{m}");
+        assert!(m.contains("peaked at 1 bytes"), "{m}");
         // Without a limit there is no limit to name: the child's own reason stands.
         let none = Limits {
             memory_bytes: None,

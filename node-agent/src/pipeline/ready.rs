@@ -169,7 +169,12 @@ pub fn load_warm(
         fixture,
         warmup: target.spec.warmup.clone(),
     };
-    let what = format!("loading and warming {}/{}", labels.namespace, labels.target);
+    let name = [labels.namespace.as_str(), labels.target.as_str()]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("/");
+    let what = format!("loading and warming target {name}");
     let warmed = load_warm_isolated(job, &what, deadline)?;
     judge_warmed(warmed, &target.spec, labels, gpu_memory, metrics)
 }
