@@ -64,7 +64,7 @@ fn read_request(r: impl Read) -> std::result::Result<Request, String> {
 /// Runs one step and says how it went; the same in the child and (measuring) in process.
 pub fn execute(job: Job) -> Answer {
     let outcome = match job {
-        Job::LoadWarm(j) => load_warm(&j).map(Outcome::Warmed),
+        Job::LoadWarm(j) => load_warm(&j).map(|w| Outcome::Warmed(Box::new(w))),
         Job::Compile(j) => compile(*j).map(|c| Outcome::Compiled(Box::new(c))),
     }
     .unwrap_or_else(|e| Outcome::Failed {

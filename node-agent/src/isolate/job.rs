@@ -34,7 +34,7 @@ pub struct Request {
 #[serde(tag = "job", rename_all = "camelCase")]
 pub enum Job {
     /// Load a verified artifact and warm it with the fixture.
-    LoadWarm(LoadWarm),
+    LoadWarm(Box<LoadWarm>),
     /// Compile a verified model with one backend and check parity on the fixture.
     Compile(Box<Compile>),
 }
@@ -104,7 +104,7 @@ pub struct Answer {
 #[serde(rename_all = "camelCase")]
 pub enum Outcome {
     /// [`Job::LoadWarm`] passed.
-    Warmed(Warmed),
+    Warmed(Box<Warmed>),
     /// [`Job::Compile`] passed.
     Compiled(Box<Compiled>),
     /// The step failed, classified by the child.

@@ -182,8 +182,8 @@ pub fn load_warm(
 /// Runs `job` in the engine's process ([`crate::isolate`]): its measurements, or why it failed
 /// (including `EngineCrashed`, `MemoryBudgetExceeded` at the process's limit, `Timeout`).
 pub fn load_warm_isolated(job: LoadWarm, what: &str, deadline: Duration) -> Result<Warmed> {
-    match crate::isolate::parent::run(Job::LoadWarm(job), what, deadline)?.outcome {
-        Outcome::Warmed(w) => Ok(w),
+    match crate::isolate::parent::run(Job::LoadWarm(Box::new(job)), what, deadline)?.outcome {
+        Outcome::Warmed(w) => Ok(*w),
         _ => Err(Error::EngineAnswer(format!(
             "{what}: the answer is not a warmup's"
         ))),
