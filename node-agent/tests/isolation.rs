@@ -290,3 +290,54 @@ fn peak_in(message: &str) -> Option<f64> {
         _ => None,
     }
 }
+
+/// `kiln-agent fixtures` with its exit status and stderr.
+fn fixtures(model: &Path, out: &Path) -> (Option<i32>, String) {
+    let run = Command::new(common::AGENT)
+        .env("ORT_DYLIB_PATH", library())
+        .args([
+            "fixtures",
+            "--memory-limit",
+            "2Gi",
+            "--reference",
+            "onnxruntime",
+        ])
+        .args(["--fixture-version", "v1", "--shape", "x=4,16", "--model"])
+        .arg(model)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("run kiln-agent fixtures");
+    (
+        run.status.code(),
+        String::from_utf8_lossy(&run.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_reference_run_of_fixtures_is_contained_too() {
+    // The issue's own case: the 212-byte model made `fixtures --reference onnxruntime` hold
+    // gigabytes; now its process stops at the limit.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (model, _, _) = huge_4gib(dir.path());
+    let out = dir.path().join("f.safetensors");
+    let (code, stderr) = fixtures(&model, &out);
+    assert_eq!(code, Some(1), "{stderr}");
+    for needle in [
+        "MemoryBudgetExceeded",
+        "memory limit of 2.1 GB (RLIMIT_DATA",
+    ] {
+        assert!(stderr.contains(needle), "{stderr} lacks {needle:?}");
+    }
+    assert!(!out.exists());
+    if !faults_available() {
+        return;
+    }
+    let case = mlp_with_doc("kiln-fault-inject:reference:segfault");
+    let (code, stderr) = fixtures(&case.path("model.onnx"), &out);
+    assert_eq!(code, Some(1), "{stderr}");
+    for needle in ["EngineCrashed", "killed by signal SIGSEGV (11)"] {
+        assert!(stderr.contains(needle), "{stderr} lacks {needle:?}");
+    }
+    assert!(!out.exists());
+}

@@ -66,6 +66,9 @@ pub fn execute(job: Job) -> Answer {
     let outcome = match job {
         Job::LoadWarm(j) => load_warm(&j).map(|w| Outcome::Warmed(Box::new(w))),
         Job::Compile(j) => compile(*j).map(|c| Outcome::Compiled(Box::new(c))),
+        Job::Reference(j) => {
+            crate::cmd::fixtures::make_file(&j).map(|sha256| Outcome::Made { sha256 })
+        }
     }
     .unwrap_or_else(|e| Outcome::Failed {
         reason: e.reason(),

@@ -3,7 +3,7 @@
 //! it). A real segfault or abort cannot be had from ONNX Runtime on demand, so a model whose
 //! bytes (the source for a compile, the artifact for a load) hold the marker
 //! `kiln-fault-inject:<step>:<fault>` makes the engine's process do it, after its limits are
-//! set, as a crashing engine library would: `<step>` is `compile` or `load`; `<fault>` is
+//! set, as a crashing engine library would: `<step>` is `compile`, `load` or `reference` (`kiln-agent fixtures`); `<fault>` is
 //! `segfault` (SIGSEGV), `abort` (SIGABRT) or `spin` (burns CPU until killed).
 
 use crate::isolate::job::Job;
@@ -17,6 +17,7 @@ pub fn maybe(job: &Job) {
     let (step, path) = match job {
         Job::Compile(c) => ("compile", &c.model_file),
         Job::LoadWarm(l) => ("load", &l.artifact),
+        Job::Reference(r) => ("reference", &r.model),
     };
     let Some(fault) = wanted(path, step) else {
         return;

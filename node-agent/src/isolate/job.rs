@@ -37,6 +37,31 @@ pub enum Job {
     LoadWarm(Box<LoadWarm>),
     /// Compile a verified model with one backend and check parity on the fixture.
     Compile(Box<Compile>),
+    /// Run a source model unoptimised for a fixture's golden outputs (`kiln-agent fixtures`)
+    /// and write the fixture file.
+    Reference(Box<Reference>),
+}
+
+/// [`Job::Reference`]: `kiln-agent fixtures`' request.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+#[serde(rename_all = "camelCase")]
+pub struct Reference {
+    /// The source model.
+    pub model: PathBuf,
+    /// Fixture version to record.
+    pub version: String,
+    /// Shapes of inputs with symbolic dims.
+    pub shapes: crate::backend::Shapes,
+    /// Given input tensors (safetensors).
+    pub given: Option<PathBuf>,
+    /// Seed for random inputs.
+    pub seed: u64,
+    /// Tolerances to suggest.
+    pub tolerance: Option<kiln_crds::compiled_target::Tolerance>,
+    /// ONNX Runtime on the CPU runs the reference (else tract).
+    pub onnxruntime: bool,
+    /// Where the fixture file goes.
+    pub out: PathBuf,
 }
 
 /// A verified fixture file the child parses again, after checking its sha256.
@@ -107,6 +132,11 @@ pub enum Outcome {
     Warmed(Box<Warmed>),
     /// [`Job::Compile`] passed.
     Compiled(Box<Compiled>),
+    /// [`Job::Reference`] wrote the fixture file, of this sha256.
+    Made {
+        /// sha256 of the file written.
+        sha256: String,
+    },
     /// The step failed, classified by the child.
     Failed {
         /// The reason.
