@@ -104,6 +104,8 @@ fn load_warm(j: &LoadWarm) -> Result<Warmed> {
     let started = Instant::now();
     let engine = backend.load(&j.artifact)?;
     let load_seconds = started.elapsed().as_secs_f64();
+    // The parent shows the phase Warming from here (crate::isolate::parent::LOADED).
+    eprintln!("{}", crate::isolate::parent::LOADED);
     let device_after_load = crate::device_memory::process_bytes();
     let mut report = crate::pipeline::warmup::warm(engine.as_ref(), &fixture, &j.warmup)?;
     // Read while the engine still holds its memory.

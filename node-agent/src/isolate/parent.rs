@@ -31,8 +31,21 @@ const TAIL: usize = 2 << 10;
 /// How long the parent waits for the child's pipes to close once it is gone.
 const DRAIN: Duration = Duration::from_secs(5);
 
+/// The line the child writes on stderr once its engine is loaded (and warmup begins).
+pub const LOADED: &str = "kiln-agent engine: loaded";
+
 /// Runs `job` ("`what`", for messages) in a child under [`Limits::for_step`] of `deadline`.
 pub fn run(job: Job, what: &str, deadline: Duration) -> Result<Answer> {
+    run_with(job, what, deadline, || {})
+}
+
+/// [`run`], calling `loaded` when the child says its engine is loaded ([`LOADED`]).
+pub fn run_with(
+    job: Job,
+    what: &str,
+    deadline: Duration,
+    loaded: impl FnOnce() + Send + 'static,
+) -> Result<Answer> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let limits = Limits::for_step(deadline, cores, crate::memory::limit());
     let answer_of = |answer: &[u8], ended, killed_at_deadline, oversized, stderr_tail: &str| {
@@ -68,7 +81,7 @@ pub fn run(job: Job, what: &str, deadline: Duration) -> Result<Answer> {
     };
     std::thread::spawn(move || stdin.write_all(&request));
     let answer = drain(move || read_bounded(stdout));
-    let log = drain(move || forward(stderr, pid));
+    let log = drain(move || forward(stderr, pid, loaded));
     let waited = wait_until(&mut child, limits.deadline);
     // Whatever it spawned dies with it (the group is its pid).
     kill_group(pid);
@@ -135,9 +148,10 @@ fn read_bounded(r: impl Read) -> (Vec<u8>, bool) {
     (bytes, more > 0)
 }
 
-/// Forwards the child's stderr into the logs line by line (at most [`MAX_FORWARDED`] bytes)
-/// and returns its last [`TAIL`] bytes.
-fn forward(mut r: impl Read, pid: u32) -> String {
+/// Forwards the child's stderr into the logs line by line (at most [`MAX_FORWARDED`] bytes),
+/// calls `loaded` at the [`LOADED`] line, and returns its last [`TAIL`] bytes.
+fn forward(mut r: impl Read, pid: u32, loaded: impl FnOnce()) -> String {
+    let mut loaded = Some(loaded);
     let mut tail: Vec<u8> = Vec::new();
     let mut line: Vec<u8> = Vec::new();
     let (mut forwarded, mut dropped) = (0usize, 0usize);
@@ -164,6 +178,11 @@ fn forward(mut r: impl Read, pid: u32) -> String {
         }
         for &b in &buf[..n] {
             if b == b'\n' || line.len() >= TAIL {
+                if line == LOADED.as_bytes()
+                    && let Some(f) = loaded.take()
+                {
+                    f();
+                }
                 emit(&line, &mut forwarded, &mut dropped);
                 line.clear();
             } else {
@@ -209,5 +228,37 @@ fn kill_group(pid: u32) {
         .and_then(rustix::process::Pid::from_raw)
     {
         let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn stderr_is_forwarded_bounded_and_says_when_the_engine_loaded() {
+        let seen = Arc::new(AtomicBool::new(false));
+        let flag = seen.clone();
+        let text = format!("warming soon\n{LOADED}\nlast words");
+        let tail = forward(text.as_bytes(), 1, move || {
+            flag.store(true, Ordering::SeqCst)
+        });
+        assert!(seen.load(Ordering::SeqCst));
+        assert!(tail.ends_with("last words"), "{tail}");
+        let long = vec![b'x'; 10 * TAIL];
+        assert_eq!(forward(&long[..], 1, || {}).len(), TAIL);
+    }
+
+    #[test]
+    fn an_oversized_answer_is_drained_and_flagged() {
+        let big = vec![b'{'; MAX_ANSWER_BYTES as usize + 10];
+        let (bytes, more) = read_bounded(&big[..]);
+        assert_eq!(bytes.len() as u64, MAX_ANSWER_BYTES);
+        assert!(more);
+        let (bytes, more) = read_bounded(&b"{}"[..]);
+        assert_eq!((bytes.as_slice(), more), (&b"{}"[..], false));
     }
 }

@@ -175,14 +175,21 @@ pub fn load_warm(
         .collect::<Vec<_>>()
         .join("/");
     let what = format!("loading and warming target {name}");
-    let warmed = load_warm_isolated(job, &what, deadline)?;
+    let warmed = load_warm_isolated(job, &what, deadline, || {})?;
     judge_warmed(warmed, &target.spec, labels, gpu_memory, metrics)
 }
 
 /// Runs `job` in the engine's process ([`crate::isolate`]): its measurements, or why it failed
-/// (including `EngineCrashed`, `MemoryBudgetExceeded` at the process's limit, `Timeout`).
-pub fn load_warm_isolated(job: LoadWarm, what: &str, deadline: Duration) -> Result<Warmed> {
-    match crate::isolate::parent::run(Job::LoadWarm(Box::new(job)), what, deadline)?.outcome {
+/// (including `EngineCrashed`, `MemoryBudgetExceeded` at the process's limit, `Timeout`);
+/// `loaded` is called once the engine is loaded and warmup begins.
+pub fn load_warm_isolated(
+    job: LoadWarm,
+    what: &str,
+    deadline: Duration,
+    loaded: impl FnOnce() + Send + 'static,
+) -> Result<Warmed> {
+    let job = Job::LoadWarm(Box::new(job));
+    match crate::isolate::parent::run_with(job, what, deadline, loaded)?.outcome {
         Outcome::Warmed(w) => Ok(*w),
         _ => Err(Error::EngineAnswer(format!(
             "{what}: the answer is not a warmup's"

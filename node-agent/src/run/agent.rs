@@ -374,12 +374,20 @@ impl Agent {
         // --warmup-deadline-seconds bounds loading and warming each, so both together get twice.
         let deadline = self.deadlines.warm.saturating_mul(2);
         let what = format!("loading and warming {name} (--warmup-deadline-seconds)");
-        let warmed =
-            tokio::task::spawn_blocking(move || ready::load_warm_isolated(job, &what, deadline))
-                .await
-                .map_err(|e| {
-                    Error::LoadFailed(format!("{name}: the engine's thread failed: {e}"))
-                })??;
+        let (loaded, warming) = tokio::sync::oneshot::channel();
+        let mut child = tokio::task::spawn_blocking(move || {
+            ready::load_warm_isolated(job, &what, deadline, move || {
+                let _ = loaded.send(());
+            })
+        });
+        let warmed = tokio::select! {
+            done = &mut child => done,
+            Ok(()) = warming => {
+                self.phase(key, pick, NodePhase::Warming).await;
+                child.await
+            }
+        }
+        .map_err(|e| Error::LoadFailed(format!("{name}: the engine's thread failed: {e}")))??;
         let labels = TargetLabels {
             namespace: key.namespace.clone(),
             target: key.name.clone(),
