@@ -74,6 +74,8 @@ fn run(case: &Case, extra_args: &[&str]) -> Run {
         .env("ORT_DYLIB_PATH", library())
         .args(["local", "--output", "json", "--store"])
         .arg(case.store())
+        .arg("--metrics-file")
+        .arg(case.path("metrics.prom"))
         .args(extra_args)
         .arg(case.path("kiln.yaml"))
         .output()
@@ -116,6 +118,11 @@ fn a_crashing_engine_fails_its_target_and_the_agent_reports_it() {
         let r = run(&case, &[]);
         eprintln!("{marker}: {}", r.message());
         r.fails_with("EngineCrashed", &[needle]);
+        assert!(
+            case.metrics()
+                .contains("kiln_agent_failures_total{reason=\"EngineCrashed\"} 1"),
+            "{marker}: not counted"
+        );
         let step = if marker.starts_with("load") {
             "loading and warming"
         } else {
