@@ -357,10 +357,6 @@ impl Agent {
             crate::pipeline::build::fetch_fixture(&spec, &self.fetcher),
         )
         .await?;
-        self.phase(key, pick, NodePhase::Loading).await;
-        ready::fits_node(&t.spec.warmup, crate::memory::available())?;
-        // Load and warm in the engine's own process (crate::isolate), which proves the engine
-        // and exits: nothing stays loaded here; serving pods load their own copy.
         let job = LoadWarm {
             backend: t.spec.backend.clone(),
             manifest: pulled.manifest.clone(),
@@ -371,6 +367,31 @@ impl Agent {
             },
             warmup: t.spec.warmup.clone(),
         };
+        let ready = self.load_warm(key, t, pick, job, &name).await?;
+        let (load_seconds, warmup) = (ready.load_seconds, ready.warmup);
+        Ok(Prepared {
+            pick: pick.clone(),
+            pull_bytes: pulled.bytes,
+            pull_seconds: pulled.seconds,
+            load_seconds,
+            warmup,
+            engine: Some(engine),
+        })
+    }
+
+    /// Loads and warms in the engine's own process (crate::isolate), which proves the engine
+    /// and exits: nothing stays loaded here; serving pods load their own copy. Publishes
+    /// Loading, then Warming once the child says the engine is loaded.
+    async fn load_warm(
+        &mut self,
+        key: &TargetKey,
+        t: &CompiledTarget,
+        pick: &Pick,
+        job: LoadWarm,
+        name: &str,
+    ) -> Result<ready::Ready> {
+        self.phase(key, pick, NodePhase::Loading).await;
+        ready::fits_node(&t.spec.warmup, crate::memory::available())?;
         // --warmup-deadline-seconds bounds loading and warming each, so both together get twice.
         let deadline = self.deadlines.warm.saturating_mul(2);
         let what = format!("loading and warming {name} (--warmup-deadline-seconds)");
@@ -393,22 +414,13 @@ impl Agent {
             target: key.name.clone(),
             class: pick.class.clone(),
         };
-        let ready = ready::judge_warmed(
+        ready::judge_warmed(
             warmed,
             &t.spec,
             &labels,
             ready::gpu_memory(&self.hardware),
             &self.metrics,
-        )?;
-        let (load_seconds, warmup) = (ready.load_seconds, ready.warmup);
-        Ok(Prepared {
-            pick: pick.clone(),
-            pull_bytes: pulled.bytes,
-            pull_seconds: pulled.seconds,
-            load_seconds,
-            warmup,
-            engine: Some(engine),
-        })
+        )
     }
 
     /// The target's ModelArtifact with the target, checked and with relative URIs resolved.
