@@ -39,8 +39,12 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The engine-isolation crash cases need the test-only hook (cargo feature fault-injection:
+# node-agent/src/cmd/fault.rs), which no product build carries; lint and run them with it.
+cargo clippy -p kiln-agent --all-targets --locked --features fault-injection -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
+cargo test -p kiln-agent --locked --features fault-injection --test isolation
 
 if [ "${KILN_SKIP_E2E:-0}" = 1 ]; then
   echo "== e2e skipped: KILN_SKIP_E2E=1"

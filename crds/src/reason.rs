@@ -35,6 +35,9 @@ pub enum FailureReason {
     MemoryBudgetExceeded,
     /// A step ran past its deadline.
     Timeout,
+    /// The engine's process (a child of kiln-agent) was killed by a signal, aborted or exited
+    /// without a well-formed answer; the signal or exit status is in the message.
+    EngineCrashed,
     /// The artifact store could not be read or written.
     StoreUnavailable,
     /// The spec cannot be acted on as written.
@@ -43,7 +46,7 @@ pub enum FailureReason {
 
 impl FailureReason {
     /// Every reason, for pre-registering metric label values.
-    pub const ALL: [FailureReason; 15] = [
+    pub const ALL: [FailureReason; 16] = [
         Self::SourceUnavailable,
         Self::HashMismatch,
         Self::SignatureInvalid,
@@ -57,6 +60,7 @@ impl FailureReason {
         Self::LatencyBudgetExceeded,
         Self::MemoryBudgetExceeded,
         Self::Timeout,
+        Self::EngineCrashed,
         Self::StoreUnavailable,
         Self::InvalidSpec,
     ];
@@ -77,6 +81,7 @@ impl FailureReason {
             Self::LatencyBudgetExceeded => "LatencyBudgetExceeded",
             Self::MemoryBudgetExceeded => "MemoryBudgetExceeded",
             Self::Timeout => "Timeout",
+            Self::EngineCrashed => "EngineCrashed",
             Self::StoreUnavailable => "StoreUnavailable",
             Self::InvalidSpec => "InvalidSpec",
         }

@@ -21,6 +21,21 @@
 #                       truncated (even), the node's cache emptied, the agent restarted: fail
 #                       closed; the blob repaired: served again
 #
+#   engine-segfault     a second target on the same node whose engine (ONNX Runtime) segfaults
+#   engine-abort        / aborts / spins past its deadline while the agent loads and warms it:
+#   engine-spin         its row Failed EngineCrashed naming the signal (Timeout for the spin),
+#                       the agent process the same throughout, the example target Ready and its
+#                       pod gate True at every look (node-agent/src/pipeline/isolate/)
+#   engine-memory       a second target whose 212-byte model asks ONNX Runtime for 4 GiB, its
+#                       compile Job limited to 2Gi: the Job's engine process is stopped at the
+#                       limit (class row MemoryBudgetExceeded), the example target Ready
+#
+#   The engine rows need the agent built with the test-only cargo feature fault-injection (a
+#   model carrying kiln-fault-inject:load:<fault> makes the engine's process crash on demand;
+#   ONNX Runtime cannot be made to on purpose): this script builds it aside
+#   (target/fault-injection/kiln-agent) and runs the whole table on it; product images never
+#   carry the feature.
+#
 # (A tag moved to another valid manifest is the end of kiln.sh; flipped, truncated and replaced
 # store entries are also rows of the agent's hostile corpus, node-agent/tests/hostile.rs.)
 #
@@ -67,6 +82,20 @@ die() {
   fail "$*"
 }
 
+ENGINE_CASES="engine-segfault engine-abort engine-spin engine-memory"
+engine_cases_wanted() {
+  local c
+  for c in $ENGINE_CASES; do [[ " ${KILN_E2E_FAULT_CASES:-$c} " == *" $c "* ]] && return 0; done
+  return 1
+}
+if engine_cases_wanted && [[ -z ${KILN_E2E_AGENT_BIN:-} ]]; then
+  # Built beside the product binary and the product binary rebuilt after it (cargo keeps both
+  # feature sets' objects, so each build after the first only links).
+  (cd "$REPO" && cargo build -q --locked -p kiln-agent --bin kiln-agent --features fault-injection &&
+    install -D target/debug/kiln-agent target/fault-injection/kiln-agent &&
+    cargo build -q --locked -p kiln-agent --bin kiln-agent) || die "cannot build the fault-injection agent"
+  export KILN_E2E_AGENT_BIN=$REPO/target/fault-injection/kiln-agent
+fi
 kiln_images "$WORK"
 kiln_example_dirs "$WORK"
 kiln_fresh_crds
@@ -75,6 +104,9 @@ LOG_ARGS=()
 [[ -z ${KILN_E2E_FAULT_RUST_LOG:-} ]] || for c in operator agent; do
   LOG_ARGS+=(--set "$c.extraEnv[0].name=RUST_LOG" --set "$c.extraEnv[0].value=${KILN_E2E_FAULT_RUST_LOG//,/\\,}")
 done
+# The engine-spin row: loading and warming may take 2 x 60 s before the engine is killed.
+LOG_ARGS+=(--set "agent.extraEnv[1].name=KILN_WARMUP_DEADLINE_SECONDS" --set-string "agent.extraEnv[1].value=60")
+[[ -n ${KILN_E2E_FAULT_RUST_LOG:-} ]] || LOG_ARGS+=(--set "agent.extraEnv[0].name=RUST_LOG" --set "agent.extraEnv[0].value=info")
 kiln_up "$REL" "$NS" "$REPOSITORY" "$WORK" "${LOG_ARGS[@]}" || die "kiln did not come up"
 
 # The example's ModelArtifact as it is; the target is applied by `revise`.
@@ -387,6 +419,115 @@ f_artifact_corrupt() {
   NOTE="(blob $how: Failed/HashMismatch, gate False, nothing cached; repaired: served again)"
 }
 
+# --- engine faults: a second target on the node, the example target watched throughout ------
+FAULTY=faulty
+engine_sources() {
+  # The example model with the marker as its doc_string (ModelProto field 6, appended), which
+  # the ONNX Runtime compile keeps in the artifact; the 212-byte model with its constant at
+  # 4 GiB; a fixture of x: f32[1, 16] for it (made from tests/data/mlp.onnx: the compile fails
+  # before its values matter).
+  local f
+  for f in segfault abort spin; do
+    python3 - "$REPO/examples/squeezenet/model.onnx" "$WORK/sources/fault-$f.onnx" "kiln-fault-inject:load:$f" <<'PY'
+import sys
+b = open(sys.argv[1], "rb").read()
+doc = sys.argv[3].encode()
+open(sys.argv[2], "wb").write(b + bytes([0x32, len(doc)]) + doc)
+PY
+  done
+  python3 - "$REPO/node-agent/tests/data/huge.onnx" "$WORK/sources/huge-4g.onnx" <<'PY'
+import struct, sys
+b = open(sys.argv[1], "rb").read()
+old = struct.pack("<qq", 100000, 100000)
+assert b.count(old) == 1
+open(sys.argv[2], "wb").write(b.replace(old, struct.pack("<qq", 1024, 1 << 20)))
+PY
+  "$(bin kiln-agent)" fixtures --fixture-version v1 --shape x=1,16 --model "$REPO/node-agent/tests/data/mlp.onnx" \
+    --out "$WORK/sources/huge-fixture.safetensors" >/dev/null || die "fixture for the 4 GiB model"
+  chmod 644 "$WORK/sources/"*
+}
+# faulty_model FILE: the ModelArtifact "faulty" of a source in the sources directory.
+faulty_model() {
+  local file=$1 sha size
+  sha=$(sha256sum "$WORK/sources/$file" | cut -d' ' -f1)
+  size=$(stat -c %s "$WORK/sources/$file")
+  if [[ $file == huge-4g.onnx ]]; then
+    cat <<YAML
+apiVersion: kiln.dev/v1alpha1
+kind: ModelArtifact
+metadata: {name: $FAULTY}
+spec:
+  source: {uri: "file://$file", sha256: "$sha", size: $size}
+  format: onnx
+  inputs:
+    - {name: x, dtype: f32, dims: [{symbol: batch, min: 1, max: 8}, {size: 16}]}
+  fixtures:
+    - {version: v1, uri: "file://huge-fixture.safetensors", sha256: "$(sha256sum "$WORK/sources/huge-fixture.safetensors" | cut -d' ' -f1)"}
+YAML
+  else
+    python3 -c 'import sys, yaml
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    if d["kind"] == "ModelArtifact":
+        d["metadata"] = {"name": sys.argv[2]}
+        d["spec"]["source"].update(uri="file://" + sys.argv[3], sha256=sys.argv[4], size=int(sys.argv[5]))
+        print(yaml.safe_dump(d))' "$REPO/examples/squeezenet/kiln.yaml" "$FAULTY" "$file" "$sha" "$size"
+  fi
+}
+# faulty_target PROFILE [COMPILE]: the CompiledTarget "faulty" on ONNX Runtime, one warmup run.
+faulty_target() {
+  cat <<YAML
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {name: $FAULTY}
+spec:
+  modelRef: {name: $FAULTY}
+  backend: {kind: onnxruntime}
+  profiles: [{name: $1, dims: {batch: 1}}]
+  warmup: {iterations: 1, fixtureVersion: v1}
+${2:+  compile: $2}
+YAML
+}
+faulty_row() { kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq -c --arg ns "$NS" --arg t "$FAULTY" '.status.targets[]? | select(.namespace == $ns and .name == $t)'; }
+# engine_fault FAULT REASON NEEDLE WHERE: applies the faulty target and waits (up to 300 s) for
+# its row (WHERE=row) or class (WHERE=class) to fail with REASON and a message containing NEEDLE,
+# looking at the example target every 0.2 s: it must stay Ready with its gate True, and the agent
+# process must be the same one at the end.
+engine_fault() {
+  local fault=$1 reason=$2 needle=$3 where=$4 file pid said= bad=0 looks=0 i
+  file=fault-$fault.onnx
+  [[ $fault != memory ]] || file=huge-4g.onnx
+  pid=$(pid_of '/bin/kiln-agent run') || die "no agent process"
+  faulty_model "$file" | kubectl -n "$NS" apply -f - >/dev/null
+  if [[ $fault == memory ]]; then
+    faulty_target "p$N" "{resources: {limits: {memory: 2Gi}, requests: {memory: 256Mi}}}"
+  else
+    faulty_target "p$N"
+  fi | kubectl -n "$NS" apply -f - >/dev/null
+  for ((i = 0; i < 300 * 5; i++)); do
+    looks=$((looks + 1))
+    converged || { bad=$((bad + 1)); echo "   the example target was not Ready: $(row)" >&2; }
+    if [[ $where == row ]]; then
+      said=$(faulty_row | jq -r --arg r "$reason" 'select(.phase == "Failed" and .reason == $r) | .message // empty')
+    else
+      said=$(kubectl -n "$NS" get compiledtarget "$FAULTY" -o json |
+        jq -r --arg r "$reason" '.status.classes[]? | select(.reason == $r) | .message // empty')
+    fi
+    [[ -n $said ]] && break
+    sleep 0.2
+  done
+  kubectl -n "$NS" delete compiledtarget "$FAULTY" --wait=true --timeout=60s >/dev/null || true
+  kubectl -n "$NS" delete modelartifact "$FAULTY" --wait=true --timeout=60s >/dev/null || true
+  [[ -n $said ]] || { echo "   $FAULTY never failed $reason: $(faulty_row)" >&2; return 1; }
+  [[ $said == *"$needle"* ]] || { echo "   $reason without \"$needle\": $said" >&2; return 1; }
+  ((bad == 0)) || { echo "   the example target was not Ready at $bad of $looks looks" >&2; return 1; }
+  [[ $(pid_of '/bin/kiln-agent run') == "$pid" ]] || { echo "   the agent process changed" >&2; return 1; }
+  NOTE="($reason: …${said: -90}; example target Ready at all $looks looks, agent pid $pid)"
+}
+f_engine_segfault() { engine_fault segfault EngineCrashed "signal SIGSEGV (11)" row; }
+f_engine_abort() { engine_fault abort EngineCrashed "signal SIGABRT (6)" row; }
+f_engine_spin() { engine_fault spin Timeout "process group was killed" row; }
+f_engine_memory() { engine_fault memory MemoryBudgetExceeded "RLIMIT_DATA" class; }
+
 run_case() {
   local name=$1 fn=$2 jobs=${3:-} i
   [[ " ${KILN_E2E_FAULT_CASES:-$name} " == *" $name "* ]] || return 0
@@ -402,6 +543,13 @@ run_case registry-down f_registry_down
 run_case apiserver-restart f_apiserver_restart 1
 run_case class-change f_class_change
 run_case artifact-corrupt f_artifact_corrupt 1
+if engine_cases_wanted; then
+  engine_sources
+  run_case engine-segfault f_engine_segfault
+  run_case engine-abort f_engine_abort
+  run_case engine-spin f_engine_spin
+  run_case engine-memory f_engine_memory
+fi
 # Watches survived every fault: a plain change still converges promptly.
 revise after-faults
 wait_for "a change after the faults" 120 converged

@@ -380,6 +380,7 @@ pub fn step(reason: Option<FailureReason>, phase: &str) -> String {
         Some(R::LatencyBudgetExceeded) => "warm up (latency budget)",
         Some(R::MemoryBudgetExceeded) => "load and warm up (memory budget)",
         Some(R::Timeout) => "a step past its deadline",
+        Some(R::EngineCrashed) => "run the engine (its process crashed)",
         Some(R::InvalidSpec) => "read the spec",
         None => return format!("phase {phase}"),
     }

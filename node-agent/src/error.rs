@@ -56,6 +56,20 @@ pub enum Error {
     /// A step ran past its deadline.
     #[error("timeout: {0}")]
     Timeout(String),
+    /// The engine's process was killed by a signal, aborted, or exited without an answer.
+    #[error("engine crashed: {0}")]
+    EngineCrashed(String),
+    /// The engine's process answered, but not in the checked format (malformed, truncated,
+    /// oversized): never trusted, counted as a crash of the engine.
+    #[error("engine crashed: its answer was refused: {0}")]
+    EngineAnswer(String),
+    /// An error the engine's process reported, with the reason it classified it as; `message`
+    /// is that error's whole text.
+    #[error("{message}")]
+    InEngine {
+        reason: FailureReason,
+        message: String,
+    },
     /// The store could not be used.
     #[error("store {location} unavailable: {message}")]
     StoreUnavailable { location: String, message: String },
@@ -86,6 +100,8 @@ impl Error {
             Self::LatencyBudgetExceeded(_) => FailureReason::LatencyBudgetExceeded,
             Self::MemoryBudgetExceeded(_) => FailureReason::MemoryBudgetExceeded,
             Self::Timeout(_) => FailureReason::Timeout,
+            Self::EngineCrashed(_) | Self::EngineAnswer(_) => FailureReason::EngineCrashed,
+            Self::InEngine { reason, .. } => *reason,
             Self::StoreUnavailable { .. } => FailureReason::StoreUnavailable,
             Self::NoCandidate { reason, .. } => *reason,
         }

@@ -1,6 +1,7 @@
 //! kiln-agent: `run` (the DaemonSet), `local` (whole pipeline, no cluster), `compile` (the
 //! compile Job's worker), `install` (its init container for foreign compiler images),
-//! `fixtures`, `probe`, `bench-verify`, `bench-pull`. This file only parses the command line,
+//! `fixtures`, `probe`, `bench-verify`, `bench-pull`, and the hidden `engine` (an engine's own
+//! process, `kiln_agent::pipeline::isolate`). This file only parses the command line,
 //! sets up logging and dispatches; each subcommand lives in `kiln_agent::cmd`.
 
 use std::process::ExitCode;
@@ -29,6 +30,11 @@ struct Cli {
     /// fetches it). Default: `ORT_DYLIB_PATH`. Without it only tract targets run.
     #[arg(long, env = "KILN_ONNXRUNTIME_LIB", global = true)]
     onnxruntime_lib: Option<std::path::PathBuf>,
+    /// Run engines (compile, load, warmup) in this process instead of a child: only to measure
+    /// what the child costs (scripts/bench-isolation.sh); a crashing engine then takes the
+    /// whole process.
+    #[arg(long, env = "KILN_ENGINE_IN_PROCESS", global = true, hide = true)]
+    engine_in_process: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -61,6 +67,10 @@ enum Command {
     BenchPull(cmd::bench_pull::Args),
     /// Measure streaming sha256 verification against sha256sum and openssl on one file.
     BenchVerify(cmd::bench_verify::Args),
+    /// The engine's process (kiln_agent::pipeline::isolate): one compile or load-and-warm step, its job
+    /// on stdin, its answer on stdout. Started by kiln-agent itself, never by hand.
+    #[command(hide = true)]
+    Engine,
 }
 
 #[global_allocator]
@@ -107,6 +117,9 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     kiln_agent::backend::onnxruntime::configure(cli.onnxruntime_lib);
+    if cli.engine_in_process {
+        kiln_agent::pipeline::isolate::parent::run_in_process(kiln_agent::cmd::engine::execute);
+    }
     // reqwest is built without a default crypto provider; kiln uses ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
     match cli.command {
@@ -119,5 +132,6 @@ fn main() -> ExitCode {
         Command::Probe => cmd::probe::main(),
         Command::BenchPull(args) => cmd::bench_pull::main(args),
         Command::BenchVerify(args) => cmd::bench_verify::main(args),
+        Command::Engine => kiln_agent::cmd::engine::main(),
     }
 }

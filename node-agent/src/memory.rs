@@ -29,6 +29,14 @@ pub fn install(heap: &'static Cap<System>, bytes: usize) {
     let _ = HEAP.set(heap);
 }
 
+/// The ceiling [`install`] set, `None` when none is (or it is unbounded): what the engine's
+/// process is given as its kernel-enforced limit ([`crate::pipeline::isolate`]).
+pub fn limit() -> Option<usize> {
+    HEAP.get()
+        .map(|heap| heap.limit())
+        .filter(|&l| l != usize::MAX)
+}
+
 /// What a panic's `message` should add when it reports a failed allocation that the ceiling
 /// refused: the size asked for (when the message says it, as tract's does) and the ceiling.
 /// `None` when the message is not about an allocation or no ceiling is installed.

@@ -1,6 +1,7 @@
 //! `kiln-agent fixtures`: makes a versioned fixture file from a model and given or seeded-random
 //! inputs, with golden outputs from the reference (unoptimised) execution of the source model.
-//! Reads the model (and given inputs), writes only the output file.
+//! Reads the model (and given inputs), writes only the output file. The reference runs in the
+//! engine's own process ([`crate::pipeline::isolate`]), under the same limits as a compile.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,6 +14,7 @@ use kiln_crds::compiled_target::Tolerance;
 use crate::backend::{Backend, Shapes};
 use crate::error::{Error, Result};
 use crate::pipeline::fixtures::{FixtureFile, Sample, Seeded};
+use crate::pipeline::isolate::job::{Job, Outcome};
 use crate::pipeline::tensor::HostTensor;
 
 /// What to make.
@@ -231,29 +233,29 @@ pub fn main(args: Args) -> ExitCode {
             .zip(args.rtol)
             .map(|(atol, rtol)| Tolerance { atol, rtol }),
     };
-    let out = &args.out;
-    let reference = match args.reference {
-        Reference::Tract => Ok(crate::backend::guard::Guarded(Box::new(
-            crate::backend::tract::Tract,
-        ))),
-        Reference::Onnxruntime => crate::backend::onnxruntime::OnnxRuntime::for_spec(
-            &kiln_crds::compiled_target::Backend::of(
-                kiln_crds::compiled_target::BackendKind::Onnxruntime,
-            ),
-        )
-        .map(|ort| crate::backend::guard::Guarded(Box::new(ort))),
+    let job = crate::pipeline::isolate::job::Reference {
+        model: request.model.to_path_buf(),
+        version: request.version.to_string(),
+        shapes: request.shapes,
+        given: request.given,
+        samples: request.samples,
+        seed: request.seed,
+        tolerance: request.tolerance,
+        onnxruntime: matches!(args.reference, Reference::Onnxruntime),
+        out: args.out.clone(),
     };
-    let result = reference
-        .and_then(|r| make(&r, &request))
-        .and_then(|f| f.to_bytes())
-        .and_then(|bytes| {
-            std::fs::write(out, &bytes)
-                .map_err(|e| Error::store(out, e))
-                .map(|()| bytes)
-        });
+    let what = format!("running {} for reference outputs", args.model.display());
+    let result =
+        crate::pipeline::isolate::parent::run(Job::Reference(Box::new(job)), &what, DEADLINE)
+            .and_then(|answer| match answer.outcome {
+                Outcome::Made { sha256 } => Ok(sha256),
+                _ => Err(Error::EngineAnswer(format!(
+                    "{what}: the answer is not a fixture's"
+                ))),
+            });
     match result {
-        Ok(bytes) => {
-            println!("{}  {}", sha256_bytes(&bytes), out.display());
+        Ok(sha256) => {
+            println!("{sha256}  {}", args.out.display());
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -261,6 +263,36 @@ pub fn main(args: Args) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// How long one reference run may take.
+const DEADLINE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// In the engine's process ([`crate::cmd::engine`]): makes the fixture `job` asks for with its
+/// reference runtime, writes it to `job.out` and returns its sha256.
+pub fn make_file(job: &crate::pipeline::isolate::job::Reference) -> Result<String> {
+    let request = Request {
+        model: &job.model,
+        version: &job.version,
+        shapes: job.shapes.clone(),
+        given: job.given.clone(),
+        samples: job.samples,
+        seed: job.seed,
+        tolerance: job.tolerance,
+    };
+    let reference = if job.onnxruntime {
+        crate::backend::onnxruntime::OnnxRuntime::for_spec(
+            &kiln_crds::compiled_target::Backend::of(
+                kiln_crds::compiled_target::BackendKind::Onnxruntime,
+            ),
+        )
+        .map(|ort| crate::backend::guard::Guarded(Box::new(ort)))?
+    } else {
+        crate::backend::guard::Guarded(Box::new(crate::backend::tract::Tract))
+    };
+    let bytes = make(&reference, &request)?.to_bytes()?;
+    std::fs::write(&job.out, &bytes).map_err(|e| Error::store(&job.out, e))?;
+    Ok(sha256_bytes(&bytes))
 }
 
 /// `--shape NAME=D0,D1,...` values as shapes by input name.

@@ -82,6 +82,7 @@ pub async fn run(
     fetch: &FetchLimits,
     trust: &TrustArgs,
     sources: &SourceTrustArgs,
+    warm_deadline: std::time::Duration,
 ) -> Outcome {
     let mut outcome = Outcome::default();
     match pipeline(
@@ -90,6 +91,7 @@ pub async fn run(
         metrics,
         fetch,
         (trust, sources),
+        warm_deadline,
         &mut outcome,
     )
     .await
@@ -113,6 +115,7 @@ async fn pipeline(
     metrics: &Metrics,
     fetch: &FetchLimits,
     (trust, sources): (&TrustArgs, &SourceTrustArgs),
+    warm_deadline: std::time::Duration,
     outcome: &mut Outcome,
 ) -> Result<()> {
     // With no key given, the store signs itself with a key of its own (created on first use),
@@ -173,16 +176,22 @@ async fn pipeline(
     // Loaded by the backend the verified manifest names: for `auto`, the kept candidate's.
     let backend = backend::for_artifact(&t.backend, &manifest)?;
     outcome.engine = Some(manifest.engine());
+    let labels = crate::metrics::TargetLabels {
+        namespace: spec.target.metadata.namespace.clone().unwrap_or_default(),
+        target: spec.target.metadata.name.clone().unwrap_or_default(),
+        class: id.clone(),
+    };
     let ready = blocking(|| {
         load_warm(
             &manifest,
             &cached,
             backend.as_ref(),
             &class,
-            &id,
-            &inputs.fixture,
+            inputs.fixture_ref(),
             &spec.target,
+            &labels,
             crate::pipeline::ready::gpu_memory(&host),
+            warm_deadline.saturating_mul(2),
             metrics,
         )
     })
@@ -255,6 +264,10 @@ pub struct Args {
     trust: TrustArgs,
     #[command(flatten)]
     sources: SourceTrustArgs,
+    /// Seconds loading, and then warming, the engine may each take (the engine's process is
+    /// killed past both together), as `run`'s flag of the same name.
+    #[arg(long, env = "KILN_WARMUP_DEADLINE_SECONDS", default_value_t = 600)]
+    warmup_deadline_seconds: u64,
 }
 
 /// What stdout gets.
@@ -292,6 +305,7 @@ pub fn main(args: Args) -> ExitCode {
         &args.fetch,
         &args.trust,
         &args.sources,
+        std::time::Duration::from_secs(args.warmup_deadline_seconds.max(1)),
     ));
     if let Some(path) = args.metrics_file
         && let Err(e) = std::fs::write(&path, kiln_serve::exposition(&registry, None).0)

@@ -6,6 +6,9 @@
 pub mod bench_pull;
 pub mod bench_verify;
 pub mod compile;
+pub mod engine;
+#[cfg(feature = "fault-injection")]
+mod fault;
 pub mod fixtures;
 pub mod install;
 pub mod keygen;

@@ -24,7 +24,7 @@ use crate::pipeline::fixtures::FixtureFile;
 use crate::pipeline::spec::Spec;
 
 pub(crate) use crate::pipeline::compile::key_with;
-pub use crate::pipeline::compile::{Inputs, Target, compile};
+pub use crate::pipeline::compile::{Inputs, Target, compile, compile_isolated};
 
 /// Who may sign model sources: `spec.source.signature`, as `cosign sign-blob --key` makes it.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -138,14 +138,16 @@ pub async fn fetch_inputs(
     let VerifiedFixture {
         file: fixture,
         sha256: fixture_digest,
+        path: fixture_path,
     } = fetch_fixture(spec, fetcher).await?;
     let staged = stage_model(fetcher.cache_dir(), &model, &assets)?;
     Ok(Inputs {
         model: staged.path().join("model.onnx"),
-        _staged: staged,
+        _staged: Some(staged),
         assets,
         fixture,
         fixture_digest,
+        fixture_path,
     })
 }
 
@@ -188,6 +190,8 @@ pub struct VerifiedFixture {
     pub file: FixtureFile,
     /// Its sha256, as the ModelArtifact declares it.
     pub sha256: String,
+    /// The verified file in the blob cache.
+    pub path: PathBuf,
 }
 
 /// Fetches, verifies and parses the warmup fixture version the target names. The node agent
@@ -223,6 +227,7 @@ pub async fn fetch_fixture(spec: &Spec, fetcher: &Fetcher) -> Result<VerifiedFix
     Ok(VerifiedFixture {
         file: fixture,
         sha256: declared.sha256.clone(),
+        path,
     })
 }
 
@@ -307,9 +312,8 @@ pub async fn compile_or_reuse(
         key: &key,
     };
     let result = tokio::task::block_in_place(|| match builder {
-        Builder::One(backend) => {
-            compile(spec, inputs, backend.as_ref(), &target).map(|m| (m, vec![]))
-        }
+        Builder::One(backend) => compile_isolated(spec, inputs, backend.as_ref(), &target, false)
+            .map(|(m, _)| (m, vec![])),
         Builder::Auto(auto) => {
             crate::pipeline::candidates::compile_auto(spec, inputs, auto, &target)
         }

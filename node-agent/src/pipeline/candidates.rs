@@ -16,9 +16,8 @@ use kiln_crds::engine::{EngineCandidate, EngineSelection};
 use crate::backend::auto::{Auto, Candidate};
 use crate::backend::{Backend, select};
 use crate::error::{Error, Result};
-use crate::pipeline::build::{Inputs, Target, compile};
+use crate::pipeline::compile::{Inputs, Target, compile_isolated};
 use crate::pipeline::spec::Spec;
-use crate::pipeline::warmup;
 
 /// A candidate that passed: its artifact and manifest.
 struct Built {
@@ -124,8 +123,8 @@ fn try_candidate(
     out: &Path,
 ) -> Result<(EngineCandidate, BuildManifest)> {
     let sub = concrete(spec, candidate);
-    let key = crate::pipeline::build::key_with(&sub, &backend.identity(), target.class);
-    let manifest = compile(
+    let key = crate::pipeline::compile::key_with(&sub, &backend.identity(), target.class);
+    let (manifest, measured) = compile_isolated(
         &sub,
         inputs,
         backend,
@@ -134,8 +133,10 @@ fn try_candidate(
             key: &key,
             ..*target
         },
+        true,
     )?;
-    let report = measure(&sub, inputs, backend, out)?;
+    let report = measured
+        .ok_or_else(|| Error::EngineAnswer("a candidate's compile came back unmeasured".into()))?;
     Ok((
         EngineCandidate {
             engine: candidate.spec.engine_name(),
@@ -146,27 +147,6 @@ fn try_candidate(
         },
         manifest,
     ))
-}
-
-/// Load, first run, p50 and p99 over the target's warmup iterations, parity on each.
-fn measure(
-    spec: &Spec,
-    inputs: &Inputs,
-    backend: &dyn Backend,
-    artifact: &Path,
-) -> Result<EngineCandidate> {
-    let started = Instant::now();
-    let engine = backend.load(artifact)?;
-    let load_seconds = started.elapsed().as_secs_f64();
-    let w = warmup::warm(engine.as_ref(), &inputs.fixture, &spec.target.spec.warmup)?;
-    Ok(EngineCandidate {
-        parity_max_abs_error: Some(w.parity_max_abs_error),
-        load_seconds: Some(load_seconds),
-        first_seconds: Some(w.first_seconds),
-        p50_seconds: Some(w.p50_seconds),
-        p99_seconds: Some(w.p99_seconds),
-        ..EngineCandidate::default()
-    })
 }
 
 /// The target as if it named the candidate's backend. tract computes exact fp32, which is what

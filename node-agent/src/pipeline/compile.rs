@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use kiln_crds::class::ClassFacts;
 use kiln_crds::compiled_target::ExecutionProvider;
+use kiln_crds::engine::EngineCandidate;
 use kiln_crds::kiln_node::HardwareFacts;
 use kiln_crds::manifest::MANIFEST_VERSION;
 use kiln_crds::{BuildManifest, CompileKeyInput, compile_key};
@@ -18,6 +19,7 @@ use kiln_store::staged::sha256_file;
 use crate::backend::{Backend, CompileRequest};
 use crate::error::{Error, Result};
 use crate::pipeline::fixtures::FixtureFile;
+use crate::pipeline::isolate::job::{FixtureRef, Job, Outcome};
 use crate::pipeline::spec::Spec;
 use crate::pipeline::warmup;
 
@@ -27,14 +29,39 @@ pub struct Inputs {
     /// `name`): ONNX external data resolves inside the model's directory, so it can name only
     /// declared assets — never another model's blob in the shared cache.
     pub model: PathBuf,
-    /// That directory; removed when the inputs go.
-    pub(super) _staged: tempfile::TempDir,
+    /// That directory; removed when the inputs go (`None`: staged by another process).
+    pub(super) _staged: Option<tempfile::TempDir>,
     /// Asset name → path.
     pub assets: BTreeMap<String, PathBuf>,
     /// The warmup fixture, parsed.
     pub fixture: FixtureFile,
     /// sha256 of the fixture file.
     pub fixture_digest: String,
+    /// The fixture file in the blob cache.
+    pub fixture_path: PathBuf,
+}
+
+impl Inputs {
+    /// Inputs another process fetched, verified and staged (the engine's process gets them
+    /// so): the staged model and the fixture, re-checked against its digest by the caller.
+    pub fn verified(model: PathBuf, fixture: FixtureFile, from: FixtureRef) -> Self {
+        Self {
+            model,
+            _staged: None,
+            assets: BTreeMap::new(),
+            fixture,
+            fixture_digest: from.sha256,
+            fixture_path: from.path,
+        }
+    }
+
+    /// Where the engine's process finds the fixture.
+    pub fn fixture_ref(&self) -> FixtureRef {
+        FixtureRef {
+            path: self.fixture_path.clone(),
+            sha256: self.fixture_digest.clone(),
+        }
+    }
 }
 
 /// The compile key of `spec` for a class, with the backend identity given.
@@ -154,4 +181,67 @@ pub fn compile(
     };
     tracing::info!(compile_key = %key, digest = %manifest.artifact_digest, parity_max_abs_error = parity_max, "compiled; parity within tolerance");
     Ok(manifest)
+}
+
+/// How long a compile may run when the target sets no `compile.activeDeadlineSeconds`.
+const DEFAULT_COMPILE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// [`compile`] (and with `measure`, [`measure`]) in the engine's
+/// own process ([`crate::pipeline::isolate`]). `exec` stays in this process: its foreign compiler already
+/// runs apart, in its own container or process group, and the tract build after it reads the
+/// handoff only this process was given.
+pub fn compile_isolated(
+    spec: &Spec,
+    inputs: &Inputs,
+    backend: &dyn Backend,
+    target: &Target<'_>,
+    measure: bool,
+) -> Result<(BuildManifest, Option<EngineCandidate>)> {
+    if backend.name() == "exec" {
+        let manifest = compile(spec, inputs, backend, target)?;
+        let measured = measure
+            .then(|| self::measure(spec, inputs, backend, target.out))
+            .transpose()?;
+        return Ok((manifest, measured));
+    }
+    let job = Job::Compile(Box::new(crate::pipeline::isolate::job::Compile {
+        model: spec.model.clone(),
+        target: spec.target.clone(),
+        model_file: inputs.model.clone(),
+        fixture: inputs.fixture_ref(),
+        class: target.class.clone(),
+        host: target.host.clone(),
+        out: target.out.to_path_buf(),
+        key: target.key.to_string(),
+        measure,
+    }));
+    let what = format!("compiling {} with {}", target.key, backend.name());
+    let deadline = spec.compile_timeout().unwrap_or(DEFAULT_COMPILE_DEADLINE);
+    match crate::pipeline::isolate::parent::run(job, &what, deadline)?.outcome {
+        Outcome::Compiled(c) => Ok((c.manifest, c.measured)),
+        _ => Err(Error::EngineAnswer(format!(
+            "{what}: the answer is not a compile's"
+        ))),
+    }
+}
+
+/// Load, first run, p50 and p99 over the target's warmup iterations, parity on each.
+pub fn measure(
+    spec: &Spec,
+    inputs: &Inputs,
+    backend: &dyn Backend,
+    artifact: &Path,
+) -> Result<EngineCandidate> {
+    let started = Instant::now();
+    let engine = backend.load(artifact)?;
+    let load_seconds = started.elapsed().as_secs_f64();
+    let w = warmup::warm(engine.as_ref(), &inputs.fixture, &spec.target.spec.warmup)?;
+    Ok(EngineCandidate {
+        parity_max_abs_error: Some(w.parity_max_abs_error),
+        load_seconds: Some(load_seconds),
+        first_seconds: Some(w.first_seconds),
+        p50_seconds: Some(w.p50_seconds),
+        p99_seconds: Some(w.p99_seconds),
+        ..EngineCandidate::default()
+    })
 }

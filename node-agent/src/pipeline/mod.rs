@@ -9,6 +9,7 @@ pub mod compile;
 pub mod fetch;
 pub mod fixtures;
 pub mod interface;
+pub mod isolate;
 pub mod probe;
 pub mod ready;
 pub mod schema;

@@ -1,23 +1,24 @@
 //! The path from a stored artifact to "ready": pull and verify the bytes, re-check
 //! compatibility with this machine and this binary, load, warm with parity. The same code serves
-//! `local` and the node agent; any error means not ready. Touches the store (pull), the
+//! `local` and the node agent; any error means not ready. Load and warmup run in the engine's own
+//! process ([`crate::pipeline::isolate`]); this side judges what it measured. Touches the store (pull), the
 //! destination path and the engine it loads; never the apiserver.
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::Duration;
 
 use kiln_crds::BuildManifest;
 use kiln_crds::class::ClassFacts;
 use kiln_store::attest::{Subject, Trust};
 use kiln_store::{ArtifactRef, Store};
 
-use crate::backend::{Backend, Engine};
+use crate::backend::Backend;
 use crate::device_memory::{device_budget, within_device_budget};
 use crate::error::{Error, Result};
-use crate::memory::{PeakWindow, human};
+use crate::memory::human;
 use crate::metrics::{Metrics, TargetLabels};
-use crate::pipeline::fixtures::FixtureFile;
-use crate::pipeline::warmup::{WarmupReport, warm};
+use crate::pipeline::isolate::job::{FixtureRef, Job, LoadWarm, Outcome, Warmed};
+use crate::pipeline::warmup::WarmupReport;
 
 /// What a successful readiness check measured.
 #[derive(Clone, Debug)]
@@ -129,95 +130,75 @@ pub async fn pull_verified(
     .inspect_err(|e| metrics.verify_failure(e.reason()))
 }
 
-/// Loads and warms the verified artifact at `artifact` (from [`pull_verified`]); `gpu_memory`
-/// ([`gpu_memory`] of the probed hardware) is the default device memory budget.
+/// Loads and warms the verified artifact at `artifact` (from [`pull_verified`]) in the
+/// engine's own process, within `deadline`; `gpu_memory` ([`gpu_memory`] of the probed
+/// hardware) is the default device memory budget.
 #[allow(clippy::too_many_arguments)]
 pub fn load_warm(
     manifest: &BuildManifest,
     artifact: &Path,
     backend: &dyn Backend,
     class: &ClassFacts,
-    class_id: &str,
-    fixture: &FixtureFile,
+    fixture: FixtureRef,
     target: &kiln_crds::CompiledTarget,
+    labels: &TargetLabels,
     gpu_memory: Option<u64>,
+    deadline: Duration,
     metrics: &Metrics,
 ) -> Result<Ready> {
     check_compatible(manifest, backend, class)?;
     fits_node(&target.spec.warmup, crate::memory::available())?;
-    let window = PeakWindow::start();
-    let loaded = load(backend, artifact, class_id, metrics)?;
-    let device_after_load = loaded.device_memory_bytes;
-    let labels = TargetLabels {
-        namespace: target.metadata.namespace.clone().unwrap_or_default(),
-        target: target.metadata.name.clone().unwrap_or_default(),
-        class: class_id.to_string(),
-    };
-    let mut report = warm_engine(
-        loaded.engine.as_ref(),
+    let job = LoadWarm {
+        backend: target.spec.backend.clone(),
+        manifest: manifest.clone(),
+        artifact: artifact.to_path_buf(),
         fixture,
-        &target.spec,
-        &labels,
-        metrics,
-    )?;
-    let load_seconds = loaded.seconds;
-    drop(loaded);
-    account_memory(
-        window.as_ref(),
-        device_after_load,
-        &mut report,
-        &target.spec.warmup,
-        gpu_memory,
-        &labels,
-        metrics,
-    )?;
-    Ok(Ready {
-        load_seconds,
-        warmup: report,
-    })
+        warmup: target.spec.warmup.clone(),
+    };
+    let name = [labels.namespace.as_str(), labels.target.as_str()]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("/");
+    let what = format!("loading and warming target {name}");
+    let warmed = load_warm_isolated(job, &what, deadline, || {})?;
+    judge_warmed(warmed, &target.spec, labels, gpu_memory, metrics)
 }
 
-/// A loaded engine.
-pub struct Loaded {
-    /// The engine.
-    pub engine: Box<dyn Engine>,
-    /// Seconds the load (and optimisation) took.
-    pub seconds: f64,
-    /// GPU memory this process held once the engine was loaded (NVML; `None`: not measured).
-    pub device_memory_bytes: Option<u64>,
+/// Runs `job` in the engine's process ([`crate::pipeline::isolate`]): its measurements, or why it failed
+/// (including `EngineCrashed`, `MemoryBudgetExceeded` at the process's limit, `Timeout`);
+/// `loaded` is called once the engine is loaded and warmup begins.
+pub fn load_warm_isolated(
+    job: LoadWarm,
+    what: &str,
+    deadline: Duration,
+    loaded: impl FnOnce() + Send + 'static,
+) -> Result<Warmed> {
+    let job = Job::LoadWarm(Box::new(job));
+    match crate::pipeline::isolate::parent::run_with(job, what, deadline, loaded)?.outcome {
+        Outcome::Warmed(w) => Ok(*w),
+        _ => Err(Error::EngineAnswer(format!(
+            "{what}: the answer is not a warmup's"
+        ))),
+    }
 }
 
-/// Loads a verified, compatible artifact.
-pub fn load(
-    backend: &dyn Backend,
-    artifact: &Path,
-    class_id: &str,
-    metrics: &Metrics,
-) -> Result<Loaded> {
-    let started = Instant::now();
-    let engine = backend.load(artifact)?;
-    let seconds = started.elapsed().as_secs_f64();
-    metrics.load(class_id, seconds);
-    Ok(Loaded {
-        engine,
-        seconds,
-        device_memory_bytes: crate::device_memory::process_bytes(),
-    })
-}
-
-/// Runs the warmup fixtures through a loaded engine with parity and the latency budget, and
-/// holds the placement its first run measured to the target's CPU fallback policy.
-pub fn warm_engine(
-    engine: &dyn Engine,
-    fixture: &FixtureFile,
+/// What the agent concludes from the engine process's measurements: counted in the metrics,
+/// the placement held to the target's CPU fallback policy, peak host and GPU memory to its
+/// budgets. `gpu_memory`: one of the node's GPUs' memory, the default device budget.
+pub fn judge_warmed(
+    warmed: Warmed,
     target: &kiln_crds::CompiledTargetSpec,
     labels: &TargetLabels,
+    gpu_memory: Option<u64>,
     metrics: &Metrics,
-) -> Result<WarmupReport> {
-    let class_id = labels.class.as_str();
-    let mut report = warm(engine, fixture, &target.warmup)?;
-    // Read while the engine still holds its memory.
-    report.peak_device_memory_bytes = crate::device_memory::process_bytes();
+) -> Result<Ready> {
+    let Warmed {
+        load_seconds,
+        device_after_load,
+        mut report,
+    } = warmed;
+    metrics.load(&labels.class, load_seconds);
     if let Some(p) = &report.placement {
         metrics.placement(labels, p);
         crate::pipeline::placement::check(
@@ -227,12 +208,23 @@ pub fn warm_engine(
         )?;
     }
     metrics.warmup(
-        class_id,
+        &labels.class,
         report.total_seconds,
         &report.latencies,
         report.parity_max_abs_error,
     );
-    Ok(report)
+    account_memory(
+        device_after_load,
+        &mut report,
+        &target.warmup,
+        gpu_memory,
+        labels,
+        metrics,
+    )?;
+    Ok(Ready {
+        load_seconds,
+        warmup: report,
+    })
 }
 
 /// `warmup.memoryBudget` in bytes.
@@ -265,14 +257,13 @@ pub fn fits_node(
     }
 }
 
-/// Records the engine's peak memory since `window` started, and the GPU memory this process
-/// held at its peak (after load: `device_after_load`; after warmup: already in `report`), in
-/// `report` and the metrics, and holds both to the target's budgets: over one is
+/// Records the engine's peak memory (measured by its process, in `report`) and the GPU memory
+/// that process held at its peak (after load: `device_after_load`; after warmup: already in
+/// `report`) in `report` and the metrics, and holds both to the target's budgets: over one is
 /// `MemoryBudgetExceeded`; a host budget that cannot be checked on this node fails closed, a
 /// device budget as [`within_device_budget`] says. `gpu_memory`: one of the node's GPUs' memory,
 /// the default device budget.
 pub fn account_memory(
-    window: Option<&PeakWindow>,
     device_after_load: Option<u64>,
     report: &mut WarmupReport,
     warmup: &kiln_crds::compiled_target::Warmup,
@@ -280,7 +271,6 @@ pub fn account_memory(
     labels: &TargetLabels,
     metrics: &Metrics,
 ) -> Result<()> {
-    report.peak_memory_bytes = window.and_then(PeakWindow::peak_bytes);
     report.peak_device_memory_bytes = report.peak_device_memory_bytes.max(device_after_load);
     if let Some(peak) = report.peak_memory_bytes {
         metrics.peak_memory(labels, peak);

@@ -13,8 +13,8 @@ use crate::error::{Error, Result};
 use crate::pipeline::fixtures::FixtureFile;
 use crate::pipeline::tensor::HostTensor;
 
-/// What a warmup measured.
-#[derive(Clone, Debug, Default)]
+/// What a warmup measured (also the engine's process's answer, so serde).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct WarmupReport {
     /// Iterations run.
     pub iterations: u32,

@@ -25,7 +25,7 @@ use kube::runtime::reflector::Store as Reader;
 use kube::{Api, Client, ResourceExt};
 
 use super::cache::{Cache, KnownGood};
-use super::deadline::{blocking_within, within};
+use super::deadline::within;
 use super::decide::{Next, Pick, after_failure, alternates, wanted};
 use super::plan::rows::{self, Fallback, Prepared, serves};
 use super::plan::{Action, Attempt, State, TargetKey, next_action};
@@ -34,6 +34,7 @@ use crate::backend;
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, TargetLabels};
 use crate::pipeline::fetch::Fetcher;
+use crate::pipeline::isolate::job::{FixtureRef, LoadWarm};
 use crate::pipeline::probe;
 use crate::pipeline::ready;
 use crate::pipeline::spec::Spec;
@@ -355,62 +356,19 @@ impl Agent {
             "--pull-deadline-seconds",
             crate::pipeline::build::fetch_fixture(&spec, &self.fetcher),
         )
-        .await?
-        .file;
-        self.phase(key, pick, NodePhase::Loading).await;
-        // Load, then warm, each on a blocking thread under the deadline.
-        let (path, class, metrics) = (
-            pulled.path.clone(),
-            pick.class.clone(),
-            self.metrics.clone(),
-        );
-        ready::fits_node(&t.spec.warmup, crate::memory::available())?;
-        let window = crate::memory::PeakWindow::start();
-        let loaded = blocking_within(
-            self.deadlines.warm,
-            &format!("loading {name}"),
-            "--warmup-deadline-seconds",
-            move || ready::load(backend.as_ref(), &path, &class, &metrics),
-        )
         .await?;
-        self.phase(key, pick, NodePhase::Warming).await;
-        let load_seconds = loaded.seconds;
-        let device_after_load = loaded.device_memory_bytes;
-        let gpu_memory = ready::gpu_memory(&self.hardware);
-        let metrics = self.metrics.clone();
-        let labels = TargetLabels {
-            namespace: key.namespace.clone(),
-            target: key.name.clone(),
-            class: pick.class.clone(),
-        };
-        let target_spec = t.spec.clone();
-        let warmup = blocking_within(
-            self.deadlines.warm,
-            &format!("warming {name}"),
-            "--warmup-deadline-seconds",
-            move || {
-                let mut report = ready::warm_engine(
-                    loaded.engine.as_ref(),
-                    &fixture,
-                    &target_spec,
-                    &labels,
-                    &metrics,
-                )?;
-                // The agent proves the engine and drops it; serving pods load their own copy.
-                drop(loaded);
-                ready::account_memory(
-                    window.as_ref(),
-                    device_after_load,
-                    &mut report,
-                    &target_spec.warmup,
-                    gpu_memory,
-                    &labels,
-                    &metrics,
-                )?;
-                Ok(report)
+        let job = LoadWarm {
+            backend: t.spec.backend.clone(),
+            manifest: pulled.manifest.clone(),
+            artifact: pulled.path.clone(),
+            fixture: FixtureRef {
+                path: fixture.path,
+                sha256: fixture.sha256,
             },
-        )
-        .await?;
+            warmup: t.spec.warmup.clone(),
+        };
+        let ready = self.load_warm(key, t, pick, job, &name).await?;
+        let (load_seconds, warmup) = (ready.load_seconds, ready.warmup);
         Ok(Prepared {
             pick: pick.clone(),
             pull_bytes: pulled.bytes,
@@ -419,6 +377,50 @@ impl Agent {
             warmup,
             engine: Some(engine),
         })
+    }
+
+    /// Loads and warms in the engine's own process (crate::pipeline::isolate), which proves the engine
+    /// and exits: nothing stays loaded here; serving pods load their own copy. Publishes
+    /// Loading, then Warming once the child says the engine is loaded.
+    async fn load_warm(
+        &mut self,
+        key: &TargetKey,
+        t: &CompiledTarget,
+        pick: &Pick,
+        job: LoadWarm,
+        name: &str,
+    ) -> Result<ready::Ready> {
+        self.phase(key, pick, NodePhase::Loading).await;
+        ready::fits_node(&t.spec.warmup, crate::memory::available())?;
+        // --warmup-deadline-seconds bounds loading and warming each, so both together get twice.
+        let deadline = self.deadlines.warm.saturating_mul(2);
+        let what = format!("loading and warming {name} (--warmup-deadline-seconds)");
+        let (loaded, warming) = tokio::sync::oneshot::channel();
+        let mut child = tokio::task::spawn_blocking(move || {
+            ready::load_warm_isolated(job, &what, deadline, move || {
+                let _ = loaded.send(());
+            })
+        });
+        let warmed = tokio::select! {
+            done = &mut child => done,
+            Ok(()) = warming => {
+                self.phase(key, pick, NodePhase::Warming).await;
+                child.await
+            }
+        }
+        .map_err(|e| Error::LoadFailed(format!("{name}: the engine's thread failed: {e}")))??;
+        let labels = TargetLabels {
+            namespace: key.namespace.clone(),
+            target: key.name.clone(),
+            class: pick.class.clone(),
+        };
+        ready::judge_warmed(
+            warmed,
+            &t.spec,
+            &labels,
+            ready::gpu_memory(&self.hardware),
+            &self.metrics,
+        )
     }
 
     /// The target's ModelArtifact with the target, checked and with relative URIs resolved.

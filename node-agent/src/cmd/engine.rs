@@ -1,0 +1,161 @@
+//! `kiln-agent engine`, the child's side of [`crate::pipeline::isolate`]: read the job (bounded), set the limits on itself,
+//! run the one step with the same pipeline functions as ever, answer on stdout, exit. It holds
+//! no store, no client and no credentials; it reads the verified files it is pointed at and
+//! writes only a compile's artifact path.
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use crate::backend;
+use crate::error::{Error, Result};
+use crate::pipeline::build::{Inputs, Target};
+use crate::pipeline::fixtures::FixtureFile;
+use crate::pipeline::isolate::job::{
+    Answer, Compile, Compiled, FixtureRef, Job, LoadWarm, MAX_JOB_BYTES, Outcome, Request, Warmed,
+};
+use crate::pipeline::spec::Spec;
+
+/// `kiln-agent engine`: exit 0 with an answer on stdout, whatever the step's result; any other
+/// exit is the parent's to classify.
+pub fn main() -> ExitCode {
+    let request = match read_request(std::io::stdin().lock()) {
+        Ok(r) => r,
+        Err(m) => {
+            eprintln!("kiln-agent engine: refusing the job: {m}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = crate::pipeline::isolate::limits::apply(&request.limits) {
+        eprintln!("kiln-agent engine: cannot set its limits ({e}); not running the engine");
+        return ExitCode::from(3);
+    }
+    #[cfg(feature = "fault-injection")]
+    crate::cmd::fault::maybe(&request.job);
+    let answer = execute(request.job);
+    let written = serde_json::to_vec(&answer)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&bytes)?;
+            out.flush()
+        });
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kiln-agent engine: cannot write its answer: {e}");
+            ExitCode::from(4)
+        }
+    }
+}
+
+/// Reads one [`Request`] of at most [`MAX_JOB_BYTES`].
+fn read_request(r: impl Read) -> std::result::Result<Request, String> {
+    let mut bytes = Vec::new();
+    r.take(MAX_JOB_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_JOB_BYTES {
+        return Err(format!("larger than {MAX_JOB_BYTES} bytes"));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+}
+
+/// Runs one step and says how it went; the same in the child and (measuring) in process.
+pub fn execute(job: Job) -> Answer {
+    let outcome = match job {
+        Job::LoadWarm(j) => load_warm(&j).map(|w| Outcome::Warmed(Box::new(w))),
+        Job::Compile(j) => compile(*j).map(|c| Outcome::Compiled(Box::new(c))),
+        Job::Reference(j) => {
+            crate::cmd::fixtures::make_file(&j).map(|sha256| Outcome::Made { sha256 })
+        }
+    }
+    .unwrap_or_else(|e| Outcome::Failed {
+        reason: e.reason(),
+        message: e.to_string(),
+    });
+    Answer {
+        outcome,
+        peak_rss_bytes: crate::memory::peak_rss(),
+    }
+}
+
+/// The fixture the parent verified, checked again against its digest before it is used.
+fn fixture(f: &FixtureRef) -> Result<FixtureFile> {
+    let bytes = std::fs::read(&f.path).map_err(|e| Error::SourceUnavailable {
+        uri: f.path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    let got = kiln_store::staged::sha256_bytes(&bytes);
+    if got != f.sha256 {
+        return Err(Error::HashMismatch {
+            what: format!("fixture {}", f.path.display()),
+            message: format!("sha256 is {got}, {} was verified", f.sha256),
+        });
+    }
+    FixtureFile::parse(&bytes).map_err(|m| Error::InvalidSpec(format!("fixture: {m}")))
+}
+
+/// Loads and warms; measures load time, the process's own peak memory and GPU memory.
+fn load_warm(j: &LoadWarm) -> Result<Warmed> {
+    let fixture = fixture(&j.fixture)?;
+    let backend = backend::for_artifact(&j.backend, &j.manifest)?;
+    let window = crate::memory::PeakWindow::start();
+    let started = Instant::now();
+    let engine = backend.load(&j.artifact)?;
+    let load_seconds = started.elapsed().as_secs_f64();
+    // The parent shows the phase Warming from here (crate::pipeline::isolate::parent::LOADED).
+    eprintln!("{}", crate::pipeline::isolate::parent::LOADED);
+    let device_after_load = crate::device_memory::process_bytes();
+    let mut report = crate::pipeline::warmup::warm(engine.as_ref(), &fixture, &j.warmup)?;
+    // Read while the engine still holds its memory.
+    report.peak_device_memory_bytes = crate::device_memory::process_bytes();
+    drop(engine);
+    report.peak_memory_bytes = window
+        .as_ref()
+        .and_then(crate::memory::PeakWindow::peak_bytes);
+    Ok(Warmed {
+        load_seconds,
+        device_after_load,
+        report,
+    })
+}
+
+/// Compiles with the target's (concrete) backend and checks parity; measures when asked.
+fn compile(j: Compile) -> Result<Compiled> {
+    let fixture = fixture(&j.fixture)?;
+    let spec = Spec {
+        model: j.model,
+        target: j.target,
+    };
+    let backend = backend::for_target(&spec.target.spec.backend)?;
+    let inputs = Inputs::verified(j.model_file, fixture, j.fixture);
+    let target = Target {
+        class: &j.class,
+        host: &j.host,
+        out: &j.out,
+        key: &j.key,
+    };
+    let manifest = crate::pipeline::build::compile(&spec, &inputs, backend.as_ref(), &target)?;
+    let measured = j
+        .measure
+        .then(|| crate::pipeline::compile::measure(&spec, &inputs, backend.as_ref(), &j.out))
+        .transpose()?;
+    Ok(Compiled { manifest, measured })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_oversized_or_malformed_job_is_refused() {
+        let big = vec![b' '; MAX_JOB_BYTES as usize + 1];
+        assert!(
+            read_request(&big[..])
+                .expect_err("big")
+                .contains("larger than")
+        );
+        assert!(read_request(&b"{\"limits\":1}"[..]).is_err());
+    }
+}
