@@ -14,6 +14,7 @@ pub mod exposition;
 pub mod inject;
 pub mod kiln_node;
 pub mod labels;
+pub mod llamacpp;
 pub mod manifest;
 pub mod model_artifact;
 pub mod placement;

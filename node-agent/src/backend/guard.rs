@@ -112,6 +112,10 @@ impl Engine for GuardedEngine {
     fn placement(&self) -> Option<kiln_crds::placement::Placement> {
         self.0.placement()
     }
+
+    fn generation(&self) -> Option<super::Generation> {
+        self.0.generation()
+    }
 }
 
 #[cfg(test)]

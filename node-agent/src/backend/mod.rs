@@ -15,6 +15,7 @@ pub mod archive;
 pub mod auto;
 pub mod exec;
 pub mod guard;
+pub mod llamacpp;
 pub mod onnxruntime;
 pub mod select;
 pub mod tract;
@@ -40,6 +41,8 @@ pub struct CompileRequest<'a> {
     pub out: &'a Path,
     /// How long a foreign compiler may run (`spec.compile.activeDeadlineSeconds`).
     pub timeout: Option<std::time::Duration>,
+    /// `warmup.memoryBudget` in bytes, which `llamacpp` quantisation `auto` fits.
+    pub memory_budget: Option<u64>,
 }
 
 /// What a compile reports.
@@ -52,6 +55,9 @@ pub struct Compiled {
     /// Why the artifact depends on the build machine's instruction set, when it does: it is
     /// then bound to that machine's CPU level.
     pub machine_bound: Option<String>,
+    /// What the compile resolved (e.g. the weight type `auto` chose, sizes), recorded in the
+    /// build manifest's `backendOptions` beside the target's settings.
+    pub resolved: BTreeMap<String, String>,
 }
 
 /// A compiler and loader for one kind of engine.
@@ -97,7 +103,15 @@ pub trait Engine: Send + Sync {
     fn placement(&self) -> Option<kiln_crds::placement::Placement> {
         None
     }
+    /// A language model's prefill and decode figures from its last run (`None` for other
+    /// engines).
+    fn generation(&self) -> Option<Generation> {
+        None
+    }
 }
+
+/// What a language model's run measured.
+pub use kiln_crds::llamacpp::Generation;
 
 /// What compiles a target's class: one backend, or for kind `auto` every candidate.
 pub enum Builder {
@@ -182,6 +196,7 @@ pub fn for_artifact(
     let kind = match manifest.backend.as_str() {
         "tract" => BackendKind::Tract,
         "onnxruntime" => BackendKind::Onnxruntime,
+        "llamacpp" => BackendKind::Llamacpp,
         other => {
             return Err(Error::IncompatibleRuntime(format!(
                 "artifact built by backend {other:?}, which kiln-agent cannot load"
@@ -201,6 +216,7 @@ pub fn for_artifact(
     let mut built = kiln_crds::compiled_target::Backend::of(kind);
     built.execution_provider = option(manifest, "executionProvider");
     built.optimization_level = option(manifest, "optimizationLevel");
+    built.llamacpp.clone_from(&spec.llamacpp);
     if kind == BackendKind::Onnxruntime {
         built.cpu_fallback.clone_from(&spec.cpu_fallback);
         built.cuda.clone_from(&spec.cuda);
@@ -217,6 +233,7 @@ pub fn for_target_with(
     let backend: Box<dyn Backend> = match spec.kind {
         BackendKind::Tract => Box::new(tract::Tract),
         BackendKind::Onnxruntime => Box::new(onnxruntime::OnnxRuntime::for_spec(spec)?),
+        BackendKind::Llamacpp => Box::new(llamacpp::Llamacpp::for_spec(spec)),
         BackendKind::Exec => Box::new(exec::Exec {
             command: spec.command.clone(),
             handoff: handoff.map(std::path::Path::to_path_buf),
@@ -228,7 +245,7 @@ pub fn for_target_with(
         }
         other => {
             return Err(Error::InvalidSpec(format!(
-                "backend {} is not built into kiln-agent; use backend.kind: tract or onnxruntime, or kind: exec with a compiler image that writes ONNX",
+                "backend {} is not built into kiln-agent; use backend.kind: tract, onnxruntime or llamacpp, or kind: exec with a compiler image that writes ONNX",
                 other.as_str()
             )));
         }
@@ -247,7 +264,10 @@ pub fn for_target_with(
 
 /// The runtimes this binary carries, for the hardware facts.
 pub fn runtimes() -> BTreeMap<String, String> {
-    let mut runtimes = BTreeMap::from([(tract::Tract.name().to_string(), tract::Tract.version())]);
+    let mut runtimes = BTreeMap::from([
+        (tract::Tract.name().to_string(), tract::Tract.version()),
+        ("llamacpp".to_string(), llamacpp::VERSION.to_string()),
+    ]);
     // ONNX Runtime when a library is configured and loads (a broken one is reported when a
     // target asks for it).
     if onnxruntime::library_path().is_some()

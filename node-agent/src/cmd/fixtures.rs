@@ -135,7 +135,8 @@ pub struct Args {
     #[arg(long, short, env = "KILN_FIXTURE_OUT")]
     out: PathBuf,
     /// Which runtime executes the source model, unoptimised, for the golden outputs: `tract`,
-    /// or `onnxruntime` for models tract cannot run (needs `--onnxruntime-lib`).
+    /// `onnxruntime` for models tract cannot run (needs `--onnxruntime-lib`), or `llamacpp`
+    /// for a GGUF language model (its context: 512 tokens).
     #[arg(
         long,
         env = "KILN_FIXTURE_REFERENCE",
@@ -152,6 +153,9 @@ pub enum Reference {
     Tract,
     /// ONNX Runtime on the CPU, graph optimisation disabled.
     Onnxruntime,
+    /// llama.cpp on the CPU, for GGUF language models: inputs `prompt` (token ids) and
+    /// `generate` (how many tokens), outputs `logits` and the greedy `tokens`.
+    Llamacpp,
 }
 
 /// Makes the fixture with the reference execution (`--reference`), writes it and prints
@@ -186,6 +190,11 @@ pub fn main(args: Args) -> ExitCode {
             ),
         )
         .map(|ort| crate::backend::guard::Guarded(Box::new(ort))),
+        Reference::Llamacpp => Ok(crate::backend::guard::Guarded(Box::new(
+            crate::backend::llamacpp::Llamacpp::for_spec(&kiln_crds::compiled_target::Backend::of(
+                kiln_crds::compiled_target::BackendKind::Llamacpp,
+            )),
+        ))),
     };
     let result = reference
         .and_then(|r| make(&r, &request))

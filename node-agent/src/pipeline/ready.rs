@@ -240,6 +240,9 @@ pub fn warm_engine(
             p,
         )?;
     }
+    if let Some(g) = &report.generation {
+        metrics.generation(labels, g);
+    }
     metrics.warmup(
         class_id,
         report.total_seconds,
