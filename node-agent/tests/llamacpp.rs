@@ -330,6 +330,20 @@ fn hostile_and_mismatched_files_are_refused_with_their_reasons() {
     foreign[at..at + 5].copy_from_slice(b"llamz");
     lm.replace_model(&foreign);
     lm.run().fails_with("UnsupportedOperator", &["llamz"]);
+    // A tensor whose shape the architecture does not take (the header's second dim of the first
+    // query weight halved: its data still lies inside the file): llama.cpp refuses it, classified.
+    let name = b"blk.0.attn_q.weight";
+    let at = model
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("tensor info")
+        + name.len();
+    let mut misshapen = model.clone();
+    // After the name: n_dims (u32), then the dims (u64 each).
+    misshapen[at + 12..at + 20].copy_from_slice(&64u64.to_le_bytes());
+    lm.replace_model(&misshapen);
+    lm.run()
+        .fails_with("LoadFailed", &["llama.cpp could not load"]);
     // GGUF on an ONNX engine, and auto.
     let mut lm = Lm::new("{kind: tract}");
     lm.run().fails_with("InvalidSpec", &["llamacpp"]);
