@@ -53,6 +53,34 @@ impl Llamacpp {
     }
 }
 
+/// The instruction sets the linked llama.cpp was compiled for (ggml's defaults for a non-native
+/// x86-64 build: x86-64-v3). On a CPU without them its code would die of an illegal
+/// instruction, so such a machine is refused first. `dynamic-backends` would instead load the
+/// best of ggml's CPU variants at run time (see README, Language models).
+fn cpu_supported() -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let missing: Vec<&str> = [
+            ("sse4.2", std::arch::is_x86_feature_detected!("sse4.2")),
+            ("avx", std::arch::is_x86_feature_detected!("avx")),
+            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
+            ("bmi2", std::arch::is_x86_feature_detected!("bmi2")),
+            ("f16c", std::arch::is_x86_feature_detected!("f16c")),
+            ("fma", std::arch::is_x86_feature_detected!("fma")),
+        ]
+        .into_iter()
+        .filter_map(|(name, present)| (!present).then_some(name))
+        .collect();
+        if !missing.is_empty() {
+            return Err(Error::IncompatibleHardware(format!(
+                "this kiln-agent's llama.cpp is built for x86-64-v3; this CPU lacks {}",
+                missing.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// llama.cpp's process-wide state, initialised once (its logs go to tracing).
 pub(super) fn backend() -> std::result::Result<&'static LlamaBackend, String> {
     static BACKEND: OnceLock<std::result::Result<LlamaBackend, String>> = OnceLock::new();
@@ -89,6 +117,7 @@ fn source_error(m: String) -> Error {
 }
 
 fn load_model(path: &Path) -> Result<LlamaModel> {
+    cpu_supported()?;
     let backend = backend().map_err(Error::LoadFailed)?;
     LlamaModel::load_from_file(backend, path, &LlamaModelParams::default()).map_err(|e| {
         Error::LoadFailed(format!(
@@ -113,6 +142,7 @@ impl Backend for Llamacpp {
 
     fn compile(&self, req: &CompileRequest<'_>) -> Result<Compiled> {
         refuse_settings(req)?;
+        cpu_supported()?;
         let header = checked(req.model, source_error)?;
         let context = self.settings.context_length();
         let (weights, why) = match self.settings.quantization {
@@ -293,5 +323,11 @@ mod tests {
         assert_eq!(pinned.as_deref(), Some(VERSION));
         assert_eq!(architectures::FROM, VERSION);
         assert!(architectures::KNOWN.contains(&"llama"));
+    }
+
+    #[test]
+    fn this_machine_runs_the_linked_llama_cpp() {
+        // The development and CI machines are x86-64-v3 or newer (or not x86 at all).
+        cpu_supported().expect("supported CPU");
     }
 }
