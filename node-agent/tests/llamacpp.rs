@@ -350,3 +350,25 @@ fn hostile_and_mismatched_files_are_refused_with_their_reasons() {
     lm.backend = "{kind: auto}".into();
     lm.run().fails_with("InvalidSpec", &["auto", "llamacpp"]);
 }
+
+#[test]
+fn one_compile_key_gives_one_artifact_whatever_the_threads() {
+    let runs: Vec<Run> = [1, 2]
+        .into_iter()
+        .map(|threads| {
+            let mut lm = Lm::new(&format!(
+                "{{kind: llamacpp, llamacpp: {{quantization: Q8_0, contextLength: 64, threads: {threads}}}}}"
+            ));
+            lm.outputs = "[{name: logits, atol: 0.5, rtol: 0.1}, {name: tokens, atol: 0, rtol: 0, firstElements: 2}]".into();
+            let run = lm.run();
+            assert!(run.success, "threads {threads}: {}", run.message());
+            run
+        })
+        .collect();
+    // Threads change speed, not bytes: not in the key, not in the artifact.
+    assert_eq!(runs[0].outcome["compileKey"], runs[1].outcome["compileKey"]);
+    assert_eq!(
+        runs[0].outcome["artifactDigest"],
+        runs[1].outcome["artifactDigest"]
+    );
+}

@@ -1,5 +1,5 @@
 //! The llamacpp artifact: the compiled GGUF file, then kiln's index (profiles, context length,
-//! weight type) as JSON, its length (u64 LE) and the magic `KILNGGUF`. llama.cpp reads tensors
+//! weight type: only what the compile key decides, so one key gives one digest) as JSON, its length (u64 LE) and the magic `KILNGGUF`. llama.cpp reads tensors
 //! at the offsets the GGUF header names and ignores bytes after them, so the one file is both
 //! what llama.cpp maps and what kiln needs to run it, and the artifact stays a single blob the
 //! store and the node cache verify by digest. Pure apart from reading and appending the file.
@@ -23,8 +23,6 @@ pub struct Index {
     pub profiles: Vec<(String, Shapes)>,
     /// Tokens of context the engine allocates.
     pub context_length: u32,
-    /// Engine threads (`None`: the agent's cores).
-    pub threads: Option<u32>,
     /// The weight type the compile chose (`F16`, `Q8_0`, or `source`).
     pub quantization: String,
     /// Size of the GGUF part, in bytes.
@@ -92,7 +90,6 @@ mod tests {
         let index = Index {
             profiles: vec![("p8".into(), Shapes::from([("prompt".into(), vec![8])]))],
             context_length: 512,
-            threads: None,
             quantization: "Q8_0".into(),
             gguf_bytes: 9,
         };

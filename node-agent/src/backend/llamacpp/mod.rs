@@ -179,7 +179,6 @@ impl Backend for Llamacpp {
                 .map(|(n, s)| (n.clone(), s.clone()))
                 .collect(),
             context_length: context,
-            threads: self.settings.threads,
             quantization: chosen.to_string(),
             gguf_bytes,
         };
@@ -207,17 +206,11 @@ impl Backend for Llamacpp {
         let index = footer::read(artifact)
             .map_err(|e| Error::LoadFailed(format!("{}: {e}", artifact.display())))?;
         checked(artifact, Error::LoadFailed)?;
-        let threads = Llamacpp {
-            settings: LlamacppSettings {
-                threads: index.threads,
-                ..self.settings.clone()
-            },
-        }
-        .threads();
+        // Threads are the target's: not in the compile key, so not in the artifact either.
         engine_for(
             load_model(artifact)?,
             index.context_length,
-            threads,
+            self.threads(),
             index.profiles,
         )
     }
