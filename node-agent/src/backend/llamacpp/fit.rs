@@ -15,9 +15,33 @@ const OVERHEAD_SHARE: f64 = 0.10;
 /// keys and values, llama.cpp's default).
 pub fn estimate(header: &Header, quantization: Quantization, context: u32) -> u64 {
     let weights = header.parameters as f64 * quantization.bits_per_weight() / 8.0;
+    engine_bytes(header, weights as u64, context)
+}
+
+/// Memory an engine takes whose weights are `weight_bytes` (of a GGUF file: its size).
+pub fn engine_bytes(header: &Header, weight_bytes: u64, context: u32) -> u64 {
     let head = header.embedding.checked_div(header.heads).unwrap_or(0);
-    let kv = 2 * header.layers * u64::from(context) * head * header.kv_heads * 2;
-    (weights * (1.0 + OVERHEAD_SHARE)) as u64 + kv + OVERHEAD_FIXED
+    let kv = 2u64
+        .saturating_mul(header.layers)
+        .saturating_mul(u64::from(context))
+        .saturating_mul(head)
+        .saturating_mul(header.kv_heads)
+        .saturating_mul(2);
+    ((weight_bytes as f64 * (1.0 + OVERHEAD_SHARE)) as u64)
+        .saturating_add(kv)
+        .saturating_add(OVERHEAD_FIXED)
+}
+
+/// Whether an engine needing `need` bytes may be loaded where the process may use `available`
+/// (unknown: yes): refused before llama.cpp allocates, since its memory is not under the agent's
+/// heap ceiling and an allocation past the cgroup's limit would kill the agent, not fail.
+pub fn fits_machine(need: u64, available: Option<u64>, context: u32) -> Result<(), String> {
+    match available {
+        Some(a) if need > a => Err(format!(
+            "the engine needs about {need} bytes (weights, and the KV cache of contextLength {context}), this agent may use {a}; lower backend.llamacpp.contextLength or quantise smaller"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The largest concrete type whose estimate fits `budget`, or why none does.
@@ -65,6 +89,21 @@ mod tests {
             err.contains("Q4_0") && err.contains("memoryBudget"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_engine_larger_than_the_machine_is_refused_before_loading() {
+        let h = seven_b();
+        let need = engine_bytes(&h, 7_700_000_000, 4096);
+        assert!(fits_machine(need, Some(16 << 30), 4096).is_ok());
+        assert!(
+            fits_machine(need, None, 4096).is_ok(),
+            "unknown: not refused"
+        );
+        // A hostile context length: 2^20 tokens of KV cache are 128 GiB here.
+        let huge = engine_bytes(&h, 7_700_000_000, 1 << 20);
+        let err = fits_machine(huge, Some(64 << 30), 1 << 20).expect_err("too large");
+        assert!(err.contains("contextLength 1048576"), "{err}");
     }
 
     #[test]

@@ -116,6 +116,14 @@ fn source_error(m: String) -> Error {
     ))
 }
 
+/// Refuses an engine this process has not the memory for (`IncompatibleHardware`).
+fn fits_here(header: &gguf::Header, path: &Path, context: u32) -> Result<()> {
+    let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
+    let need = fit::engine_bytes(header, bytes, context);
+    fit::fits_machine(need, crate::memory::available(), context)
+        .map_err(Error::IncompatibleHardware)
+}
+
 fn load_model(path: &Path) -> Result<LlamaModel> {
     cpu_supported()?;
     let backend = backend().map_err(Error::LoadFailed)?;
@@ -205,7 +213,8 @@ impl Backend for Llamacpp {
     fn load(&self, artifact: &Path) -> Result<Box<dyn Engine>> {
         let index = footer::read(artifact)
             .map_err(|e| Error::LoadFailed(format!("{}: {e}", artifact.display())))?;
-        checked(artifact, Error::LoadFailed)?;
+        let header = checked(artifact, Error::LoadFailed)?;
+        fits_here(&header, artifact, index.context_length)?;
         // Threads are the target's: not in the compile key, so not in the artifact either.
         engine_for(
             load_model(artifact)?,
@@ -216,9 +225,10 @@ impl Backend for Llamacpp {
     }
 
     fn reference(&self, model: &Path, shapes: &Shapes) -> Result<Box<dyn Engine>> {
-        checked(model, source_error)?;
+        let header = checked(model, source_error)?;
         let profiles = vec![("reference".to_string(), shapes.clone())];
         let context = self.settings.context_length();
+        fits_here(&header, model, context)?;
         engine_for(load_model(model)?, context, self.threads(), profiles)
     }
 
