@@ -34,6 +34,7 @@ use crate::reason::FailureReason;
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.precision in ['fp32', 'tf32']").message("no kiln backend compiles precision fp16, bf16 or int8 yet (tract: fp32; onnxruntime and auto: fp32, and tf32 on the CUDA provider); set precision: fp32, or tf32 to allow TensorFloat-32 matrix products on NVIDIA GPUs"))]
 #[x_kube(validation = Rule::new("self.fallback.policy != 'NextCandidate' || self.backend.kind == 'auto'").message("fallback policy NextCandidate serves another engine candidate of backend.kind auto; set backend.kind: auto or choose another policy"))]
+#[x_kube(validation = Rule::new("!has(self.backend.llamacpp) || !has(self.backend.llamacpp.quantization) || self.backend.llamacpp.quantization != 'auto' || has(self.warmup.memoryBudget)").message("backend.llamacpp.quantization auto picks the largest type that fits warmup.memoryBudget; set warmup.memoryBudget or name a type (F16, Q8_0, Q4_K_M, ...)"))]
 #[x_kube(validation = Rule::new("self.precision != 'tf32' || self.backend.kind in ['onnxruntime', 'auto']").message("precision tf32 is for kind onnxruntime or auto (ONNX Runtime's CUDA provider); tract and exec compute exact fp32: set precision: fp32"))]
 pub struct CompiledTargetSpec {
     /// The ModelArtifact to compile.
@@ -95,10 +96,12 @@ pub struct ModelRef {
 #[x_kube(validation = Rule::new("self.kind != 'auto' || (!has(self.executionProvider) && !has(self.version))").message("kind auto chooses the engine and its provider per class by measurement; drop backend.executionProvider and backend.version, or name one kind"))]
 #[x_kube(validation = Rule::new("!has(self.cuda) || self.kind in ['onnxruntime', 'auto']").message("backend.cuda configures ONNX Runtime's CUDA provider; it is for kind onnxruntime or auto"))]
 #[x_kube(validation = Rule::new("!has(self.cuda) || !has(self.cuda.cudaGraphs) || self.cuda.cudaGraphs != true || (has(self.cpuFallback) && self.cpuFallback.policy in ['Forbidden', 'Strict'])").message("backend.cuda.cudaGraphs replays one captured CUDA graph, which ONNX Runtime builds only when no compute node runs on the CPU: set backend.cpuFallback.policy Forbidden (shape nodes may stay on the CPU) or Strict"))]
+#[x_kube(validation = Rule::new("!has(self.llamacpp) || self.kind == 'llamacpp'").message("backend.llamacpp configures llama.cpp; it is for kind llamacpp"))]
 pub struct Backend {
     /// `tract` (built in), `onnxruntime`, `auto` (every engine the class can run is built,
     /// checked and measured on the class's hardware, and the fastest that passes is kept),
-    /// `tensorrt`, or `exec` (any compiler image).
+    /// `llamacpp` (GGUF language models on llama.cpp, built in), `tensorrt`, or `exec` (any
+    /// compiler image).
     pub kind: BackendKind,
     /// Backend version to require; empty takes the agent's built-in version. For `exec` this is
     /// the version of the runtime that loads the result (tract).
@@ -139,6 +142,9 @@ pub struct Backend {
     /// latency, on classes whose engine runs on it. Part of the compile key there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda: Option<CudaSettings>,
+    /// Kind `llamacpp`: the quantisation of the compiled GGUF, the context length and threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llamacpp: Option<crate::llamacpp::LlamacppSettings>,
 }
 
 /// Settings of ONNX Runtime's CUDA execution provider.
@@ -235,6 +241,7 @@ impl Backend {
             optimization_level: None,
             cpu_fallback: None,
             cuda: None,
+            llamacpp: None,
         }
     }
 
@@ -262,6 +269,9 @@ impl Backend {
     pub fn options(&self, class: &ClassFacts) -> BTreeMap<String, String> {
         if self.kind == BackendKind::Auto {
             return self.auto_options(class);
+        }
+        if self.kind == BackendKind::Llamacpp {
+            return self.llamacpp.clone().unwrap_or_default().options();
         }
         let ort = self.kind == BackendKind::Onnxruntime;
         let mut options = BTreeMap::new();
@@ -347,13 +357,16 @@ pub fn engine_name(backend: &str, provider: &str) -> String {
 }
 
 /// What kind `auto` names as its backend version in the compile key: every runtime the
-/// compile workers carry (`onnxruntime=1.31.1@sha256:…,tract=0.23.9`), in name order, so a
-/// new runtime or library is a new key. Computed alike by the operator (from
+/// compile workers carry that can be a candidate (`onnxruntime=1.31.1@sha256:…,tract=0.23.9`;
+/// not llama.cpp, which runs GGUF, never an `auto` candidate), in name order, so a new runtime
+/// or library is a new key. Computed alike by the operator (from
 /// `--backend-version`) and the worker (from what it loaded).
 pub fn auto_identity<'a>(runtimes: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
     let sorted: BTreeMap<&str, &str> = runtimes
         .into_iter()
-        .filter(|(name, _)| *name != BackendKind::Auto.as_str())
+        .filter(|(name, _)| {
+            *name != BackendKind::Auto.as_str() && *name != BackendKind::Llamacpp.as_str()
+        })
         .collect();
     let parts: Vec<String> = sorted.iter().map(|(n, v)| format!("{n}={v}")).collect();
     parts.join(",")
@@ -499,6 +512,8 @@ pub enum BackendKind {
     Onnxruntime,
     /// Every engine the class can run, built, checked and measured; the fastest that passes.
     Auto,
+    /// llama.cpp, built into kiln-agent: GGUF language models.
+    Llamacpp,
     /// TensorRT engine built with NVIDIA's tools.
     Tensorrt,
     /// Any compiler image driven through kiln-agent.
@@ -512,6 +527,7 @@ impl BackendKind {
             Self::Tract => "tract",
             Self::Onnxruntime => "onnxruntime",
             Self::Auto => "auto",
+            Self::Llamacpp => "llamacpp",
             Self::Tensorrt => "tensorrt",
             Self::Exec => "exec",
         }
@@ -665,6 +681,13 @@ pub struct OutputTolerance {
     /// the same-signed Inf.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_non_finite: bool,
+    /// Check only the first this many elements (of the flattened output): a language model's
+    /// greedy `tokens` must match the golden ones for the first K positions (with `atol` and
+    /// `rtol` 0), after which a continuation that went another way is another text, not an
+    /// error. Unset: every element.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub first_elements: Option<u32>,
 }
 
 impl Warmup {
@@ -673,6 +696,15 @@ impl Warmup {
         self.outputs
             .iter()
             .any(|o| o.name == output && o.allow_non_finite)
+    }
+
+    /// How many leading elements of `output` parity checks (`None`: all).
+    pub fn first_elements(&self, output: &str) -> Option<usize> {
+        self.outputs
+            .iter()
+            .find(|o| o.name == output)
+            .and_then(|o| o.first_elements)
+            .and_then(|k| usize::try_from(k).ok())
     }
 
     /// Whether parity skips `output`.

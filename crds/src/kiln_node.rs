@@ -226,6 +226,10 @@ pub struct NodeTargetStatus {
     /// measured (no GPU or no NVML), never 0 for that.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_device_memory_bytes: Option<i64>,
+    /// A language model's (`backend.kind: llamacpp`) last warmup run: prefill time (time to
+    /// first token) and decode tokens per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<crate::llamacpp::Generation>,
 }
 
 #[cfg(test)]

@@ -209,3 +209,35 @@ fn cuda_graphs_need_a_fallback_policy_that_keeps_compute_off_the_cpu() {
         validate_cel(&with(accepted)).expect(accepted);
     }
 }
+
+#[test]
+fn llamacpp_settings_are_cross_checked() {
+    let llama = TARGET.replace(
+        "{kind: tract}",
+        "{kind: llamacpp, llamacpp: {quantization: Q8_0}}",
+    );
+    validate_cel(&serde_saphyr::from_str::<CompiledTarget>(&llama).expect("yaml"))
+        .expect("llamacpp with a type");
+    let stray = TARGET.replace(
+        "{kind: tract}",
+        "{kind: tract, llamacpp: {quantization: Q8_0}}",
+    );
+    assert!(
+        validate_cel(&serde_saphyr::from_str::<CompiledTarget>(&stray).expect("yaml")).is_err(),
+        "llamacpp settings on tract"
+    );
+    let auto = TARGET.replace(
+        "{kind: tract}",
+        "{kind: llamacpp, llamacpp: {quantization: auto}}",
+    );
+    assert!(
+        validate_cel(&serde_saphyr::from_str::<CompiledTarget>(&auto).expect("yaml")).is_err(),
+        "auto without a memory budget"
+    );
+    let budget = auto.replace(
+        "warmup: {fixtureVersion: v1}",
+        "warmup: {fixtureVersion: v1, memoryBudget: 8Gi}",
+    );
+    validate_cel(&serde_saphyr::from_str::<CompiledTarget>(&budget).expect("yaml"))
+        .expect("auto with a budget");
+}

@@ -46,7 +46,7 @@ out=$(t --set store.url=/s --set attestation.existingSecret= 2>&1) && fail "rend
 out=$(t --set store.url=/s --set backends.onnxruntime=1.31.1 2>&1) && fail "rendered an onnxruntime backend without its library digest"
 grep -q "VERSION@sha256" <<<"$out" || fail "backends.onnxruntime refusal: $out"
 ident="1.31.1@sha256:$(printf '%064d' 0)"
-t --set store.url=/s --set backends.onnxruntime="$ident" | grep -cF "KILN_BACKEND_VERSIONS, value: \"tract=0.23.9,onnxruntime=$ident\"" >/dev/null ||
+t --set store.url=/s --set backends.onnxruntime="$ident" | grep -cF "KILN_BACKEND_VERSIONS, value: \"tract=0.23.9,llamacpp=0.1.160,onnxruntime=$ident\"" >/dev/null ||
   fail "backends.onnxruntime does not reach the operator's KILN_BACKEND_VERSIONS"
 # The GPU image's library: GPU classes' compile keys name it, with agent.gpu only; without
 # agent.gpu the value changes nothing at all.
@@ -55,7 +55,7 @@ out=$(t --set store.url=/s --set agent.gpu.enabled=true --set backends.onnxrunti
   fail "rendered a GPU onnxruntime backend without its library digest"
 grep -q "onnxruntimeGpu must be VERSION@sha256" <<<"$out" || fail "backends.onnxruntimeGpu refusal: $out"
 t --set store.url=/s --set agent.gpu.enabled=true --set backends.onnxruntime="$ident" --set backends.onnxruntimeGpu="$gident" |
-  grep -cF "KILN_GPU_BACKEND_VERSIONS, value: \"tract=0.23.9,onnxruntime=$gident\"" >/dev/null ||
+  grep -cF "KILN_GPU_BACKEND_VERSIONS, value: \"tract=0.23.9,llamacpp=0.1.160,onnxruntime=$gident\"" >/dev/null ||
   fail "backends.onnxruntimeGpu does not reach the operator's KILN_GPU_BACKEND_VERSIONS"
 cmp -s <(t --set store.url=/s --set backends.onnxruntime="$ident") \
   <(t --set store.url=/s --set backends.onnxruntime="$ident" --set backends.onnxruntimeGpu="$gident") ||
@@ -117,7 +117,7 @@ check(not any(k.startswith("KILN_GPU_") for k in e), "no GPU compile worker with
 ge = env(one(oci, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0])
 check(ge.get("KILN_GPU_AGENT_IMAGE") == "kiln/agent-gpu:0.1.0" and ge.get("KILN_AGENT_IMAGE") == "kiln/agent:0.1.0",
       f"compile Jobs' images with agent.gpu: {ge}")
-check(ge.get("KILN_GPU_BACKEND_VERSIONS") == "tract=0.23.9" and ge.get("KILN_GPU_RUNTIME_CLASS") == "nvidia",
+check(ge.get("KILN_GPU_BACKEND_VERSIONS") == "tract=0.23.9,llamacpp=0.1.160" and ge.get("KILN_GPU_RUNTIME_CLASS") == "nvidia",
       f"GPU compile worker's versions and RuntimeClass: {ge}")
 ae = env(one(gpuaff, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0])
 check(ae.get("KILN_GPU_RUNTIME_CLASS") == "sandboxed", "GPU compile Jobs inherit agent.runtimeClassName")

@@ -17,6 +17,10 @@
 #     (owned by the Node), the target counts one class, the first node untouched; it comes back
 #     (start-node, pool label set again as a node pool controller would): warmed again from its
 #     cache, with no new compile Job.
+#   * A GGUF language model (examples/tiny-llama) at Q8_0 over the same two classes: a compile
+#     key per class, both rows Ready on llama.cpp, each node serving its class's artifact with
+#     its generation figures (the quantised bytes are the same: llama.cpp's quantiser is
+#     deterministic).
 # Prints the time of each step.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/kiln-lib.sh"
@@ -202,3 +206,32 @@ kubectl get kilnnode "$B" -o json | jq -e --arg n "$B" '.metadata.ownerReference
 kill "$WATCH_PID" 2>/dev/null; WATCH_PID=
 grep -q False "$WORK/ready-a.log" && die "serve-a lost readiness at some point: $(tr '\n' ' ' <"$WORK/ready-a.log")"
 echo "   serve-a on $A stayed Ready throughout"
+
+echo "== a GGUF language model quantised per class: a Q8_0 artifact for each class, each node its own"
+t0=$(now)
+cp "$REPO/examples/tiny-llama/model.gguf" "$WORK/sources/tiny-llama.gguf"
+cp "$REPO/examples/tiny-llama/fixture-v1.safetensors" "$WORK/sources/tiny-llama-fixture-v1.safetensors"
+chmod 644 "$WORK/sources/"*
+sed -e 's|file://model.gguf|file://tiny-llama.gguf|' -e 's|file://fixture-v1.safetensors|file://tiny-llama-fixture-v1.safetensors|' \
+  -e "s|^  profiles:|  classLabelKeys: [kubernetes.io/arch, kiln.dev/cpu-level, $POOL]\n  profiles:|" \
+  "$REPO/examples/tiny-llama/kiln.yaml" | kubectl -n "$NS" apply -f - >/dev/null || die "apply the GGUF example"
+T=tiny-llama-q8
+for ((i = 0; ; i++)); do
+  ctq '.status.conditions[]? | select(.type == "Ready" and .status == "True")' && break
+  ctq '.status.conditions[]? | select(.type == "Stalled" and .status == "True")' &&
+    die "$T Stalled: $(ct | jq -r '.status.conditions[] | select(.type == "Stalled") | .message')"
+  ((i < 600)) || die "$T not Ready after 300 s"
+  sleep 0.5
+done
+echo "   apply -> $T Ready on both classes: $(since "$t0") s"
+ctq '.status.classCount == 2 and all(.status.classes[]; .phase == "Ready" and .engine == "llamacpp") and
+  ([.status.classes[].compileKey] | unique | length) == 2' ||
+  die "GGUF class rows: $(ct | jq -c '[.status.classes[] | {class, phase, engine, compileKey, artifactDigest}]')"
+for n in "$A" "$B"; do
+  rowq "$n" '.phase == "Ready" and .generation.prefillSeconds > 0 and .generation.generatedTokens == 6' ||
+    die "$n GGUF row: $(row "$n")"
+  c=$(row "$n" | jq -r .class)
+  rowq "$n" --arg d "$(crow "$c" | jq -r '.artifactDigest | sub("^sha256:"; "")')" \
+    '(.artifactDigest | sub("^sha256:"; "")) == $d' || die "$n serves another artifact than its class $c's: $(row "$n")"
+done
+echo "   each node serves its class's Q8_0 artifact: $(row "$A" | jq -c .generation)"

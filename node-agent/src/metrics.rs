@@ -140,6 +140,8 @@ struct Inner {
     transfer_seconds: Family<TargetLabels, Gauge<f64, AtomicU64>>,
     peak_memory: Family<TargetLabels, Gauge>,
     peak_device_memory: Family<TargetLabels, Gauge>,
+    prefill_seconds: Family<TargetLabels, Gauge<f64, AtomicU64>>,
+    decode_tokens_per_second: Family<TargetLabels, Gauge<f64, AtomicU64>>,
     served_revision: Family<TargetLabels, Gauge>,
     served_engine: Family<EngineLabels, Gauge>,
 }
@@ -183,6 +185,8 @@ impl Metrics {
             transfer_seconds: Family::default(),
             peak_memory: Family::default(),
             peak_device_memory: Family::default(),
+            prefill_seconds: Family::default(),
+            decode_tokens_per_second: Family::default(),
             served_revision: Family::default(),
             served_engine: Family::default(),
         };
@@ -440,6 +444,19 @@ impl Metrics {
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
+    /// Records a language model's prefill time and decode rate from its warmup.
+    pub fn generation(&self, labels: &TargetLabels, g: &crate::backend::Generation) {
+        let inner = &self.inner;
+        inner
+            .prefill_seconds
+            .get_or_create(labels)
+            .set(g.prefill_seconds);
+        inner
+            .decode_tokens_per_second
+            .get_or_create(labels)
+            .set(g.decode_tokens_per_second);
+    }
+
     /// Records the peak memory a target's engine added in load and warmup.
     pub fn peak_memory(&self, labels: &TargetLabels, bytes: u64) {
         self.inner
@@ -524,6 +541,8 @@ impl Metrics {
         self.inner.transfer_seconds.remove(labels);
         self.inner.peak_memory.remove(labels);
         self.inner.peak_device_memory.remove(labels);
+        self.inner.prefill_seconds.remove(labels);
+        self.inner.decode_tokens_per_second.remove(labels);
         for provider in kiln_crds::placement::PROVIDERS {
             let series = provider_labels(labels, provider);
             self.inner.partition_nodes.remove(&series);
@@ -587,6 +606,16 @@ fn register_placement(r: &mut Registry, inner: &Inner) {
         "partition_transfer_seconds",
         "Kernel time of the copies between execution providers in the engine's first warmup run",
         inner.transfer_seconds.clone(),
+    );
+    r.register(
+        "prefill_seconds",
+        "A language model's time to first token (the fixture prompt's forward pass) in its warmup",
+        inner.prefill_seconds.clone(),
+    );
+    r.register(
+        "decode_tokens_per_second",
+        "A language model's greedy decode rate after the first token in its warmup",
+        inner.decode_tokens_per_second.clone(),
     );
     r.register(
         "engine_peak_device_memory_bytes",

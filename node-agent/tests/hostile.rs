@@ -1557,7 +1557,7 @@ fn table() -> Vec<Hostile> {
                 Ok(())
             },
             "InvalidSpec",
-            &["spec.format is gguf", "ONNX sources only"],
+            &["model is GGUF", "backend.kind: llamacpp"],
         ),
         // Compiled-artifact archives planted in the store (no trust key: the digests agree).
         fails(

@@ -53,6 +53,13 @@ fn edited(case: &Value) -> String {
     for pointer in case["delete"].as_array().into_iter().flatten() {
         delete(doc, pointer.as_str().expect("pointer"));
     }
+    // Edits of the other document that local mode's cross-object checks need (a GGUF model for a
+    // llamacpp target); the apiserver is given only `doc`, so they do not change its verdict.
+    if let Some(other) = docs.iter_mut().find(|d| d["kind"] != kind) {
+        for (pointer, value) in case["other"].as_object().into_iter().flatten() {
+            set(other, pointer, value.clone());
+        }
+    }
     docs.iter()
         .map(|d| serde_json::to_string(d).expect("json"))
         .collect::<Vec<_>>()

@@ -124,7 +124,7 @@ struct Cli {
         long = "backend-version",
         env = "KILN_BACKEND_VERSIONS",
         value_delimiter = ',',
-        default_value = "tract=0.23.9"
+        default_value = "tract=0.23.9,llamacpp=0.1.160"
     )]
     backend_versions: Vec<String>,
     /// Compile attempts per class when a target sets none.

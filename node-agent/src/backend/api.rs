@@ -29,6 +29,8 @@ pub struct CompileRequest<'a> {
     pub out: &'a Path,
     /// How long a foreign compiler may run (`spec.compile.activeDeadlineSeconds`).
     pub timeout: Option<std::time::Duration>,
+    /// `warmup.memoryBudget` in bytes, which `llamacpp` quantisation `auto` fits.
+    pub memory_budget: Option<u64>,
 }
 
 /// What a compile reports.
@@ -41,6 +43,9 @@ pub struct Compiled {
     /// Why the artifact depends on the build machine's instruction set, when it does: it is
     /// then bound to that machine's CPU level.
     pub machine_bound: Option<String>,
+    /// What the compile resolved (e.g. the weight type `auto` chose, sizes), recorded in the
+    /// build manifest's `backendOptions` beside the target's settings.
+    pub resolved: BTreeMap<String, String>,
 }
 
 /// A compiler and loader for one kind of engine.
@@ -92,7 +97,15 @@ pub trait Engine: Send + Sync {
     fn replays_captured_work(&self) -> bool {
         false
     }
+    /// A language model's prefill and decode figures from its last run (`None` for other
+    /// engines).
+    fn generation(&self) -> Option<Generation> {
+        None
+    }
 }
+
+/// What a language model's run measured.
+pub use kiln_crds::llamacpp::Generation;
 
 /// One graph input as the model file declares it.
 #[derive(Clone, Debug)]

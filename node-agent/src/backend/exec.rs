@@ -422,6 +422,7 @@ impl Backend for Exec {
                 flags: &BTreeMap::new(),
                 out: req.out,
                 timeout: None,
+                memory_budget: None,
             })
             .map_err(|e| match e {
                 Error::CompileFailed(m) => Error::CompileFailed(format!(
@@ -434,6 +435,7 @@ impl Backend for Exec {
             outputs: built.outputs,
             log,
             machine_bound: built.machine_bound,
+            resolved: built.resolved,
         })
     }
 

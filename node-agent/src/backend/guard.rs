@@ -116,6 +116,10 @@ impl Engine for GuardedEngine {
     fn replays_captured_work(&self) -> bool {
         self.0.replays_captured_work()
     }
+
+    fn generation(&self) -> Option<super::api::Generation> {
+        self.0.generation()
+    }
 }
 
 #[cfg(test)]

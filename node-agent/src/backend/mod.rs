@@ -14,6 +14,7 @@ pub mod archive;
 pub mod auto;
 pub mod exec;
 pub mod guard;
+pub mod llamacpp;
 pub mod onnxruntime;
 pub mod select;
 pub mod tract;
@@ -21,7 +22,8 @@ mod tract_nnef;
 mod tract_unsupported;
 
 pub use api::{
-    Backend, CompileRequest, Compiled, Engine, GraphInterface, InputInfo, Shapes, TensorInfo,
+    Backend, CompileRequest, Compiled, Engine, Generation, GraphInterface, InputInfo, Shapes,
+    TensorInfo,
 };
 
 /// What compiles a target's class: one backend, or for kind `auto` every candidate.
@@ -109,6 +111,7 @@ pub fn for_artifact(
     let kind = match manifest.backend.as_str() {
         "tract" => BackendKind::Tract,
         "onnxruntime" => BackendKind::Onnxruntime,
+        "llamacpp" => BackendKind::Llamacpp,
         other => {
             return Err(Error::IncompatibleRuntime(format!(
                 "artifact built by backend {other:?}, which kiln-agent cannot load"
@@ -128,6 +131,7 @@ pub fn for_artifact(
     let mut built = kiln_crds::compiled_target::Backend::of(kind);
     built.execution_provider = option(manifest, "executionProvider");
     built.optimization_level = option(manifest, "optimizationLevel");
+    built.llamacpp.clone_from(&spec.llamacpp);
     if kind == BackendKind::Onnxruntime {
         built.cpu_fallback.clone_from(&spec.cpu_fallback);
         built.cuda.clone_from(&spec.cuda);
@@ -144,6 +148,7 @@ pub fn for_target_with(
     let backend: Box<dyn Backend> = match spec.kind {
         BackendKind::Tract => Box::new(tract::Tract),
         BackendKind::Onnxruntime => Box::new(onnxruntime::OnnxRuntime::for_spec(spec)?),
+        BackendKind::Llamacpp => Box::new(llamacpp::Llamacpp::for_spec(spec)),
         BackendKind::Exec => Box::new(exec::Exec {
             command: spec.command.clone(),
             handoff: handoff.map(std::path::Path::to_path_buf),
@@ -155,7 +160,7 @@ pub fn for_target_with(
         }
         other => {
             return Err(Error::InvalidSpec(format!(
-                "backend {} is not built into kiln-agent; use backend.kind: tract or onnxruntime, or kind: exec with a compiler image that writes ONNX",
+                "backend {} is not built into kiln-agent; use backend.kind: tract, onnxruntime or llamacpp, or kind: exec with a compiler image that writes ONNX",
                 other.as_str()
             )));
         }
@@ -174,7 +179,10 @@ pub fn for_target_with(
 
 /// The runtimes this binary carries, for the hardware facts.
 pub fn runtimes() -> BTreeMap<String, String> {
-    let mut runtimes = BTreeMap::from([(tract::Tract.name().to_string(), tract::Tract.version())]);
+    let mut runtimes = BTreeMap::from([
+        (tract::Tract.name().to_string(), tract::Tract.version()),
+        ("llamacpp".to_string(), llamacpp::VERSION.to_string()),
+    ]);
     // ONNX Runtime when a library is configured and loads (a broken one is reported when a
     // target asks for it).
     if onnxruntime::library_path().is_some()

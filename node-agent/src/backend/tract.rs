@@ -106,6 +106,7 @@ impl Backend for Tract {
             outputs,
             log,
             machine_bound: None,
+            resolved: BTreeMap::new(),
         })
     }
 

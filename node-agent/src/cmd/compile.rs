@@ -128,6 +128,7 @@ pub async fn hand_off(job: &Job, metrics: &Metrics) -> Result<()> {
                 flags: &t.backend.flags,
                 out: &dir.join(crate::backend::exec::HANDOFF_MODEL),
                 timeout: p.spec.compile_timeout(),
+                memory_budget: None,
             },
             dir,
         )

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use kiln_store::staged::{sha256_bytes, sha256_file};
 
-use kiln_crds::compiled_target::Tolerance;
+use kiln_crds::compiled_target::{BackendKind, Tolerance};
 
 use crate::backend::{Backend, Shapes};
 use crate::error::{Error, Result};
@@ -192,7 +192,8 @@ pub struct Args {
     #[arg(long, short, env = "KILN_FIXTURE_OUT")]
     out: PathBuf,
     /// Which runtime executes the source model, unoptimised, for the golden outputs: `tract`,
-    /// or `onnxruntime` for models tract cannot run (needs `--onnxruntime-lib`).
+    /// `onnxruntime` for models tract cannot run (needs `--onnxruntime-lib`), or `llamacpp`
+    /// for a GGUF language model (its context: 512 tokens).
     #[arg(
         long,
         env = "KILN_FIXTURE_REFERENCE",
@@ -209,6 +210,20 @@ pub enum Reference {
     Tract,
     /// ONNX Runtime on the CPU, graph optimisation disabled.
     Onnxruntime,
+    /// llama.cpp on the CPU, for GGUF language models: inputs `prompt` (token ids) and
+    /// `generate` (how many tokens), outputs `logits` and the greedy `tokens`.
+    Llamacpp,
+}
+
+impl Reference {
+    /// The backend that runs it.
+    fn kind(self) -> BackendKind {
+        match self {
+            Self::Tract => BackendKind::Tract,
+            Self::Onnxruntime => BackendKind::Onnxruntime,
+            Self::Llamacpp => BackendKind::Llamacpp,
+        }
+    }
 }
 
 /// Makes the fixture with the reference execution (`--reference`), writes it and prints
@@ -241,7 +256,7 @@ pub fn main(args: Args) -> ExitCode {
         samples: request.samples,
         seed: request.seed,
         tolerance: request.tolerance,
-        onnxruntime: matches!(args.reference, Reference::Onnxruntime),
+        runtime: args.reference.kind(),
         out: args.out.clone(),
     };
     let what = format!("running {} for reference outputs", args.model.display());
@@ -280,15 +295,25 @@ pub fn make_file(job: &crate::pipeline::isolate::job::Reference) -> Result<Strin
         seed: job.seed,
         tolerance: job.tolerance,
     };
-    let reference = if job.onnxruntime {
-        crate::backend::onnxruntime::OnnxRuntime::for_spec(
-            &kiln_crds::compiled_target::Backend::of(
-                kiln_crds::compiled_target::BackendKind::Onnxruntime,
-            ),
+    let reference = match job.runtime {
+        BackendKind::Onnxruntime => crate::backend::onnxruntime::OnnxRuntime::for_spec(
+            &kiln_crds::compiled_target::Backend::of(BackendKind::Onnxruntime),
         )
-        .map(|ort| crate::backend::guard::Guarded(Box::new(ort)))?
-    } else {
-        crate::backend::guard::Guarded(Box::new(crate::backend::tract::Tract))
+        .map(|ort| crate::backend::guard::Guarded(Box::new(ort)))?,
+        BackendKind::Llamacpp => {
+            crate::backend::guard::Guarded(Box::new(crate::backend::llamacpp::Llamacpp::for_spec(
+                &kiln_crds::compiled_target::Backend::of(BackendKind::Llamacpp),
+            )))
+        }
+        BackendKind::Tract => {
+            crate::backend::guard::Guarded(Box::new(crate::backend::tract::Tract))
+        }
+        other => {
+            return Err(Error::InvalidSpec(format!(
+                "{} is not a reference runtime (tract, onnxruntime, llamacpp)",
+                other.as_str()
+            )));
+        }
     };
     let bytes = make(&reference, &request)?.to_bytes()?;
     std::fs::write(&job.out, &bytes).map_err(|e| Error::store(&job.out, e))?;

@@ -65,6 +65,8 @@ pub struct Outcome {
     /// GPU memory this process held at its peak after load and warmup (NVML; absent where
     /// nothing was measured: no GPU, no NVML).
     pub peak_device_memory_bytes: Option<u64>,
+    /// A language model's prefill (time to first token) and decode rate in warmup.
+    pub generation: Option<kiln_crds::llamacpp::Generation>,
     /// The engine that serves (`tract`, `onnxruntime/cpu`, `onnxruntime/cuda`).
     pub engine: Option<String>,
     /// `backend.kind: auto`: why the compile kept that engine.
@@ -211,6 +213,7 @@ async fn pipeline(
     outcome.placement = w.placement.clone();
     outcome.peak_memory_bytes = w.peak_memory_bytes;
     outcome.peak_device_memory_bytes = w.peak_device_memory_bytes;
+    outcome.generation = w.generation;
     outcome.message = format!(
         "{} verified, loaded and warmed: {} iterations, parity max abs error {:.3e}",
         spec.target.metadata.name.as_deref().unwrap_or("target"),
@@ -376,6 +379,15 @@ fn print_plain(outcome: &Outcome) {
         println!(
             "  peak memory      {} above the baseline in load and warmup",
             crate::memory::human(peak as usize)
+        );
+    }
+    if let Some(g) = &outcome.generation {
+        println!(
+            "  generation       {} prompt tokens: first token {}; {} more at {:.1} tokens/s",
+            g.prompt_tokens,
+            ms(Some(g.prefill_seconds)),
+            g.generated_tokens.saturating_sub(1),
+            g.decode_tokens_per_second
         );
     }
     if let Some(peak) = outcome.peak_device_memory_bytes {

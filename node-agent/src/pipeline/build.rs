@@ -97,16 +97,18 @@ pub async fn fetch_inputs(
     sources: Option<&SourcePolicy>,
 ) -> Result<Inputs> {
     let m = &spec.model.spec;
-    // Every backend reads the source as ONNX (exec's compiler gets it as model.onnx, and its
-    // declared interface is checked against it): bytes declared as anything else are not built
-    // as if they were ONNX.
-    if m.format != ModelFormat::Onnx {
+    // Every backend but llamacpp reads the source as ONNX (exec's compiler gets it as
+    // model.onnx, and its declared interface is checked against it), llamacpp as GGUF: bytes
+    // declared as anything else are not built as if they were either.
+    kiln_crds::formats::accepts(spec.target.spec.backend.kind, m.format)
+        .map_err(Error::InvalidSpec)?;
+    if !matches!(m.format, ModelFormat::Onnx | ModelFormat::Gguf) {
         let format = serde_json::to_value(m.format)
             .ok()
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default();
         return Err(Error::InvalidSpec(format!(
-            "spec.format is {format}, but kiln-agent builds ONNX sources only; export the model to ONNX and declare format: onnx"
+            "spec.format is {format}, but kiln-agent builds ONNX and GGUF sources only; export the model to ONNX and declare format: onnx"
         )));
     }
     let model = fetcher

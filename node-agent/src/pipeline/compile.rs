@@ -117,6 +117,7 @@ pub fn compile(
         flags: &t.backend.flags,
         out: &out,
         timeout: spec.compile_timeout(),
+        memory_budget: crate::pipeline::ready::memory_budget(&t.warmup)?,
     })?;
     // Parity of the compiled engine against the fixture's golden outputs, before anything is stored.
     let engine = backend.load(&out)?;
@@ -142,6 +143,7 @@ pub fn compile(
         input_digests.insert(format!("asset/{}", a.name), a.sha256.clone());
     }
     let mut backend_options = t.backend.options(class);
+    backend_options.extend(compiled.resolved);
     if t.backend.provider_for(class) == ExecutionProvider::Cuda {
         // What the precision means to the provider, recorded beside the settings it follows from.
         let tf32 = t.precision == kiln_crds::compiled_target::Precision::Tf32;

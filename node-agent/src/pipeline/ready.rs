@@ -207,6 +207,9 @@ pub fn judge_warmed(
             p,
         )?;
     }
+    if let Some(g) = &report.generation {
+        metrics.generation(labels, g);
+    }
     metrics.warmup(
         &labels.class,
         report.total_seconds,

@@ -203,6 +203,7 @@ impl Spec {
                 t.spec.model_ref.name
             )));
         }
+        kiln_crds::formats::accepts(t.spec.backend.kind, m.format).map_err(Error::InvalidSpec)?;
         if m.fixture(&t.spec.warmup.fixture_version).is_none() {
             return Err(Error::InvalidSpec(format!(
                 "warmup.fixtureVersion {:?} is not among the ModelArtifact's fixtures {:?}",

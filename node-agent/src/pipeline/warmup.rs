@@ -43,6 +43,8 @@ pub struct WarmupReport {
     pub peak_device_memory_bytes: Option<u64>,
     /// Latency of one fixture run once warmup is over: what the first request after Ready finds.
     pub first_request_seconds: f64,
+    /// A language model's prefill and decode figures (of the run after warmup).
+    pub generation: Option<crate::backend::Generation>,
 }
 
 /// Checks that the fixture's inputs are exactly what one of the engine's profiles takes: names,
@@ -168,6 +170,7 @@ pub fn warm(engine: &dyn Engine, fixture: &FixtureFile, warmup: &Warmup) -> Resu
     let t = Instant::now();
     let outputs = engine.run(&sample.inputs)?;
     report.first_request_seconds = t.elapsed().as_secs_f64();
+    report.generation = engine.generation();
     let which = format!("first run after warmup{}", sample_name(next, &samples));
     parity(&outputs, sample, warmup).map_err(|e| within(e, &which))?;
     Ok(report)
@@ -341,7 +344,11 @@ pub fn parity(
             )));
         }
         let tol = warmup.tolerance(name);
-        let (a, g) = (got.to_f64()?, want.to_f64()?);
+        let (mut a, mut g) = (got.to_f64()?, want.to_f64()?);
+        if let Some(k) = warmup.first_elements(name) {
+            a.truncate(k);
+            g.truncate(k);
+        }
         let mut max_abs = 0.0f64;
         let mut worst: Option<Outlier> = None;
         for (i, (a, g)) in a.iter().zip(g.iter()).enumerate() {
@@ -446,8 +453,29 @@ mod tests {
             atol: w.default_tolerance.atol,
             rtol: w.default_tolerance.rtol,
             allow_non_finite: true,
+            first_elements: None,
         });
         w
+    }
+
+    #[test]
+    fn first_elements_checks_only_a_prefix() {
+        // Greedy tokens: the first two must match exactly, what follows a divergence may not.
+        let got = outs(&[("tokens", t(&[5.0, 7.0, 9.0]))]);
+        let want = fx(&[("tokens", t(&[5.0, 7.0, 1.0]))]);
+        let mut w = warmup(0.0, 0.0);
+        parity(&got, &want, &w).expect_err("all three are checked by default");
+        w.outputs.push(OutputTolerance {
+            name: "tokens".into(),
+            atol: 0.0,
+            rtol: 0.0,
+            allow_non_finite: false,
+            first_elements: Some(2),
+        });
+        parity(&got, &want, &w).expect("the first two match");
+        let early = fx(&[("tokens", t(&[5.0, 8.0, 9.0]))]);
+        let err = parity(&got, &early, &w).expect_err("the second differs");
+        assert!(err.to_string().contains("element 1"), "{err}");
     }
 
     #[test]
@@ -476,6 +504,7 @@ mod tests {
             atol: 0.6,
             rtol: 0.0,
             allow_non_finite: false,
+            first_elements: None,
         });
         parity(&got, &want, &w).expect("per-output atol 0.6");
         // rtol scales with the golden magnitude.

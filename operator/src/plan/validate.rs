@@ -24,6 +24,7 @@ pub fn check<'a>(
 ) -> Result<&'a ModelArtifact, Invalid> {
     let model = model_of(target, model)?;
     match backend(target, settings)
+        .or_else(|| format(target, model))
         .or_else(|| compile_request(target, &settings.compile_bounds))
         .or_else(|| fixture(target, model))
         .or_else(|| profiles(target, model))
@@ -81,6 +82,15 @@ fn backend(target: &CompiledTarget, settings: &Settings) -> Option<Invalid> {
             "backend {:?} is not available to this operator's compile workers (available: {available}, and exec with a compiler image); use one of those",
             kind.as_str()
         ),
+    })
+}
+
+/// A model format the backend kind cannot take (GGUF only on llamacpp, and the reverse).
+fn format(target: &CompiledTarget, model: &ModelArtifact) -> Option<Invalid> {
+    let refused = kiln_crds::formats::accepts(target.spec.backend.kind, model.spec.format).err()?;
+    Some(Invalid {
+        reason: reasons::BACKEND_UNAVAILABLE,
+        message: refused,
     })
 }
 

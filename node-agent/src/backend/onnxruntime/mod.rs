@@ -296,6 +296,7 @@ impl Backend for OnnxRuntime {
             outputs: config.outputs,
             log,
             machine_bound,
+            resolved: Default::default(),
         })
     }
 

@@ -60,8 +60,8 @@ pub struct Reference {
     pub seed: u64,
     /// Tolerances to suggest.
     pub tolerance: Option<kiln_crds::compiled_target::Tolerance>,
-    /// ONNX Runtime on the CPU runs the reference (else tract).
-    pub onnxruntime: bool,
+    /// Which runtime runs the reference: tract, ONNX Runtime on the CPU, or llama.cpp.
+    pub runtime: kiln_crds::compiled_target::BackendKind,
     /// Where the fixture file goes.
     pub out: PathBuf,
 }

@@ -176,6 +176,7 @@ pub fn served(
         first_request_seconds: Some(p.warmup.first_request_seconds),
         parity_max_abs_error: Some(p.warmup.parity_max_abs_error),
         placement: p.warmup.placement.clone(),
+        generation: p.warmup.generation,
         engine: p.engine.clone(),
         peak_memory_bytes: p
             .warmup
@@ -225,6 +226,7 @@ pub fn served(
         row.placement = old.placement.clone().filter(|_| same);
         row.peak_memory_bytes = old.peak_memory_bytes.filter(|_| same);
         row.peak_device_memory_bytes = old.peak_device_memory_bytes.filter(|_| same);
+        row.generation = old.generation.filter(|_| same);
         row.pull_seconds = mine(old.pull_seconds);
         row.pull_bytes = old.pull_bytes.filter(|_| same);
     }

@@ -1,0 +1,179 @@
+//! Settings of `backend.kind: llamacpp` (GGUF language models on llama.cpp) and which model
+//! formats each backend kind takes.
+
+use std::collections::BTreeMap;
+
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+
+/// Kind `llamacpp`: how the GGUF source is quantised and how the engine runs it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct LlamacppSettings {
+    /// The weight type of the compiled GGUF, made by llama.cpp's own quantiser: `F32`, `F16`,
+    /// `Q8_0`, `Q6_K`, `Q5_K_M`, `Q4_K_M`, `Q4_0`, or `auto`, the largest of these whose
+    /// weights and KV cache for `contextLength` fit `warmup.memoryBudget` (required with
+    /// `auto`). Unset: the source's own types, copied unchanged. Part of the compile key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<Quantization>,
+    /// Tokens the engine's context holds (prompt plus continuation); sizes the KV cache.
+    /// Default 512. Part of the compile key (it decides what `auto` picks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 16, max = 1048576))]
+    pub context_length: Option<u32>,
+    /// CPU threads of the engine. Unset: the cores the agent may use. Not part of the compile
+    /// key (it changes speed, not results).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub threads: Option<u32>,
+}
+
+/// What a language model's warmup measured on its last fixture run: the prompt's forward pass
+/// (time to first token) and the decode rate after it.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Generation {
+    /// Tokens of the fixture's prompt.
+    pub prompt_tokens: u32,
+    /// Tokens generated.
+    pub generated_tokens: u32,
+    /// Time to first token: the prompt's forward pass, in seconds.
+    pub prefill_seconds: f64,
+    /// Tokens per second after the first.
+    pub decode_tokens_per_second: f64,
+}
+
+/// The default `contextLength`.
+pub const DEFAULT_CONTEXT_LENGTH: u32 = 512;
+
+impl LlamacppSettings {
+    /// The context length with its default filled in.
+    pub fn context_length(&self) -> u32 {
+        self.context_length.unwrap_or(DEFAULT_CONTEXT_LENGTH)
+    }
+
+    /// The settings as they enter the compile key and the build manifest's backend options.
+    pub fn options(&self) -> BTreeMap<String, String> {
+        let quantization = self.quantization.map_or("source", Quantization::as_str);
+        BTreeMap::from([
+            ("llamacpp.quantization".into(), quantization.into()),
+            (
+                "llamacpp.contextLength".into(),
+                self.context_length().to_string(),
+            ),
+        ])
+    }
+}
+
+/// Weight types of a compiled GGUF, largest first (llama.cpp's names).
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord,
+)]
+pub enum Quantization {
+    /// The largest type that fits `warmup.memoryBudget`.
+    #[serde(rename = "auto")]
+    Auto,
+    /// 32-bit floats.
+    F32,
+    /// 16-bit floats.
+    F16,
+    /// 8-bit blocks of 32 with one scale.
+    #[serde(rename = "Q8_0")]
+    Q8_0,
+    /// 6-bit k-quant.
+    #[serde(rename = "Q6_K")]
+    Q6K,
+    /// 5-bit k-quant, medium mix.
+    #[serde(rename = "Q5_K_M")]
+    Q5KM,
+    /// 4-bit k-quant, medium mix.
+    #[serde(rename = "Q4_K_M")]
+    Q4KM,
+    /// 4-bit blocks of 32 with one scale.
+    #[serde(rename = "Q4_0")]
+    Q4_0,
+}
+
+impl Quantization {
+    /// Every concrete type, largest first: the order `auto` tries them in.
+    pub const CONCRETE: [Quantization; 7] = [
+        Self::F32,
+        Self::F16,
+        Self::Q8_0,
+        Self::Q6K,
+        Self::Q5KM,
+        Self::Q4KM,
+        Self::Q4_0,
+    ];
+
+    /// The name in specs, manifests and llama.cpp.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::F32 => "F32",
+            Self::F16 => "F16",
+            Self::Q8_0 => "Q8_0",
+            Self::Q6K => "Q6_K",
+            Self::Q5KM => "Q5_K_M",
+            Self::Q4KM => "Q4_K_M",
+            Self::Q4_0 => "Q4_0",
+        }
+    }
+
+    /// A concrete type by its name (as a manifest records it).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::CONCRETE.into_iter().find(|q| q.as_str() == name)
+    }
+
+    /// Average bits per weight of the type's large matrices (llama.cpp's figures; the norms
+    /// stay F32, which this ignores as they are a tiny share).
+    pub fn bits_per_weight(self) -> f64 {
+        match self {
+            Self::Auto | Self::F32 => 32.0,
+            Self::F16 => 16.0,
+            Self::Q8_0 => 8.5,
+            Self::Q6K => 6.5625,
+            Self::Q5KM => 5.69,
+            Self::Q4KM => 4.89,
+            Self::Q4_0 => 4.5,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantization_names_round_trip_and_order_largest_first() {
+        for q in Quantization::CONCRETE {
+            assert_eq!(Quantization::parse(q.as_str()), Some(q));
+            let json = serde_json::to_value(q).expect("serialise");
+            assert_eq!(json, serde_json::json!(q.as_str()));
+        }
+        assert_eq!(
+            Quantization::parse("auto"),
+            None,
+            "auto is not a concrete type"
+        );
+        let bits: Vec<f64> = Quantization::CONCRETE
+            .iter()
+            .map(|q| q.bits_per_weight())
+            .collect();
+        assert!(bits.windows(2).all(|w| w[0] > w[1]), "{bits:?}");
+    }
+
+    #[test]
+    fn spelling_out_the_defaults_gives_the_same_options() {
+        let explicit = LlamacppSettings {
+            context_length: Some(DEFAULT_CONTEXT_LENGTH),
+            ..LlamacppSettings::default()
+        };
+        assert_eq!(explicit.options(), LlamacppSettings::default().options());
+        let threads = LlamacppSettings {
+            threads: Some(3),
+            ..LlamacppSettings::default()
+        };
+        assert_eq!(threads.options(), LlamacppSettings::default().options());
+    }
+}

@@ -1,0 +1,195 @@
+//! A loaded GGUF language model on llama.cpp (CPU), run as kiln runs every engine: named
+//! tensors in (`prompt`: token ids, i32 [n]; `generate`: how many tokens to continue, i32 [1]),
+//! named tensors out (`logits`: the last prompt position's, f32 [vocab]; `tokens`: the greedy
+//! continuation, i32 [generate]). Each run gets a fresh context (empty KV cache), so runs are
+//! independent and repeatable; it measures prefill and decode for the warmup report.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
+use safetensors::Dtype;
+
+use crate::backend::{Engine, Generation, Shapes};
+use crate::error::{Error, Result};
+use crate::pipeline::tensor::{HostTensor, le_vec};
+
+/// Input and output names.
+pub const PROMPT: &str = "prompt";
+pub const GENERATE: &str = "generate";
+pub const LOGITS: &str = "logits";
+pub const TOKENS: &str = "tokens";
+
+/// A model with what a run needs.
+pub struct LlamaEngine {
+    pub(super) model: LlamaModel,
+    pub(super) context_length: u32,
+    pub(super) threads: i32,
+    pub(super) profiles: Vec<(String, Shapes)>,
+    /// Serialises runs (llama.cpp may not create two contexts of one model at once) and keeps
+    /// the last run's timings.
+    pub(super) last: Mutex<Option<Generation>>,
+}
+
+impl LlamaEngine {
+    fn vocab(&self) -> usize {
+        usize::try_from(self.model.n_vocab()).unwrap_or(0)
+    }
+
+    /// The prompt and continuation length, checked against the vocabulary and the context.
+    fn read_inputs(&self, inputs: &BTreeMap<String, HostTensor>) -> Result<(Vec<i32>, usize)> {
+        let get = |name: &str| {
+            inputs
+                .get(name)
+                .filter(|t| t.dtype == Dtype::I32)
+                .ok_or_else(|| {
+                    Error::WarmupFailed(format!(
+                        "a language model takes inputs {PROMPT} (i32 token ids) and {GENERATE} (i32 [1]); {name} is missing or not i32"
+                    ))
+                })
+        };
+        let prompt = le_vec!(get(PROMPT)?.data, i32);
+        let generate = le_vec!(get(GENERATE)?.data, i32);
+        let vocab = self.vocab();
+        if let Some(bad) = prompt
+            .iter()
+            .find(|t| usize::try_from(**t).map_or(true, |t| t >= vocab))
+        {
+            return Err(Error::WarmupFailed(format!(
+                "prompt token id {bad} is outside the vocabulary of {vocab} tokens"
+            )));
+        }
+        let n = match generate.as_slice() {
+            [n] if *n >= 1 => usize::try_from(*n).unwrap_or(0),
+            other => {
+                return Err(Error::WarmupFailed(format!(
+                    "{GENERATE} must be one count of at least 1, got {other:?}"
+                )));
+            }
+        };
+        let room = self.context_length as usize;
+        if prompt.is_empty() || prompt.len() + n > room {
+            return Err(Error::WarmupFailed(format!(
+                "a prompt of {} tokens and {n} to generate do not fit the context of {room} tokens (backend.llamacpp.contextLength); prompt at least 1",
+                prompt.len()
+            )));
+        }
+        Ok((prompt, n))
+    }
+}
+
+impl Engine for LlamaEngine {
+    fn run(&self, inputs: &BTreeMap<String, HostTensor>) -> Result<BTreeMap<String, HostTensor>> {
+        let (prompt, n) = self.read_inputs(inputs)?;
+        let mut last = self
+            .last
+            .lock()
+            .map_err(|_| Error::WarmupFailed("an earlier run panicked".into()))?;
+        let params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(self.context_length))
+            .with_n_batch(self.context_length)
+            .with_n_threads(self.threads)
+            .with_n_threads_batch(self.threads);
+        let backend = super::runtime::backend().map_err(Error::WarmupFailed)?;
+        let mut ctx = self
+            .model
+            .new_context(backend, params)
+            .map_err(|e| Error::WarmupFailed(format!("llama.cpp context: {e}")))?;
+        let fail =
+            |e: &dyn std::fmt::Display| Error::WarmupFailed(format!("llama.cpp decode: {e}"));
+        let mut batch = LlamaBatch::new(self.context_length as usize, 1);
+        let started = Instant::now();
+        let last_pos = prompt.len() - 1;
+        for (pos, id) in prompt.iter().enumerate() {
+            batch
+                .add(LlamaToken(*id), pos as i32, &[0], pos == last_pos)
+                .map_err(|e| fail(&e))?;
+        }
+        ctx.decode(&mut batch).map_err(|e| fail(&e))?;
+        let logits = ctx.get_logits_ith(batch.n_tokens() - 1).to_vec();
+        let prefill = started.elapsed().as_secs_f64();
+        let decode_started = Instant::now();
+        let mut tokens = vec![argmax(&logits)];
+        for step in 1..n {
+            batch.clear();
+            let pos = (prompt.len() + step - 1) as i32;
+            batch
+                .add(LlamaToken(tokens[step - 1]), pos, &[0], true)
+                .map_err(|e| fail(&e))?;
+            ctx.decode(&mut batch).map_err(|e| fail(&e))?;
+            tokens.push(argmax(ctx.get_logits_ith(0)));
+        }
+        let decode = decode_started.elapsed().as_secs_f64();
+        *last = Some(Generation {
+            prompt_tokens: prompt.len() as u32,
+            generated_tokens: n as u32,
+            prefill_seconds: prefill,
+            decode_tokens_per_second: if n > 1 && decode > 0.0 {
+                (n - 1) as f64 / decode
+            } else {
+                0.0
+            },
+        });
+        let f32s: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let i32s: Vec<u8> = tokens.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Ok(BTreeMap::from([
+            (
+                LOGITS.to_string(),
+                HostTensor {
+                    dtype: Dtype::F32,
+                    shape: vec![logits.len()],
+                    data: f32s,
+                },
+            ),
+            (
+                TOKENS.to_string(),
+                HostTensor {
+                    dtype: Dtype::I32,
+                    shape: vec![n],
+                    data: i32s,
+                },
+            ),
+        ]))
+    }
+
+    fn profiles(&self) -> Vec<(String, Shapes)> {
+        self.profiles.clone()
+    }
+
+    fn input_dtypes(&self) -> BTreeMap<String, Dtype> {
+        BTreeMap::from([(PROMPT.into(), Dtype::I32), (GENERATE.into(), Dtype::I32)])
+    }
+
+    fn generation(&self) -> Option<Generation> {
+        self.last.lock().ok().and_then(|g| *g)
+    }
+}
+
+/// The greedy choice: the first highest logit (NaN never wins).
+pub fn argmax(logits: &[f32]) -> i32 {
+    let mut best = 0usize;
+    for (i, v) in logits.iter().enumerate() {
+        if *v > logits[best] || logits[best].is_nan() {
+            best = i;
+        }
+    }
+    i32::try_from(best).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_takes_the_first_highest_and_skips_nan() {
+        assert_eq!(argmax(&[0.1, 0.9, 0.9, -1.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 0.2, 0.1]), 1);
+        assert_eq!(argmax(&[f32::NAN, f32::NAN]), 1);
+        assert_eq!(argmax(&[]), 0);
+    }
+}

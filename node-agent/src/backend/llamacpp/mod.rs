@@ -1,0 +1,324 @@
+//! `backend.kind: llamacpp`: GGUF language models on llama.cpp (the `llama-cpp-2` crate, built
+//! from source for the CPU). Compile = requantise the verified source through llama.cpp's own
+//! quantiser to the target's weight type (`auto`: the largest that fits `warmup.memoryBudget`;
+//! unset or the source's own type: a copy), with kiln's index appended (`footer.rs`); the
+//! reference is the unquantised source. Every file is read by `gguf.rs` before llama.cpp opens
+//! it, and an architecture llama.cpp does not know is refused (`UnsupportedOperator`).
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use kiln_crds::compiled_target::{ExecutionProvider, Precision};
+use kiln_crds::llamacpp::{LlamacppSettings, Quantization};
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::model::params::LlamaModelParams;
+use safetensors::Dtype;
+
+use super::TensorInfo;
+use super::{Backend, CompileRequest, Compiled, Engine, GraphInterface, InputInfo, Shapes};
+use crate::error::{Error, Result};
+
+mod architectures;
+mod engine;
+mod ffi;
+mod fit;
+mod footer;
+pub mod gguf;
+mod runtime;
+
+pub use engine::{GENERATE, LOGITS, PROMPT, TOKENS};
+
+/// The llama.cpp kiln-agent links: the version of `llama-cpp-sys-2`, which vendors it (pinned
+/// exactly in node-agent/Cargo.toml). The backend version in the compile key.
+pub const VERSION: &str = "0.1.160";
+const MEDIA_TYPE: &str = "application/vnd.kiln.llamacpp.gguf.v1";
+
+/// The llama.cpp backend with a target's settings.
+pub struct Llamacpp {
+    settings: LlamacppSettings,
+}
+
+impl Llamacpp {
+    /// The backend for a target's `backend` section.
+    pub fn for_spec(spec: &kiln_crds::compiled_target::Backend) -> Self {
+        Self {
+            settings: spec.llamacpp.clone().unwrap_or_default(),
+        }
+    }
+
+    fn threads(&self) -> i32 {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = self.settings.threads.map_or(cores, |t| t as usize);
+        i32::try_from(threads).unwrap_or(1)
+    }
+}
+
+/// The instruction sets the linked llama.cpp was compiled for (ggml's defaults for a non-native
+/// x86-64 build: x86-64-v3). On a CPU without them its code would die of an illegal
+/// instruction, so such a machine is refused first. `dynamic-backends` would instead load the
+/// best of ggml's CPU variants at run time (see README, Language models).
+fn cpu_supported() -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let missing: Vec<&str> = [
+            ("sse4.2", std::arch::is_x86_feature_detected!("sse4.2")),
+            ("avx", std::arch::is_x86_feature_detected!("avx")),
+            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
+            ("bmi2", std::arch::is_x86_feature_detected!("bmi2")),
+            ("f16c", std::arch::is_x86_feature_detected!("f16c")),
+            ("fma", std::arch::is_x86_feature_detected!("fma")),
+        ]
+        .into_iter()
+        .filter_map(|(name, present)| (!present).then_some(name))
+        .collect();
+        if !missing.is_empty() {
+            return Err(Error::IncompatibleHardware(format!(
+                "this kiln-agent's llama.cpp is built for x86-64-v3; this CPU lacks {}",
+                missing.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Reads and checks a file's GGUF header; `wrap` classifies a refusal (a source is the spec's
+/// fault, an artifact the load's). An architecture llama.cpp does not know is
+/// `UnsupportedOperator` either way.
+fn checked(path: &Path, wrap: fn(String) -> Error) -> Result<gguf::Header> {
+    let header = gguf::read(path).map_err(|e| wrap(format!("{}: {e}", path.display())))?;
+    if !architectures::KNOWN.contains(&header.architecture.as_str()) {
+        return Err(Error::UnsupportedOperator {
+            backend: "llamacpp".into(),
+            operators: vec![format!(
+                "architecture {:?} (llama.cpp {VERSION} does not know it)",
+                header.architecture
+            )],
+        });
+    }
+    Ok(header)
+}
+
+fn source_error(m: String) -> Error {
+    Error::InvalidSpec(format!(
+        "spec.format gguf, but the source is not a usable GGUF file: {m}"
+    ))
+}
+
+/// Refuses an engine this process has not the memory for (`IncompatibleHardware`).
+fn fits_here(header: &gguf::Header, path: &Path, context: u32) -> Result<()> {
+    let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
+    let need = fit::engine_bytes(header, bytes, context);
+    fit::fits_machine(need, crate::memory::available(), context)
+        .map_err(Error::IncompatibleHardware)
+}
+
+fn load_model(path: &Path) -> Result<LlamaModel> {
+    cpu_supported()?;
+    let backend = runtime::backend().map_err(Error::LoadFailed)?;
+    LlamaModel::load_from_file(backend, path, &LlamaModelParams::default()).map_err(|e| {
+        Error::LoadFailed(format!(
+            "llama.cpp could not load {}: {e} (its log says why)",
+            path.display()
+        ))
+    })
+}
+
+impl Backend for Llamacpp {
+    fn name(&self) -> &'static str {
+        "llamacpp"
+    }
+
+    fn version(&self) -> String {
+        VERSION.to_string()
+    }
+
+    fn media_type(&self) -> &'static str {
+        MEDIA_TYPE
+    }
+
+    fn compile(&self, req: &CompileRequest<'_>) -> Result<Compiled> {
+        refuse_settings(req)?;
+        cpu_supported()?;
+        let header = checked(req.model, source_error)?;
+        let context = self.settings.context_length();
+        let (weights, why) = match self.settings.quantization {
+            None => (
+                None,
+                "the source's own types (no quantization set)".to_string(),
+            ),
+            Some(Quantization::Auto) => {
+                let budget = req.memory_budget.ok_or_else(|| {
+                    Error::InvalidSpec("quantization auto fits warmup.memoryBudget; set it".into())
+                })?;
+                let q = fit::choose(&header, context, budget).map_err(Error::InvalidSpec)?;
+                let need = fit::estimate(&header, q, context);
+                (Some(q), format!("auto: {need} of {budget} budget bytes"))
+            }
+            Some(q) => (Some(q), "as the target names it".to_string()),
+        };
+        let same =
+            weights.is_none_or(|q| header.tensor_types.keys().collect::<Vec<_>>() == [q.as_str()]);
+        if same {
+            std::fs::copy(req.model, req.out).map_err(|e| Error::store(req.out, e))?;
+        } else if let Some(q) = weights {
+            ffi::quantize(req.model, req.out, q, self.threads())
+                .map_err(|e| Error::CompileFailed(format!("quantising to {}: {e}", q.as_str())))?;
+        }
+        let gguf_bytes = std::fs::metadata(req.out)
+            .map_err(|e| Error::store(req.out, e))?
+            .len();
+        let chosen = weights.map_or("source", Quantization::as_str);
+        let index = footer::Index {
+            profiles: req
+                .profiles
+                .iter()
+                .map(|(n, s)| (n.clone(), s.clone()))
+                .collect(),
+            context_length: context,
+            quantization: chosen.to_string(),
+            gguf_bytes,
+        };
+        footer::append(req.out, &index).map_err(Error::CompileFailed)?;
+        let source_bytes = std::fs::metadata(req.model).map_or(0, |m| m.len());
+        Ok(Compiled {
+            outputs: vec![LOGITS.into(), TOKENS.into()],
+            log: vec![format!(
+                "llama.cpp {VERSION}: {} ({} parameters, {:?}) → {chosen} ({why}), {source_bytes} → {gguf_bytes} bytes{}",
+                header.architecture,
+                header.parameters,
+                header.tensor_types,
+                if same { ", copied" } else { ", requantised" }
+            )],
+            machine_bound: None,
+            resolved: std::collections::BTreeMap::from([
+                ("llamacpp.weights".into(), chosen.into()),
+                ("llamacpp.sourceBytes".into(), source_bytes.to_string()),
+                ("llamacpp.ggufBytes".into(), gguf_bytes.to_string()),
+            ]),
+        })
+    }
+
+    fn load(&self, artifact: &Path) -> Result<Box<dyn Engine>> {
+        let index = footer::read(artifact)
+            .map_err(|e| Error::LoadFailed(format!("{}: {e}", artifact.display())))?;
+        let header = checked(artifact, Error::LoadFailed)?;
+        fits_here(&header, artifact, index.context_length)?;
+        // Threads are the target's: not in the compile key, so not in the artifact either.
+        engine_for(
+            load_model(artifact)?,
+            index.context_length,
+            self.threads(),
+            index.profiles,
+        )
+    }
+
+    fn reference(&self, model: &Path, shapes: &Shapes) -> Result<Box<dyn Engine>> {
+        let header = checked(model, source_error)?;
+        let profiles = vec![("reference".to_string(), shapes.clone())];
+        let context = self.settings.context_length();
+        fits_here(&header, model, context)?;
+        engine_for(load_model(model)?, context, self.threads(), profiles)
+    }
+
+    fn inputs(&self, model: &Path) -> Result<Vec<InputInfo>> {
+        checked(model, source_error)?;
+        Ok(vec![
+            InputInfo {
+                name: PROMPT.into(),
+                dtype: Dtype::I32,
+                dims: vec![None],
+            },
+            InputInfo {
+                name: GENERATE.into(),
+                dtype: Dtype::I32,
+                dims: vec![Some(1)],
+            },
+        ])
+    }
+
+    fn interface(&self, model: &Path) -> Result<GraphInterface> {
+        let header = checked(model, source_error)?;
+        let info = |name: &str, dtype, dims| TensorInfo {
+            name: name.into(),
+            dtype: Some(dtype),
+            dims: Some(dims),
+        };
+        let vocab = usize::try_from(header.vocab_size).ok();
+        Ok(GraphInterface {
+            inputs: vec![
+                info(PROMPT, Dtype::I32, vec![None]),
+                info(GENERATE, Dtype::I32, vec![Some(1)]),
+            ],
+            outputs: vec![
+                info(LOGITS, Dtype::F32, vec![vocab]),
+                info(TOKENS, Dtype::I32, vec![None]),
+            ],
+        })
+    }
+}
+
+/// What a llamacpp compile refuses: another precision (the weight type is
+/// `backend.llamacpp.quantization`), flags, a provider other than the CPU (this build of
+/// llama.cpp has only its CPU backend).
+fn refuse_settings(req: &CompileRequest<'_>) -> Result<()> {
+    if req.precision != Precision::Fp32 {
+        return Err(Error::InvalidSpec(format!(
+            "backend llamacpp computes fp32 activations; its weight type is backend.llamacpp.quantization, not precision {}: set precision: fp32",
+            req.precision.as_str()
+        )));
+    }
+    if let Some(flag) = req.flags.keys().next() {
+        return Err(Error::InvalidSpec(format!(
+            "the llamacpp backend takes no flags; remove backend.flags.{flag} (its settings are backend.llamacpp)"
+        )));
+    }
+    if req.provider != ExecutionProvider::Cpu {
+        return Err(Error::InvalidSpec(format!(
+            "this kiln-agent's llama.cpp runs on the CPU, not {}; set backend.executionProvider: cpu",
+            req.provider.as_str()
+        )));
+    }
+    Ok(())
+}
+
+fn engine_for(
+    model: LlamaModel,
+    context_length: u32,
+    threads: i32,
+    profiles: Vec<(String, Shapes)>,
+) -> Result<Box<dyn Engine>> {
+    let engine = engine::LlamaEngine {
+        model,
+        context_length,
+        threads,
+        profiles,
+        last: Mutex::new(None),
+    };
+    Ok(Box::new(engine))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_version_is_the_pinned_crate_and_the_architecture_list_is_its_own() {
+        let lock =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.lock"))
+                .expect("Cargo.lock");
+        let pinned = lock
+            .split("[[package]]")
+            .find(|p| p.contains("name = \"llama-cpp-sys-2\""))
+            .and_then(|p| p.lines().find_map(|l| l.strip_prefix("version = ")))
+            .map(|v| v.trim_matches('"').to_string());
+        assert_eq!(pinned.as_deref(), Some(VERSION));
+        assert_eq!(architectures::FROM, VERSION);
+        assert!(architectures::KNOWN.contains(&"llama"));
+    }
+
+    #[test]
+    fn this_machine_runs_the_linked_llama_cpp() {
+        // The development and CI machines are x86-64-v3 or newer (or not x86 at all).
+        cpu_supported().expect("supported CPU");
+    }
+}
