@@ -23,8 +23,7 @@ python3 scripts/check-use-graph.py
 python3 scripts/check-fn-length.py --self-test
 python3 scripts/check-fn-length.py \
   --allow node-agent/src/backend/exec.rs::run_compiler \
-  --allow node-agent/src/metrics.rs::register \
-  --allow node-agent/src/run/agent.rs::prepare
+  --allow node-agent/src/metrics.rs::register
 python3 scripts/check-doc-paths.py --self-test
 python3 scripts/check-doc-paths.py ARCHITECTURE.md README.md operator/README.md e2e/README.md
 # docker-registry (kiln-store's OCI tests run a real distribution registry), htpasswd and

@@ -153,17 +153,7 @@ async fn pipeline(
     )
     .await?;
     let manifest = &entry.manifest;
-    outcome.cache_hit = cache_hit;
-    outcome.compile_seconds = if cache_hit {
-        0.0
-    } else {
-        manifest.compile_seconds
-    };
-    outcome.artifact_digest = Some(manifest.artifact_digest.clone());
-    if let Some(selection) = &manifest.selection {
-        outcome.engine_reason = Some(selection.reason.clone());
-        outcome.candidates.clone_from(&selection.candidates);
-    }
+    record_build(outcome, manifest, cache_hit);
 
     // The same path a node takes: pull by digest into a cache, verified while it streams.
     let cached = store_dir.join("cache").join(&manifest.artifact_digest);
@@ -202,6 +192,31 @@ async fn pipeline(
     .inspect_err(|_| {
         let _ = std::fs::remove_file(&cached);
     })?;
+    record_ready(
+        outcome,
+        spec.target.metadata.name.as_deref().unwrap_or("target"),
+        &ready,
+    );
+    Ok(())
+}
+
+/// What the build says in the outcome: cache hit, compile time, digest, the engine choice.
+fn record_build(outcome: &mut Outcome, manifest: &kiln_crds::BuildManifest, cache_hit: bool) {
+    outcome.cache_hit = cache_hit;
+    outcome.compile_seconds = if cache_hit {
+        0.0
+    } else {
+        manifest.compile_seconds
+    };
+    outcome.artifact_digest = Some(manifest.artifact_digest.clone());
+    if let Some(selection) = &manifest.selection {
+        outcome.engine_reason = Some(selection.reason.clone());
+        outcome.candidates.clone_from(&selection.candidates);
+    }
+}
+
+/// What load and warmup measured, in the outcome.
+fn record_ready(outcome: &mut Outcome, name: &str, ready: &crate::pipeline::ready::Ready) {
     let w = &ready.warmup;
     outcome.parity_max_abs_error = Some(w.parity_max_abs_error);
     outcome.load_seconds = Some(ready.load_seconds);
@@ -216,11 +231,8 @@ async fn pipeline(
     outcome.generation = w.generation;
     outcome.message = format!(
         "{} verified, loaded and warmed: {} iterations, parity max abs error {:.3e}",
-        spec.target.metadata.name.as_deref().unwrap_or("target"),
-        w.iterations,
-        w.parity_max_abs_error
+        name, w.iterations, w.parity_max_abs_error
     );
-    Ok(())
 }
 
 /// Runs CPU-bound work off the async workers.

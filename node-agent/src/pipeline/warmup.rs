@@ -291,6 +291,29 @@ pub fn parity(
     fixture: &FixtureFile,
     warmup: &Warmup,
 ) -> Result<BTreeMap<String, f64>> {
+    let checked = checked_outputs(outputs, fixture, warmup)?;
+    let version = &fixture.version;
+    let mut errors = BTreeMap::new();
+    for name in checked {
+        let got = outputs.get(name).ok_or_else(|| {
+            Error::InvalidSpec(format!(
+                "fixture {version} has golden output {name:?}, the model produces {:?}; regenerate the fixture",
+                outputs.keys().collect::<Vec<_>>()
+            ))
+        })?;
+        let max_abs = compare_output(name, got, &fixture.outputs[name], version, warmup)?;
+        errors.insert(name.clone(), max_abs);
+    }
+    Ok(errors)
+}
+
+/// The golden outputs parity checks: every produced output golden or excluded, no exclusion of
+/// an output the model does not produce, at least one left to check.
+fn checked_outputs<'f>(
+    outputs: &BTreeMap<String, HostTensor>,
+    fixture: &'f FixtureFile,
+    warmup: &Warmup,
+) -> Result<Vec<&'f String>> {
     let golden = &fixture.outputs;
     let version = &fixture.version;
     check_golden(fixture, warmup)?;
@@ -322,71 +345,73 @@ pub fn parity(
             warmup.exclude_outputs
         )));
     }
-    let mut errors = BTreeMap::new();
-    for name in checked {
-        let want = &golden[name];
-        let got = outputs.get(name).ok_or_else(|| {
-            Error::InvalidSpec(format!(
-                "fixture {version} has golden output {name:?}, the model produces {:?}; regenerate the fixture",
-                outputs.keys().collect::<Vec<_>>()
-            ))
-        })?;
-        if got.dtype != want.dtype {
-            return Err(Error::InvalidSpec(format!(
-                "output {name} is {:?} in the graph but {:?} in fixture {version}; regenerate the fixture with the graph's dtypes (kiln-agent fixtures)",
-                got.dtype, want.dtype
-            )));
-        }
-        if got.shape != want.shape {
-            return Err(Error::ParityExceeded(format!(
-                "output {name}: shape {:?}, golden shape {:?}",
-                got.shape, want.shape
-            )));
-        }
-        let tol = warmup.tolerance(name);
-        let (mut a, mut g) = (got.to_f64()?, want.to_f64()?);
-        if let Some(k) = warmup.first_elements(name) {
-            a.truncate(k);
-            g.truncate(k);
-        }
-        let mut max_abs = 0.0f64;
-        let mut worst: Option<Outlier> = None;
-        for (i, (a, g)) in a.iter().zip(g.iter()).enumerate() {
-            // Only reached when allowed (check_golden): NaN matches NaN, Inf the same Inf.
-            let err = if !g.is_finite() {
-                if (g.is_nan() && a.is_nan()) || a == g {
-                    0.0
-                } else {
-                    f64::INFINITY
-                }
-            } else {
-                let err = (a - g).abs();
-                if err.is_nan() { f64::INFINITY } else { err }
-            };
-            max_abs = max_abs.max(err);
-            let allowed = if g.is_finite() {
-                tol.atol + tol.rtol * g.abs()
-            } else {
-                0.0
-            };
-            if err > allowed && worst.as_ref().is_none_or(|w| err > w.error) {
-                worst = Some(Outlier {
-                    index: i,
-                    error: err,
-                    got: *a,
-                    golden: *g,
-                });
-            }
-        }
-        if let Some(w) = worst {
-            return Err(Error::ParityExceeded(format!(
-                "output {name}: max abs error {max_abs:.3e}; element {} is {} against golden {} (error {:.3e} > atol {} + rtol {} * |golden|)",
-                w.index, w.got, w.golden, w.error, tol.atol, tol.rtol
-            )));
-        }
-        errors.insert(name.clone(), max_abs);
+    Ok(checked)
+}
+
+/// One output against its golden value: dtype and shape as the golden's, every element (the
+/// first `firstElements` where declared) within its tolerance. Returns the largest absolute
+/// error.
+fn compare_output(
+    name: &str,
+    got: &HostTensor,
+    want: &HostTensor,
+    version: &str,
+    warmup: &Warmup,
+) -> Result<f64> {
+    if got.dtype != want.dtype {
+        return Err(Error::InvalidSpec(format!(
+            "output {name} is {:?} in the graph but {:?} in fixture {version}; regenerate the fixture with the graph's dtypes (kiln-agent fixtures)",
+            got.dtype, want.dtype
+        )));
     }
-    Ok(errors)
+    if got.shape != want.shape {
+        return Err(Error::ParityExceeded(format!(
+            "output {name}: shape {:?}, golden shape {:?}",
+            got.shape, want.shape
+        )));
+    }
+    let tol = warmup.tolerance(name);
+    let (mut a, mut g) = (got.to_f64()?, want.to_f64()?);
+    if let Some(k) = warmup.first_elements(name) {
+        a.truncate(k);
+        g.truncate(k);
+    }
+    let mut max_abs = 0.0f64;
+    let mut worst: Option<Outlier> = None;
+    for (i, (a, g)) in a.iter().zip(g.iter()).enumerate() {
+        // Only reached when allowed (check_golden): NaN matches NaN, Inf the same Inf.
+        let err = if !g.is_finite() {
+            if (g.is_nan() && a.is_nan()) || a == g {
+                0.0
+            } else {
+                f64::INFINITY
+            }
+        } else {
+            let err = (a - g).abs();
+            if err.is_nan() { f64::INFINITY } else { err }
+        };
+        max_abs = max_abs.max(err);
+        let allowed = if g.is_finite() {
+            tol.atol + tol.rtol * g.abs()
+        } else {
+            0.0
+        };
+        if err > allowed && worst.as_ref().is_none_or(|w| err > w.error) {
+            worst = Some(Outlier {
+                index: i,
+                error: err,
+                got: *a,
+                golden: *g,
+            });
+        }
+    }
+    if let Some(w) = worst {
+        return Err(Error::ParityExceeded(format!(
+            "output {name}: max abs error {max_abs:.3e}; element {} is {} against golden {} (error {:.3e} > atol {} + rtol {} * |golden|)",
+            w.index, w.got, w.golden, w.error, tol.atol, tol.rtol
+        )));
+    }
+    Ok(max_abs)
 }
 
 /// The element of an output furthest outside its tolerance.

@@ -177,6 +177,22 @@ fn ort_level(level: OptimizationLevel) -> GraphOptimizationLevel {
     }
 }
 
+/// What this backend refuses to compile: a precision other than fp32 or tf32, untyped flags.
+fn check_request(req: &CompileRequest<'_>) -> Result<()> {
+    if !matches!(req.precision, Precision::Fp32 | Precision::Tf32) {
+        return Err(Error::InvalidSpec(format!(
+            "the onnxruntime backend compiles precision fp32 and tf32, not {}; set precision: fp32",
+            req.precision.as_str()
+        )));
+    }
+    if let Some(flag) = req.flags.keys().next() {
+        return Err(Error::InvalidSpec(format!(
+            "the onnxruntime backend takes typed settings, not flags; remove backend.flags.{flag} (see backend.executionProvider, optimizationLevel, cpuFallback)"
+        )));
+    }
+    Ok(())
+}
+
 impl Backend for OnnxRuntime {
     fn name(&self) -> &'static str {
         "onnxruntime"
@@ -199,17 +215,7 @@ impl Backend for OnnxRuntime {
     }
 
     fn compile(&self, req: &CompileRequest<'_>) -> Result<Compiled> {
-        if !matches!(req.precision, Precision::Fp32 | Precision::Tf32) {
-            return Err(Error::InvalidSpec(format!(
-                "the onnxruntime backend compiles precision fp32 and tf32, not {}; set precision: fp32",
-                req.precision.as_str()
-            )));
-        }
-        if let Some(flag) = req.flags.keys().next() {
-            return Err(Error::InvalidSpec(format!(
-                "the onnxruntime backend takes typed settings, not flags; remove backend.flags.{flag} (see backend.executionProvider, optimizationLevel, cpuFallback)"
-            )));
-        }
+        check_request(req)?;
         let mut log = Vec::new();
         let scratch = req.out.parent().unwrap_or(Path::new("."));
         let work = tempfile::Builder::new()
