@@ -174,22 +174,9 @@ pub struct NodeTargetStatus {
     /// What went wrong.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// Seconds to load the engine.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub load_seconds: Option<f64>,
-    /// Seconds of warmup.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub warmup_seconds: Option<f64>,
-    /// Median latency of the steady warmup runs (all but the first), in seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub p50_seconds: Option<f64>,
-    /// Latency of the first fixture run after warmup, in seconds: what the first request after
-    /// Ready finds (the goal is within 1.2x `p50Seconds`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub first_request_seconds: Option<f64>,
-    /// Largest absolute error of any output against its golden value.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parity_max_abs_error: Option<f64>,
+    /// What loading and warming the served artifact measured on this node.
+    #[serde(flatten)]
+    pub figures: WarmupFigures,
     /// The revision the target asks for, when the node serves another one (a fallback) or none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desired_revision: Option<i64>,
@@ -208,15 +195,38 @@ pub struct NodeTargetStatus {
     /// When the served artifact became ready on this node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_since: Option<Time>,
-    /// Which execution provider ran which nodes in this node's warmup, and how much fell back
-    /// to the CPU.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub placement: Option<crate::placement::Placement>,
     /// The engine that serves here (`tract`, `onnxruntime/cpu`, `onnxruntime/cuda`), from the
     /// served artifact's build manifest: under `fallback.policy: NextCandidate` another than
     /// the class's kept engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<String>,
+}
+
+/// What loading and warming an artifact measured on a node: a [`NodeTargetStatus`]'s figures,
+/// flattened into it (the field names are the row's own).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WarmupFigures {
+    /// Seconds to load the engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_seconds: Option<f64>,
+    /// Seconds of warmup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_seconds: Option<f64>,
+    /// Median latency of the steady warmup runs (all but the first), in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p50_seconds: Option<f64>,
+    /// Latency of the first fixture run after warmup, in seconds: what the first request after
+    /// Ready finds (the goal is within 1.2x `p50Seconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_request_seconds: Option<f64>,
+    /// Largest absolute error of any output against its golden value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parity_max_abs_error: Option<f64>,
+    /// Which execution provider ran which nodes in this node's warmup, and how much fell back
+    /// to the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<crate::placement::Placement>,
     /// Resident memory the engine added at its peak during load and warmup, in bytes (the
     /// agent's peak resident set above its resident set before the load).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -239,5 +249,32 @@ mod tests {
     #[test]
     fn node_phases_serialise_as_their_names() {
         crate::test_support::serde_names(&NodePhase::ALL, |p| p.as_str());
+    }
+
+    #[test]
+    fn warmup_figures_are_the_rows_own_fields() {
+        let row = NodeTargetStatus {
+            name: "t".into(),
+            figures: WarmupFigures {
+                load_seconds: Some(0.25),
+                p50_seconds: Some(0.5),
+                peak_device_memory_bytes: Some(7),
+                ..WarmupFigures::default()
+            },
+            engine: Some("tract".into()),
+            ..NodeTargetStatus::default()
+        };
+        let json = serde_json::to_value(&row).expect("serialise");
+        assert_eq!(json["loadSeconds"], 0.25);
+        assert_eq!(json["p50Seconds"], 0.5);
+        assert_eq!(json["peakDeviceMemoryBytes"], 7);
+        assert!(json.get("figures").is_none() && json.get("warmupSeconds").is_none());
+        let back: NodeTargetStatus = serde_json::from_value(json).expect("read back");
+        assert_eq!(back, row);
+        let yaml = "{namespace: n, name: t, loadSeconds: 1, generation: {promptTokens: 3, generatedTokens: 4, prefillSeconds: 0.5, decodeTokensPerSecond: 20}}";
+        let read: NodeTargetStatus =
+            serde_saphyr::from_str(yaml).expect("a row as the apiserver has it");
+        assert_eq!(read.figures.load_seconds, Some(1.0));
+        assert!(read.figures.generation.is_some());
     }
 }

@@ -185,12 +185,12 @@ pub fn status(target: &CompiledTarget, nodes: &[KilnNode]) -> Status {
                 fallback: r.fallback,
                 reason: r.reason,
                 message: r.message.clone(),
-                parity_max_abs_error: r.parity_max_abs_error,
-                load_seconds: r.load_seconds,
-                warmup_seconds: r.warmup_seconds,
-                p50_seconds: r.p50_seconds,
-                peak_memory_bytes: r.peak_memory_bytes,
-                peak_device_memory_bytes: r.peak_device_memory_bytes,
+                parity_max_abs_error: r.figures.parity_max_abs_error,
+                load_seconds: r.figures.load_seconds,
+                warmup_seconds: r.figures.warmup_seconds,
+                p50_seconds: r.figures.p50_seconds,
+                peak_memory_bytes: r.figures.peak_memory_bytes,
+                peak_device_memory_bytes: r.figures.peak_device_memory_bytes,
             })
             .collect(),
     }

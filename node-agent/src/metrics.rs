@@ -151,10 +151,10 @@ fn seconds_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 20))
 }
 
-impl Metrics {
-    /// Registers every metric under `kiln_agent_` in `registry`.
-    pub fn register(registry: &mut Registry) -> Self {
-        let inner = Inner {
+impl Inner {
+    /// Every series empty, the histograms with their buckets.
+    fn new() -> Self {
+        Self {
             fetched_bytes: Counter::default(),
             verify_failures: Family::default(),
             failures: Family::default(),
@@ -189,131 +189,31 @@ impl Metrics {
             decode_tokens_per_second: Family::default(),
             served_revision: Family::default(),
             served_engine: Family::default(),
-        };
-        let r = registry.sub_registry_with_prefix("kiln_agent");
-        r.register(
-            "fetched_bytes",
-            "Bytes fetched and verified from sources and stores",
-            inner.fetched_bytes.clone(),
-        );
-        r.register(
-            "verify_failures",
-            "Verifications that failed, by reason",
-            inner.verify_failures.clone(),
-        );
-        r.register(
-            "failures",
-            "Pipeline failures, by reason",
-            inner.failures.clone(),
-        );
-        r.register(
-            "compiles",
-            "Compiles, by backend and result (cached: reused from the store)",
-            inner.compiles.clone(),
-        );
-        r.register(
-            "compile_seconds",
-            "Time to compile a model",
-            inner.compile_seconds.clone(),
-        );
-        r.register(
-            "load_seconds",
-            "Time to load a compiled engine",
-            inner.load_seconds.clone(),
-        );
-        r.register(
-            "warmup_seconds",
-            "Time to run all warmup iterations",
-            inner.warmup_seconds.clone(),
-        );
-        r.register(
-            "fixture_latency_seconds",
-            "Latency of one fixture run during warmup",
-            inner.fixture_latency.clone(),
-        );
-        r.register(
-            "parity_max_abs_error",
-            "Largest absolute output error against golden fixtures",
-            inner.parity_max_abs_error.clone(),
-        );
-        r.register(
-            "ready",
-            "1 when the engine is verified, loaded and warmed",
-            inner.ready.clone(),
-        );
-        r.register(
-            "partition_nodes",
-            "Graph nodes each execution provider ran in the engine's first warmup run",
-            inner.partition_nodes.clone(),
-        );
-        r.register(
-            "partitions",
-            "Runs of consecutive nodes on one execution provider (1: one provider ran everything)",
-            inner.partitions.clone(),
-        );
-        r.register(
-            "served_revision",
-            "The target revision this node serves (Ready, or Degraded on a fallback); no series while it serves none",
-            inner.served_revision.clone(),
-        );
-        r.register(
-            "served_engine",
-            "1 for the engine that serves a target on this node (tract, onnxruntime/cpu, onnxruntime/cuda, ...); no series while none serves or the engine is unknown",
-            inner.served_engine.clone(),
-        );
-        r.register(
-            "engine_peak_memory_bytes",
-            "Resident memory a target's engine added at its peak during load and warmup",
-            inner.peak_memory.clone(),
-        );
-        r.register(
-            "fallback_share",
-            "Share of graph nodes the CPU ran although another execution provider was requested",
-            inner.fallback_share.clone(),
-        );
-        register_placement(r, &inner);
-        r.register(
-            "artifact_pull_bytes",
-            "Artifact bytes pulled and verified into the node cache",
-            inner.pull_bytes.clone(),
-        );
-        r.register(
-            "artifact_pull_seconds",
-            "Time to pull and verify an artifact into the node cache",
-            inner.pull_seconds.clone(),
-        );
-        r.register(
-            "compatibility_rejections",
-            "Artifacts refused before loading because they do not fit this device or runtime",
-            inner.compat_rejections.clone(),
-        );
-        r.register(
-            "target_ready",
-            "1 when the target is served on this node (Ready, or Degraded on a fallback)",
-            inner.target_ready.clone(),
-        );
-        r.register(
-            "fallbacks",
-            "Fallbacks taken after the asked-for artifact failed, by reason and policy",
-            inner.fallbacks.clone(),
-        );
-        r.register(
-            "fail_closed",
-            "Targets left not ready on this node (no fallback served), by reason",
-            inner.fail_closed.clone(),
-        );
-        r.register(
-            "revision_ready_seconds",
-            "Time from first seeing a target revision to serving it ready",
-            inner.revision_ready_seconds.clone(),
-        );
-        // Every reason appears at zero, so alerts and rate() see the series before the first failure.
+        }
+    }
+
+    /// Every reason appears at zero, so alerts and rate() see the series before the first
+    /// failure.
+    fn zero_reasons(&self) {
         for reason in FailureReason::ALL {
             let label = ReasonLabel::of(reason);
-            let _ = inner.failures.get_or_create(&label);
-            let _ = inner.verify_failures.get_or_create(&label);
-            let _ = inner.fail_closed.get_or_create(&label);
+            let _ = self.failures.get_or_create(&label);
+            let _ = self.verify_failures.get_or_create(&label);
+            let _ = self.fail_closed.get_or_create(&label);
         }
+    }
+}
+
+impl Metrics {
+    /// Registers every metric under `kiln_agent_` in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let inner = Inner::new();
+        let r = registry.sub_registry_with_prefix("kiln_agent");
+        register_pipeline(r, &inner);
+        register_engine(r, &inner);
+        register_placement(r, &inner);
+        register_rollout(r, &inner);
+        inner.zero_reasons();
         Self {
             inner: Arc::new(inner),
         }
@@ -575,7 +475,135 @@ impl Metrics {
     }
 }
 
-/// The placement and device memory series, registered apart to keep `register` short.
+/// The pipeline's series: fetch, verify, compile, load, warmup, parity and ready per class.
+fn register_pipeline(r: &mut Registry, inner: &Inner) {
+    r.register(
+        "fetched_bytes",
+        "Bytes fetched and verified from sources and stores",
+        inner.fetched_bytes.clone(),
+    );
+    r.register(
+        "verify_failures",
+        "Verifications that failed, by reason",
+        inner.verify_failures.clone(),
+    );
+    r.register(
+        "failures",
+        "Pipeline failures, by reason",
+        inner.failures.clone(),
+    );
+    r.register(
+        "compiles",
+        "Compiles, by backend and result (cached: reused from the store)",
+        inner.compiles.clone(),
+    );
+    r.register(
+        "compile_seconds",
+        "Time to compile a model",
+        inner.compile_seconds.clone(),
+    );
+    r.register(
+        "load_seconds",
+        "Time to load a compiled engine",
+        inner.load_seconds.clone(),
+    );
+    r.register(
+        "warmup_seconds",
+        "Time to run all warmup iterations",
+        inner.warmup_seconds.clone(),
+    );
+    r.register(
+        "fixture_latency_seconds",
+        "Latency of one fixture run during warmup",
+        inner.fixture_latency.clone(),
+    );
+    r.register(
+        "parity_max_abs_error",
+        "Largest absolute output error against golden fixtures",
+        inner.parity_max_abs_error.clone(),
+    );
+    r.register(
+        "ready",
+        "1 when the engine is verified, loaded and warmed",
+        inner.ready.clone(),
+    );
+}
+
+/// A target's engine on this node: its partitions, revision, engine and memory.
+fn register_engine(r: &mut Registry, inner: &Inner) {
+    r.register(
+        "partition_nodes",
+        "Graph nodes each execution provider ran in the engine's first warmup run",
+        inner.partition_nodes.clone(),
+    );
+    r.register(
+        "partitions",
+        "Runs of consecutive nodes on one execution provider (1: one provider ran everything)",
+        inner.partitions.clone(),
+    );
+    r.register(
+        "served_revision",
+        "The target revision this node serves (Ready, or Degraded on a fallback); no series while it serves none",
+        inner.served_revision.clone(),
+    );
+    r.register(
+        "served_engine",
+        "1 for the engine that serves a target on this node (tract, onnxruntime/cpu, onnxruntime/cuda, ...); no series while none serves or the engine is unknown",
+        inner.served_engine.clone(),
+    );
+    r.register(
+        "engine_peak_memory_bytes",
+        "Resident memory a target's engine added at its peak during load and warmup",
+        inner.peak_memory.clone(),
+    );
+    r.register(
+        "fallback_share",
+        "Share of graph nodes the CPU ran although another execution provider was requested",
+        inner.fallback_share.clone(),
+    );
+}
+
+/// The node's artifact pulls, compatibility refusals, readiness per target and fallbacks.
+fn register_rollout(r: &mut Registry, inner: &Inner) {
+    r.register(
+        "artifact_pull_bytes",
+        "Artifact bytes pulled and verified into the node cache",
+        inner.pull_bytes.clone(),
+    );
+    r.register(
+        "artifact_pull_seconds",
+        "Time to pull and verify an artifact into the node cache",
+        inner.pull_seconds.clone(),
+    );
+    r.register(
+        "compatibility_rejections",
+        "Artifacts refused before loading because they do not fit this device or runtime",
+        inner.compat_rejections.clone(),
+    );
+    r.register(
+        "target_ready",
+        "1 when the target is served on this node (Ready, or Degraded on a fallback)",
+        inner.target_ready.clone(),
+    );
+    r.register(
+        "fallbacks",
+        "Fallbacks taken after the asked-for artifact failed, by reason and policy",
+        inner.fallbacks.clone(),
+    );
+    r.register(
+        "fail_closed",
+        "Targets left not ready on this node (no fallback served), by reason",
+        inner.fail_closed.clone(),
+    );
+    r.register(
+        "revision_ready_seconds",
+        "Time from first seeing a target revision to serving it ready",
+        inner.revision_ready_seconds.clone(),
+    );
+}
+
+/// The placement and device memory series: CPU fallback, kernel time, transfers, language
+/// model figures, GPU memory.
 fn register_placement(r: &mut Registry, inner: &Inner) {
     r.register(
         "fallback_time_share",

@@ -1,7 +1,7 @@
 //! What every store is and speaks: the [`Store`] trait, the entry and reference types, the
 //! registry options, and the checks of keys and digests every implementation runs before a
 //! value names a path or a tag. Below `lib.rs` (which opens one), the implementations (`fs.rs`,
-//! `oci.rs`) and `attest.rs`, so none of them reaches up to another. Re-exported at the crate
+//! `oci.rs`) and `attest/`, so none of them reaches up to another. Re-exported at the crate
 //! root.
 
 use std::path::{Path, PathBuf};

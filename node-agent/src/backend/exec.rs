@@ -151,40 +151,8 @@ impl Exec {
             .command
             .split_first()
             .ok_or_else(|| Error::InvalidSpec("backend kind exec needs backend.command".into()))?;
-        // A private, read-only copy named like what it is: tools that go by the extension
-        // find `.onnx`, and nothing the compiler does reaches the verified blob cache.
-        let model = work.join("model.onnx");
-        std::fs::copy(req.model, &model)
-            .and_then(|_| {
-                let mut perms = std::fs::metadata(&model)?.permissions();
-                perms.set_readonly(true);
-                std::fs::set_permissions(&model, perms)
-            })
-            .map_err(|e| Error::store(&model, e))?;
-        let profiles = serde_json::to_string(req.profiles).unwrap_or_default();
-        let flags = serde_json::to_string(req.flags).unwrap_or_default();
-        let mut cmd = Command::new(program);
-        cmd.env_clear()
-            .envs(std::env::vars_os().filter(|(name, _)| name.to_str().is_some_and(passed)))
-            .args(args)
-            .current_dir(work)
-            .env("KILN_MODEL", &model)
-            .env("KILN_ARTIFACT", onnx)
-            .env("KILN_WORK", work)
-            .env("KILN_PRECISION", req.precision.as_str())
-            .env("KILN_PROFILES", profiles)
-            .env("KILN_FLAGS", flags)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // Its own process group: on a deadline, and after it exits, whatever it started goes
-        // too (a straggler holding its output open would otherwise hang the log readers).
-        // What leaves the group (setsid) is reparented to this process, a child subreaper, and
-        // killed after it as well.
-        cmd.process_group(0);
-        if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
-            tracing::warn!(error = %e, "cannot become a child subreaper; a compiler's setsid children may outlive it");
-        }
+        let model = private_copy(req.model, work)?;
+        let mut cmd = compiler_command(program, args, req, work, &model, onnx);
         // Children this process had before the compiler (another engine's worker) are not the
         // compiler's and are left alone.
         let before = children_of(rustix::process::getpid().as_raw_nonzero().get());
@@ -195,104 +163,196 @@ impl Exec {
                 std::env::var("PATH").unwrap_or_default()
             ))
         })?;
-        let log = std::sync::Mutex::new(VecDeque::with_capacity(LOG_LINES));
-        let stdout = child.stdout.take();
-        let stderr = child.stderr.take();
-        let status = std::thread::scope(|s| {
-            for stream in [
-                stdout.map(|o| Box::new(o) as Box<dyn Read + Send>),
-                stderr.map(|e| Box::new(e) as Box<dyn Read + Send>),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                let log = &log;
-                s.spawn(move || {
-                    // Bytes, not UTF-8 lines: a stray non-UTF-8 byte must neither end the
-                    // reading (the compiler would block on a full pipe) nor fail the compile.
-                    let mut reader = BufReader::new(stream);
-                    let mut raw = Vec::new();
-                    loop {
-                        raw.clear();
-                        // At most MAX_LINE bytes at a time: a line without end is cut, not held.
-                        match reader.by_ref().take(MAX_LINE).read_until(b'\n', &mut raw) {
-                            Ok(0) | Err(_) => break,
-                            Ok(_) => {}
-                        }
-                        let line =
-                            printable(String::from_utf8_lossy(&raw).trim_end_matches(['\n', '\r']));
-                        tracing::info!(target: "compiler", "{line}");
-                        let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
-                        if log.len() == LOG_LINES {
-                            log.pop_front();
-                        }
-                        log.push_back(line);
-                    }
-                });
-            }
-            let status = wait(&mut child, req.timeout);
-            if let Ok(pid) = i32::try_from(child.id())
-                && let Some(pid) = rustix::process::Pid::from_raw(pid)
-            {
-                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-            }
-            kill_orphans(&before);
-            status
-        });
-        let log: Vec<String> = log.into_inner().unwrap_or_else(|p| p.into_inner()).into();
-        let tail = || {
-            if log.is_empty() {
-                return "(no output)".to_string();
-            }
-            let text = log[log.len().saturating_sub(TAIL_LINES)..].join(" | ");
-            let mut cut = text.len().saturating_sub(TAIL_BYTES);
-            while !text.is_char_boundary(cut) {
-                cut += 1;
-            }
-            if cut == 0 {
-                text
-            } else {
-                format!("…{}", &text[cut..])
-            }
-        };
-        let status = match status {
-            Ok(Some(status)) => status,
-            Ok(None) => {
-                return Err(Error::Timeout(format!(
-                    "backend.command {program:?} still ran after compile.activeDeadlineSeconds ({}s) and was killed; its last output: {}",
-                    req.timeout.map_or(0, |t| t.as_secs()),
-                    tail()
-                )));
-            }
-            Err(e) => {
-                return Err(Error::CompileFailed(format!(
-                    "waiting for {program:?}: {e}"
-                )));
-            }
-        };
-        if !status.success() {
-            return Err(Error::CompileFailed(format!(
-                "backend.command {program:?} {}; its last output: {}",
-                describe(status),
-                tail()
+        let (status, log) = watch(&mut child, req.timeout, &before);
+        check_exit(program, status, req.timeout, &log)?;
+        check_artifact(program, onnx, &log)?;
+        Ok(log)
+    }
+}
+
+/// A private, read-only copy of the verified source in `work`, named like what it is: tools
+/// that go by the extension find `.onnx`, and nothing the compiler does reaches the verified
+/// blob cache.
+fn private_copy(source: &Path, work: &Path) -> Result<std::path::PathBuf> {
+    let model = work.join("model.onnx");
+    std::fs::copy(source, &model)
+        .and_then(|_| {
+            let mut perms = std::fs::metadata(&model)?.permissions();
+            perms.set_readonly(true);
+            std::fs::set_permissions(&model, perms)
+        })
+        .map_err(|e| Error::store(&model, e))?;
+    Ok(model)
+}
+
+/// The compiler's command: the allow-listed environment and the `KILN_*` contract, output
+/// piped, in a process group of its own.
+fn compiler_command(
+    program: &str,
+    args: &[String],
+    req: &CompileRequest<'_>,
+    work: &Path,
+    model: &Path,
+    onnx: &Path,
+) -> Command {
+    let profiles = serde_json::to_string(req.profiles).unwrap_or_default();
+    let flags = serde_json::to_string(req.flags).unwrap_or_default();
+    let mut cmd = Command::new(program);
+    cmd.env_clear()
+        .envs(std::env::vars_os().filter(|(name, _)| name.to_str().is_some_and(passed)))
+        .args(args)
+        .current_dir(work)
+        .env("KILN_MODEL", model)
+        .env("KILN_ARTIFACT", onnx)
+        .env("KILN_WORK", work)
+        .env("KILN_PRECISION", req.precision.as_str())
+        .env("KILN_PROFILES", profiles)
+        .env("KILN_FLAGS", flags)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // Its own process group: on a deadline, and after it exits, whatever it started goes
+    // too (a straggler holding its output open would otherwise hang the log readers).
+    // What leaves the group (setsid) is reparented to this process, a child subreaper, and
+    // killed after it as well.
+    cmd.process_group(0);
+    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+        tracing::warn!(error = %e, "cannot become a child subreaper; a compiler's setsid children may outlive it");
+    }
+    cmd
+}
+
+/// Reads the compiler's output while waiting for it (up to `timeout`), then kills its
+/// process group and the orphans it left (processes not in `before`); returns how it ended
+/// (`None`: still running at the deadline) and its last [`LOG_LINES`] output lines.
+fn watch(
+    child: &mut std::process::Child,
+    timeout: Option<Duration>,
+    before: &[i32],
+) -> (
+    std::io::Result<Option<std::process::ExitStatus>>,
+    Vec<String>,
+) {
+    let log = std::sync::Mutex::new(VecDeque::with_capacity(LOG_LINES));
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let status = std::thread::scope(|s| {
+        for stream in [
+            stdout.map(|o| Box::new(o) as Box<dyn Read + Send>),
+            stderr.map(|e| Box::new(e) as Box<dyn Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let log = &log;
+            s.spawn(move || read_lines(stream, log));
+        }
+        let status = wait(child, timeout);
+        if let Ok(pid) = i32::try_from(child.id())
+            && let Some(pid) = rustix::process::Pid::from_raw(pid)
+        {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+        kill_orphans(before);
+        status
+    });
+    (
+        status,
+        log.into_inner().unwrap_or_else(|p| p.into_inner()).into(),
+    )
+}
+
+/// Logs each line of `stream` and keeps the last [`LOG_LINES`] in `log`, until it ends.
+fn read_lines(stream: Box<dyn Read + Send>, log: &std::sync::Mutex<VecDeque<String>>) {
+    // Bytes, not UTF-8 lines: a stray non-UTF-8 byte must neither end the reading (the
+    // compiler would block on a full pipe) nor fail the compile.
+    let mut reader = BufReader::new(stream);
+    let mut raw = Vec::new();
+    loop {
+        raw.clear();
+        // At most MAX_LINE bytes at a time: a line without end is cut, not held.
+        match reader.by_ref().take(MAX_LINE).read_until(b'\n', &mut raw) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let line = printable(String::from_utf8_lossy(&raw).trim_end_matches(['\n', '\r']));
+        tracing::info!(target: "compiler", "{line}");
+        let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+        if log.len() == LOG_LINES {
+            log.pop_front();
+        }
+        log.push_back(line);
+    }
+}
+
+/// The last [`TAIL_LINES`] of `log`, at most [`TAIL_BYTES`] of their end, for a failure
+/// message.
+fn tail(log: &[String]) -> String {
+    if log.is_empty() {
+        return "(no output)".to_string();
+    }
+    let text = log[log.len().saturating_sub(TAIL_LINES)..].join(" | ");
+    let mut cut = text.len().saturating_sub(TAIL_BYTES);
+    while !text.is_char_boundary(cut) {
+        cut += 1;
+    }
+    if cut == 0 {
+        text
+    } else {
+        format!("…{}", &text[cut..])
+    }
+}
+
+/// `Timeout` when the compiler ran past its deadline, `CompileFailed` when waiting failed or
+/// it did not exit 0.
+fn check_exit(
+    program: &str,
+    status: std::io::Result<Option<std::process::ExitStatus>>,
+    timeout: Option<Duration>,
+    log: &[String],
+) -> Result<()> {
+    let status = match status {
+        Ok(Some(status)) => status,
+        Ok(None) => {
+            return Err(Error::Timeout(format!(
+                "backend.command {program:?} still ran after compile.activeDeadlineSeconds ({}s) and was killed; its last output: {}",
+                timeout.map_or(0, |t| t.as_secs()),
+                tail(log)
             )));
         }
-        // Not followed: a link would have kiln read (and build, store, sign) whatever file it
-        // names, which the compiler could not read itself in a compile Job's own container.
-        match std::fs::symlink_metadata(onnx) {
-            Ok(m) if m.is_file() && m.len() > 0 => Ok(log),
-            Ok(m) if !m.is_file() => Err(Error::CompileFailed(format!(
-                "backend.command {program:?} left {} at $KILN_ARTIFACT ({}), not a file; write the model itself there; its last output: {}",
-                not_a_file(&m),
-                onnx.display(),
-                tail()
-            ))),
-            _ => Err(Error::CompileFailed(format!(
-                "backend.command {program:?} exited 0 but wrote no model to $KILN_ARTIFACT ({}); its last output: {}",
-                onnx.display(),
-                tail()
-            ))),
+        Err(e) => {
+            return Err(Error::CompileFailed(format!(
+                "waiting for {program:?}: {e}"
+            )));
         }
+    };
+    if !status.success() {
+        return Err(Error::CompileFailed(format!(
+            "backend.command {program:?} {}; its last output: {}",
+            describe(status),
+            tail(log)
+        )));
+    }
+    Ok(())
+}
+
+/// `CompileFailed` unless the compiler left a non-empty regular file at `onnx`.
+fn check_artifact(program: &str, onnx: &Path, log: &[String]) -> Result<()> {
+    // Not followed: a link would have kiln read (and build, store, sign) whatever file it
+    // names, which the compiler could not read itself in a compile Job's own container.
+    match std::fs::symlink_metadata(onnx) {
+        Ok(m) if m.is_file() && m.len() > 0 => Ok(()),
+        Ok(m) if !m.is_file() => Err(Error::CompileFailed(format!(
+            "backend.command {program:?} left {} at $KILN_ARTIFACT ({}), not a file; write the model itself there; its last output: {}",
+            not_a_file(&m),
+            onnx.display(),
+            tail(log)
+        ))),
+        _ => Err(Error::CompileFailed(format!(
+            "backend.command {program:?} exited 0 but wrote no model to $KILN_ARTIFACT ({}); its last output: {}",
+            onnx.display(),
+            tail(log)
+        ))),
     }
 }
 

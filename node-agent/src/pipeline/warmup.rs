@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use kiln_crds::compiled_target::Warmup;
+use kiln_crds::kiln_node::WarmupFigures;
 
 use crate::backend::Engine;
 use crate::error::{Error, Result};
@@ -45,6 +46,25 @@ pub struct WarmupReport {
     pub first_request_seconds: f64,
     /// A language model's prefill and decode figures (of the run after warmup).
     pub generation: Option<crate::backend::Generation>,
+}
+
+impl WarmupReport {
+    /// The figures a KilnNode row reports of this warmup and of a load that took
+    /// `load_seconds`.
+    pub fn figures(&self, load_seconds: f64) -> WarmupFigures {
+        let bytes = |b: Option<u64>| b.map(|b| i64::try_from(b).unwrap_or(i64::MAX));
+        WarmupFigures {
+            load_seconds: Some(load_seconds),
+            warmup_seconds: Some(self.total_seconds),
+            p50_seconds: Some(self.p50_seconds),
+            first_request_seconds: Some(self.first_request_seconds),
+            parity_max_abs_error: Some(self.parity_max_abs_error),
+            placement: self.placement.clone(),
+            peak_memory_bytes: bytes(self.peak_memory_bytes),
+            peak_device_memory_bytes: bytes(self.peak_device_memory_bytes),
+            generation: self.generation,
+        }
+    }
 }
 
 /// Checks that the fixture's inputs are exactly what one of the engine's profiles takes: names,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::compiled_target::FallbackPolicy;
 use kiln_crds::conditions::{self, READY};
-use kiln_crds::kiln_node::{HardwareFacts, NodePhase, NodeTargetStatus};
+use kiln_crds::kiln_node::{HardwareFacts, NodePhase, NodeTargetStatus, WarmupFigures};
 use kiln_crds::{FailureReason, KilnNodeStatus};
 
 use super::TargetKey;
@@ -170,22 +170,8 @@ pub fn served(
         artifact_digest: Some(p.pick.digest.clone()),
         pull_seconds: Some(p.pull_seconds),
         pull_bytes: Some(i64::try_from(p.pull_bytes).unwrap_or(i64::MAX)),
-        load_seconds: Some(p.load_seconds),
-        warmup_seconds: Some(p.warmup.total_seconds),
-        p50_seconds: Some(p.warmup.p50_seconds),
-        first_request_seconds: Some(p.warmup.first_request_seconds),
-        parity_max_abs_error: Some(p.warmup.parity_max_abs_error),
-        placement: p.warmup.placement.clone(),
-        generation: p.warmup.generation,
+        figures: p.warmup.figures(p.load_seconds),
         engine: p.engine.clone(),
-        peak_memory_bytes: p
-            .warmup
-            .peak_memory_bytes
-            .map(|b| i64::try_from(b).unwrap_or(i64::MAX)),
-        peak_device_memory_bytes: p
-            .warmup
-            .peak_device_memory_bytes
-            .map(|b| i64::try_from(b).unwrap_or(i64::MAX)),
         revision_seen_at: if same {
             old.revision_seen_at.clone()
         } else {
@@ -218,15 +204,11 @@ pub fn served(
         // Re-verified, not re-warmed: report the figures of its pass when this agent measured
         // them, none otherwise.
         let mine = |v: Option<f64>| v.filter(|_| same);
-        row.load_seconds = mine(old.load_seconds);
-        row.warmup_seconds = mine(old.warmup_seconds);
-        row.p50_seconds = mine(old.p50_seconds);
-        row.first_request_seconds = mine(old.first_request_seconds);
-        row.parity_max_abs_error = mine(old.parity_max_abs_error);
-        row.placement = old.placement.clone().filter(|_| same);
-        row.peak_memory_bytes = old.peak_memory_bytes.filter(|_| same);
-        row.peak_device_memory_bytes = old.peak_device_memory_bytes.filter(|_| same);
-        row.generation = old.generation.filter(|_| same);
+        row.figures = if same {
+            old.figures.clone()
+        } else {
+            WarmupFigures::default()
+        };
         row.pull_seconds = mine(old.pull_seconds);
         row.pull_bytes = old.pull_bytes.filter(|_| same);
     }
@@ -459,11 +441,17 @@ mod tests {
             now.clone(),
         );
         assert_eq!(
-            (row.peak_memory_bytes, row.peak_device_memory_bytes),
+            (
+                row.figures.peak_memory_bytes,
+                row.figures.peak_device_memory_bytes
+            ),
             (Some(1 << 20), Some(3 << 30))
         );
         let unmeasured = served(&row, &key(), &prepared(pick(4, "gpu")), None, None, now);
-        assert_eq!(unmeasured.peak_device_memory_bytes, None, "absent, never 0");
+        assert_eq!(
+            unmeasured.figures.peak_device_memory_bytes, None,
+            "absent, never 0"
+        );
     }
 
     /// A fresh row serving `revision` of class cpu, ready since `now`.
@@ -502,7 +490,7 @@ mod tests {
             (Some(at(10)), Some(at(5)))
         );
         assert_eq!(
-            (first.pull_bytes, first.load_seconds),
+            (first.pull_bytes, first.figures.load_seconds),
             (Some(1000), Some(0.25))
         );
         // The next pass re-proves the same artifact: the times stay.
@@ -561,7 +549,7 @@ mod tests {
             )
         );
         // A class fallback was loaded and warmed here: its figures are reported.
-        assert_eq!(row.load_seconds, Some(0.25));
+        assert_eq!(row.figures.load_seconds, Some(0.25));
     }
 
     #[test]
@@ -581,7 +569,11 @@ mod tests {
         let row = served(&serving, &key(), &p, None, Some(&pkg), at(10));
         assert_eq!(row.phase, NodePhase::Degraded);
         assert_eq!(
-            (row.load_seconds, row.pull_bytes, row.ready_since.clone()),
+            (
+                row.figures.load_seconds,
+                row.pull_bytes,
+                row.ready_since.clone()
+            ),
             (Some(0.25), Some(1000), Some(at(1)))
         );
         // After a restart the row served something else: no figures rather than zeros.
@@ -594,7 +586,11 @@ mod tests {
             at(10),
         );
         assert_eq!(
-            (row.load_seconds, row.warmup_seconds, row.pull_bytes),
+            (
+                row.figures.load_seconds,
+                row.figures.warmup_seconds,
+                row.pull_bytes
+            ),
             (None, None, None)
         );
         assert_eq!(row.ready_since, Some(at(10)));
