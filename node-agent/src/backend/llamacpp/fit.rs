@@ -56,7 +56,7 @@ pub fn auto_budget(fit: &MemoryFit, on_gpu: bool) -> Result<Budget, String> {
         figures.extend(class_share(GPU_MEMORY, 20, "MiB")?);
     }
     figures.into_iter().min_by_key(|b| b.bytes).ok_or_else(|| {
-        format!("quantization auto fits the memory the engine may use, and this class names none: set warmup.memoryBudget, or add {MEMORY_GIB} to classLabelKeys")
+        format!("quantization auto fits the memory the engine may use, and neither warmup.memoryBudget nor the class's {MEMORY_GIB} gives it: set warmup.memoryBudget, or add {MEMORY_GIB} to classLabelKeys (each node's agent reports it from the node's memory)")
     })
 }
 
