@@ -11,7 +11,7 @@ use crate::kiln_node::HardwareFacts;
 use crate::labels::{
     ARCH, CPU_LEVEL, CUDA_RUNTIME_FULL, CUDA_RUNTIME_MAJOR, CUDA_RUNTIME_MINOR, DRIVER_FULL,
     DRIVER_MAJOR, DRIVER_MINOR, DRIVER_REVISION, GPU_COMPUTE_MAJOR, GPU_COMPUTE_MINOR, GPU_COUNT,
-    GPU_MEMORY, GPU_PRODUCT,
+    GPU_MEMORY, GPU_PRODUCT, MEMORY_GIB,
 };
 
 pub use crate::labels::ClassFacts;
@@ -44,6 +44,9 @@ pub fn fact_labels(facts: &HardwareFacts) -> BTreeMap<String, String> {
         (ARCH.to_string(), facts.arch.clone()),
         (CPU_LEVEL.to_string(), facts.cpu_level.clone()),
     ]);
+    if let Some(gib) = memory_gib(facts.memory_bytes) {
+        labels.insert(MEMORY_GIB.into(), gib.to_string());
+    }
     if let Some(gpu) = facts.accelerators.first() {
         labels.insert(GPU_PRODUCT.into(), gpu.product.clone());
         labels.insert(GPU_COMPUTE_MAJOR.into(), gpu.compute_major.to_string());
@@ -80,6 +83,23 @@ pub fn fact_labels(facts: &HardwareFacts) -> BTreeMap<String, String> {
     labels
 }
 
+/// The host memory step (`kiln.dev/memory-gib`) of a machine with `bytes` of memory: the largest
+/// of 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, … GiB (the powers of two and one and a half times
+/// them) that the memory reaches within 1/16. The slack is the kernel's: a 16 GiB machine
+/// reports about 15.6 GiB of `MemTotal` and is a 16; a 20 GiB one is a 16 too, so nodes of one
+/// size share a class whatever the kernel keeps. `None` for unknown (0) or under 15/16 GiB.
+pub fn memory_gib(bytes: i64) -> Option<u64> {
+    let bytes = u128::try_from(bytes).ok()?;
+    let reach = u64::try_from(bytes * 16 / 15 / (1 << 30)).unwrap_or(u64::MAX);
+    let power = 1u64.checked_shl(reach.checked_ilog2()?)?;
+    let between = power / 2 * 3;
+    Some(if power >= 2 && between <= reach {
+        between
+    } else {
+        power
+    })
+}
+
 /// The labels a node is classified by: the facts its agent probed (from its KilnNode) under the
 /// node's own labels, so a node without GPU Feature Discovery labels still classifies by CPU
 /// arch and x86-64 level, and a label set by an administrator wins. The operator and the agent
@@ -94,7 +114,7 @@ pub fn node_class_labels(
 }
 
 /// The class keys an agent's hardware report can supply ([`fact_labels`]).
-pub const FACT_KEYS: [&str; 14] = [
+pub const FACT_KEYS: [&str; 15] = [
     GPU_PRODUCT,
     GPU_COMPUTE_MAJOR,
     GPU_COMPUTE_MINOR,
@@ -109,6 +129,7 @@ pub const FACT_KEYS: [&str; 14] = [
     CUDA_RUNTIME_FULL,
     ARCH,
     CPU_LEVEL,
+    MEMORY_GIB,
 ];
 
 /// The class `keys` a node's class still waits on: those its agent's report could supply but
@@ -182,6 +203,9 @@ pub fn class_id(facts: &ClassFacts) -> String {
             parts.push(v.clone());
         }
     }
+    if let Some(gib) = facts.get(MEMORY_GIB) {
+        parts.push(format!("{gib}gib"));
+    }
     let mut readable: String = parts
         .join("-")
         .to_lowercase()
@@ -228,6 +252,7 @@ mod tests {
                 compute_minor: 0,
                 ..Default::default()
             }],
+            memory_bytes: 64 << 30,
             ..Default::default()
         };
         let labelled = fact_labels(&gpu);
@@ -306,6 +331,41 @@ mod tests {
             "535",
             "the driver's, not CUDA's"
         );
+    }
+
+    #[test]
+    fn memory_is_classed_in_steps_that_forgive_the_kernel_its_share() {
+        let gib = 1i64 << 30;
+        // MemTotal of real machines: this development VM (24 GiB), a 16 GiB and a 64 GiB one.
+        assert_eq!(memory_gib(24_684_084 * 1024), Some(24));
+        assert_eq!(memory_gib(16_283_676 * 1024), Some(16));
+        assert_eq!(memory_gib(65_842_364 * 1024), Some(64));
+        for (have, step) in [(1, 1), (2, 2), (3, 3), (5, 4), (7, 6), (11, 8), (20, 16)] {
+            assert_eq!(memory_gib(have * gib), Some(step), "{have} GiB");
+        }
+        assert_eq!(memory_gib(15 * gib), Some(16), "within 1/16 of 16");
+        assert_eq!(memory_gib(15 * gib - 1), Some(12), "just under");
+        assert_eq!(memory_gib(1536 * gib), Some(1536));
+        for unknown in [0, -1, gib / 2, i64::MIN] {
+            assert_eq!(memory_gib(unknown), None, "{unknown}");
+        }
+        assert!(memory_gib(i64::MAX).is_some_and(|g| g >= 1 << 32));
+        let facts = HardwareFacts {
+            arch: "amd64".into(),
+            cpu_level: "x86-64-v3".into(),
+            memory_bytes: 24_684_084 * 1024,
+            ..Default::default()
+        };
+        let labels = fact_labels(&facts);
+        assert_eq!(labels[MEMORY_GIB], "24");
+        let keys = [ARCH, CPU_LEVEL, MEMORY_GIB];
+        let id = class_id(&class_facts(keys, &labels));
+        assert!(id.starts_with("amd64-x86-64-v3-24gib-"), "{id}");
+        let unknown = HardwareFacts {
+            memory_bytes: 0,
+            ..facts
+        };
+        assert!(!fact_labels(&unknown).contains_key(MEMORY_GIB));
     }
 
     #[test]

@@ -79,9 +79,31 @@ impl CompileKeyInput {
                 .collect(),
             class: class.clone(),
             flags: target.backend.flags.clone(),
-            backend_options: target.backend.options(class),
+            backend_options: keyed_options(target, class),
         }
     }
+}
+
+/// The typed backend settings as keyed: [`crate::compiled_target::Backend::options`], and with
+/// `llamacpp` quantisation `auto` the `warmup.memoryBudget` it fits, as written (another
+/// spelling of one size is another key: a compile more, never a wrong hit). The class's memory
+/// facts it also fits are in the key's class.
+fn keyed_options(
+    target: &crate::CompiledTargetSpec,
+    class: &crate::class::ClassFacts,
+) -> BTreeMap<String, String> {
+    let mut options = target.backend.options(class);
+    let auto = target.backend.kind == crate::compiled_target::BackendKind::Llamacpp
+        && target
+            .backend
+            .llamacpp
+            .as_ref()
+            .and_then(|l| l.quantization)
+            == Some(crate::llamacpp::Quantization::Auto);
+    if let Some(budget) = target.warmup.memory_budget.as_deref().filter(|_| auto) {
+        options.insert("llamacpp.autoMemoryBudget".into(), budget.to_string());
+    }
+    options
 }
 
 /// Version of the encoding; bump it when [`CompileKeyInput`] changes meaning.

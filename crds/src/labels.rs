@@ -33,6 +33,10 @@ pub const GPU_COUNT: &str = "nvidia.com/gpu.count";
 pub const ARCH: &str = "kubernetes.io/arch";
 /// kiln's CPU level label: `x86-64-v2`, `x86-64-v3`, `x86-64-v4`, or `baseline` elsewhere.
 pub const CPU_LEVEL: &str = "kiln.dev/cpu-level";
+/// kiln's host memory label: the node's memory in whole GiB, rounded down to a step
+/// (`kiln_crds::class::memory_gib`), so nodes of one size share a class. Not a default class key;
+/// a target whose compile depends on memory (`llamacpp` quantisation `auto`) lists it.
+pub const MEMORY_GIB: &str = "kiln.dev/memory-gib";
 /// The node-class id the operator puts on each node: the key for the default class keys,
 /// `kiln.dev/class-<hash>` for a target's own keys (the operator's `class_label_key`).
 pub const NODE_CLASS: &str = "kiln.dev/class";

@@ -12,8 +12,10 @@ use serde::{Deserialize, Serialize};
 pub struct LlamacppSettings {
     /// The weight type of the compiled GGUF, made by llama.cpp's own quantiser: `F32`, `F16`,
     /// `Q8_0`, `Q6_K`, `Q5_K_M`, `Q4_K_M`, `Q4_0`, or `auto`, the largest of these whose
-    /// weights and KV cache for `contextLength` fit `warmup.memoryBudget` (required with
-    /// `auto`). Unset: the source's own types, copied unchanged. Part of the compile key.
+    /// weights and KV cache for `contextLength` fit the smallest of `warmup.memoryBudget` and,
+    /// when `classLabelKeys` lists `kiln.dev/memory-gib`, 80% of the class's host memory, so
+    /// each node size gets its own type (`auto` needs one of the two). Unset: the source's own
+    /// types, copied unchanged. Part of the compile key (with `auto`, the budget too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantization: Option<Quantization>,
     /// Tokens the engine's context holds (prompt plus continuation); sizes the KV cache.
@@ -70,7 +72,7 @@ impl LlamacppSettings {
     schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord,
 )]
 pub enum Quantization {
-    /// The largest type that fits `warmup.memoryBudget`.
+    /// The largest type that fits `warmup.memoryBudget` and the class's host memory.
     #[serde(rename = "auto")]
     Auto,
     /// 32-bit floats.

@@ -240,4 +240,58 @@ fn llamacpp_settings_are_cross_checked() {
     );
     validate_cel(&serde_saphyr::from_str::<CompiledTarget>(&budget).expect("yaml"))
         .expect("auto with a budget");
+    // Or sized by each class's host memory: the memory fact among the class keys.
+    let by_class = auto.replace(
+        "warmup: {fixtureVersion: v1}",
+        "warmup: {fixtureVersion: v1}\n  classLabelKeys: [kubernetes.io/arch, kiln.dev/memory-gib]",
+    );
+    validate_cel(&serde_saphyr::from_str::<CompiledTarget>(&by_class).expect("yaml"))
+        .expect("auto by the class's memory");
+    let other_keys = by_class.replace("kiln.dev/memory-gib", "kiln.dev/cpu-level");
+    let err = validate_cel(&serde_saphyr::from_str::<CompiledTarget>(&other_keys).expect("yaml"))
+        .expect_err("auto with neither");
+    assert!(
+        format!("{err:?}").contains("kiln.dev/memory-gib"),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn quantization_auto_keys_what_it_fits_and_a_named_type_does_not() {
+    use kiln_crds::{CompileKeyInput, compile_key};
+    let key = |backend: &str, budget: &str, gib: Option<&str>| {
+        let yaml = TARGET.replace("{kind: tract}", backend).replace(
+            "warmup: {fixtureVersion: v1}",
+            &format!("warmup: {{fixtureVersion: v1{budget}}}"),
+        );
+        let t: CompiledTarget = serde_saphyr::from_str(&yaml).expect("yaml");
+        let mut class = kiln_crds::class::ClassFacts::from([(
+            "kubernetes.io/arch".to_string(),
+            "amd64".to_string(),
+        )]);
+        if let Some(g) = gib {
+            class.insert(kiln_crds::labels::MEMORY_GIB.into(), g.into());
+        }
+        compile_key(&CompileKeyInput::for_target(
+            &model().spec,
+            &t.spec,
+            &class,
+            "0.1.160",
+        ))
+    };
+    let auto = "{kind: llamacpp, llamacpp: {quantization: auto}}";
+    let q8 = "{kind: llamacpp, llamacpp: {quantization: Q8_0}}";
+    // Same class facts, same key; another memory step or budget, another key.
+    assert_eq!(key(auto, "", Some("16")), key(auto, "", Some("16")));
+    assert_ne!(key(auto, "", Some("16")), key(auto, "", Some("32")));
+    assert_ne!(
+        key(auto, ", memoryBudget: 8Gi", None),
+        key(auto, ", memoryBudget: 4Gi", None)
+    );
+    // A named type does not depend on the budget: the budget stays out of its key.
+    assert_eq!(
+        key(q8, ", memoryBudget: 8Gi", None),
+        key(q8, ", memoryBudget: 4Gi", None)
+    );
+    assert_eq!(key(q8, ", memoryBudget: 8Gi", None), key(q8, "", None));
 }

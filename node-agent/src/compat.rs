@@ -6,9 +6,9 @@
 //! * [`matches_class`], a compile Job's: the node must be exactly the class it was pinned to, for
 //!   every hardware key kiln probes (a key the probe lacks is a mismatch: a GPU class on a node
 //!   without one), because the artifact it builds is that class's for every node of it.
-//! * [`runs_here`], an agent's: every fact the probe knows must hold, a CPU level as a floor (a
-//!   `x86-64-v2` build runs on a `x86-64-v3` machine); keys the probe does not know (a node pool)
-//!   are the labels' business.
+//! * [`runs_here`], an agent's: every fact the probe knows must hold, a CPU level and host memory
+//!   as floors (a `x86-64-v2` build runs on a `x86-64-v3` machine, a `kiln.dev/memory-gib` 16
+//!   build on a 32); keys the probe does not know (a node pool) are the labels' business.
 //!
 //! And [`gpu_gap`], what a GPU build demands of a node's class, said plainly before a caller
 //! compares whole classes: that GPU, its compute capability, a driver at least as new.
@@ -16,6 +16,7 @@
 use kiln_crds::class::ClassFacts;
 use kiln_crds::labels::{
     CPU_LEVEL, DEFAULT_CLASS_KEYS, DRIVER_MAJOR, GPU_COMPUTE_MAJOR, GPU_COMPUTE_MINOR, GPU_PRODUCT,
+    MEMORY_GIB,
 };
 
 /// One fact of a class that does not hold on this machine.
@@ -63,7 +64,8 @@ pub fn matches_class(class: &ClassFacts, probed: &ClassFacts) -> Vec<Mismatch> {
 }
 
 /// An agent's rule: every fact of `class` that the probe knows holds on this machine, a CPU level
-/// as a floor (a lower x86-64 level runs on a higher one).
+/// and host memory as floors (a lower x86-64 level runs on a higher one, an engine sized for
+/// 16 GiB on a node of 32).
 pub fn runs_here(class: &ClassFacts, probed: &ClassFacts) -> Vec<Mismatch> {
     class
         .iter()
@@ -71,12 +73,19 @@ pub fn runs_here(class: &ClassFacts, probed: &ClassFacts) -> Vec<Mismatch> {
             let have = probed.get(k)?;
             let fits = if k == CPU_LEVEL {
                 cpu_level_rank(have) >= cpu_level_rank(want)
+            } else if k == MEMORY_GIB {
+                at_least(have, want)
             } else {
                 have == want
             };
             (!fits).then(|| mismatch(k, want, Some(have)))
         })
         .collect()
+}
+
+/// Whether whole number `have` is at least `want` (anything else: no).
+fn at_least(have: &str, want: &str) -> bool {
+    matches!((have.parse::<u64>(), want.parse::<u64>()), (Ok(h), Ok(w)) if h >= w)
 }
 
 /// Order of x86-64 levels; anything unknown is the baseline.
@@ -189,6 +198,15 @@ mod tests {
         let v4 = facts(&[(CPU_LEVEL, "x86-64-v4")]);
         let cpu = vec![CPU_LEVEL.to_string()];
         assert_eq!(both(&v4, &probed), (cpu.clone(), cpu));
+        // Host memory is a floor for an agent; a Job builds what its class facts say, whatever
+        // its own node's memory (the key is no default hardware key).
+        let mem = |gib: &str| facts(&[(ARCH, "amd64"), (MEMORY_GIB, gib)]);
+        let probed_24 = mem("24");
+        assert_eq!(both(&mem("16"), &probed_24), none);
+        assert_eq!(both(&mem("24"), &probed_24), none);
+        let memory = vec![MEMORY_GIB.to_string()];
+        assert_eq!(both(&mem("32"), &probed_24), (vec![], memory.clone()));
+        assert_eq!(both(&mem("lots"), &probed_24), (vec![], memory));
         // A GPU class on a node whose probe found no GPU: the Job's rule refuses it, the agent's
         // leaves an unprobed key to the labels (its GPU demands are `gpu_gap`'s, on the classes).
         let l4 = facts(&[(GPU_PRODUCT, "NVIDIA-L4")]);

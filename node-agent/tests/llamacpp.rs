@@ -2,7 +2,8 @@
 //! llama.cpp (built from source by the `llama-cpp-2` crate) and a llama-architecture GGUF with
 //! random weights and its tokenizer inside (examples/tiny-llama/, written by the PyPI `gguf`
 //! package): golden logits and greedy tokens made by the reference (the unquantised source),
-//! Ready unquantised and requantised to Q8_0 and Q4_K_M, `auto` picking by the memory budget,
+//! Ready unquantised and requantised to Q8_0 and Q4_K_M, `auto` picking by the memory budget and
+//! by the class's host memory (`kiln.dev/memory-gib`),
 //! a wrong golden refused as `ParityExceeded`, and hostile files (not GGUF, truncated, an
 //! architecture llama.cpp does not know, GGUF on an ONNX engine) refused with their reasons.
 
@@ -286,9 +287,69 @@ fn auto_takes_the_largest_type_the_memory_budget_holds() {
         lm.manifest(&run)["backendOptions"]["llamacpp.weights"],
         "F32"
     );
-    // Without a budget, auto is refused at admission.
+    // Without a budget or the memory class key, auto is refused at admission.
     lm.warmup_extra = String::new();
-    lm.run().fails_with("InvalidSpec", &["memoryBudget"]);
+    lm.run()
+        .fails_with("InvalidSpec", &["memoryBudget", "kiln.dev/memory-gib"]);
+}
+
+/// This machine's host memory step, as its agent reports it (`kiln.dev/memory-gib`).
+fn memory_step() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("meminfo");
+    let kib: i64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("MemTotal");
+    kiln_crds::class::memory_gib(kib * 1024).expect("at least 1 GiB")
+}
+
+#[test]
+fn auto_sized_by_the_class_memory_this_machine_probes() {
+    let keys = "\n  classLabelKeys: [kubernetes.io/arch, kiln.dev/cpu-level, kiln.dev/memory-gib]";
+    let auto = "{kind: llamacpp, llamacpp: {quantization: auto, contextLength: 64}}";
+    let mut lm = Lm::new(auto);
+    lm.warmup_extra = keys.into();
+    let run = lm.run();
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    let manifest = lm.manifest(&run);
+    let gib = memory_step();
+    assert_eq!(manifest["class"]["kiln.dev/memory-gib"], gib.to_string());
+    // The figure fit.rs fits: 0.8 of the class's step. The tiny model (about 66 MB with
+    // llama.cpp's overhead) fits F32 in any step; fit.rs's unit tests size a 7B model.
+    let bytes = (gib as f64 * (1u64 << 30) as f64 * 0.8) as u64;
+    let fit = manifest["backendOptions"]["llamacpp.autoFit"]
+        .as_str()
+        .expect("autoFit");
+    assert!(
+        fit.contains(&format!(
+            "of {bytes} bytes, 0.8 of the class's kiln.dev/memory-gib {gib} GiB"
+        )),
+        "{fit}"
+    );
+    assert_eq!(manifest["backendOptions"]["llamacpp.weights"], "F32");
+    // The same class compiled again from scratch: the same key and the same bytes.
+    let mut again = Lm::new(auto);
+    again.warmup_extra = keys.into();
+    let second = again.run();
+    assert!(second.success, "{}", second.message());
+    assert_eq!(run.outcome["compileKey"], second.outcome["compileKey"]);
+    assert_eq!(
+        run.outcome["artifactDigest"],
+        second.outcome["artifactDigest"]
+    );
+    // A budget under the class's memory is the smaller figure: it decides, and keys.
+    lm.warmup_extra = format!("\n    memoryBudget: 80Mi{keys}");
+    let budgeted = lm.run();
+    assert!(budgeted.success, "{}", budgeted.message());
+    assert_ne!(budgeted.outcome["compileKey"], run.outcome["compileKey"]);
+    let fit = &lm.manifest(&budgeted)["backendOptions"]["llamacpp.autoFit"];
+    assert!(
+        fit.as_str()
+            .is_some_and(|f| f.contains(&format!("of {} bytes, warmup.memoryBudget", 80u64 << 20))),
+        "{fit}"
+    );
 }
 
 #[test]

@@ -267,6 +267,71 @@ mod tests {
     }
 
     #[test]
+    fn host_memory_splits_classes_only_for_targets_that_key_on_it() {
+        let view = |name: &str, memory_bytes: i64| {
+            let mut k = KilnNode::new(name, Default::default());
+            k.status = Some(kiln_crds::KilnNodeStatus {
+                hardware: Some(kiln_crds::kiln_node::HardwareFacts {
+                    arch: "amd64".into(),
+                    cpu_level: "x86-64-v3".into(),
+                    memory_bytes,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            let mut n = Node::default();
+            n.metadata.name = Some(name.into());
+            NodeView::new(&n, Some(&k))
+        };
+        // MemTotal of two 16 GiB machines (the kernel keeps a little more on one) and a 32.
+        let gib = 1i64 << 30;
+        let nodes = [
+            view("a", 16 * gib - (700 << 20)),
+            view("b", 16 * gib - (500 << 20)),
+            view("c", 32 * gib - (800 << 20)),
+        ];
+        let default = kiln_crds::labels::default_class_keys();
+        assert_eq!(
+            group(None, &default, &nodes).len(),
+            1,
+            "default keys: one class"
+        );
+        let mut keys = default.clone();
+        keys.push(kiln_crds::labels::MEMORY_GIB.into());
+        let classes = group(None, &keys, &nodes);
+        let split: Vec<(&str, Vec<String>)> = classes
+            .iter()
+            .map(|c| {
+                (
+                    c.facts[kiln_crds::labels::MEMORY_GIB].as_str(),
+                    c.nodes.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            split,
+            [
+                ("16", vec!["a".to_string(), "b".to_string()]),
+                ("32", vec!["c".to_string()])
+            ]
+        );
+        assert!(
+            classes[0].id.starts_with("amd64-x86-64-v3-16gib-"),
+            "{}",
+            classes[0].id
+        );
+        // Until its report comes, a node waits for the memory fact like for the CPU level.
+        let mut waiting = nodes[0].clone();
+        waiting.reported = false;
+        waiting.class_labels = waiting.labels.clone();
+        let lacking = unreported(None, &keys, &[waiting]).keys;
+        assert!(
+            lacking.contains(&kiln_crds::labels::MEMORY_GIB),
+            "{lacking:?}"
+        );
+    }
+
+    #[test]
     fn a_node_without_its_report_is_in_no_class_until_it_comes() {
         let keys = kiln_crds::labels::default_class_keys();
         let mut cpu = node("cpu-0", &[("kubernetes.io/arch", "amd64")]);

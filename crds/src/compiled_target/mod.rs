@@ -55,7 +55,7 @@ pub use warmup::{OutputTolerance, Tolerance, Warmup};
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.precision in ['fp32', 'tf32']").message("no kiln backend compiles precision fp16, bf16 or int8 yet (tract: fp32; onnxruntime and auto: fp32, and tf32 on the CUDA provider); set precision: fp32, or tf32 to allow TensorFloat-32 matrix products on NVIDIA GPUs"))]
 #[x_kube(validation = Rule::new("self.fallback.policy != 'NextCandidate' || self.backend.kind == 'auto'").message("fallback policy NextCandidate serves another engine candidate of backend.kind auto; set backend.kind: auto or choose another policy"))]
-#[x_kube(validation = Rule::new("!has(self.backend.llamacpp) || !has(self.backend.llamacpp.quantization) || self.backend.llamacpp.quantization != 'auto' || has(self.warmup.memoryBudget)").message("backend.llamacpp.quantization auto picks the largest type that fits warmup.memoryBudget; set warmup.memoryBudget or name a type (F16, Q8_0, Q4_K_M, ...)"))]
+#[x_kube(validation = Rule::new("!has(self.backend.llamacpp) || !has(self.backend.llamacpp.quantization) || self.backend.llamacpp.quantization != 'auto' || has(self.warmup.memoryBudget) || (has(self.classLabelKeys) && 'kiln.dev/memory-gib' in self.classLabelKeys)").message("backend.llamacpp.quantization auto picks the largest type that fits the memory the engine may use: set warmup.memoryBudget, or add kiln.dev/memory-gib to classLabelKeys (each node size its own type), or name a type (F16, Q8_0, Q4_K_M, ...)"))]
 #[x_kube(validation = Rule::new("self.precision != 'tf32' || self.backend.kind in ['onnxruntime', 'auto']").message("precision tf32 is for kind onnxruntime or auto (ONNX Runtime's CUDA provider); tract and exec compute exact fp32: set precision: fp32"))]
 pub struct CompiledTargetSpec {
     /// The ModelArtifact to compile.
@@ -77,9 +77,11 @@ pub struct CompiledTargetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<LabelSelector>,
     /// Node label keys whose values define a hardware class. Defaults to the GPU Feature
-    /// Discovery keys plus `kubernetes.io/arch` and `kiln.dev/cpu-level`.
+    /// Discovery keys plus `kubernetes.io/arch` and `kiln.dev/cpu-level`. `kiln.dev/memory-gib`
+    /// (the node's memory in steps, which kiln's agent reports) gives each node size its own
+    /// class, for `backend.llamacpp.quantization: auto`.
     #[serde(default = "crate::labels::default_class_keys")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 64), inner(length(min = 1, max = 317)))]
     pub class_label_keys: Vec<String>,
     /// Warmup and parity checks every node runs before it reports ready.
     pub warmup: Warmup,

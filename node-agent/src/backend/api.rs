@@ -29,8 +29,19 @@ pub struct CompileRequest<'a> {
     pub out: &'a Path,
     /// How long a foreign compiler may run (`spec.compile.activeDeadlineSeconds`).
     pub timeout: Option<std::time::Duration>,
-    /// `warmup.memoryBudget` in bytes, which `llamacpp` quantisation `auto` fits.
-    pub memory_budget: Option<u64>,
+    /// What `llamacpp` quantisation `auto` fits (`None`: nothing, as for `exec`'s inner build).
+    pub memory_budget: Option<MemoryFit>,
+}
+
+/// The memory figures a compile for a class knows: what `llamacpp` quantisation `auto` fits
+/// (`backend/llamacpp/fit.rs` decides from them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryFit {
+    /// `warmup.memoryBudget` in bytes.
+    pub budget: Option<u64>,
+    /// The class's facts: its host memory (`kiln.dev/memory-gib`) and GPU memory
+    /// (`nvidia.com/gpu.memory`) where the target's class keys name them.
+    pub class: kiln_crds::class::ClassFacts,
 }
 
 /// What a compile reports.

@@ -22,8 +22,8 @@ mod tract_nnef;
 mod tract_unsupported;
 
 pub use api::{
-    Backend, CompileRequest, Compiled, Engine, Generation, GraphInterface, InputInfo, Shapes,
-    TensorInfo,
+    Backend, CompileRequest, Compiled, Engine, Generation, GraphInterface, InputInfo, MemoryFit,
+    Shapes, TensorInfo,
 };
 
 /// What compiles a target's class: one backend, or for kind `auto` every candidate.

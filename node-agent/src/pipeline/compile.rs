@@ -16,7 +16,7 @@ use kiln_crds::manifest::MANIFEST_VERSION;
 use kiln_crds::{BuildManifest, CompileKeyInput, compile_key};
 use kiln_store::staged::sha256_file;
 
-use crate::backend::{Backend, CompileRequest};
+use crate::backend::{Backend, CompileRequest, MemoryFit};
 use crate::error::{Error, Result};
 use crate::pipeline::fixtures::FixtureFile;
 use crate::pipeline::isolate::job::{FixtureRef, Job, Outcome};
@@ -117,7 +117,10 @@ pub fn compile(
         flags: &t.backend.flags,
         out: &out,
         timeout: spec.compile_timeout(),
-        memory_budget: crate::pipeline::ready::memory_budget(&t.warmup)?,
+        memory_budget: Some(MemoryFit {
+            budget: crate::pipeline::ready::memory_budget(&t.warmup)?,
+            class: class.clone(),
+        }),
     })?;
     // Parity of the compiled engine against the fixture's golden outputs, before anything is stored.
     let engine = backend.load(&out)?;

@@ -89,7 +89,7 @@ pub async fn pull(
 /// labelled as must be what its hardware probes as (for the keys the probe knows), the artifact
 /// must be built for that class, and by this binary's backend version. A fallback class's
 /// artifact (`fallback`) instead must merely run here: same facts, except that a lower x86-64
-/// level runs on a higher one.
+/// level runs on a higher one and an engine sized for less host memory on more.
 pub fn check(
     manifest: &BuildManifest,
     backend: &dyn Backend,

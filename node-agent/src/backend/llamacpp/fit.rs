@@ -1,9 +1,64 @@
 //! Which weight type a class gets for `quantization: auto`: the largest that fits the memory
-//! budget with the context length declared. Pure.
+//! the class's engine may use ([`auto_budget`]: the smallest of `warmup.memoryBudget` and the
+//! class's memory facts) with the context length declared. Pure.
 
+use kiln_crds::labels::{GPU_MEMORY, MEMORY_GIB};
 use kiln_crds::llamacpp::Quantization;
 
 use super::gguf::Header;
+use crate::backend::MemoryFit;
+
+/// The share of a class's memory `auto` fills; the rest is the system's, the agent's and the
+/// serving pods' own (and the few percent the memory step may round up, see
+/// `kiln_crds::class::memory_gib`).
+pub const HEADROOM: f64 = 0.8;
+
+/// The memory `auto` fits, and the figure it comes from (for messages and the manifest).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Bytes.
+    pub bytes: u64,
+    /// Where the figure comes from, in words.
+    pub from: String,
+}
+
+/// The smallest of `warmup.memoryBudget`, [`HEADROOM`] of the class's host memory
+/// (`kiln.dev/memory-gib`) and, for an engine on the GPU (`on_gpu`), [`HEADROOM`] of one GPU's
+/// memory (`nvidia.com/gpu.memory`, MiB). This build's llama.cpp runs on the CPU only, so
+/// `on_gpu` is false today; a CUDA build passes true. With none of them, or a class fact that is
+/// no whole number (a hand-set label), why not.
+pub fn auto_budget(fit: &MemoryFit, on_gpu: bool) -> Result<Budget, String> {
+    let class_share = |key: &str, unit_shift: u32, unit: &str| -> Result<Option<Budget>, String> {
+        let Some(value) = fit.class.get(key) else {
+            return Ok(None);
+        };
+        let whole: u64 = value.parse().map_err(|_| {
+            format!("the class's {key} is {value:?}, not a whole number of {unit}; fix the node label or set warmup.memoryBudget")
+        })?;
+        let bytes = whole
+            .checked_shl(unit_shift)
+            .filter(|b| b >> unit_shift == whole);
+        Ok(Some(Budget {
+            bytes: (bytes.unwrap_or(u64::MAX) as f64 * HEADROOM) as u64,
+            from: format!("{HEADROOM} of the class's {key} {value} {unit}"),
+        }))
+    };
+    let mut figures: Vec<Budget> = fit
+        .budget
+        .map(|bytes| Budget {
+            bytes,
+            from: "warmup.memoryBudget".into(),
+        })
+        .into_iter()
+        .collect();
+    figures.extend(class_share(MEMORY_GIB, 30, "GiB")?);
+    if on_gpu {
+        figures.extend(class_share(GPU_MEMORY, 20, "MiB")?);
+    }
+    figures.into_iter().min_by_key(|b| b.bytes).ok_or_else(|| {
+        format!("quantization auto fits the memory the engine may use, and neither warmup.memoryBudget nor the class's {MEMORY_GIB} gives it: set warmup.memoryBudget, or add {MEMORY_GIB} to classLabelKeys (each node's agent reports it from the node's memory)")
+    })
+}
 
 /// Bytes beyond weights and KV cache that llama.cpp's CPU engine holds (compute buffers,
 /// logits, the vocabulary): a fixed floor plus a share of the weights, measured on the test
@@ -45,14 +100,16 @@ pub fn fits_machine(need: u64, available: Option<u64>, context: u32) -> Result<(
 }
 
 /// The largest concrete type whose estimate fits `budget`, or why none does.
-pub fn choose(header: &Header, context: u32, budget: u64) -> Result<Quantization, String> {
+pub fn choose(header: &Header, context: u32, budget: &Budget) -> Result<Quantization, String> {
     Quantization::CONCRETE
         .into_iter()
-        .find(|q| estimate(header, *q, context) <= budget)
+        .find(|q| estimate(header, *q, context) <= budget.bytes)
         .ok_or_else(|| {
             let smallest = Quantization::CONCRETE[Quantization::CONCRETE.len() - 1];
             format!(
-                "no weight type fits warmup.memoryBudget {budget} bytes with contextLength {context}: the smallest, {}, needs about {} bytes; raise the budget or lower the context length",
+                "no weight type fits {} bytes ({}) with contextLength {context}: the smallest, {}, needs about {} bytes; raise the budget, give the class more memory or lower the context length",
+                budget.bytes,
+                budget.from,
                 smallest.as_str(),
                 estimate(header, smallest, context)
             )
@@ -76,19 +133,96 @@ mod tests {
         }
     }
 
+    fn budget(bytes: u64) -> Budget {
+        Budget {
+            bytes,
+            from: "warmup.memoryBudget".into(),
+        }
+    }
+
+    /// What a compile for a class of `gib` GiB (and `gpu_mib` of GPU memory) with `budget` knows.
+    fn class(budget: Option<u64>, gib: Option<&str>, gpu_mib: Option<&str>) -> MemoryFit {
+        let mut fit = MemoryFit {
+            budget,
+            ..MemoryFit::default()
+        };
+        fit.class
+            .insert("kubernetes.io/arch".into(), "amd64".into());
+        if let Some(g) = gib {
+            fit.class.insert(MEMORY_GIB.into(), g.into());
+        }
+        if let Some(m) = gpu_mib {
+            fit.class.insert(GPU_MEMORY.into(), m.into());
+        }
+        fit
+    }
+
     #[test]
     fn auto_takes_the_largest_type_that_fits() {
         let h = seven_b();
         let gib = 1u64 << 30;
-        assert_eq!(choose(&h, 4096, 64 * gib), Ok(Quantization::F32));
-        assert_eq!(choose(&h, 4096, 16 * gib), Ok(Quantization::F16));
-        assert_eq!(choose(&h, 4096, 9 * gib), Ok(Quantization::Q8_0));
-        assert_eq!(choose(&h, 4096, 5 * gib), Ok(Quantization::Q4KM));
-        let err = choose(&h, 4096, 2 * gib).expect_err("nothing fits 2 GiB");
+        assert_eq!(choose(&h, 4096, &budget(64 * gib)), Ok(Quantization::F32));
+        assert_eq!(choose(&h, 4096, &budget(16 * gib)), Ok(Quantization::F16));
+        assert_eq!(choose(&h, 4096, &budget(9 * gib)), Ok(Quantization::Q8_0));
+        assert_eq!(choose(&h, 4096, &budget(5 * gib)), Ok(Quantization::Q4KM));
+        let err = choose(&h, 4096, &budget(2 * gib)).expect_err("nothing fits 2 GiB");
         assert!(
             err.contains("Q4_0") && err.contains("memoryBudget"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn auto_fits_the_smallest_of_the_budget_and_the_class_memory() {
+        let gib = 1u64 << 30;
+        let host = |g: u64| (g as f64 * gib as f64 * HEADROOM) as u64;
+        // The class's host memory alone, at the headroom.
+        let b = auto_budget(&class(None, Some("16"), None), false).expect("memory fact");
+        assert_eq!(b.bytes, host(16));
+        assert!(
+            b.from.contains(MEMORY_GIB) && b.from.contains("16 GiB"),
+            "{}",
+            b.from
+        );
+        // A budget below it wins, and above it loses.
+        let b = auto_budget(&class(Some(4 * gib), Some("16"), None), false).expect("both");
+        assert_eq!((b.bytes, b.from.as_str()), (4 * gib, "warmup.memoryBudget"));
+        let b = auto_budget(&class(Some(64 * gib), Some("16"), None), false).expect("both");
+        assert_eq!(b.bytes, host(16));
+        // GPU memory counts only for an engine on the GPU (none yet: llama.cpp is CPU-only here).
+        let gpu = class(None, Some("64"), Some("24576"));
+        assert_eq!(auto_budget(&gpu, false).expect("host").bytes, host(64));
+        let b = auto_budget(&gpu, true).expect("gpu");
+        assert_eq!(b.bytes, host(24));
+        assert!(b.from.contains(GPU_MEMORY), "{}", b.from);
+        // Neither: refused, saying what to set.
+        let err = auto_budget(&class(None, None, Some("24576")), false).expect_err("none");
+        assert!(
+            err.contains("memoryBudget") && err.contains(MEMORY_GIB),
+            "{err}"
+        );
+        // A hand-set label that is no number is named; a huge one saturates, never wraps.
+        let err = auto_budget(&class(Some(gib), Some("lots"), None), false).expect_err("label");
+        assert!(err.contains("\"lots\""), "{err}");
+        let huge = auto_budget(&class(None, Some(&u64::MAX.to_string()), None), false);
+        assert!(huge.expect("saturates").bytes > 1 << 62);
+    }
+
+    #[test]
+    fn two_classes_apart_only_in_memory_get_their_own_types_and_one_class_one_type() {
+        let h = seven_b();
+        let pick = |gib: &str| {
+            let budget = auto_budget(&class(None, Some(gib), None), false).expect("budget");
+            choose(&h, 4096, &budget)
+        };
+        // A 7B model with 4096 tokens of context: F16 on a 32 GiB class (25.6 GiB usable),
+        // Q8_0 on a 16 (12.8), Q5_K_M on an 8 (6.4); nothing on a 4.
+        assert_eq!(pick("32"), Ok(Quantization::F16));
+        assert_eq!(pick("16"), Ok(Quantization::Q8_0));
+        assert_eq!(pick("8"), Ok(Quantization::Q5KM));
+        assert_eq!(pick("16"), pick("16"));
+        let err = pick("4").expect_err("4 GiB");
+        assert!(err.contains(MEMORY_GIB), "{err}");
     }
 
     #[test]
@@ -109,10 +243,10 @@ mod tests {
     #[test]
     fn a_longer_context_takes_a_smaller_type() {
         let h = seven_b();
-        let budget = 9 * (1u64 << 30);
-        assert_eq!(choose(&h, 2048, budget), Ok(Quantization::Q8_0));
+        let nine = budget(9 * (1u64 << 30));
+        assert_eq!(choose(&h, 2048, &nine), Ok(Quantization::Q8_0));
         // 128k tokens of KV cache: 16 GiB on their own.
-        assert!(choose(&h, 131_072, budget).is_err());
+        assert!(choose(&h, 131_072, &nine).is_err());
         assert!(estimate(&h, Quantization::Q8_0, 4096) > estimate(&h, Quantization::Q8_0, 512));
     }
 }

@@ -1,9 +1,10 @@
 //! `backend.kind: llamacpp`: GGUF language models on llama.cpp (the `llama-cpp-2` crate, built
 //! from source for the CPU). Compile = requantise the verified source through llama.cpp's own
-//! quantiser to the target's weight type (`auto`: the largest that fits `warmup.memoryBudget`;
-//! unset or the source's own type: a copy), with kiln's index appended (`footer.rs`); the
-//! reference is the unquantised source. Every file is read by `gguf.rs` before llama.cpp opens
-//! it, and an architecture llama.cpp does not know is refused (`UnsupportedOperator`).
+//! quantiser to the target's weight type (`auto`: the largest that fits `warmup.memoryBudget`
+//! and the class's host memory, `fit.rs`; unset or the source's own type: a copy), with kiln's
+//! index appended (`footer.rs`); the reference is the unquantised source. Every file is read by
+//! `gguf.rs` before llama.cpp opens it, and an architecture llama.cpp does not know is refused
+//! (`UnsupportedOperator`).
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -43,6 +44,37 @@ impl Llamacpp {
     pub fn for_spec(spec: &kiln_crds::compiled_target::Backend) -> Self {
         Self {
             settings: spec.llamacpp.clone().unwrap_or_default(),
+        }
+    }
+
+    /// The weight type to compile to (`None`: the source's own) and why: as named, or for
+    /// `auto` the largest that fits the memory figures of the request's class
+    /// ([`fit::auto_budget`]).
+    fn weights(
+        &self,
+        req: &CompileRequest<'_>,
+        header: &gguf::Header,
+        context: u32,
+    ) -> Result<(Option<Quantization>, String)> {
+        match self.settings.quantization {
+            None => Ok((
+                None,
+                "the source's own types (no quantization set)".to_string(),
+            )),
+            Some(Quantization::Auto) => {
+                // Always false today: `refuse_settings` keeps this CPU-only llama.cpp off GPUs.
+                let on_gpu = req.provider != ExecutionProvider::Cpu;
+                let fit = req.memory_budget.clone().unwrap_or_default();
+                let budget = fit::auto_budget(&fit, on_gpu).map_err(Error::InvalidSpec)?;
+                let q = fit::choose(header, context, &budget).map_err(Error::InvalidSpec)?;
+                let need = fit::estimate(header, q, context);
+                let why = format!(
+                    "auto: about {need} of {} bytes, {}",
+                    budget.bytes, budget.from
+                );
+                Ok((Some(q), why))
+            }
+            Some(q) => Ok((Some(q), "as the target names it".to_string())),
         }
     }
 
@@ -141,21 +173,7 @@ impl Backend for Llamacpp {
         cpu_supported()?;
         let header = checked(req.model, source_error)?;
         let context = self.settings.context_length();
-        let (weights, why) = match self.settings.quantization {
-            None => (
-                None,
-                "the source's own types (no quantization set)".to_string(),
-            ),
-            Some(Quantization::Auto) => {
-                let budget = req.memory_budget.ok_or_else(|| {
-                    Error::InvalidSpec("quantization auto fits warmup.memoryBudget; set it".into())
-                })?;
-                let q = fit::choose(&header, context, budget).map_err(Error::InvalidSpec)?;
-                let need = fit::estimate(&header, q, context);
-                (Some(q), format!("auto: {need} of {budget} budget bytes"))
-            }
-            Some(q) => (Some(q), "as the target names it".to_string()),
-        };
+        let (weights, why) = self.weights(req, &header, context)?;
         let same =
             weights.is_none_or(|q| header.tensor_types.keys().collect::<Vec<_>>() == [q.as_str()]);
         if same {
@@ -180,6 +198,14 @@ impl Backend for Llamacpp {
         };
         footer::append(req.out, &index).map_err(Error::CompileFailed)?;
         let source_bytes = std::fs::metadata(req.model).map_or(0, |m| m.len());
+        let mut resolved = std::collections::BTreeMap::from([
+            ("llamacpp.weights".into(), chosen.into()),
+            ("llamacpp.sourceBytes".into(), source_bytes.to_string()),
+            ("llamacpp.ggufBytes".into(), gguf_bytes.to_string()),
+        ]);
+        if self.settings.quantization == Some(Quantization::Auto) {
+            resolved.insert("llamacpp.autoFit".into(), why.clone());
+        }
         Ok(Compiled {
             outputs: vec![LOGITS.into(), TOKENS.into()],
             log: vec![format!(
@@ -190,11 +216,7 @@ impl Backend for Llamacpp {
                 if same { ", copied" } else { ", requantised" }
             )],
             machine_bound: None,
-            resolved: std::collections::BTreeMap::from([
-                ("llamacpp.weights".into(), chosen.into()),
-                ("llamacpp.sourceBytes".into(), source_bytes.to_string()),
-                ("llamacpp.ggufBytes".into(), gguf_bytes.to_string()),
-            ]),
+            resolved,
         })
     }
 
