@@ -1,9 +1,16 @@
 //! kiln-agent's error type. Every variant maps to one [`FailureReason`], which is what status,
-//! Events and metric labels carry; the message says what to fix. Types only; touches nothing.
+//! Events and metric labels carry; the message says what to fix. Where a typed error caused it
+//! (an I/O error, the store's error, a JSON error) the variant keeps it as its `#[source]`, so
+//! `source()` walks to it; kiln's own refusals are text only, and so is an error that crossed
+//! the engine's process boundary ([`Error::InEngine`]: a cause cannot cross a process). The
+//! message is the same either way. Types only; touches nothing.
 
 use std::path::Path;
 
 use kiln_crds::FailureReason;
+
+/// A typed cause kept as a variant's `#[source]`.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Result alias for the agent.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -16,13 +23,31 @@ pub enum Error {
     InvalidSpec(String),
     /// A URI could not be read.
     #[error("cannot fetch {uri}: {message}")]
-    SourceUnavailable { uri: String, message: String },
+    SourceUnavailable {
+        uri: String,
+        message: String,
+        /// The typed error this one came from, if any.
+        #[source]
+        source: Option<Cause>,
+    },
     /// Bytes did not match their declared digest or size.
     #[error("{what}: {message}")]
-    HashMismatch { what: String, message: String },
+    HashMismatch {
+        what: String,
+        message: String,
+        /// The typed error this one came from, if any.
+        #[source]
+        source: Option<Cause>,
+    },
     /// An artifact's attestation is missing or not signed by a trusted key.
     #[error("untrusted {what}: {message}")]
-    SignatureInvalid { what: String, message: String },
+    SignatureInvalid {
+        what: String,
+        message: String,
+        /// The typed error this one came from, if any.
+        #[source]
+        source: Option<Cause>,
+    },
     /// The model uses operators the backend cannot run.
     #[error("unsupported operator(s) for backend {backend}: {}", operators.join(", "))]
     UnsupportedOperator {
@@ -72,7 +97,13 @@ pub enum Error {
     },
     /// The store could not be used.
     #[error("store {location} unavailable: {message}")]
-    StoreUnavailable { location: String, message: String },
+    StoreUnavailable {
+        location: String,
+        message: String,
+        /// The typed error this one came from, if any.
+        #[source]
+        source: Option<Cause>,
+    },
     /// `backend.kind: auto`: no engine candidate passed; the reason is the one most candidates
     /// failed with, the message names every candidate's.
     #[error("no engine candidate passed: {message}")]
@@ -107,11 +138,40 @@ impl Error {
         }
     }
 
-    /// A store error at `path`.
-    pub fn store(path: impl AsRef<Path>, err: impl std::fmt::Display) -> Self {
+    /// A store error at `path`, caused by `err` (kept as the source).
+    pub fn store(
+        path: impl AsRef<Path>,
+        err: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
         Self::StoreUnavailable {
             location: path.as_ref().display().to_string(),
             message: err.to_string(),
+            source: Some(Box::new(err)),
+        }
+    }
+
+    /// [`Error::store`] with what to do about it after the cause's text.
+    pub fn store_hint(
+        path: impl AsRef<Path>,
+        err: impl std::error::Error + Send + Sync + 'static,
+        hint: &str,
+    ) -> Self {
+        Self::StoreUnavailable {
+            location: path.as_ref().display().to_string(),
+            message: format!("{err}; {hint}"),
+            source: Some(Box::new(err)),
+        }
+    }
+
+    /// `uri` could not be read because of `err` (kept as the source).
+    pub fn source_unavailable(
+        uri: impl Into<String>,
+        err: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::SourceUnavailable {
+            uri: uri.into(),
+            message: err.to_string(),
+            source: Some(Box::new(err)),
         }
     }
 }
@@ -125,25 +185,130 @@ pub fn chain(err: &tract_onnx::prelude::TractError) -> String {
 /// become the agent's, reason for reason.
 impl From<kiln_store::Error> for Error {
     fn from(err: kiln_store::Error) -> Self {
-        match err {
-            kiln_store::Error::Unavailable { location, message } => {
-                Error::StoreUnavailable { location, message }
-            }
+        match &err {
+            kiln_store::Error::Unavailable { location, message } => Error::StoreUnavailable {
+                location: location.clone(),
+                message: message.clone(),
+                source: Some(Box::new(err)),
+            },
             kiln_store::Error::InvalidUrl { .. } => Error::InvalidSpec(err.to_string()),
-            kiln_store::Error::SignatureInvalid { what, message } => {
-                Error::SignatureInvalid { what, message }
-            }
-            kiln_store::Error::HashMismatch { what, message } => {
-                Error::HashMismatch { what, message }
-            }
+            kiln_store::Error::SignatureInvalid { what, message } => Error::SignatureInvalid {
+                what: what.clone(),
+                message: message.clone(),
+                source: Some(Box::new(err)),
+            },
+            kiln_store::Error::HashMismatch { what, message } => Error::HashMismatch {
+                what: what.clone(),
+                message: message.clone(),
+                source: Some(Box::new(err)),
+            },
             kiln_store::Error::Refused {
                 what,
                 mismatch,
                 dest,
             } => Error::HashMismatch {
-                what,
-                message: mismatch.refusal(&dest),
+                what: what.clone(),
+                message: mismatch.refusal(dest),
+                source: Some(Box::new(err)),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    /// The first cause in `err`'s `source()` chain that is an `E`.
+    fn find<E: std::error::Error + 'static>(err: &Error) -> Option<&E> {
+        let mut next = err.source();
+        while let Some(cause) = next {
+            if let Some(found) = cause.downcast_ref::<E>() {
+                return Some(found);
+            }
+            next = cause.source();
+        }
+        None
+    }
+
+    #[test]
+    fn an_io_failure_keeps_the_io_error_as_its_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("absent");
+        let err = std::fs::read(&missing)
+            .map_err(|e| Error::store(&missing, e))
+            .unwrap_err();
+        let io = find::<std::io::Error>(&err).expect("the chain reaches the io::Error");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+        assert_eq!(err.reason(), FailureReason::StoreUnavailable);
+        assert_eq!(
+            err.to_string(),
+            format!("store {} unavailable: {io}", missing.display())
+        );
+
+        let err = Error::store_hint(&missing, std::io::Error::other("denied"), "fix it");
+        assert!(err.to_string().ends_with("unavailable: denied; fix it"));
+        assert_eq!(find::<std::io::Error>(&err).unwrap().to_string(), "denied");
+
+        let err = Error::source_unavailable("file:///x", std::io::Error::other("gone"));
+        assert_eq!(err.to_string(), "cannot fetch file:///x: gone");
+        assert_eq!(err.reason(), FailureReason::SourceUnavailable);
+        assert!(find::<std::io::Error>(&err).is_some());
+    }
+
+    #[test]
+    fn a_store_failure_keeps_the_store_error_and_its_reason() {
+        let cases = [
+            (
+                kiln_store::Error::unavailable("oci://r/x", "HTTP 503"),
+                FailureReason::StoreUnavailable,
+                "store oci://r/x unavailable: HTTP 503",
+            ),
+            (
+                kiln_store::Error::HashMismatch {
+                    what: "blob".into(),
+                    message: "short".into(),
+                },
+                FailureReason::HashMismatch,
+                "blob: short",
+            ),
+            (
+                kiln_store::Error::SignatureInvalid {
+                    what: "entry".into(),
+                    message: "unknown key".into(),
+                },
+                FailureReason::SignatureInvalid,
+                "untrusted entry: unknown key",
+            ),
+            (
+                kiln_store::Error::Refused {
+                    what: "artifact".into(),
+                    mismatch: kiln_store::staged::Mismatch::TooLarge { expected: 3 },
+                    dest: "/c/a".into(),
+                },
+                FailureReason::HashMismatch,
+                "artifact: more than the expected 3 bytes arrived; refusing the rest; nothing was written to /c/a",
+            ),
+        ];
+        for (store, reason, message) in cases {
+            let store_text = store.to_string();
+            let err = Error::from(store);
+            assert_eq!(err.reason(), reason, "{message}");
+            assert_eq!(err.to_string(), message);
+            let kept = find::<kiln_store::Error>(&err).expect("the chain reaches the store error");
+            assert_eq!(kept.to_string(), store_text);
+        }
+    }
+
+    #[test]
+    fn kilns_own_refusals_have_no_source() {
+        let err = Error::from(kiln_store::Error::InvalidUrl {
+            url: "ftp://x".into(),
+            message: "unsupported scheme".into(),
+        });
+        assert_eq!(err.reason(), FailureReason::InvalidSpec);
+        assert!(err.source().is_none());
+        assert!(Error::InvalidSpec("no".into()).source().is_none());
     }
 }

@@ -82,15 +82,14 @@ pub fn execute(job: Job) -> Answer {
 
 /// The fixture the parent verified, checked again against its digest before it is used.
 fn fixture(f: &FixtureRef) -> Result<FixtureFile> {
-    let bytes = std::fs::read(&f.path).map_err(|e| Error::SourceUnavailable {
-        uri: f.path.display().to_string(),
-        message: e.to_string(),
-    })?;
+    let bytes = std::fs::read(&f.path)
+        .map_err(|e| Error::source_unavailable(f.path.display().to_string(), e))?;
     let got = kiln_store::staged::sha256_bytes(&bytes);
     if got != f.sha256 {
         return Err(Error::HashMismatch {
             what: format!("fixture {}", f.path.display()),
             message: format!("sha256 is {got}, {} was verified", f.sha256),
+            source: None,
         });
     }
     FixtureFile::parse(&bytes).map_err(|m| Error::InvalidSpec(format!("fixture: {m}")))

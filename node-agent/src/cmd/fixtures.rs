@@ -76,10 +76,8 @@ pub fn make(backend: &dyn Backend, req: &Request<'_>) -> Result<FixtureFile> {
         let outputs = engine.run(&inputs)?;
         samples.push(Sample { inputs, outputs });
     }
-    let (model_sha256, _) = sha256_file(req.model).map_err(|e| Error::SourceUnavailable {
-        uri: req.model.display().to_string(),
-        message: e.to_string(),
-    })?;
+    let (model_sha256, _) = sha256_file(req.model)
+        .map_err(|e| Error::source_unavailable(req.model.display().to_string(), e))?;
     let mut samples = samples.into_iter();
     let first = samples
         .next()
@@ -134,10 +132,8 @@ fn sample_inputs(
 }
 
 fn read_given(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
-    let bytes = std::fs::read(path).map_err(|e| Error::SourceUnavailable {
-        uri: path.display().to_string(),
-        message: e.to_string(),
-    })?;
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::source_unavailable(path.display().to_string(), e))?;
     let tensors = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
         Error::InvalidSpec(format!("{}: not a safetensors file: {e}", path.display()))
     })?;

@@ -67,6 +67,7 @@ impl SourcePolicy {
         let refuse = |message: String| Error::SignatureInvalid {
             what: format!("model source {}", source.uri),
             message,
+            source: None,
         };
         match (&source.signature, &self.keys) {
             (None, _) if self.required => Err(refuse(

@@ -150,9 +150,10 @@ impl Fetcher {
         if final_path.exists() {
             let (digest, size) =
                 tokio::task::block_in_place(|| sha256_file(&final_path)).map_err(|e| {
-                    Error::store(
+                    Error::store_hint(
                         &final_path,
-                        format!("{e}; a cached blob is a file, delete this to fetch it again"),
+                        e,
+                        "a cached blob is a file, delete this to fetch it again",
                     )
                 })?;
             if digest == wanted.sha256 && wanted.size.is_none_or(|s| s == size) {
@@ -177,12 +178,13 @@ impl Fetcher {
                 let (metrics, bound) = (self.metrics.clone(), self.limits.bound(wanted));
                 tokio::task::spawn_blocking(move || copy_file(&path, out, &wanted_owned, bound, &metrics))
                     .await
-                    .map_err(|e| Error::SourceUnavailable { uri: wanted.uri.into(), message: e.to_string() })?
+                    .map_err(|e| Error::source_unavailable(wanted.uri, e))?
             }
             Some(("https", _)) => self.download(wanted, out).await,
             Some(("oci", _)) => Err(Error::SourceUnavailable {
                 uri: wanted.uri.into(),
                 message: "oci:// sources are read through the OCI store, which local mode does not use; use file:// or https://".into(),
+                source: None,
             }),
             _ => Err(Error::InvalidSpec(format!(
                 "{} URI {:?} has an unsupported scheme; use file://, https:// or oci://",
@@ -204,6 +206,7 @@ impl Fetcher {
         let unavailable = |message: String| Error::SourceUnavailable {
             uri: wanted.uri.into(),
             message,
+            source: None,
         };
         let http = match self.http.get() {
             Some(client) => client,
@@ -321,6 +324,7 @@ fn copy_file(
     let unavailable = |message: String| Error::SourceUnavailable {
         uri: wanted.uri.into(),
         message,
+        source: None,
     };
     // Only regular files: opening a FIFO blocks until something writes to it, and a device
     // (/dev/zero, /dev/urandom) streams until a size bound cuts it off. Opened without blocking
@@ -354,10 +358,7 @@ fn copy_file(
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                return Err(Error::SourceUnavailable {
-                    uri: wanted.uri.into(),
-                    message: e.to_string(),
-                });
+                return Err(Error::source_unavailable(wanted.uri, e));
             }
         };
         over(&wanted, bound, out.written() + n as u64)?;
@@ -401,6 +402,7 @@ fn over(wanted: &Wanted<'_>, bound: u64, length: u64) -> Result<()> {
             "{} is larger than {bound} bytes, the most fetched without a declared size (--fetch-max-bytes); declare its size or raise the limit",
             wanted.what
         ),
+        source: None,
     })
 }
 
@@ -444,6 +446,7 @@ fn mismatch(wanted: &Wanted<'_>, mismatch: Mismatch) -> Error {
     Error::HashMismatch {
         what: format!("{} {}", wanted.what, wanted.uri),
         message,
+        source: None,
     }
 }
 

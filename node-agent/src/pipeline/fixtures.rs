@@ -56,10 +56,8 @@ pub const MAX_SAMPLES: usize = 64;
 impl FixtureFile {
     /// Reads and checks a fixture file.
     pub fn read(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| Error::SourceUnavailable {
-            uri: path.display().to_string(),
-            message: e.to_string(),
-        })?;
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::source_unavailable(path.display().to_string(), e))?;
         Self::parse(&bytes)
             .map_err(|m| Error::InvalidSpec(format!("fixture file {}: {m}", path.display())))
     }

@@ -300,6 +300,7 @@ impl Agent {
             Ok(None) => Err(Error::HashMismatch {
                 what: format!("cached revision {}", entry.revision),
                 message: "no longer in the node cache".into(),
+                source: None,
             }),
             Err(e) => {
                 self.metrics.verify_failure(e.reason());
@@ -431,10 +432,7 @@ impl Agent {
         let model = api
             .get_opt(name)
             .await
-            .map_err(|e| Error::SourceUnavailable {
-                uri: format!("ModelArtifact {ns}/{name}"),
-                message: e.to_string(),
-            })?
+            .map_err(|e| Error::source_unavailable(format!("ModelArtifact {ns}/{name}"), e))?
             .ok_or_else(|| {
                 Error::InvalidSpec(format!("ModelArtifact {ns}/{name} does not exist"))
             })?;

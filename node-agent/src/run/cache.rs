@@ -89,7 +89,7 @@ impl Cache {
         for dir in ["artifacts", "blobs", "tmp"] {
             let d = root.join(dir);
             std::fs::create_dir_all(&d)
-                .map_err(|e| Error::store(&d, format!("{e}; pass a writable --cache")))?;
+                .map_err(|e| Error::store_hint(&d, e, "pass a writable --cache"))?;
         }
         sweep_tmp(&root.join("tmp"), RESUME_WINDOW);
         let index = match std::fs::read(root.join(INDEX)) {
@@ -143,6 +143,7 @@ impl Cache {
                     "sha256 {got} ({size} bytes), expected {digest} ({} bytes); removed from the node cache",
                     manifest.artifact_size
                 ),
+                source: None,
             });
         }
         Ok(Some(Cached { path, manifest }))
@@ -179,6 +180,7 @@ impl Cache {
                     "{size} bytes, the build manifest says {}; nothing was cached",
                     manifest.artifact_size
                 ),
+                source: None,
             });
         }
         let json = serde_json::to_vec_pretty(manifest).map_err(|e| Error::store(&dest, e))?;
