@@ -168,9 +168,19 @@ impl Error {
         uri: impl Into<String>,
         err: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
+        let message = err.to_string();
+        Self::source_failed(uri, message, err)
+    }
+
+    /// `uri` could not be read: `message` says why, `err` (kept as the source) caused it.
+    pub fn source_failed(
+        uri: impl Into<String>,
+        message: String,
+        err: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
         Self::SourceUnavailable {
             uri: uri.into(),
-            message: err.to_string(),
+            message,
             source: Some(Box::new(err)),
         }
     }

@@ -211,10 +211,10 @@ impl Fetcher {
         let http = match self.http.get() {
             Some(client) => client,
             None => {
-                let client = self
-                    .limits
-                    .client()
-                    .map_err(|e| unavailable(format!("cannot set up the HTTPS client: {e}")))?;
+                let client = self.limits.client().map_err(|e| {
+                    let message = format!("cannot set up the HTTPS client: {e}");
+                    Error::source_failed(wanted.uri, message, e)
+                })?;
                 self.http.get_or_init(|| client)
             }
         };
@@ -222,7 +222,7 @@ impl Fetcher {
             .get(wanted.uri)
             .send()
             .await
-            .map_err(|e| unavailable(chain(&e)))?;
+            .map_err(|e| Error::source_failed(wanted.uri, chain(&e), e))?;
         if !response.status().is_success() {
             return Err(unavailable(format!("HTTP {}", response.status())));
         }
@@ -233,7 +233,11 @@ impl Fetcher {
         }
         let mut progress = Progress::new(wanted);
         let mut rate = RateFloor::new(&self.limits);
-        while let Some(chunk) = response.chunk().await.map_err(|e| unavailable(chain(&e)))? {
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| Error::source_failed(wanted.uri, chain(&e), e))?
+        {
             over(wanted, bound, out.written() + chunk.len() as u64)?;
             out.write(&chunk).map_err(|e| refused(wanted, e))?;
             progress.update(out.written());
@@ -336,10 +340,10 @@ fn copy_file(
             .read(true)
             .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
             .open(src)
-            .map_err(|e| unavailable(e.to_string()))?;
+            .map_err(|e| Error::source_unavailable(wanted.uri, e))?;
         let kind = input
             .metadata()
-            .map_err(|e| unavailable(e.to_string()))?
+            .map_err(|e| Error::source_unavailable(wanted.uri, e))?
             .file_type();
         if !kind.is_file() {
             return Err(unavailable(format!(
