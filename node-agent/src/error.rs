@@ -196,7 +196,9 @@ pub fn chain(err: &tract_onnx::prelude::TractError) -> String {
 impl From<kiln_store::Error> for Error {
     fn from(err: kiln_store::Error) -> Self {
         match &err {
-            kiln_store::Error::Unavailable { location, message } => Error::StoreUnavailable {
+            kiln_store::Error::Unavailable {
+                location, message, ..
+            } => Error::StoreUnavailable {
                 location: location.clone(),
                 message: message.clone(),
                 source: Some(Box::new(err)),
@@ -309,6 +311,16 @@ mod tests {
             let kept = find::<kiln_store::Error>(&err).expect("the chain reaches the store error");
             assert_eq!(kept.to_string(), store_text);
         }
+    }
+
+    #[test]
+    fn a_store_io_failure_chains_through_the_store_error_to_the_io_error() {
+        let io = std::io::Error::new(std::io::ErrorKind::StorageFull, "disk full");
+        let err = Error::from(kiln_store::Error::store("/s/blobs", io));
+        assert_eq!(err.to_string(), "store /s/blobs unavailable: disk full");
+        assert!(find::<kiln_store::Error>(&err).is_some());
+        let io = find::<std::io::Error>(&err).expect("the chain reaches the io::Error");
+        assert_eq!(io.kind(), std::io::ErrorKind::StorageFull);
     }
 
     #[test]

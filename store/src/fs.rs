@@ -100,11 +100,12 @@ impl FsStore {
             root.join("blobs"),
         ] {
             std::fs::create_dir_all(&dir)
-                .map_err(|e| Error::store(&dir, format!("{e}; pass a writable --store")))?;
+                .map_err(|e| Error::store_hint(&dir, e, "pass a writable --store"))?;
         }
         // Fail now, not after a long compile.
         tempfile::tempfile_in(root.join("tmp")).map_err(|e| {
-            Error::store(root, format!("not writable: {e}; pass a writable --store"))
+            let message = format!("not writable: {e}; pass a writable --store");
+            Error::store_because(root, message, e)
         })?;
         // What a killed process left: scratch directories, staged models, partial blobs. Other
         // processes may share this store (compile Jobs on one hostPath), so only what nobody
@@ -123,13 +124,11 @@ impl FsStore {
         match std::fs::read(&path) {
             Ok(bytes) => {
                 let manifest: BuildManifest = serde_json::from_slice(&bytes).map_err(|e| {
-                    Error::store(
-                        &path,
-                        format!(
-                            "unreadable manifest ({e}); delete {} to rebuild",
-                            path.parent().unwrap_or(&path).display()
-                        ),
-                    )
+                    let message = format!(
+                        "unreadable manifest ({e}); delete {} to rebuild",
+                        path.parent().unwrap_or(&path).display()
+                    );
+                    Error::store_because(&path, message, e)
                 })?;
                 crate::check_manifest_digests(&format!("manifest {}", path.display()), &manifest)?;
                 // A manifest moved or rewritten under another key would send every later step
@@ -217,8 +216,8 @@ impl FsStore {
             {
                 return Ok(found);
             }
-            return Err(Error::store(
-                &staged,
+            return Err(Error::unavailable(
+                staged.display(),
                 "nothing staged under this digest; stage the entry before tagging it",
             ));
         }
@@ -246,8 +245,9 @@ impl FsStore {
             Err(_) if dest.join(MANIFEST).exists() => {}
             Err(e) => return Err(Error::store(&dest, e)),
         }
-        self.lookup_sync(key)?
-            .ok_or_else(|| Error::store(&dest, "entry vanished right after it was tagged"))
+        self.lookup_sync(key)?.ok_or_else(|| {
+            Error::unavailable(dest.display(), "entry vanished right after it was tagged")
+        })
     }
 
     fn pull_sync(&self, r: &ArtifactRef, dest: &Path) -> Result<BuildManifest> {
@@ -342,8 +342,8 @@ impl FsStore {
                 Err(e) => return Err(Error::store(&dest, e)),
             }
         }
-        Err(Error::store(
-            self.root.join("staged"),
+        Err(Error::unavailable(
+            self.root.join("staged").display(),
             format!("no entry stored under {manifest_digest} for compile key {key} to attest"),
         ))
     }
@@ -480,7 +480,7 @@ impl Store for FsStore {
 
 /// Runs filesystem work off the async workers.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::unavailable("filesystem store", format!("worker failed: {e}")))?
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        Error::unavailable_because("filesystem store", format!("worker failed: {e}"), e)
+    })?
 }

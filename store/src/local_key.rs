@@ -59,7 +59,7 @@ pub fn load_or_create(root: &Path) -> Result<Signer> {
     match std::fs::symlink_metadata(&key) {
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => create(root, &key)?,
-        Err(e) => return Err(Error::store(&key, format!("{e}; pass a writable --store"))),
+        Err(e) => return Err(Error::store_hint(&key, e, "pass a writable --store")),
     }
     load(&key)
 }
@@ -81,8 +81,7 @@ fn load(key: &Path) -> Result<Signer> {
 /// Writes a fresh key under a temporary name (0600), fsyncs it and links it to `key` unless a
 /// key appeared there meanwhile (another process created it first: that one is used).
 fn create(root: &Path, key: &Path) -> Result<()> {
-    let unwritable =
-        |e: std::io::Error| Error::store(root, format!("{e}; pass a writable --store"));
+    let unwritable = |e: std::io::Error| Error::store_hint(root, e, "pass a writable --store");
     std::fs::create_dir_all(root).map_err(unwritable)?;
     let (private, _) = Signer::generate()?;
     let mut tmp = tempfile::Builder::new()

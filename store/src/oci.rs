@@ -85,10 +85,8 @@ impl OciStore {
             ..Default::default()
         };
         let client = Client::try_from(config).map_err(|e| {
-            Error::unavailable(
-                format!("oci://{registry}"),
-                format!("cannot build the HTTP client: {e}"),
-            )
+            let message = format!("cannot build the HTTP client: {e}");
+            Error::unavailable_because(format!("oci://{registry}"), message, e)
         })?;
         Ok(Self {
             client,
@@ -169,7 +167,7 @@ impl OciStore {
             }
             _ => format!("{doing}: {err}"),
         };
-        Error::unavailable(location, message)
+        Error::unavailable_because(location, message, err)
     }
 
     /// Pushes a blob unless the repository already has it. Blobs are content-addressed, and
@@ -217,7 +215,7 @@ impl OciStore {
         doing: &str,
     ) -> Result<String> {
         let bytes =
-            serde_json::to_vec(image).map_err(|e| Error::unavailable(self.location(), e))?;
+            serde_json::to_vec(image).map_err(|e| Error::unavailable_by(self.location(), e))?;
         let digest = oci_digest(&bytes);
         self.push_manifest_bytes(reference, bytes, doing).await?;
         Ok(digest)
@@ -266,10 +264,9 @@ impl OciStore {
     async fn entry(&self, bytes: &[u8], doing: &str) -> Result<(Entry, OciDescriptor)> {
         let manifest_digest = oci_digest(bytes);
         let image: OciImageManifest = serde_json::from_slice(bytes).map_err(|e| {
-            Error::unavailable(
-                self.location(),
-                format!("{doing}: manifest {manifest_digest} is not an OCI image manifest: {e}"),
-            )
+            let message =
+                format!("{doing}: manifest {manifest_digest} is not an OCI image manifest: {e}");
+            Error::unavailable_because(self.location(), message, e)
         })?;
         if image.artifact_type.as_deref() != Some(ARTIFACT_TYPE)
             || image.config.media_type != BUILD_MANIFEST_MEDIA_TYPE
@@ -310,10 +307,8 @@ impl OciStore {
             });
         }
         let manifest: BuildManifest = serde_json::from_slice(&json).map_err(|e| {
-            Error::unavailable(
-                self.location(),
-                format!("{doing}: build manifest {} unreadable: {e}", config.digest),
-            )
+            let message = format!("{doing}: build manifest {} unreadable: {e}", config.digest);
+            Error::unavailable_because(self.location(), message, e)
         })?;
         crate::check_manifest_digests(&format!("build manifest {}", config.digest), &manifest)?;
         let layer = image.layers[0].clone();
@@ -403,8 +398,8 @@ impl Store for OciStore {
                 .map_err(|e| Error::store(artifact, e))?
                 .len();
             if size != manifest.artifact_size {
-                return Err(Error::store(
-                    artifact,
+                return Err(Error::unavailable(
+                    artifact.display(),
                     format!(
                         "is {size} bytes, the build manifest says {}",
                         manifest.artifact_size
@@ -420,7 +415,7 @@ impl Store for OciStore {
                 .map_err(|e| self.error(&format!("{doing}: artifact {layer_digest}"), e))?;
         }
         let json = serde_json::to_vec_pretty(manifest)
-            .map_err(|e| Error::unavailable(self.location(), e))?;
+            .map_err(|e| Error::unavailable_by(self.location(), e))?;
         let config = OciDescriptor {
             media_type: BUILD_MANIFEST_MEDIA_TYPE.into(),
             digest: oci_digest(&json),
@@ -446,7 +441,7 @@ impl Store for OciStore {
         };
         // By digest: the registry holds it, no tag points at it yet.
         let bytes =
-            serde_json::to_vec(&image).map_err(|e| Error::unavailable(self.location(), e))?;
+            serde_json::to_vec(&image).map_err(|e| Error::unavailable_by(self.location(), e))?;
         let manifest_digest = oci_digest(&bytes);
         self.push_manifest_bytes(
             &self.by_digest(&manifest_digest),
@@ -661,7 +656,13 @@ impl Store for OciStore {
         )
         .await
         .map_err(|e| match e {
-            Error::Unavailable { message, .. } => Error::unavailable(self.location(), message),
+            Error::Unavailable {
+                message, source, ..
+            } => Error::Unavailable {
+                location: self.location().to_string(),
+                message,
+                source,
+            },
             e => e,
         })?;
         Ok(m)

@@ -255,7 +255,7 @@ impl VerifiedWrite {
             .map_err(|e| Error::store(out.get_ref().path(), e))?;
         let partial = out
             .into_inner()
-            .map_err(|e| Error::store(&dest, e.error()))?;
+            .map_err(|e| Error::store(&dest, e.into_error()))?;
         partial
             .file()
             .sync_all()
@@ -359,7 +359,7 @@ where
         Ok(Err(e)) => return (Err(e), resumed),
         Err(e) => {
             return (
-                Err(Error::store(dest, format!("writer failed: {e}"))),
+                Err(Error::store_because(dest, format!("writer failed: {e}"), e)),
                 resumed,
             );
         }
@@ -378,7 +378,7 @@ where
     }
     let finished = tokio::task::spawn_blocking(move || staged.finish())
         .await
-        .map_err(|e| Error::store(dest, format!("writer failed: {e}")))
+        .map_err(|e| Error::store_because(dest, format!("writer failed: {e}"), e))
         .and_then(|r| r);
     (finished, resumed)
 }
@@ -388,7 +388,7 @@ async fn open_write(dest: &Path, expected: Expected) -> Result<VerifiedWrite> {
     let owned = dest.to_path_buf();
     match tokio::task::spawn_blocking(move || VerifiedWrite::resumable(&owned, expected)).await {
         Ok(result) => result,
-        Err(e) => Err(Error::store(dest, format!("writer failed: {e}"))),
+        Err(e) => Err(Error::store_because(dest, format!("writer failed: {e}"), e)),
     }
 }
 

@@ -20,7 +20,8 @@ pub const MAX_ENVELOPE_BYTES: u64 = 1 << 20;
 impl Signer {
     /// Signs `statement` into a DSSE envelope (JSON bytes).
     pub fn sign(&self, statement: &Statement) -> Result<Vec<u8>> {
-        let payload = serde_json::to_vec(statement).map_err(|e| Error::unavailable("signer", e))?;
+        let payload =
+            serde_json::to_vec(statement).map_err(|e| Error::unavailable_by("signer", e))?;
         let sig = self
             .pair
             .sign(&SystemRandom::new(), &pae(PAYLOAD_TYPE, &payload))
@@ -33,7 +34,7 @@ impl Signer {
                 sig: B64.encode(sig.as_ref()),
             }],
         };
-        serde_json::to_vec(&envelope).map_err(|e| Error::unavailable("signer", e))
+        serde_json::to_vec(&envelope).map_err(|e| Error::unavailable_by("signer", e))
     }
 }
 

@@ -19,7 +19,10 @@
 //!
 //! [`verdict`] (pure) turns what came back into the result: the answer, or `EngineCrashed`
 //! (signal or exit status in the message), `MemoryBudgetExceeded` (the limit in the message),
-//! `Timeout`. The child loads, warms and exits: nothing stays loaded, as before (the agent
+//! `Timeout`. An error the child hit crosses as its reason and its whole text
+//! ([`crate::error::Error::InEngine`]): a typed cause (an `ort::Error`, a tract error) cannot
+//! cross a process, so the child's `#[source]` chain ends at the boundary and what it said is
+//! kept in the message. The child loads, warms and exits: nothing stays loaded, as before (the agent
 //! proves an engine and drops it; serving pods load their own copy).
 
 // The child's side, which runs the pipeline, is `kiln-agent engine` (`crate::cmd::engine`), not
