@@ -228,6 +228,7 @@ impl From<kiln_store::Error> for Error {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use std::error::Error as _;

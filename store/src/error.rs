@@ -152,6 +152,7 @@ impl Mismatch {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use std::error::Error as _;
