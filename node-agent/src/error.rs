@@ -21,6 +21,14 @@ pub enum Error {
     /// The input YAML or a field in it cannot be acted on.
     #[error("invalid spec: {0}")]
     InvalidSpec(String),
+    /// The input could not be read or parsed (I/O, YAML, JSON): an [`Error::InvalidSpec`] that
+    /// keeps its cause.
+    #[error("invalid spec: {message}")]
+    SpecUnreadable {
+        message: String,
+        #[source]
+        source: Cause,
+    },
     /// A URI could not be read.
     #[error("cannot fetch {uri}: {message}")]
     SourceUnavailable {
@@ -84,6 +92,14 @@ pub enum Error {
     /// The engine's process was killed by a signal, aborted, or exited without an answer.
     #[error("engine crashed: {0}")]
     EngineCrashed(String),
+    /// The engine's process could not be started, fed or waited for: an
+    /// [`Error::EngineCrashed`] that keeps the I/O or JSON error that caused it.
+    #[error("engine crashed: {message}")]
+    EngineUnreachable {
+        message: String,
+        #[source]
+        source: Cause,
+    },
     /// The engine's process answered, but not in the checked format (malformed, truncated,
     /// oversized): never trusted, counted as a crash of the engine.
     #[error("engine crashed: its answer was refused: {0}")]
@@ -117,7 +133,7 @@ impl Error {
     /// The shared failure reason for status, Events and metric labels.
     pub fn reason(&self) -> FailureReason {
         match self {
-            Self::InvalidSpec(_) => FailureReason::InvalidSpec,
+            Self::InvalidSpec(_) | Self::SpecUnreadable { .. } => FailureReason::InvalidSpec,
             Self::SourceUnavailable { .. } => FailureReason::SourceUnavailable,
             Self::HashMismatch { .. } => FailureReason::HashMismatch,
             Self::SignatureInvalid { .. } => FailureReason::SignatureInvalid,
@@ -131,10 +147,34 @@ impl Error {
             Self::LatencyBudgetExceeded(_) => FailureReason::LatencyBudgetExceeded,
             Self::MemoryBudgetExceeded(_) => FailureReason::MemoryBudgetExceeded,
             Self::Timeout(_) => FailureReason::Timeout,
-            Self::EngineCrashed(_) | Self::EngineAnswer(_) => FailureReason::EngineCrashed,
+            Self::EngineCrashed(_) | Self::EngineUnreachable { .. } | Self::EngineAnswer(_) => {
+                FailureReason::EngineCrashed
+            }
             Self::InEngine { reason, .. } => *reason,
             Self::StoreUnavailable { .. } => FailureReason::StoreUnavailable,
             Self::NoCandidate { reason, .. } => *reason,
+        }
+    }
+
+    /// [`Error::SpecUnreadable`]: `message` says what, `err` (kept as the source) caused it.
+    pub fn spec_unreadable(
+        message: String,
+        err: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::SpecUnreadable {
+            message,
+            source: Box::new(err),
+        }
+    }
+
+    /// [`Error::EngineUnreachable`]: `message` says what, `err` (kept as the source) caused it.
+    pub fn engine_unreachable(
+        message: String,
+        err: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::EngineUnreachable {
+            message,
+            source: Box::new(err),
         }
     }
 
@@ -322,6 +362,18 @@ mod tests {
         assert!(find::<kiln_store::Error>(&err).is_some());
         let io = find::<std::io::Error>(&err).expect("the chain reaches the io::Error");
         assert_eq!(io.kind(), std::io::ErrorKind::StorageFull);
+    }
+
+    #[test]
+    fn an_engine_that_cannot_be_started_keeps_the_io_error() {
+        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
+        let err = Error::engine_unreachable("compile: cannot start: denied".into(), io);
+        assert_eq!(
+            err.to_string(),
+            "engine crashed: compile: cannot start: denied"
+        );
+        assert_eq!(err.reason(), FailureReason::EngineCrashed);
+        assert!(find::<std::io::Error>(&err).is_some());
     }
 
     #[test]

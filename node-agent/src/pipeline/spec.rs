@@ -22,8 +22,9 @@ pub struct Spec {
 impl Spec {
     /// Reads `path`; relative `file://` URIs in it resolve against the file's directory.
     pub fn load(path: &std::path::Path) -> Result<Self> {
-        let yaml = std::fs::read_to_string(path)
-            .map_err(|e| Error::InvalidSpec(format!("cannot read {}: {e}", path.display())))?;
+        let yaml = std::fs::read_to_string(path).map_err(|e| {
+            Error::spec_unreadable(format!("cannot read {}: {e}", path.display()), e)
+        })?;
         let mut spec = Self::parse(&yaml)?;
         spec.resolve_relative(path.parent().unwrap_or(std::path::Path::new(".")));
         Ok(spec)
@@ -111,7 +112,7 @@ impl Spec {
     /// Parses a multi-document YAML string.
     pub fn parse(yaml: &str) -> Result<Self> {
         let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(yaml)
-            .map_err(|e| Error::InvalidSpec(format!("not valid YAML: {e}")))?;
+            .map_err(|e| Error::spec_unreadable(format!("not valid YAML: {e}"), e))?;
         let mut model = None;
         let mut target = None;
         for doc in docs.into_iter().filter(|d| !d.is_null()) {
@@ -125,7 +126,8 @@ impl Spec {
                 .and_then(|k| k.as_str())
                 .unwrap_or("<unnamed>")
                 .to_string();
-            let wrap = |e: serde_json::Error| Error::InvalidSpec(format!("{kind} {name}: {e}"));
+            let wrap =
+                |e: serde_json::Error| Error::spec_unreadable(format!("{kind} {name}: {e}"), e);
             if matches!(kind.as_str(), "ModelArtifact" | "CompiledTarget") {
                 super::schema::check(&kind, &doc)?;
             }
@@ -251,6 +253,35 @@ mod tests {
         let mut model = s.model;
         model.spec.source.uri = uri.to_string();
         Spec::from_objects(model, s.target, base)
+    }
+
+    #[test]
+    fn an_unreadable_spec_keeps_its_cause() {
+        use std::error::Error as _;
+        let Err(err) = Spec::parse("kind: [unclosed") else {
+            panic!("unclosed YAML parsed")
+        };
+        assert_eq!(err.reason(), kiln_crds::FailureReason::InvalidSpec);
+        assert!(
+            err.to_string()
+                .starts_with("invalid spec: not valid YAML: "),
+            "{err}"
+        );
+        assert!(err.source().is_some(), "the YAML error is kept: {err:?}");
+
+        let missing = std::path::Path::new("/nonexistent/kiln/spec.yaml");
+        let Err(err) = Spec::load(missing) else {
+            panic!("a missing file loaded")
+        };
+        assert!(
+            err.to_string()
+                .starts_with("invalid spec: cannot read /nonexistent"),
+            "{err}"
+        );
+        let io = err
+            .source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(io.map(|e| e.kind()), Some(std::io::ErrorKind::NotFound));
     }
 
     #[test]

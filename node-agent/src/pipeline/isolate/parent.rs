@@ -66,9 +66,9 @@ pub fn run_with(
         return answer_of(&bytes, Ended::Code(0), false, false, "");
     }
     let request = serde_json::to_vec(&Request { limits, job })
-        .map_err(|e| Error::EngineCrashed(format!("{what}: cannot encode the job: {e}")))?;
+        .map_err(|e| Error::engine_unreachable(format!("{what}: cannot encode the job: {e}"), e))?;
     let mut child = spawn(&limits).map_err(|e| {
-        Error::EngineCrashed(format!("{what}: cannot start the engine's process: {e}"))
+        Error::engine_unreachable(format!("{what}: cannot start the engine's process: {e}"), e)
     })?;
     let pid = child.id();
     let (Some(mut stdin), Some(stdout), Some(stderr)) =
@@ -85,8 +85,9 @@ pub fn run_with(
     let waited = wait_until(&mut child, limits.deadline);
     // Whatever it spawned dies with it (the group is its pid).
     kill_group(pid);
-    let (status, killed) = waited
-        .map_err(|e| Error::EngineCrashed(format!("{what}: cannot wait for the engine: {e}")))?;
+    let (status, killed) = waited.map_err(|e| {
+        Error::engine_unreachable(format!("{what}: cannot wait for the engine: {e}"), e)
+    })?;
     let (bytes, oversized) = answer.recv_timeout(DRAIN).unwrap_or_default();
     let tail = log.recv_timeout(DRAIN).unwrap_or_default();
     let ended = match (status.code(), status.signal()) {
