@@ -226,6 +226,23 @@ impl Error {
     }
 }
 
+/// An error with those of its causes whose text it does not already say. reqwest's own text
+/// omits its causes ("error sending request" says not whether a timeout, a refused redirect or
+/// TLS stopped it); the agent's and the store's errors already say their `#[source]`'s text,
+/// so printing their chain this way (not with anyhow's `{:#}`) does not repeat it.
+pub fn with_causes(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// tract errors carry their whole context chain; keep all of it in the message.
 pub fn chain(err: &tract_onnx::prelude::TractError) -> String {
     format!("{err:#}")
@@ -374,6 +391,19 @@ mod tests {
         );
         assert_eq!(err.reason(), FailureReason::EngineCrashed);
         assert!(find::<std::io::Error>(&err).is_some());
+    }
+
+    #[test]
+    fn printing_the_chain_does_not_repeat_a_cause_the_message_says() {
+        let io = std::io::Error::other("disk full");
+        let err = anyhow::Error::from(Error::from(kiln_store::Error::store("/s", io)))
+            .context("cannot open the store");
+        assert_eq!(
+            with_causes(err.as_ref()),
+            "cannot open the store: store /s unavailable: disk full"
+        );
+        let plain = anyhow::Error::from(std::io::Error::other("gone")).context("reading x");
+        assert_eq!(with_causes(plain.as_ref()), "reading x: gone");
     }
 
     #[test]

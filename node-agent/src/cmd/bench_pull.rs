@@ -245,7 +245,10 @@ pub fn main(args: Args) -> ExitCode {
     let f = match runtime.block_on(run(dir, &args.registry, args.size_mib << 20, runs)) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("kiln-agent bench-pull: {e:#}");
+            eprintln!(
+                "kiln-agent bench-pull: {}",
+                crate::error::with_causes(e.as_ref())
+            );
             return ExitCode::FAILURE;
         }
     };

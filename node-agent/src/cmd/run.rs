@@ -82,7 +82,8 @@ pub fn main(args: Args) -> ExitCode {
     match runtime.block_on(crate::run::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "kiln-agent run failed");
+            let error = crate::error::with_causes(e.as_ref());
+            tracing::error!(%error, "kiln-agent run failed");
             ExitCode::FAILURE
         }
     }

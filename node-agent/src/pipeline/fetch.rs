@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use kiln_store::staged::{CHUNK, Expected, Mismatch, VerifiedWrite, sha256_file, sweep_partials};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, with_causes};
 use crate::metrics::Metrics;
 
 /// Sizes above this report progress on stderr.
@@ -222,7 +222,7 @@ impl Fetcher {
             .get(wanted.uri)
             .send()
             .await
-            .map_err(|e| Error::source_failed(wanted.uri, chain(&e), e))?;
+            .map_err(|e| Error::source_failed(wanted.uri, with_causes(&e), e))?;
         if !response.status().is_success() {
             return Err(unavailable(format!("HTTP {}", response.status())));
         }
@@ -236,7 +236,7 @@ impl Fetcher {
         while let Some(chunk) = response
             .chunk()
             .await
-            .map_err(|e| Error::source_failed(wanted.uri, chain(&e), e))?
+            .map_err(|e| Error::source_failed(wanted.uri, with_causes(&e), e))?
         {
             over(wanted, bound, out.written() + chunk.len() as u64)?;
             out.write(&chunk).map_err(|e| refused(wanted, e))?;
@@ -408,21 +408,6 @@ fn over(wanted: &Wanted<'_>, bound: u64, length: u64) -> Result<()> {
         ),
         source: None,
     })
-}
-
-/// An error with its causes (reqwest's own text omits them: "error sending request" says not
-/// whether a timeout, a refused redirect or TLS stopped it).
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text = format!("{text}: {cause_text}");
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// A refused write in the terms of the spec that declared the blob (what to fix is the spec's
