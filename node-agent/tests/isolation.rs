@@ -12,8 +12,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{Case, Run};
-use kiln_agent::pipeline::fixtures::{FixtureFile, Seeded};
-use safetensors::Dtype;
 
 /// The pinned ONNX Runtime library, fetched once by the project's script.
 fn library() -> PathBuf {
@@ -212,41 +210,13 @@ fn huge_4gib(dir: &Path) -> (PathBuf, String, u64) {
 fn onnx_runtime_allocating_without_bound_is_stopped_at_the_memory_limit() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (_, sha, size) = huge_4gib(dir.path());
-    let mut seeded = Seeded::new(1);
-    let fixture = FixtureFile {
-        version: "v1".into(),
-        model_sha256: None,
-        tolerance: None,
-        inputs: [("x".into(), seeded.tensor(Dtype::F32, &[4, 16]).expect("x"))].into(),
-        outputs: [("y".into(), seeded.tensor(Dtype::F32, &[4, 16]).expect("y"))].into(),
-        more: Vec::new(),
-    };
-    let fixture_bytes = fixture.to_bytes().expect("fixture");
-    std::fs::write(dir.path().join("fixture.safetensors"), &fixture_bytes).expect("write");
-    let yaml = format!(
-        r#"apiVersion: kiln.dev/v1alpha1
-kind: ModelArtifact
-metadata: {{name: huge}}
-spec:
-  source: {{uri: "file://model.onnx", sha256: "{sha}", size: {size}}}
-  format: onnx
-  inputs:
-    - {{name: x, dtype: f32, dims: [{{symbol: batch, min: 1, max: 8}}, {{size: 16}}]}}
-  fixtures:
-    - {{version: v1, uri: "file://fixture.safetensors", sha256: "{}"}}
----
-apiVersion: kiln.dev/v1alpha1
-kind: CompiledTarget
-metadata: {{name: huge-ort}}
-spec:
-  modelRef: {{name: huge}}
-  backend: {{kind: onnxruntime}}
-  profiles: [{{name: p, dims: {{batch: 4}}}}]
-  warmup: {{iterations: 1, fixtureVersion: v1}}
-"#,
-        kiln_store::staged::sha256_bytes(&fixture_bytes)
+    common::write_huge_spec(
+        dir.path(),
+        (&sha, size),
+        "huge-ort",
+        "onnxruntime",
+        "{iterations: 1, fixtureVersion: v1}",
     );
-    std::fs::write(dir.path().join("kiln.yaml"), yaml).expect("yaml");
     let started = Instant::now();
     let out = Command::new(common::AGENT)
         .env("ORT_DYLIB_PATH", library())

@@ -3,14 +3,13 @@
 //! ceiling (and Linux overcommit, as on the CI machines) the same run fills 24 GB of RAM for
 //! ~40 s until the kernel kills it.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kiln_agent::pipeline::fixtures::{FixtureFile, Seeded};
-use kiln_store::staged::{sha256_bytes, sha256_file};
-use safetensors::Dtype;
+use kiln_store::staged::sha256_file;
 use serde_json::Value;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_kiln-agent");
@@ -25,52 +24,13 @@ fn a_model_asking_for_40_gb_fails_classified_in_local_mode() {
     let model = dir.path().join("model.onnx");
     std::fs::copy(huge(), &model).expect("copy");
     let (model_sha, model_size) = sha256_file(&model).expect("hash");
-    // A well-formed fixture for the model's interface (x, y: f32[4, 16]); its numbers do not
-    // matter, the compile must fail before they are used.
-    let mut seeded = Seeded::new(1);
-    let fixture = FixtureFile {
-        version: "v1".into(),
-        model_sha256: None,
-        tolerance: None,
-        inputs: BTreeMap::from([(
-            "x".into(),
-            seeded.tensor(Dtype::F32, &[4, 16]).expect("tensor"),
-        )]),
-        outputs: BTreeMap::from([(
-            "y".into(),
-            seeded.tensor(Dtype::F32, &[4, 16]).expect("tensor"),
-        )]),
-        more: Vec::new(),
-    };
-    let bytes = fixture.to_bytes().expect("fixture bytes");
-    std::fs::write(dir.path().join("fixture.safetensors"), &bytes).expect("write");
-    let yaml = format!(
-        r#"apiVersion: kiln.dev/v1alpha1
-kind: ModelArtifact
-metadata: {{name: huge}}
-spec:
-  source: {{uri: "file://model.onnx", sha256: "{model_sha}", size: {model_size}}}
-  format: onnx
-  inputs:
-    - {{name: x, dtype: f32, dims: [{{symbol: batch, min: 1, max: 8}}, {{size: 16}}]}}
-  fixtures:
-    - {{version: v1, uri: "file://fixture.safetensors", sha256: "{}"}}
----
-apiVersion: kiln.dev/v1alpha1
-kind: CompiledTarget
-metadata: {{name: huge-cpu}}
-spec:
-  modelRef: {{name: huge}}
-  backend: {{kind: tract}}
-  profiles: [{{name: p, dims: {{batch: 4}}}}]
-  warmup:
-    iterations: 1
-    fixtureVersion: v1
-    defaultTolerance: {{atol: 1.0e-5, rtol: 1.0e-4}}
-"#,
-        sha256_bytes(&bytes)
+    common::write_huge_spec(
+        dir.path(),
+        (&model_sha, model_size),
+        "huge-cpu",
+        "tract",
+        "{iterations: 1, fixtureVersion: v1, defaultTolerance: {atol: 1.0e-5, rtol: 1.0e-4}}",
     );
-    std::fs::write(dir.path().join("kiln.yaml"), yaml).expect("yaml");
     let started = Instant::now();
     // The ceiling is the default (80% of this machine's memory or cgroup limit, well under
     // 40 GB on any CI machine), so this also proves the default is in force.

@@ -4,6 +4,8 @@
 //! Real reconciles over watch-cache stores and a real filesystem store; the API client points at
 //! a closed port (the writes fail after the lookups, which is all this counts).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,12 +15,10 @@ use k8s_openapi::api::core::v1::Node;
 use kiln_crds::{BuildManifest, CompiledTarget, ModelArtifact};
 use kiln_operator::context::Context;
 use kiln_operator::controller;
-use kiln_operator::job::{JobSettings, JobStore};
 use kiln_operator::lookups::LookupCache;
 use kiln_operator::metrics::Metrics;
 use kiln_operator::plan::Settings;
 use kiln_store::{ArtifactRef, Entry, Store};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::runtime::watcher;
 
@@ -100,26 +100,9 @@ fn context(store: Arc<Counting>, dir: &Path, miss_recheck: Duration) -> Arc<Cont
         store,
         trust: Default::default(),
         settings: Settings::default(),
-        job_settings: JobSettings {
-            image_pull_policy: "Never".into(),
-            store: JobStore::HostPath(dir.display().to_string()),
-            sources_host_path: None,
-            run_as_user: 65532,
-            active_deadline_seconds: 60,
-            ttl_seconds_after_finished: 60,
-            signing_secret: None,
-            service_account: None,
-            source_trust_secret: None,
-            require_source_signature: false,
-        },
+        job_settings: common::job_settings(dir),
         metrics: Metrics::register(&mut registry),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: "kiln-operator".into(),
-                instance: None,
-            },
-        ),
+        recorder: common::recorder(client),
         class_counts: Default::default(),
         labelled: Default::default(),
         ready_counts: Default::default(),

@@ -3,6 +3,8 @@
 //! the protobuf it receives carries the `reconcile` span of the real controller function and the
 //! service name. (No OTLP receiver is packaged in Debian; the test server only records requests.)
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
@@ -11,11 +13,9 @@ use std::time::Duration;
 use kiln_crds::CompiledTarget;
 use kiln_operator::context::Context;
 use kiln_operator::controller;
-use kiln_operator::job::{JobSettings, JobStore};
 use kiln_operator::metrics::Metrics;
 use kiln_operator::plan::Settings;
 use kiln_operator::telemetry::{self, LogFormat};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 
@@ -107,26 +107,9 @@ async fn child_exports_a_reconcile_span() {
         store,
         trust: Default::default(),
         settings: Settings::default(),
-        job_settings: JobSettings {
-            image_pull_policy: "Never".into(),
-            store: JobStore::HostPath(dir.path().display().to_string()),
-            sources_host_path: None,
-            run_as_user: 65532,
-            active_deadline_seconds: 60,
-            ttl_seconds_after_finished: 60,
-            signing_secret: None,
-            service_account: None,
-            source_trust_secret: None,
-            require_source_signature: false,
-        },
+        job_settings: common::job_settings(dir.path()),
         metrics: Metrics::register(&mut registry),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: "kiln-operator".into(),
-                instance: None,
-            },
-        ),
+        recorder: common::recorder(client),
         class_counts: Default::default(),
         labelled: Default::default(),
         ready_counts: Default::default(),

@@ -477,3 +477,54 @@ pub fn resign(store: &Path, key: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     std::fs::write(dir.join(format!("attestation-{hex}.json")), envelope).map_err(|e| e.to_string())
 }
+
+/// Writes, beside a model at `dir/model.onnx` with input `x` and output `y` (f32 [batch, 16];
+/// the 212-byte `huge.onnx` and its variants), a well-formed fixture for that interface (its
+/// numbers do not matter: the engine must fail before they are used) and `dir/kiln.yaml`: the
+/// ModelArtifact `huge` and the CompiledTarget `target` on backend `backend`, warmup `warmup`
+/// (the YAML flow mapping of `spec.warmup`).
+pub fn write_huge_spec(
+    dir: &Path,
+    (sha, size): (&str, u64),
+    target: &str,
+    backend: &str,
+    warmup: &str,
+) {
+    use kiln_agent::pipeline::fixtures::Seeded;
+    use safetensors::Dtype;
+    let mut seeded = Seeded::new(1);
+    let fixture = FixtureFile {
+        version: "v1".into(),
+        model_sha256: None,
+        tolerance: None,
+        inputs: [("x".into(), seeded.tensor(Dtype::F32, &[4, 16]).expect("x"))].into(),
+        outputs: [("y".into(), seeded.tensor(Dtype::F32, &[4, 16]).expect("y"))].into(),
+        more: Vec::new(),
+    };
+    let bytes = fixture.to_bytes().expect("fixture");
+    std::fs::write(dir.join("fixture.safetensors"), &bytes).expect("write");
+    let yaml = format!(
+        r#"apiVersion: kiln.dev/v1alpha1
+kind: ModelArtifact
+metadata: {{name: huge}}
+spec:
+  source: {{uri: "file://model.onnx", sha256: "{sha}", size: {size}}}
+  format: onnx
+  inputs:
+    - {{name: x, dtype: f32, dims: [{{symbol: batch, min: 1, max: 8}}, {{size: 16}}]}}
+  fixtures:
+    - {{version: v1, uri: "file://fixture.safetensors", sha256: "{}"}}
+---
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {{name: {target}}}
+spec:
+  modelRef: {{name: huge}}
+  backend: {{kind: {backend}}}
+  profiles: [{{name: p, dims: {{batch: 4}}}}]
+  warmup: {warmup}
+"#,
+        sha256_bytes(&bytes)
+    );
+    std::fs::write(dir.join("kiln.yaml"), yaml).expect("yaml");
+}
