@@ -516,19 +516,7 @@ fn local_store_signs_itself_and_refuses_a_consistent_rewrite() {
     assert_eq!(again.outcome["cacheHit"], true, "{}", again.message());
 
     // Artifact and manifest rewritten together: every digest agrees with itself.
-    let mut bytes = std::fs::read(entry.join("artifact")).expect("artifact");
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0x01;
-    std::fs::write(entry.join("artifact"), &bytes).expect("substitute");
-    let mut manifest: Value =
-        serde_json::from_slice(&std::fs::read(entry.join("manifest.json")).expect("manifest"))
-            .expect("json");
-    manifest["artifactDigest"] = sha256_bytes(&bytes).into();
-    std::fs::write(
-        entry.join("manifest.json"),
-        serde_json::to_vec_pretty(&manifest).expect("json"),
-    )
-    .expect("rewrite manifest");
+    rewrite_consistently(&entry);
     let rebuilt = case.run();
     assert!(rebuilt.success, "{}", rebuilt.message());
     assert_eq!(
@@ -589,19 +577,7 @@ fn store_entry_rewritten_whole_is_refused_by_its_attestation_and_rebuilt() {
 
     // Someone with write access to the store (but not the key) substitutes the artifact and
     // rewrites the manifest to match it: every digest in the store agrees with itself.
-    let mut bytes = std::fs::read(entry.join("artifact")).expect("artifact");
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0x01;
-    std::fs::write(entry.join("artifact"), &bytes).expect("substitute");
-    let mut manifest: Value =
-        serde_json::from_slice(&std::fs::read(entry.join("manifest.json")).expect("manifest"))
-            .expect("json");
-    manifest["artifactDigest"] = sha256_bytes(&bytes).into();
-    std::fs::write(
-        entry.join("manifest.json"),
-        serde_json::to_vec_pretty(&manifest).expect("json"),
-    )
-    .expect("rewrite manifest");
+    rewrite_consistently(&entry);
 
     // A node (public key only) never uses it: the rebuilt entry it cannot sign is refused too.
     let refused = case.run_with_env(&node);
@@ -1391,4 +1367,22 @@ fn a_signed_source_is_built_only_with_a_trusted_key_that_made_it() {
             .contains("required here"),
         "{last}"
     );
+}
+
+/// Substitutes a stored entry's artifact (one bit flipped) and rewrites its manifest to match,
+/// so every digest in the store agrees with itself: only a signature can tell.
+fn rewrite_consistently(entry: &Path) {
+    let mut bytes = std::fs::read(entry.join("artifact")).expect("artifact");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(entry.join("artifact"), &bytes).expect("substitute");
+    let mut manifest: Value =
+        serde_json::from_slice(&std::fs::read(entry.join("manifest.json")).expect("manifest"))
+            .expect("json");
+    manifest["artifactDigest"] = sha256_bytes(&bytes).into();
+    std::fs::write(
+        entry.join("manifest.json"),
+        serde_json::to_vec_pretty(&manifest).expect("json"),
+    )
+    .expect("rewrite manifest");
 }
