@@ -291,27 +291,18 @@ pub fn make_file(job: &crate::pipeline::isolate::job::Reference) -> Result<Strin
         seed: job.seed,
         tolerance: job.tolerance,
     };
-    let reference = match job.runtime {
-        BackendKind::Onnxruntime => crate::backend::onnxruntime::OnnxRuntime::for_spec(
-            &kiln_crds::compiled_target::Backend::of(BackendKind::Onnxruntime),
-        )
-        .map(|ort| crate::backend::guard::Guarded(Box::new(ort)))?,
-        BackendKind::Llamacpp => {
-            crate::backend::guard::Guarded(Box::new(crate::backend::llamacpp::Llamacpp::for_spec(
-                &kiln_crds::compiled_target::Backend::of(BackendKind::Llamacpp),
-            )))
-        }
-        BackendKind::Tract => {
-            crate::backend::guard::Guarded(Box::new(crate::backend::tract::Tract))
-        }
-        other => {
-            return Err(Error::InvalidSpec(format!(
-                "{} is not a reference runtime (tract, onnxruntime, llamacpp)",
-                other.as_str()
-            )));
-        }
-    };
-    let bytes = make(&reference, &request)?.to_bytes()?;
+    if !matches!(
+        job.runtime,
+        BackendKind::Tract | BackendKind::Onnxruntime | BackendKind::Llamacpp
+    ) {
+        return Err(Error::InvalidSpec(format!(
+            "{} is not a reference runtime (tract, onnxruntime, llamacpp)",
+            job.runtime.as_str()
+        )));
+    }
+    let reference =
+        crate::backend::for_target(&kiln_crds::compiled_target::Backend::of(job.runtime))?;
+    let bytes = make(reference.as_ref(), &request)?.to_bytes()?;
     std::fs::write(&job.out, &bytes).map_err(|e| Error::store(&job.out, e))?;
     Ok(sha256_bytes(&bytes))
 }
