@@ -6,19 +6,27 @@ REPO=$(cd "$E2E_DIR/.." && pwd)
 KILN_TAG=e2e
 
 # The ONNX Runtime library the agent image carries (scripts/ensure-onnxruntime.sh: the pinned
-# PyPI wheel's, cached), where it goes in the image, and what the operator keys on
-# (chart backends.onnxruntime: VERSION@sha256:<library>).
-ORT_LIB=${ORT_DYLIB_PATH:-$("$REPO/scripts/ensure-onnxruntime.sh")}
-ORT_IN_IMAGE=/usr/lib/onnxruntime/$(basename "$ORT_LIB")
+# PyPI wheel's, cached; scripts/build-images.sh puts it in the image) and what the operator keys
+# on (chart backends.onnxruntime: VERSION@sha256:<library>).
+ORT_LIB=$("$REPO/scripts/ensure-onnxruntime.sh")
 ORT_IDENTITY="${ORT_LIB##*libonnxruntime.so.}@sha256:$(sha256sum "$ORT_LIB" | cut -d' ' -f1)"
 
-# kiln_images DIR: kiln/operator:e2e and kiln/agent:e2e (kiln_image), the agent with ONNX
-# Runtime (its libraries come along; ORT_DYLIB_PATH set in the image, so the DaemonSet and the
-# compile Jobs find it, and ORT_DISABLE_TELEMETRY=1, which keeps the library's telemetry off).
+# kiln_images DIR: kiln/operator:e2e and kiln/agent:e2e, built by scripts/build-images.sh (the
+# recipe push-images.sh and the Containerfile use: the agent with ONNX Runtime, ORT_DYLIB_PATH
+# set and ORT_DISABLE_TELEMETRY=1) from this checkout's binaries (see bin), loaded into the node.
 kiln_images() {
-  kiln_image kiln-operator "kiln/operator:$KILN_TAG" "$1"
-  kiln_image kiln-agent "kiln/agent:$KILN_TAG" "$1" \
-    --add "$ORT_LIB:$ORT_IN_IMAGE" --env "ORT_DYLIB_PATH=$ORT_IN_IMAGE" --env ORT_DISABLE_TELEMETRY=1
+  local built name path _
+  built=$(kiln_build_images "$1" operator,agent) || return 1
+  while IFS=$'\t' read -r name path _; do
+    "$E2E_DIR/cluster" load-image "$path" >/dev/null || return 1
+  done <<<"$built"
+}
+
+# kiln_build_images DIR LIST: scripts/build-images.sh of the images in LIST, named kiln/NAME:e2e,
+# into DIR (DIR/kiln-NAME.tar); its output lines (NAME, tar, backends) on stdout.
+kiln_build_images() {
+  "$REPO/scripts/build-images.sh" --images "$2" --tag "$KILN_TAG" \
+    --operator-bin "$(bin kiln-operator)" --agent-bin "$(bin kiln-agent)" "$1"
 }
 
 # kiln_gpu_image_tar DIR: DIR/kiln-agent-gpu.tar, the GPU variant of the agent image
@@ -30,14 +38,7 @@ kiln_images() {
 # chart runs it on GPU nodes (agent.gpu). Fetches 1.2 GB on first use; builds in about a minute.
 ORT_GPU_IN_IMAGE=/usr/lib/onnxruntime
 kiln_gpu_image_tar() {
-  local libs
-  libs=$("$REPO/scripts/ensure-onnxruntime-gpu.sh") || return 1
-  strip -o "$1/kiln-agent" "$(bin kiln-agent)"
-  "$E2E_DIR/build-image" --name "kiln/agent-gpu:$KILN_TAG" --out "$1/kiln-agent-gpu.tar" \
-    --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt \
-    --add-dir "$libs:$ORT_GPU_IN_IMAGE" --allow-missing libcuda.so.1 \
-    --env "ORT_DYLIB_PATH=$ORT_GPU_IN_IMAGE/libonnxruntime.so.1.31.1" --env "LD_LIBRARY_PATH=$ORT_GPU_IN_IMAGE" \
-    --env ORT_DISABLE_TELEMETRY=1 "$1/kiln-agent"
+  kiln_build_images "$1" agent-gpu >/dev/null
 }
 
 # kiln_example_dirs DIR: DIR/sources holding the example model and fixture (the chart's
