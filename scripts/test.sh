@@ -42,6 +42,10 @@ cargo clippy -p kiln-agent --all-targets --locked --features fault-injection -- 
 echo "== cargo test"
 cargo test --workspace --locked
 cargo test -p kiln-agent --locked --features fault-injection --test isolation
+# The Containerfile's image stages, run here as written, give the images scripts/build-images.sh
+# makes for push-images.sh and the e2e tests (files, modes, Env, Entrypoint); no builder needed.
+echo "== Containerfile"
+python3 scripts/check-containerfile.py
 
 if [ "${KILN_SKIP_E2E:-0}" = 1 ]; then
   echo "== e2e skipped: KILN_SKIP_E2E=1"
