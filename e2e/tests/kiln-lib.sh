@@ -179,3 +179,62 @@ die() {
   kiln_diagnose "$NS" "$REAL"
   fail "$*"
 }
+
+# kiln_readme_script REGISTRY NAMESPACE [PUSH ARGS] [HELM ARGS]: README.md's "In a cluster" block
+# (its first ```sh block), as the kiln test runs it: the REGISTRY= and NAMESPACE= lines set to
+# the given values, target/release/kiln-agent replaced by the kiln-agent under test, PUSH ARGS
+# appended to the scripts/push-images.sh command and HELM ARGS to the helm install command (each
+# one string, already quoted for the shell). Everything else is the README's text. Fails, saying
+# what moved, when the block lacks one of those anchors: the README and the test drifted apart.
+kiln_readme_script() {
+  python3 - "$REPO/README.md" "$@" "$(bin kiln-agent)" <<'PY'
+import re, shlex, sys
+readme, registry, namespace, push_args, helm_args, agent = sys.argv[1:]
+text = open(readme).read()
+section = re.search(r"^## In a cluster\n(.*?)(?=^## )", text, re.S | re.M)
+block = section and re.search(r"^```sh\n(.*?)^```$", section.group(1), re.S | re.M)
+if not block:
+    sys.exit("README.md: no ```sh block in the section '## In a cluster'")
+lines = block.group(1).splitlines()
+
+def command(prefix):
+    """Indices of the lines of the one command starting with `prefix` (with continuations)."""
+    starts = [i for i, l in enumerate(lines) if l.startswith(prefix)]
+    if len(starts) != 1:
+        sys.exit(f"README.md's cluster block has {len(starts)} lines starting with {prefix!r}; "
+                 "e2e/tests/kiln-lib.sh (kiln_readme_script) expects one: update the one that drifted")
+    end = starts[0]
+    while lines[end].rstrip().endswith("\\") or lines[end].rstrip().endswith("&&"):
+        end += 1
+    return end
+
+for var, value in (("REGISTRY", registry), ("NAMESPACE", namespace)):
+    i = command(f"{var}=")
+    lines[i] = f"{var}={shlex.quote(value)}"
+for prefix, extra in (("scripts/push-images.sh ", push_args), ("helm install ", helm_args)):
+    i = command(prefix)
+    lines[i] = f"{lines[i].rstrip()} {extra}"
+script = "\n".join(lines) + "\n"
+if "target/release/kiln-agent" not in script:
+    sys.exit("README.md's cluster block no longer runs target/release/kiln-agent (keygen); update kiln_readme_script")
+print(script.replace("target/release/kiln-agent", shlex.quote(agent)), end="")
+PY
+}
+
+# kiln_readme_install WORK REGISTRY NAMESPACE PUSH-ARGS HELM-ARGS: runs kiln_readme_script in
+# WORK/readme, a directory holding links to the work tree's scripts, charts and examples (the
+# block writes keys/ and kiln-images.yaml where it runs), with bash -euo pipefail as a user's
+# terminal would stop at the first error. The script is WORK/readme/install.sh, its output on
+# stderr.
+kiln_readme_install() {
+  local dir=$1/readme
+  shift
+  mkdir -p "$dir"
+  ln -sfn "$REPO/scripts" "$dir/scripts"
+  ln -sfn "$REPO/charts" "$dir/charts"
+  ln -sfn "$REPO/examples" "$dir/examples"
+  kiln_readme_script "$@" >"$dir/install.sh" || return 1
+  echo "   README.md's block, as run ($dir/install.sh):" >&2
+  sed 's/^/   | /' "$dir/install.sh" >&2
+  (cd "$dir" && bash -euo pipefail ./install.sh >&2)
+}
