@@ -93,7 +93,7 @@ if [[ -z $operator_bin || -z $agent_bin ]]; then
   (cd "$REPO" && cargo build --release --locked -p kiln-operator -p kiln-agent >&2)
 fi
 # since T: seconds since the date +%s.%N value T.
-since() { awk -v t="$1" -v n="$(date +%s.%N)" 'BEGIN {printf "%.1f", n - t}'; }
+since() { awk -v t="$1" -v n="$(date +%s.%N)" 'BEGIN {printf "%.2f", n - t}'; }
 t0=$(date +%s.%N)
 built=$("$REPO/scripts/build-images.sh" --images "$images" --name-prefix "$target" --tag "$tag" \
   --operator-bin "${operator_bin:-$REPO/target/release/kiln-operator}" \
