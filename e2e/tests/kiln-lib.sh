@@ -213,6 +213,9 @@ for var, value in (("REGISTRY", registry), ("NAMESPACE", namespace)):
     lines[i] = f"{var}={shlex.quote(value)}"
 for prefix, extra in (("scripts/push-images.sh ", push_args), ("helm install ", helm_args)):
     i = command(prefix)
+    if " #" in lines[i]:
+        sys.exit(f"README.md's cluster block ends the {prefix.strip()!r} command with a comment; "
+                 "kiln_readme_script appends options there: move the comment above it")
     lines[i] = f"{lines[i].rstrip()} {extra}"
 script = "\n".join(lines) + "\n"
 if "target/release/kiln-agent" not in script:
