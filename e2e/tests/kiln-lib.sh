@@ -25,8 +25,10 @@ kiln_images() {
 # kiln_build_images DIR LIST: scripts/build-images.sh of the images in LIST, named kiln/NAME:e2e,
 # into DIR (DIR/kiln-NAME.tar); its output lines (NAME, tar, backends) on stdout.
 kiln_build_images() {
-  "$REPO/scripts/build-images.sh" --images "$2" --tag "$KILN_TAG" \
-    --operator-bin "$(bin kiln-operator)" --agent-bin "$(bin kiln-agent)" "$1"
+  local bins=()
+  [[ ,$2, != *,operator,* ]] || bins+=(--operator-bin "$(bin kiln-operator)")
+  [[ ,$2, != *,agent* ]] || bins+=(--agent-bin "$(bin kiln-agent)")
+  "$REPO/scripts/build-images.sh" --images "$2" --tag "$KILN_TAG" "${bins[@]}" "$1"
 }
 
 # kiln_gpu_image_tar DIR: DIR/kiln-agent-gpu.tar, the GPU variant of the agent image
