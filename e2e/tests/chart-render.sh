@@ -78,7 +78,8 @@ want = [(op["image"], "reg.example/k/operator@" + d1), (image("DaemonSet", "kiln
         (image("DaemonSet", "kiln-agent-gpu")["image"], "reg.example/k/agent-gpu@" + d3),
         (env["KILN_AGENT_IMAGE"], "reg.example/k/agent@" + d2), (env["KILN_GPU_AGENT_IMAGE"], "reg.example/k/agent-gpu@" + d3)]
 bad = [f"{got} != {exp}" for got, exp in want if got != exp]
-sys.exit("; ".join(bad))' "$d1" "$d2" "$d3" || fail "image digests do not pin the images"
+print(*bad, sep="\n", file=sys.stderr)
+sys.exit(1 if bad else 0)' "$d1" "$d2" "$d3" || fail "image digests do not pin the images"
 out=$(t --set store.url=/s --set agent.image.digest=sha256:abc 2>&1) && fail "rendered a malformed image digest"
 grep -q 'expected sha256:<64 lowercase hex>' <<<"$out" || fail "malformed image digest refusal: $out"
 
