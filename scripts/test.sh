@@ -8,7 +8,9 @@
 #      ONNX models through every failure path, and both components' metrics through the real
 #      `promtool check metrics` (Debian package prometheus, installed here when missing), and
 #      kiln-store against a real registry (Debian docker-registry, installed here when missing);
-#   3. the real single-node Kubernetes cluster tests in e2e/ (built from upstream sources on first
+#   3. the images: the Containerfile against their one recipe (scripts/check-containerfile.py),
+#      scripts/push-images.sh against a registry that wants credentials;
+#   4. the real single-node Kubernetes cluster tests in e2e/ (built from upstream sources on first
 #      use and cached outside the work tree; needs root). KILN_SKIP_E2E=1 skips them, saying so.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
@@ -42,6 +44,15 @@ cargo clippy -p kiln-agent --all-targets --locked --features fault-injection -- 
 echo "== cargo test"
 cargo test --workspace --locked
 cargo test -p kiln-agent --locked --features fault-injection --test isolation
+# The Containerfile's image stages, run here as written, give the images scripts/build-images.sh
+# makes for push-images.sh and the e2e tests (files, modes, Env, Entrypoint); no builder needed.
+echo "== Containerfile"
+python3 scripts/check-containerfile.py
+# push-images.sh against a real registry that wants credentials (exit 77: skipped, it says why).
+echo "== push-images"
+rc=0
+scripts/test-push-images.sh || rc=$?
+((rc == 0 || rc == 77)) || exit "$rc"
 
 if [ "${KILN_SKIP_E2E:-0}" = 1 ]; then
   echo "== e2e skipped: KILN_SKIP_E2E=1"

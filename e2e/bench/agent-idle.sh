@@ -35,7 +35,7 @@ echo "== images (binaries from $(dirname "$(bin kiln-agent)"))"
 kiln_images "$WORK"
 for f in kiln-operator kiln-agent; do
   printf '   %-14s stripped binary %6.1f MB, image %6.1f MB compressed\n' "$f" \
-    "$(echo "$(stat -c %s "$WORK/$f") / 1000000" | bc -l)" "$(echo "$(stat -c %s "$WORK/$f.tar") / 1000000" | bc -l)"
+    "$(echo "$(stat -c %s "$WORK/bin/$f") / 1000000" | bc -l)" "$(echo "$(stat -c %s "$WORK/$f.tar") / 1000000" | bc -l)"
 done
 printf '   %-14s %6.1f MB of the agent image (ONNX Runtime %s)\n' "libonnxruntime" \
   "$(echo "$(stat -c %s "$ORT_LIB") / 1000000" | bc -l)" "${ORT_IDENTITY%%@*}"

@@ -215,8 +215,19 @@ state = "$N_DIR/run/containerd"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$N_DIR/cni/net.d"
+  # Registry hosts: the cluster's registry, plain HTTP (certs.d/$REGISTRY_ADDR/hosts.toml).
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$d/certs.d"
 [plugins."io.containerd.internal.v1.opt"]
   path = "$d/opt"
+EOF
+  # The kubelet pulls images pushed to the cluster's registry (scripts/push-images.sh
+  # --plain-http) over plain HTTP; every other registry is unreachable from the cluster anyway.
+  mkdir -p "$d/certs.d/$REGISTRY_ADDR"
+  cat >"$d/certs.d/$REGISTRY_ADDR/hosts.toml" <<EOF
+server = "http://$REGISTRY_ADDR"
+[host."http://$REGISTRY_ADDR"]
+  capabilities = ["pull", "resolve"]
 EOF
   cat >"$N_DIR/cni/net.d/10-kiln.conflist" <<EOF
 {

@@ -60,6 +60,28 @@ t --set store.url=/s --set agent.gpu.enabled=true --set backends.onnxruntime="$i
 cmp -s <(t --set store.url=/s --set backends.onnxruntime="$ident") \
   <(t --set store.url=/s --set backends.onnxruntime="$ident" --set backends.onnxruntimeGpu="$gident") ||
   fail "backends.onnxruntimeGpu changes the render without agent.gpu"
+# Images pinned by digest (the values scripts/push-images.sh writes): repository@digest in the
+# operator, both agent DaemonSets and the compile Jobs' images the operator is given; a malformed
+# digest is refused with what to write.
+d1="sha256:$(printf '%064d' 1)" d2="sha256:$(printf '%064d' 2)" d3="sha256:$(printf '%064d' 3)"
+t --set store.url=/s --set agent.gpu.enabled=true --set backends.onnxruntimeGpu="$gident" \
+  --set operator.image.repository=reg.example/k/operator --set operator.image.tag=v1 --set operator.image.digest="$d1" \
+  --set agent.image.repository=reg.example/k/agent --set agent.image.digest="$d2" \
+  --set agent.gpu.image.repository=reg.example/k/agent-gpu --set agent.gpu.image.digest="$d3" | python3 -c '
+import sys, yaml
+d1, d2, d3 = sys.argv[1:]
+docs = [d for d in yaml.safe_load_all(sys.stdin) if d]
+image = lambda kind, name: [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name][0]["spec"]["template"]["spec"]["containers"][0]
+op = image("Deployment", "kiln-operator")
+env = {e["name"]: e.get("value") for e in op["env"]}
+want = [(op["image"], "reg.example/k/operator@" + d1), (image("DaemonSet", "kiln-agent")["image"], "reg.example/k/agent@" + d2),
+        (image("DaemonSet", "kiln-agent-gpu")["image"], "reg.example/k/agent-gpu@" + d3),
+        (env["KILN_AGENT_IMAGE"], "reg.example/k/agent@" + d2), (env["KILN_GPU_AGENT_IMAGE"], "reg.example/k/agent-gpu@" + d3)]
+bad = [f"{got} != {exp}" for got, exp in want if got != exp]
+print(*bad, sep="\n", file=sys.stderr)
+sys.exit(1 if bad else 0)' "$d1" "$d2" "$d3" || fail "image digests do not pin the images"
+out=$(t --set store.url=/s --set agent.image.digest=sha256:abc 2>&1) && fail "rendered a malformed image digest"
+grep -q 'expected sha256:<64 lowercase hex>' <<<"$out" || fail "malformed image digest refusal: $out"
 
 python3 - "$REPO" "$WORK" <<'PY'
 import glob, re, sys, yaml

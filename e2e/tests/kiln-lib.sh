@@ -6,19 +6,29 @@ REPO=$(cd "$E2E_DIR/.." && pwd)
 KILN_TAG=e2e
 
 # The ONNX Runtime library the agent image carries (scripts/ensure-onnxruntime.sh: the pinned
-# PyPI wheel's, cached), where it goes in the image, and what the operator keys on
-# (chart backends.onnxruntime: VERSION@sha256:<library>).
-ORT_LIB=${ORT_DYLIB_PATH:-$("$REPO/scripts/ensure-onnxruntime.sh")}
-ORT_IN_IMAGE=/usr/lib/onnxruntime/$(basename "$ORT_LIB")
+# PyPI wheel's, cached; scripts/build-images.sh puts it in the image) and what the operator keys
+# on (chart backends.onnxruntime: VERSION@sha256:<library>).
+ORT_LIB=$("$REPO/scripts/ensure-onnxruntime.sh")
 ORT_IDENTITY="${ORT_LIB##*libonnxruntime.so.}@sha256:$(sha256sum "$ORT_LIB" | cut -d' ' -f1)"
 
-# kiln_images DIR: kiln/operator:e2e and kiln/agent:e2e (kiln_image), the agent with ONNX
-# Runtime (its libraries come along; ORT_DYLIB_PATH set in the image, so the DaemonSet and the
-# compile Jobs find it, and ORT_DISABLE_TELEMETRY=1, which keeps the library's telemetry off).
+# kiln_images DIR: kiln/operator:e2e and kiln/agent:e2e, built by scripts/build-images.sh (the
+# recipe push-images.sh and the Containerfile use: the agent with ONNX Runtime, ORT_DYLIB_PATH
+# set and ORT_DISABLE_TELEMETRY=1) from this checkout's binaries (see bin), loaded into the node.
 kiln_images() {
-  kiln_image kiln-operator "kiln/operator:$KILN_TAG" "$1"
-  kiln_image kiln-agent "kiln/agent:$KILN_TAG" "$1" \
-    --add "$ORT_LIB:$ORT_IN_IMAGE" --env "ORT_DYLIB_PATH=$ORT_IN_IMAGE" --env ORT_DISABLE_TELEMETRY=1
+  local built name path _
+  built=$(kiln_build_images "$1" operator,agent) || return 1
+  while IFS=$'\t' read -r name path _; do
+    "$E2E_DIR/cluster" load-image "$path" >/dev/null || return 1
+  done <<<"$built"
+}
+
+# kiln_build_images DIR LIST: scripts/build-images.sh of the images in LIST, named kiln/NAME:e2e,
+# into DIR (DIR/kiln-NAME.tar); its output lines (NAME, tar, backends) on stdout.
+kiln_build_images() {
+  local bins=()
+  [[ ,$2, != *,operator,* ]] || bins+=(--operator-bin "$(bin kiln-operator)")
+  [[ ,$2, != *,agent* ]] || bins+=(--agent-bin "$(bin kiln-agent)")
+  "$REPO/scripts/build-images.sh" --images "$2" --tag "$KILN_TAG" "${bins[@]}" "$1"
 }
 
 # kiln_gpu_image_tar DIR: DIR/kiln-agent-gpu.tar, the GPU variant of the agent image
@@ -30,14 +40,7 @@ kiln_images() {
 # chart runs it on GPU nodes (agent.gpu). Fetches 1.2 GB on first use; builds in about a minute.
 ORT_GPU_IN_IMAGE=/usr/lib/onnxruntime
 kiln_gpu_image_tar() {
-  local libs
-  libs=$("$REPO/scripts/ensure-onnxruntime-gpu.sh") || return 1
-  strip -o "$1/kiln-agent" "$(bin kiln-agent)"
-  "$E2E_DIR/build-image" --name "kiln/agent-gpu:$KILN_TAG" --out "$1/kiln-agent-gpu.tar" \
-    --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt \
-    --add-dir "$libs:$ORT_GPU_IN_IMAGE" --allow-missing libcuda.so.1 \
-    --env "ORT_DYLIB_PATH=$ORT_GPU_IN_IMAGE/libonnxruntime.so.1.31.1" --env "LD_LIBRARY_PATH=$ORT_GPU_IN_IMAGE" \
-    --env ORT_DISABLE_TELEMETRY=1 "$1/kiln-agent"
+  kiln_build_images "$1" agent-gpu >/dev/null
 }
 
 # kiln_example_dirs DIR: DIR/sources holding the example model and fixture (the chart's
@@ -177,4 +180,66 @@ kiln_cleanup() {
 die() {
   kiln_diagnose "$NS" "$REAL"
   fail "$*"
+}
+
+# kiln_readme_script REGISTRY NAMESPACE [PUSH ARGS] [HELM ARGS]: README.md's "In a cluster" block
+# (its first ```sh block), as the kiln test runs it: the REGISTRY= and NAMESPACE= lines set to
+# the given values, target/release/kiln-agent replaced by the kiln-agent under test, PUSH ARGS
+# appended to the scripts/push-images.sh command and HELM ARGS to the helm install command (each
+# one string, already quoted for the shell). Everything else is the README's text. Fails, saying
+# what moved, when the block lacks one of those anchors: the README and the test drifted apart.
+kiln_readme_script() {
+  python3 - "$REPO/README.md" "$@" "$(bin kiln-agent)" <<'PY'
+import re, shlex, sys
+readme, registry, namespace, push_args, helm_args, agent = sys.argv[1:]
+text = open(readme).read()
+section = re.search(r"^## In a cluster\n(.*?)(?=^## )", text, re.S | re.M)
+block = section and re.search(r"^```sh\n(.*?)^```$", section.group(1), re.S | re.M)
+if not block:
+    sys.exit("README.md: no ```sh block in the section '## In a cluster'")
+lines = block.group(1).splitlines()
+
+def command(prefix):
+    """Indices of the lines of the one command starting with `prefix` (with continuations)."""
+    starts = [i for i, l in enumerate(lines) if l.startswith(prefix)]
+    if len(starts) != 1:
+        sys.exit(f"README.md's cluster block has {len(starts)} lines starting with {prefix!r}; "
+                 "e2e/tests/kiln-lib.sh (kiln_readme_script) expects one: update the one that drifted")
+    end = starts[0]
+    while lines[end].rstrip().endswith("\\") or lines[end].rstrip().endswith("&&"):
+        end += 1
+    return end
+
+for var, value in (("REGISTRY", registry), ("NAMESPACE", namespace)):
+    i = command(f"{var}=")
+    lines[i] = f"{var}={shlex.quote(value)}"
+for prefix, extra in (("scripts/push-images.sh ", push_args), ("helm install ", helm_args)):
+    i = command(prefix)
+    if " #" in lines[i]:
+        sys.exit(f"README.md's cluster block ends the {prefix.strip()!r} command with a comment; "
+                 "kiln_readme_script appends options there: move the comment above it")
+    lines[i] = f"{lines[i].rstrip()} {extra}"
+script = "\n".join(lines) + "\n"
+if "target/release/kiln-agent" not in script:
+    sys.exit("README.md's cluster block no longer runs target/release/kiln-agent (keygen); update kiln_readme_script")
+print(script.replace("target/release/kiln-agent", shlex.quote(agent)), end="")
+PY
+}
+
+# kiln_readme_install WORK REGISTRY NAMESPACE PUSH-ARGS HELM-ARGS: runs kiln_readme_script in
+# WORK/readme, a directory holding links to the work tree's scripts, charts and examples (the
+# block writes keys/ and kiln-images.yaml where it runs), with bash -euo pipefail as a user's
+# terminal would stop at the first error. The script is WORK/readme/install.sh, its output on
+# stderr.
+kiln_readme_install() {
+  local dir=$1/readme
+  shift
+  mkdir -p "$dir"
+  ln -sfn "$REPO/scripts" "$dir/scripts"
+  ln -sfn "$REPO/charts" "$dir/charts"
+  ln -sfn "$REPO/examples" "$dir/examples"
+  kiln_readme_script "$@" >"$dir/install.sh" || return 1
+  echo "   README.md's block, as run ($dir/install.sh):" >&2
+  sed 's/^/   | /' "$dir/install.sh" >&2
+  (cd "$dir" && bash -euo pipefail ./install.sh >&2)
 }

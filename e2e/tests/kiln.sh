@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# kiln end to end, installed by its Helm chart with the store on the cluster's registry: apply
-# the example model; the compile Job pushes the artifact to the registry; the agent pulls it by
-# digest, verifies, loads, warms and reports its KilnNode row Ready; a serving pod gated on
-# kiln.dev/warm (created right after the apply) becomes Ready only after that row (checked
-# while polling and on the API timestamps); the node readiness label appears; both components'
-# metrics show the path and pass promtool. Prints the time from apply to ready. Then one byte of
+# kiln end to end, installed as README.md's "In a cluster" section says, by running that section's
+# block itself (kiln_readme_install: REGISTRY and NAMESPACE set to the cluster's, the options the
+# README documents for a plain-HTTP registry and this harness added): scripts/push-images.sh
+# builds the operator and agent images and pushes them to the cluster's registry, the chart is
+# installed with them pinned by digest and the kubelet pulls them from there (nothing loaded by
+# hand), with the store on the same registry; the README applies the example. A serving pod gated
+# on kiln.dev/warm (created right after) becomes Ready only after the KilnNode row (checked while
+# polling and on the API timestamps): the compile Job pushes the artifact to the registry; the
+# agent pulls it by digest, verifies, loads, warms and reports its KilnNode row Ready; the node
+# readiness label appears; both components' metrics show the path and pass promtool. Prints the
+# time from apply to ready. Then one byte of
 # the artifact blob is flipped in the registry's storage and the agent restarts on a fresh cache
 # (helm upgrade): the pull fails verification (HashMismatch), the node fails closed (row Failed,
 # gate False with the reason, pod not Ready, label removed), counted, and nothing is loaded.
@@ -23,16 +28,39 @@ teardown() {
 }
 epoch() { date -d "$1" +%s; }
 
-kiln_images "$WORK"
 kiln_example_dirs "$WORK"
 
-echo "== install: store oci://$REGISTRY_ADDR/$REPOSITORY"
+echo "== README.md's cluster install: images pushed to $REGISTRY_ADDR, chart, example"
 kiln_fresh_crds
-kiln_up "$REL" "$NS" "$REPOSITORY" "$WORK" || die "kiln did not come up"
-
-echo "== apply the example and a serving pod gated on kiln.dev/warm"
+# The README's block creates the namespace and names the release kiln.
+kubectl delete namespace "$NS" --wait=true --timeout=120s >/dev/null
+REL=kiln
+IMAGES=$REGISTRY_ADDR/kiln-e2e/$NS
+kiln_readme_install "$WORK" "$IMAGES" "$NS" \
+  "--plain-http --images operator,agent --operator-bin $(bin kiln-operator) --agent-bin $(bin kiln-agent)" \
+  "--set store.insecure=true --set sources.hostPath=$WORK/sources --set agent.cacheHostPath=$WORK/cache --set compile.retryBackoffSeconds=2" ||
+  die "README.md's cluster commands failed"
 T_APPLY=$(date +%s.%N)
-kubectl -n "$NS" apply -f "$REPO/examples/squeezenet/kiln.yaml" >/dev/null
+STORE=$(kubectl -n "$NS" get deploy kiln-operator -o json |
+  jq -r '.spec.template.spec.containers[0].env[] | select(.name == "KILN_STORE") | .value')
+[[ $STORE == "oci://$REGISTRY_ADDR/"* ]] || die "the README's store is $STORE, not on the cluster's registry"
+REPOSITORY=${STORE#"oci://$REGISTRY_ADDR/"}
+
+echo "== the kubelet pulled the pushed images by digest"
+VALUES=$WORK/readme/kiln-images.yaml
+for c in operator agent; do
+  want=$(python3 -c 'import sys, yaml; i = yaml.safe_load(open(sys.argv[1]))[sys.argv[2]]["image"]; print(i["repository"] + "@" + i["digest"])' "$VALUES" "$c")
+  [[ $want == "$IMAGES/$c@sha256:"* ]] || die "kiln-images.yaml pins $c as $want"
+  pod=$(kubectl -n "$NS" get pods -l "app.kubernetes.io/component=$c" -o json)
+  jq -e --arg w "$want" '[.items[] | .spec.containers[0].image == $w and .status.containerStatuses[0].imageID == $w] | all and length > 0' <<<"$pod" >/dev/null ||
+    die "$c pods do not run $want: $(jq -c '[.items[] | {image: .spec.containers[0].image, imageID: .status.containerStatuses[0].imageID}]' <<<"$pod")"
+  kubectl -n "$NS" get events --field-selector reason=Pulled -o json |
+    jq -e --arg w "$want" 'any(.items[]; .message | contains("Successfully pulled image \"" + $w + "\""))' >/dev/null ||
+    die "no 'Successfully pulled image' event for $want"
+  echo "   $c: $want pulled from the registry"
+done
+
+echo "== a serving pod gated on kiln.dev/warm"
 serving_pod "$NS" "$TARGET" "$REAL"
 
 row() { kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq -c --arg ns "$NS" --arg t "$TARGET" '.status.targets[]? | select(.namespace == $ns and .name == $t)'; }

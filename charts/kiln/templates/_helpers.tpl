@@ -36,9 +36,18 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
-{{/* An image reference; pass (dict "root" $ "image" .Values.operator.image). */}}
+{{/* An image reference; pass (dict "root" $ "image" .Values.operator.image): repository@digest
+when the image has a digest (the tag is then only a label, as the kubelet pulls by digest), else
+repository:tag. */}}
 {{- define "kiln.image" -}}
+{{- with .image.digest }}
+{{- if not (regexMatch "^sha256:[0-9a-f]{64}$" .) }}
+{{- fail (printf "image digest %q: expected sha256:<64 lowercase hex>, as scripts/push-images.sh prints it" .) }}
+{{- end }}
+{{- printf "%s@%s" $.image.repository . }}
+{{- else }}
 {{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/* The store URL, required. */}}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# kiln's images, one recipe for every way they are made: the e2e tests (e2e/tests/kiln-lib.sh),
+# scripts/push-images.sh and the Containerfile all build them here, with e2e/build-image.
+#
+#   scripts/build-images.sh [--images LIST] [--name-prefix PREFIX] [--tag TAG]
+#                           [--operator-bin FILE] [--agent-bin FILE] [--rootfs] OUTDIR
+#
+# LIST: comma-separated, of
+#   operator   kiln-operator (stripped) and the libraries it links, CA certificates
+#   agent      kiln-agent (stripped), the ONNX Runtime library of scripts/ensure-onnxruntime.sh at
+#              /usr/lib/onnxruntime (ORT_DYLIB_PATH; ORT_DISABLE_TELEMETRY=1 keeps the library's
+#              telemetry off), CA certificates
+#   agent-gpu  kiln-agent with the onnxruntime-gpu library, its CUDA provider and the CUDA 13 /
+#              cuDNN 9 libraries of scripts/ensure-onnxruntime-gpu.sh in a layer of their own at
+#              /usr/lib/onnxruntime (LD_LIBRARY_PATH), libcuda.so.1 left to the NVIDIA container
+#              runtime (fetches 1.2 GB on first use)
+# (default: operator,agent,agent-gpu). Binaries: target/release/kiln-{operator,agent} unless
+# given. Each image is written as OUTDIR/kiln-NAME.tar (an OCI archive named PREFIX/NAME:TAG;
+# default kiln/NAME:latest), or with --rootfs as the directory OUTDIR/kiln-NAME/ (one directory
+# per layer and config.json, see e2e/build-image). Prints one line per image on stdout:
+#   NAME<TAB>PATH<TAB>BACKENDS
+# where BACKENDS is what the chart's `backends` must say of it (onnxruntime=VERSION@sha256:HEX,
+# onnxruntimeGpu=...) or "-".
+set -euo pipefail
+REPO=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
+
+usage() { sed -n '2,23s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+images=operator,agent,agent-gpu prefix=kiln tag=latest rootfs=0 out=
+operator_bin=$REPO/target/release/kiln-operator agent_bin=$REPO/target/release/kiln-agent
+while (($#)); do
+  case $1 in
+    --images) images=${2:?--images needs a list}; shift ;;
+    --name-prefix) prefix=${2:?--name-prefix needs a value}; shift ;;
+    --tag) tag=${2:?--tag needs a value}; shift ;;
+    --operator-bin) operator_bin=${2:?--operator-bin needs a file}; shift ;;
+    --agent-bin) agent_bin=${2:?--agent-bin needs a file}; shift ;;
+    --rootfs) rootfs=1 ;;
+    -h | --help) usage ;;
+    -*) echo "build-images: unknown option $1" >&2; usage ;;
+    *) [[ -z $out ]] || usage; out=$1 ;;
+  esac
+  shift
+done
+[[ -n $out ]] || usage
+IFS=, read -ra wanted <<<"$images"
+((${#wanted[@]})) || { echo "build-images: --images is empty; name operator, agent or agent-gpu" >&2; exit 2; }
+for image in "${wanted[@]}"; do
+  case $image in
+    operator) [[ -x $operator_bin ]] || { echo "build-images: no kiln-operator at $operator_bin (cargo build --release -p kiln-operator, or --operator-bin)" >&2; exit 1; } ;;
+    agent | agent-gpu) [[ -x $agent_bin ]] || { echo "build-images: no kiln-agent at $agent_bin (cargo build --release -p kiln-agent, or --agent-bin)" >&2; exit 1; } ;;
+    *) echo "build-images: unknown image '$image' in --images; use operator, agent, agent-gpu" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out/bin"
+
+# identity LIB: VERSION@sha256:<hex> of an ONNX Runtime library, what the operator keys on.
+identity() { echo "${1##*libonnxruntime.so.}@sha256:$(sha256sum "$1" | cut -d' ' -f1)"; }
+
+# build NAME BINARY BUILD-IMAGE-ARGS...: the image NAME around the stripped BINARY.
+build() {
+  local name=$1 binary=$2 dest
+  shift 2
+  strip -o "$out/bin/$(basename "$binary")" "$binary"
+  if ((rootfs)); then
+    dest=$out/kiln-$name
+    rm -rf "$dest"
+    set -- --rootfs "$dest" "$@"
+  else
+    dest=$out/kiln-$name.tar
+    set -- --out "$dest" "$@"
+  fi
+  "$REPO/e2e/build-image" --name "$prefix/$name:$tag" \
+    --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt "$@" \
+    "$out/bin/$(basename "$binary")" >&2
+  BUILT=$dest
+}
+
+ORT_DIR=/usr/lib/onnxruntime
+for image in "${wanted[@]}"; do
+  case $image in
+    operator)
+      build operator "$operator_bin"
+      printf 'operator\t%s\t-\n' "$BUILT" ;;
+    agent)
+      lib=$("$REPO/scripts/ensure-onnxruntime.sh")
+      build agent "$agent_bin" --add "$lib:$ORT_DIR/$(basename "$lib")" \
+        --env "ORT_DYLIB_PATH=$ORT_DIR/$(basename "$lib")" --env ORT_DISABLE_TELEMETRY=1
+      printf 'agent\t%s\tonnxruntime=%s\n' "$BUILT" "$(identity "$lib")" ;;
+    agent-gpu)
+      libs=$("$REPO/scripts/ensure-onnxruntime-gpu.sh")
+      lib=$(echo "$libs"/libonnxruntime.so.1.*)
+      build agent-gpu "$agent_bin" --add-dir "$libs:$ORT_DIR" --allow-missing libcuda.so.1 \
+        --env "ORT_DYLIB_PATH=$ORT_DIR/$(basename "$lib")" --env "LD_LIBRARY_PATH=$ORT_DIR" \
+        --env ORT_DISABLE_TELEMETRY=1
+      printf 'agent-gpu\t%s\tonnxruntimeGpu=%s\n' "$BUILT" "$(identity "$lib")" ;;
+  esac
+done
