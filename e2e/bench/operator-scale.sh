@@ -116,22 +116,27 @@ kubectl -n "$NS" apply -f "$WORK/objects.yaml" --server-side >/dev/null
 t_targets=$(echo "$(date +%s.%N) - $t0" | bc)
 echo "   applied in $t_targets s"
 
-# apiserver_request_total summed by "VERB RESOURCE" (every client's; the bench's own are a
-# watch and a few gets).
+# Per "VERB:RESOURCE": requests (apiserver_request_total, every client's; the bench's own are a
+# watch and a few gets), and the apiserver's time in them (seconds, requests timed).
 requests_by() {
-  kubectl get --raw /metrics | awk '/^apiserver_request_total\{/ {
+  kubectl get --raw /metrics | awk '
+    /^apiserver_request_(total|duration_seconds_sum|duration_seconds_count)\{/ {
       v = ""; r = ""
       if (match($0, /verb="[A-Z]+"/)) v = substr($0, RSTART + 6, RLENGTH - 7)
       if (match($0, /resource="[a-z]+"/)) r = substr($0, RSTART + 10, RLENGTH - 11)
-      s[v " " r] += $NF }
-    END { for (k in s) print k, s[k] }' | sort
+      k = v ":" r; keys[k] = 1
+      if ($0 ~ /^apiserver_request_total/) n[k] += $NF
+      else if ($0 ~ /_sum\{/) t[k] += $NF
+      else c[k] += $NF }
+    END { for (k in keys) printf "%s %d %.3f %d\n", k, n[k], t[k], c[k] }' | sort
 }
-# What changed between two requests_by snapshots, for the kinds that matter here.
+# What changed between two requests_by snapshots, for the kinds that matter here: VERB RESOURCE
+# requests, and the apiserver's mean time per request in ms.
 requests_delta() {
-  join -a 2 -e 0 -o 0,1.2,2.2 <(sed 's/ /:/' "$1" | sort) <(sed 's/ /:/' "$2" | sort) |
-    awk '{ d = $3 - $2; split($1, k, ":")
+  join -a 2 -e 0 -o 0,1.2,1.3,1.4,2.2,2.3,2.4 "$1" "$2" |
+    awk '{ d = $5 - $2; split($1, k, ":"); ms = ($7 > $4) ? ($6 - $3) * 1000 / ($7 - $4) : 0
       if (d > 0 && k[2] ~ /^(compiledtargets|events|jobs|nodes|kilnnodes|modelartifacts|leases|pods)$/)
-        printf "%s %s %d\n", k[1], k[2], d }'
+        printf "%s %s %d %.1f\n", k[1], k[2], d, ms }'
 }
 # Mutating requests on the kinds the operator writes, as the apiserver counts them.
 writes() {
@@ -216,6 +221,7 @@ OPPID=$(op_pid 18090 $PID)
 wait "$WATCH" || { tail "$WORK/watch.log" "$WORK/operator.log"; exit 1; }
 end=$(cat "$WORK/done")
 cp1=$(cp_cpu)
+rec_n=$(reconciles 18090) rec_s=$(metric 18090 kiln_operator_reconcile_duration_seconds_sum)
 requests_by >"$WORK/req1"
 want_jobs=$((N * M < L ? N * M : L))
 for _ in $(seq 120); do
@@ -229,7 +235,10 @@ printf 'reconciled all: %.1f s for %d targets x %d classes at limit %d (%d Jobs,
   "$t_operator" "$N" "$M" "$L" "$jobs" "$want_jobs" "$cpu_done" "$(echo "$cp1 - $cp0" | bc)" \
   "$t_operator" "$(nproc)" "$(echo "$t_operator * $(nproc)" | bc)"
 sed 's/^/   /' "$WORK/watch.log"
-echo "API requests while it reconciled, by verb and resource (every client's):"
+printf 'reconciles: %d (%.2f per target), %.1f ms each on average; the %d reconcile slots were busy %.0f%% of the wall time\n' \
+  "$rec_n" "$(echo "$rec_n / $N" | bc -l)" "$(echo "$rec_s * 1000 / ($rec_n + 0.000001)" | bc -l)" \
+  "${KILN_MAX_CONCURRENT_RECONCILES:-32}" "$(echo "$rec_s * 100 / ($t_operator * ${KILN_MAX_CONCURRENT_RECONCILES:-32})" | bc -l)"
+echo "API requests while it reconciled, by verb and resource (every client's), and the apiserver's mean ms per request:"
 requests_delta "$WORK/req0" "$WORK/req1" | tee "$WORK/reqd" | sed 's/^/   /'
 status_w=$(awk '$2 == "compiledtargets" && $1 ~ /PATCH|APPLY|PUT/ {s += $3} END {print s + 0}' "$WORK/reqd")
 event_w=$(awk '$2 == "events" && $1 ~ /POST|PATCH/ {s += $3} END {print s + 0}' "$WORK/reqd")

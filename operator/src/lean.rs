@@ -94,7 +94,13 @@ mod tests {
         .expect("target");
         let before = t.clone();
         target(&mut t);
-        assert!(t.metadata.managed_fields.as_deref().unwrap_or_default().is_empty());
+        assert!(
+            t.metadata
+                .managed_fields
+                .as_deref()
+                .unwrap_or_default()
+                .is_empty()
+        );
         assert_eq!(
             t.annotations().keys().collect::<Vec<_>>(),
             ["kiln.dev/retry"]

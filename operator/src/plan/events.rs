@@ -141,7 +141,7 @@ fn conditions_turned(old: &CompiledTargetStatus, new: &CompiledTargetStatus) -> 
             // A new target starting out not ready, not stalled and not degraded is not news: its
             // status says so, and 10,000 targets applied at once made 10,000 such Events, as
             // many writes as their statuses. Starting out stalled (a spec to fix) is.
-            let quiet_start = before.is_none() && !true_ && !stalled;
+            let quiet_start = before.is_none() && !true_ && (c.type_ != READY || !stalled);
             let same = before.map(|b| (&b.status, &b.reason)) == Some((&c.status, &c.reason));
             if quiet_start || same {
                 return None;
