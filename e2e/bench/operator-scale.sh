@@ -42,13 +42,14 @@ if [[ ${1:-} == --curve ]]; then
     "$REPO/e2e/cluster" down >/dev/null 2>&1 || true
     "$REPO/e2e/cluster" up --control-plane-only >/dev/null
     echo "=== $n targets x $M classes (load before: $(cut -d' ' -f1-3 /proc/loadavg))"
-    "$REPO/e2e/cluster" run -- "$0" "$n" "$M" "$L" 2>&1 | tee "$OUT/$n.log" || true
+    "$REPO/e2e/cluster" run -- "$BENCH/operator-scale.sh" "$n" "$M" "$L" 2>&1 | tee "$OUT/$n.log" || true
     "$REPO/e2e/cluster" down >/dev/null 2>&1 || true
   done
   echo
   echo "== curve ($M classes, compile limit $L; logs in $OUT)"
   printf '| %s |\n' "targets | reconcile all | bound | ratio | peak RSS | operator CPU | apiserver + etcd CPU | status writes | Events | other writes | writes 1st min after leader change | new leader reconciled all | load before/after"
   printf '|%s\n' "---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  per_target=() prev_n= prev_rss=
   for n in "${SIZES[@]}"; do
     line=$(grep '^RESULT ' "$OUT/$n.log" | tail -1) || { echo "| $n | (failed: $OUT/$n.log) |"; continue; }
     declare -A r=()
@@ -57,12 +58,12 @@ if [[ ${1:-} == --curve ]]; then
       "${r[n]}" "${r[t]}" "${r[bound]}" "${r[ratio]}" "${r[rss]}" "${r[cpu]}" "${r[api_cpu]}" \
       "${r[status]}" "${r[events]}" "${r[other]}" "${r[restart_writes]}" "${r[restart_t]}" \
       "${r[load0]}" "${r[load1]}"
-    prev_n=${prev_n:-} prev_rss=${prev_rss:-}
     if [[ -n $prev_n ]]; then
-      echo "   memory per target from $prev_n to ${r[n]}: $(echo "(${r[rss]} - $prev_rss) * 1048576 / (${r[n]} - $prev_n)" | bc) bytes" >&2
+      per_target+=("peak RSS per added target from $prev_n to ${r[n]}: $(echo "(${r[rss]} - $prev_rss) * 1048576 / (${r[n]} - $prev_n)" | bc) bytes")
     fi
     prev_n=${r[n]} prev_rss=${r[rss]}
   done
+  printf '%s\n' "${per_target[@]}"
   exit 0
 fi
 
