@@ -16,6 +16,7 @@ use crate::job::JobSettings;
 use crate::lookups::LookupCache;
 use crate::memo::{LabelMemo, StatusMemo};
 use crate::metrics::Metrics;
+use crate::pace::Pacer;
 use crate::plan::Settings;
 
 /// Field manager for everything the operator applies.
@@ -67,4 +68,7 @@ pub struct Context {
     /// Store lookups remembered by compile key ([`crate::lookups`]): verified entries for good,
     /// misses until a Job of the key finishes or `--store-miss-recheck-seconds` pass.
     pub lookups: Mutex<LookupCache>,
+    /// When each target's status was last written, to write it at most once per
+    /// `--status-write-interval-ms` ([`crate::pace`]).
+    pub pacer: Pacer,
 }

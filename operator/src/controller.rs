@@ -366,6 +366,7 @@ pub async fn sweep(ctx: &Context, targets: &Store<CompiledTarget>) {
     let names: std::collections::BTreeSet<&String> = live.values().collect();
     let uids: std::collections::BTreeSet<String> =
         targets.state().iter().filter_map(|t| t.uid()).collect();
+    ctx.pacer.forget_old(Instant::now());
     if let Ok(mut written) = ctx.written.lock() {
         written.retain(|uid, _| uids.contains(uid));
     }

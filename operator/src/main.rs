@@ -139,6 +139,12 @@ struct Cli {
     #[arg(long, env = "KILN_MAX_CONCURRENT_RECONCILES", default_value_t = 32,
           value_parser = clap::value_parser!(u16).range(1..))]
     max_concurrent_reconciles: u16,
+    /// The shortest time between two status writes of one CompiledTarget, in milliseconds: changes
+    /// that come sooner (node reports during a rollout) go out together in the next write, so a
+    /// status lags its nodes by at most this long. A first write, and one that goes with a Job
+    /// created or deleted, is never held. 0: every change at once.
+    #[arg(long, env = "KILN_STATUS_WRITE_INTERVAL_MS", default_value_t = 1000)]
+    status_write_interval_ms: u64,
     /// Store lookups: a compile key found missing (or refused) is looked up again after this
     /// many seconds at the latest, and at once when one of its compile Jobs finishes; 0 looks
     /// it up on every reconcile. A verified entry is remembered for good (it does not change).
@@ -221,6 +227,7 @@ fn config(cli: Cli) -> Result<Config, ExitCode> {
         job_settings: job_settings(&cli),
         listen: cli.listen,
         concurrency: cli.max_concurrent_reconciles,
+        status_interval: Duration::from_millis(cli.status_write_interval_ms),
         election: election(cli),
     })
 }

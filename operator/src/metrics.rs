@@ -44,6 +44,7 @@ struct Inner {
     ready_nodes: Family<ClassLabel, Gauge>,
     promotions: Counter,
     untrusted: Counter,
+    held: Counter,
 }
 
 /// A node class.
@@ -66,6 +67,7 @@ impl Metrics {
             ready_nodes: Family::default(),
             promotions: Counter::default(),
             untrusted: Counter::default(),
+            held: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("kiln_operator");
         r.register(
@@ -112,6 +114,11 @@ impl Metrics {
             "untrusted_entries",
             "Stored entries refused (to be rebuilt): attestation missing or not signed by --trust-key, or build manifest corrupt",
             inner.untrusted.clone(),
+        );
+        r.register(
+            "status_writes_held",
+            "Status changes held back because the target's status was written less than --status-write-interval-ms ago (they go out with the next write)",
+            inner.held.clone(),
         );
         Self {
             inner: Arc::new(inner),
@@ -168,6 +175,11 @@ impl Metrics {
     /// A stored entry was refused: its attestation, or its build manifest, did not verify.
     pub fn untrusted_entry(&self) {
         self.inner.untrusted.inc();
+    }
+
+    /// A status change was held back by the write interval ([`crate::pace`]).
+    pub fn held(&self) {
+        self.inner.held.inc();
     }
 
     /// A revision became known-good.

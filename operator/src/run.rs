@@ -57,6 +57,8 @@ pub struct Config {
     pub election: Option<Election>,
     /// CompiledTargets reconciled at once.
     pub concurrency: u16,
+    /// The shortest time between two status writes of one target ([`crate::pace`]).
+    pub status_interval: std::time::Duration,
 }
 
 /// Runs until SIGTERM/SIGINT or, with leader election, until leadership is lost.
@@ -324,16 +326,12 @@ where
 /// One item of a cache's trigger stream: an object, or the error of the watch behind it.
 type Watched<K> = Result<K, watcher::Error>;
 
-/// Nodes, with what the plan never reads (status, spec, managed fields) dropped to keep memory
-/// flat; a Node triggers when its labels change or it goes.
+/// Nodes, trimmed to name and labels ([`crate::lean::node`]); a Node triggers when its labels
+/// change or it goes.
 fn node_cache(client: &Client) -> (Store<Node>, impl Stream<Item = Watched<Node>> + use<>) {
     let (store, writer) = reflector::store::<Node>();
     let stream = watch_all::<Node>(client, watcher::Config::default())
-        .modify(|n| {
-            n.managed_fields_mut().clear();
-            n.status = None;
-            n.spec = None;
-        })
+        .modify(crate::lean::node)
         .reflect(writer)
         .filter_map(changed(
             |n: &Node| crate::triggers::fingerprint(&n.metadata.labels),
@@ -342,7 +340,8 @@ fn node_cache(client: &Client) -> (Store<Node>, impl Stream<Item = Watched<Node>
     (store, stream)
 }
 
-/// KilnNodes, less their conditions; one triggers when its status changes or it goes.
+/// KilnNodes, trimmed to what readiness reads ([`crate::lean::kiln_node`]); one triggers when
+/// that changes or it goes.
 fn kiln_node_cache(
     client: &Client,
 ) -> (
@@ -351,12 +350,7 @@ fn kiln_node_cache(
 ) {
     let (store, writer) = reflector::store::<KilnNode>();
     let stream = watch_all::<KilnNode>(client, watcher::Config::default())
-        .modify(|n| {
-            n.managed_fields_mut().clear();
-            if let Some(s) = n.status.as_mut() {
-                s.conditions.clear();
-            }
-        })
+        .modify(crate::lean::kiln_node)
         .reflect(writer)
         .filter_map(changed(
             |k: &KilnNode| crate::triggers::fingerprint(&k.status),
@@ -374,33 +368,29 @@ fn model_cache(
 ) {
     let (store, writer) = reflector::store::<ModelArtifact>();
     let stream = watch_all::<ModelArtifact>(client, watcher::Config::default())
-        .modify(|m| m.managed_fields_mut().clear())
+        .modify(crate::lean::model)
         .reflect(writer)
         .touched_objects()
         .predicate_filter(predicates::generation, PredicateConfig::default());
     (store, stream)
 }
 
-/// The operator's own compile Jobs (by label), less their pod template; every change triggers.
+/// The operator's own compile Jobs (by label), less their pod template ([`crate::lean::job`]);
+/// every change triggers.
 fn job_cache(client: &Client) -> (Store<Job>, impl Stream<Item = Watched<Job>> + use<>) {
     let (store, writer) = reflector::store::<Job>();
     let stream = watch_all::<Job>(
         client,
         watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)),
     )
-    .modify(|j| {
-        j.managed_fields_mut().clear();
-        if let Some(s) = j.spec.as_mut() {
-            s.template = Default::default();
-        }
-    })
+    .modify(crate::lean::job)
     .reflect(writer)
     .touched_objects();
     (store, stream)
 }
 
-/// CompiledTargets, through our own reflector rather than `Controller::new`'s, to learn when it
-/// has listed (the receiver turns true) without waiting on the store, which the controller
+/// CompiledTargets, less their managed fields ([`crate::lean::target`]), through our own
+/// reflector rather than `Controller::new`'s, to learn when it has listed (the receiver turns true) without waiting on the store, which the controller
 /// itself waits on (see `Context::synced`).
 fn target_cache(
     client: &Client,
@@ -412,6 +402,7 @@ fn target_cache(
     let (store, writer) = reflector::store::<CompiledTarget>();
     let (listed_tx, listed) = tokio::sync::watch::channel(false);
     let stream = watch_all::<CompiledTarget>(client, watcher::Config::default())
+        .modify(crate::lean::target)
         .reflect(writer)
         .inspect(move |event| {
             if matches!(event, Ok(watcher::Event::InitDone)) {
@@ -453,6 +444,7 @@ fn context(
         compile_slots: std::sync::Mutex::new(BTreeMap::new()),
         written: std::sync::Mutex::new(Default::default()),
         lookups: std::sync::Mutex::new(config.lookups.clone()),
+        pacer: crate::pace::Pacer::new(config.status_interval),
     }
 }
 

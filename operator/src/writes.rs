@@ -3,7 +3,7 @@
 //! may not decide (what to write comes from the plan, or from `sweep`).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Node;
@@ -20,7 +20,9 @@ use crate::memo;
 use crate::plan::{self, ModelLookup};
 
 /// Carries the plan out: the only writes. Stops at the first failed write (the next reconcile
-/// starts over from what then exists); an Event that cannot be recorded fails nothing.
+/// starts over from what then exists); an Event that cannot be recorded fails nothing. A status
+/// change within the write interval of the target's last write is held, Events with it, and the
+/// target reconciled again when the interval is over ([`crate::pace`]).
 pub async fn apply(
     target: &CompiledTarget,
     model: &ModelLookup,
@@ -40,6 +42,16 @@ pub async fn apply(
         }
     }
     let old = target.status.clone().unwrap_or_default();
+    if plan.status != old {
+        let with_jobs = !plan.create.is_empty() || !plan.delete.is_empty();
+        let uid = target.uid().unwrap_or_default();
+        if let Some(wait) = ctx.pacer.wait(&uid, Instant::now(), with_jobs) {
+            // Written less than the interval ago: this change, its Events and whatever changes
+            // meanwhile go out together in one write when the interval is over.
+            ctx.metrics.held();
+            return Ok(Action::requeue(wait));
+        }
+    }
     record_metrics(
         ctx,
         &format!("{ns}/{}", target.name_any()),
@@ -159,15 +171,21 @@ fn record_metrics(
         let before = counts.insert(key.to_string(), count).unwrap_or(0);
         ctx.metrics.classes(count - before);
     }
+    // Only classes with ready nodes: a missing class counts 0, and 10,000 targets with nothing
+    // ready yet keep no map entry per class.
     let ready: BTreeMap<String, i64> = new
         .classes
         .iter()
+        .filter(|c| c.ready_nodes != 0)
         .map(|c| (c.class.clone(), i64::from(c.ready_nodes)))
         .collect();
     if let Ok(mut counts) = ctx.ready_counts.lock() {
-        let before = counts
-            .insert(key.to_string(), ready.clone())
-            .unwrap_or_default();
+        let before = if ready.is_empty() {
+            counts.remove(key)
+        } else {
+            counts.insert(key.to_string(), ready.clone())
+        }
+        .unwrap_or_default();
         ready_deltas(ctx, &before, &ready);
     }
 }
@@ -208,6 +226,9 @@ async fn write_status(
         })?;
     ctx.metrics.write("status");
     memo::wrote_status(&ctx.written, target, status);
+    if let Some(uid) = target.uid() {
+        ctx.pacer.wrote(&uid, Instant::now());
+    }
     Ok(())
 }
 

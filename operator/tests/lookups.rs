@@ -109,6 +109,7 @@ fn context(store: Arc<Counting>, dir: &Path, miss_recheck: Duration) -> Arc<Cont
         compile_slots: Default::default(),
         written: Default::default(),
         lookups: std::sync::Mutex::new(LookupCache::new(16, miss_recheck)),
+        pacer: kiln_operator::pace::Pacer::new(Duration::ZERO),
     })
 }
 

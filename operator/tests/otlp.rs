@@ -119,6 +119,7 @@ async fn child_exports_a_reconcile_span() {
             16,
             kiln_operator::lookups::DEFAULT_MISS_RECHECK,
         )),
+        pacer: kiln_operator::pace::Pacer::new(std::time::Duration::ZERO),
     });
     let mut target: CompiledTarget =
         serde_saphyr::from_str(include_str!("fixtures/target.yaml")).expect("target.yaml");
