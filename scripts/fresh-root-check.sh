@@ -10,7 +10,9 @@
 # that a build or test could pick up (FRESH_MACHINE below: its compilers, cmake, Python, git,
 # curl, and libclang-cpp14, the decoy that once fooled a glob into "libclang is installed").
 # Nothing more: every other package must come from scripts/ensure-packages.sh, run by the
-# commands themselves. The host's Rust toolchain (rustup home and cargo's bin), Go and Python are
+# commands themselves. What the workplace sets up on every machine for its network comes along:
+# the extra CA certificates, /etc/pip.conf, /opt/wheels, and the certificate, proxy and pip
+# variables of this environment. The host's Rust toolchain (rustup home and cargo's bin), Go and Python are
 # bind-mounted read-only at their own paths (a fresh machine has them installed the same way);
 # CARGO_HOME inside is empty (no registry, no git checkouts, no build cache), and the repository
 # is a fresh clone of this repository's HEAD (commit first what should be checked).
@@ -77,6 +79,13 @@ if [[ -f /etc/apt/sources.list.d/debian.sources ]]; then
   rm -f "$root/etc/apt/sources.list"
 fi
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+# The machine's network setup, which a fresh machine of this kind has too: its extra CA
+# certificates (registries are reached through a TLS-inspecting proxy), pip's configuration.
+if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
+  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+  chroot "$root" update-ca-certificates >>"$dir/debootstrap.log" 2>&1
+fi
+[[ ! -f /etc/pip.conf ]] || cp /etc/pip.conf "$root/etc/pip.conf"
 chroot "$root" apt-get update -q >>"$dir/debootstrap.log" 2>&1
 chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get -y -q upgrade >>"$dir/debootstrap.log" 2>&1
 say "root made in $((SECONDS - t0))s ($(du -sh --one-file-system "$root" | cut -f1)); preinstalled: $FRESH_MACHINE"
@@ -90,6 +99,12 @@ $cargo_bin $cargo_bin
 $py_prefix $py_prefix"
 [[ -n $go_root ]] && mounts+="
 $go_root $go_root"
+[[ ! -d /opt/wheels ]] || mounts+="
+/opt/wheels /opt/wheels"
+# The machine's own variables for certificates, proxies and pip (not the developer's).
+machine_env=()
+while IFS= read -r var; do machine_env+=("$var=${!var}"); done < <(compgen -e |
+  grep -E '^(SSL_CERT_(FILE|DIR)|CURL_CA_BUNDLE|REQUESTS_CA_BUNDLE|GIT_SSL_CAINFO|PIP_[A-Z_]+|(https?|no|HTTPS?|NO)_(proxy|PROXY))$' || true)
 path="$cargo_bin:$py_prefix/bin${go_root:+:$go_root/bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # run NAME COMMAND: one README command in the root, in a private mount namespace (the mounts
@@ -109,7 +124,7 @@ run() {
       mount -o remount,bind,ro "$root$dst"
     done <<<"$mounts"
     exec chroot "$root" "$@"' _ "$root" "$mounts" \
-    env -i HOME=/root USER=root LOGNAME=root PATH="$path" RUSTUP_HOME="$rustup_home" \
+    env -i "${machine_env[@]}" HOME=/root USER=root LOGNAME=root PATH="$path" RUSTUP_HOME="$rustup_home" \
     CARGO_HOME=/root/.cargo LANG=C.UTF-8 TERM=dumb CI=true KILN_SKIP_E2E=$((1 - e2e)) \
     nice -n 10 bash -c "cd /root/kiln && $cmd" >"$dir/$name.log" 2>&1 || rc=$?
   say "$name: exit $rc after $((SECONDS - start))s (load after $(cut -d' ' -f1-3 /proc/loadavg)); last lines:"
