@@ -49,7 +49,9 @@ impl Registry {
             let out = Command::new("htpasswd")
                 .args(["-Bbn", user, password])
                 .output()
-                .expect("htpasswd (apache2-utils) is needed; scripts/ensure-packages.sh installs it");
+                .expect(
+                    "htpasswd (apache2-utils) is needed; scripts/ensure-packages.sh installs it",
+                );
             assert!(out.status.success(), "htpasswd failed: {out:?}");
             std::fs::write(&htpasswd, &out.stdout).unwrap();
             config.push_str(&format!(
