@@ -20,9 +20,9 @@ set -euo pipefail
 # group | Debian package | consumer (who fails without it)
 LIST='
 build|g++|llama-cpp-sys-2 build script: compiles llama.cpp (and cc-built C of ring)
-build|gcc|cc crate (ring), cmake C compiler of llama.cpp
+build|gcc|cc crate (ring), cmake C compiler of llama.cpp, e2e static pause
 build|make|cmake'"'"'s Unix Makefiles generator (llama-cpp-sys-2)
-build|libc6-dev|every link of a Rust binary (crt1.o, libc.so)
+build|libc6-dev|every link of a Rust binary (crt1.o, libc.so), e2e static pause (libc.a)
 build|cmake|llama-cpp-sys-2 build script (builds llama.cpp for backend llamacpp)
 build|libclang-dev|bindgen in llama-cpp-sys-2 build script (loads /usr/lib/llvm-14/lib/libclang.so)
 test|docker-registry|kiln-store OCI tests, kiln-agent bench-pull, e2e registry
@@ -30,7 +30,7 @@ test|apache2-utils|htpasswd: kiln-store registry basic-auth test
 test|prometheus|promtool: metrics exposition tests of both components, e2e chart-render
 test|curl|kiln-store registry tests, e2e health checks
 test|openssl|node-agent tests (hostile HTTPS certificates), e2e PKI
-test|python3|node-agent tests (tests/data/hostile_https.py)
+test|python3|node-agent tests (tests/data/hostile_https.py, tests/secrets.rs), e2e/build-image
 test|python3-pip|scripts/ensure-onnxruntime.sh and ensure-models.sh (`python3 -m pip download`)
 e2e|containerd|e2e/cluster: container runtime (containerd, ctr)
 e2e|runc|e2e/cluster: containerd'"'"'s OCI runtime
