@@ -11,7 +11,7 @@
 # 1.2 GB once (scripts/ensure-onnxruntime-gpu.sh). Needs about 3 GB in ${TMPDIR:-/var/tmp}.
 set -euo pipefail
 REPO=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
-command -v docker-registry >/dev/null || { echo "bench-push-images: docker-registry missing (scripts/ensure-test-packages.sh)" >&2; exit 1; }
+command -v docker-registry >/dev/null || { echo "bench-push-images: docker-registry missing (scripts/ensure-packages.sh)" >&2; exit 1; }
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/kiln-bench-push.XXXXXX")
 pid=
 trap '[[ -z $pid ]] || kill "$pid" 2>/dev/null; rm -rf "$work"' EXIT

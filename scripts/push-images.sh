@@ -67,16 +67,12 @@ if [[ -n ${KILN_REGISTRY_USERNAME:-}${KILN_REGISTRY_PASSWORD:-} ]]; then
   [[ -z $authfile ]] || die "give credentials by --authfile or by KILN_REGISTRY_USERNAME/KILN_REGISTRY_PASSWORD, not both"
 fi
 
-# skopeo: installed when missing (Debian), as the project's other prerequisites are.
-if ! dpkg -s skopeo >/dev/null 2>&1 && ! command -v skopeo >/dev/null; then
-  if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
-    echo "push-images: installing skopeo" >&2
-    apt-get update -q >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends skopeo >&2
-  else
-    die "skopeo is missing; install it (Debian/Ubuntu: apt-get install skopeo; Fedora: dnf install skopeo) or run as root"
-  fi
+# skopeo: from the one list of prerequisites (group push), installed there when missing as root.
+if command -v dpkg-query >/dev/null; then
+  "$REPO/scripts/ensure-packages.sh" push || die "cannot install skopeo (scripts/ensure-packages.sh push)"
 fi
+command -v skopeo >/dev/null ||
+  die "skopeo is missing; install it (Debian/Ubuntu: apt-get install skopeo; Fedora: dnf install skopeo) or run as root"
 
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/kiln-push-images.XXXXXX")
 trap 'rm -rf "$work"' EXIT

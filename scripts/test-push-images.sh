@@ -7,13 +7,13 @@
 # auth file is left behind; malformed arguments are refused before anything is built. Pushes the
 # operator image only (the binary under test: newer of target/{release,debug}, or
 # KILN_OPERATOR_BIN), so it takes seconds. Exits 77 (skip), saying why, without docker-registry,
-# htpasswd or skopeo when it cannot install them (scripts/ensure-test-packages.sh does as root).
+# htpasswd or skopeo when it cannot install them (scripts/ensure-packages.sh does as root).
 set -euo pipefail
 REPO=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 PUSH=$REPO/scripts/push-images.sh
 fail() { echo "FAIL: test-push-images: $*" >&2; exit 1; }
 skip() { echo "SKIP: test-push-images: $*" >&2; exit 77; }
-command -v docker-registry >/dev/null || skip "docker-registry missing (scripts/ensure-test-packages.sh installs it as root)"
+command -v docker-registry >/dev/null || skip "docker-registry missing (scripts/ensure-packages.sh installs it as root)"
 command -v htpasswd >/dev/null || skip "htpasswd missing (apache2-utils)"
 if ! dpkg -s skopeo >/dev/null 2>&1 && [[ $EUID -ne 0 ]]; then skip "skopeo missing and not root to install it"; fi
 bin=${KILN_OPERATOR_BIN:-}

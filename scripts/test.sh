@@ -26,10 +26,10 @@ python3 scripts/check-fn-length.py --self-test
 python3 scripts/check-fn-length.py
 python3 scripts/check-doc-paths.py --self-test
 python3 scripts/check-doc-paths.py ARCHITECTURE.md README.md operator/README.md e2e/README.md
-# docker-registry (kiln-store's OCI tests run a real distribution registry), htpasswd and
-# promtool (both components' exposition is checked with it); as root a missing one fails those
-# tests, so install them here (as non-root the tests say they skip and why).
-scripts/ensure-test-packages.sh
+# The system packages of the build (cmake, g++, libclang-dev for llama.cpp) and of the Rust
+# tests (docker-registry, htpasswd, promtool, ...): one list, scripts/ensure-packages.sh. As root
+# a missing test server fails its tests, so install them here (as non-root they say they skip).
+scripts/ensure-packages.sh test
 # The ONNX Runtime library (PyPI wheel, pinned, cached outside the work tree) that kiln-agent loads
 # at run time for backend.kind onnxruntime; the tests and the e2e agent image use it.
 ORT_DYLIB_PATH=$(scripts/ensure-onnxruntime.sh)

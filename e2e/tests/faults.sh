@@ -6,7 +6,7 @@
 #   operator-reconcile  the operator is SIGKILLed right after a spec change (mid-reconcile)
 #   operator-compile    the operator is SIGKILLed while the compile Job runs
 #   agent-download      the agent is SIGKILLed mid-download (traffic to its pod shaped to
-#                       4 Mbit/s, killed in phase Pulling with a partial file in the cache);
+#                       2 Mbit/s, killed in phase Pulling once its partial file holds bytes);
 #                       the new agent resumes after the kept bytes
 #   agent-warmup        the agent is SIGKILLed in phase Warming (a 400-iteration warmup)
 #   registry-down       the registry is down for 60 s across a spec change (the target says
@@ -181,7 +181,7 @@ kill_component() {
   }
   wait_for "a new $comp pod" 120 replaced
 }
-# shape: everything the node sends to the agent's pod at 4 Mbit/s (a token bucket on the host side
+# shape: everything the node sends to the agent's pod at 2 Mbit/s (a token bucket on the host side
 # of its veth; only tbf is certain to be in the kernel, so the artifact pull and the API watch
 # traffic share it, which the watches' few KiB/s do not notice).
 shape() {
@@ -192,7 +192,7 @@ shape() {
   [[ -n $link ]] || die "agent pod's eth0"
   dev=$(ip netns exec "$NETNS" ip -o link | awk -F': ' -v i="$link" '$1 == i {sub(/@.*/, "", $2); print $2}')
   [[ -n $dev ]] || die "no host veth with ifindex $link"
-  ip netns exec "$NETNS" tc qdisc add dev "$dev" root tbf rate 4mbit burst 16kb latency 2s || die "tc on $dev"
+  ip netns exec "$NETNS" tc qdisc add dev "$dev" root tbf rate 2mbit burst 16kb latency 2s || die "tc on $dev"
   SHAPED+=("$dev")
 }
 unshape() {
@@ -280,15 +280,19 @@ f_agent_download() {
   wait_revision_after "$rev"
   rev=$(target_revision)
   wait_for "phase Pulling" 120 row_phase "$rev" Pulling
-  # ~1.5 MB of the 3.8 MB artifact in: the first 1 MiB chunk is on disk.
-  sleep 3
+  # Killed once bytes are on disk, not after a fixed sleep: the pull writes its partial file in
+  # 1 MiB steps (staged::CHUNK), so a kill before the first step leaves an empty file, which
+  # nothing can resume from (on a loaded machine "Pulling" may be reported seconds before the
+  # first byte arrives). At 2 Mbit/s the rest of the 3.8 MB artifact takes 10 s more.
   local agent_pod progress partial
   agent_pod=$(kubectl -n "$NS" get pod -l app.kubernetes.io/component=agent -o jsonpath='{.items[0].metadata.name}')
-  progress=$(kubectl -n "$NS" logs "$agent_pod" | grep '"message":"pulling"' | tail -1 |
-    jq -r '.fields | "\(.bytes)/\(.total) bytes"')
-  partial=$(find "$WORK/cache/tmp" -name '.kiln-partial-*' -printf '%s\n' | sort -n | tail -1)
+  kept() { find "$WORK/cache/tmp" -name '.kiln-partial-*' -size +0 | grep -q .; }
+  wait_for "the first MiB of the pull on disk" 60 kept
   kill_component agent
-  [[ -n $partial ]] || { echo "   no partial download in the cache at the kill" >&2; return 1; }
+  partial=$(find "$WORK/cache/tmp" -name '.kiln-partial-*' -printf '%s\n' | sort -n | tail -1)
+  progress=$(kubectl -n "$NS" logs "$agent_pod" 2>/dev/null | grep '"message":"pulling"' | tail -1 |
+    jq -r '.fields | "\(.bytes)/\(.total) bytes"')
+  ((${partial:-0} > 0)) || { echo "   no partial download in the cache after the kill (the pull finished first?)" >&2; return 1; }
   unshape
   # The restarted agent resumes after the bytes the killed one kept (hashing them again, never
   # serving them unverified), and the partial file is gone once the whole is verified.

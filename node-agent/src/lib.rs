@@ -10,6 +10,7 @@
 //! * [`tensor`], [`placement`] — the host tensor every engine takes and returns, and whether a
 //!   measured placement is allowed: below both the pipeline and the backends.
 //! * [`memory`] — the heap ceiling (the binary's global allocator).
+//! * [`secrets`] — credentials out of the environment and command line before any child starts.
 
 pub mod backend;
 pub mod cmd;
@@ -22,6 +23,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod placement;
 pub mod run;
+pub mod secrets;
 pub mod tensor;
 
 /// What unit tests of several modules share.

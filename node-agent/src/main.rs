@@ -7,7 +7,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use kiln_agent::{cmd, memory};
+use kiln_agent::{cmd, memory, secrets};
 use kiln_serve::logging::{self, LogFormat};
 
 #[derive(Parser)]
@@ -76,35 +76,35 @@ enum Command {
 #[global_allocator]
 static HEAP: memory::Cap<std::alloc::System> = memory::Cap::new(std::alloc::System, usize::MAX);
 
-/// ONNX Runtime's official Linux builds carry Microsoft's 1DS telemetry: it uploads to
-/// `mobile.events.data.microsoft.com` and keeps a session file in `$TMPDIR` unless
-/// `ORT_DISABLE_TELEMETRY=1` is in the environment before the library loads (the runtime API's
-/// switch only mutes some events). Setting a variable in a running process is unsafe in Rust
-/// 2024, so when ONNX Runtime may load the agent re-executes itself (same process, same
-/// arguments) with it set, unless the caller already chose a value.
-fn without_onnxruntime_telemetry(onnxruntime_lib: Option<&std::path::Path>) {
-    use std::os::unix::process::CommandExt;
-    let may_load = onnxruntime_lib.is_some()
-        || std::env::var_os("ORT_DYLIB_PATH").is_some_and(|v| !v.is_empty());
-    if !may_load || std::env::var_os("ORT_DISABLE_TELEMETRY").is_some() {
-        return;
-    }
-    let mut args = std::env::args_os();
-    let arg0 = args.next().unwrap_or_else(|| "kiln-agent".into());
-    // /proc/self/exe: this very binary, even if its path was replaced since it started.
-    let err = std::process::Command::new("/proc/self/exe")
-        .arg0(arg0)
-        .args(args)
-        .env("ORT_DISABLE_TELEMETRY", "1")
-        .exec();
-    eprintln!(
-        "kiln-agent: cannot re-execute with ORT_DISABLE_TELEMETRY=1 ({err}); set it to keep ONNX Runtime from sending telemetry"
-    );
+/// Whether ONNX Runtime may load in this process: then `ORT_DISABLE_TELEMETRY=1` must be in the
+/// environment before it does. ONNX Runtime's official Linux builds carry Microsoft's 1DS
+/// telemetry: it uploads to `mobile.events.data.microsoft.com` and keeps a session file in
+/// `$TMPDIR` unless that variable is set (the runtime API's switch only mutes some events).
+fn onnxruntime_may_load(onnxruntime_lib: Option<&std::path::Path>) -> bool {
+    onnxruntime_lib.is_some() || std::env::var_os("ORT_DYLIB_PATH").is_some_and(|v| !v.is_empty())
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    without_onnxruntime_telemetry(cli.onnxruntime_lib.as_deref());
+    // Credentials a re-executed image was handed (kiln_agent::secrets), before anything else.
+    let handed = secrets::take();
+    let mut cli = Cli::parse();
+    // No credential stays where a child could read it (environment, command line), and the
+    // telemetry switch is set before ONNX Runtime can load: one re-exec when either needs it.
+    secrets::reexec(
+        onnxruntime_may_load(cli.onnxruntime_lib.as_deref()),
+        &handed,
+    );
+    match &mut cli.command {
+        Command::Run(args) => handed.fill(args.registry_mut()),
+        Command::Compile(args) => handed.fill(args.registry_mut()),
+        _ => {}
+    }
+    // The engine's process holds no credential, and measures its own peak memory through
+    // /proc/self/clear_refs, which a non-dumpable process of an ordinary user may not write.
+    if !matches!(cli.command, Command::Engine) {
+        secrets::harden();
+    }
+    drop(handed);
     if let Some(limit) = cli.memory_limit.or_else(memory::default_limit) {
         memory::install(&HEAP, limit);
     }

@@ -69,7 +69,7 @@ impl LocalRegistry {
                 std::io::Error::new(
                     e.kind(),
                     format!(
-                        "cannot run {} ({e}); install Debian's docker-registry (scripts/ensure-test-packages.sh)",
+                        "cannot run {} ({e}); install Debian's docker-registry (scripts/ensure-packages.sh)",
                         binary.display()
                     ),
                 )

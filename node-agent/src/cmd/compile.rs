@@ -239,6 +239,13 @@ pub struct Args {
     builder_image: Option<String>,
 }
 
+impl Args {
+    /// The registry flags, for the credentials kiln_agent::secrets took out of the environment.
+    pub fn registry_mut(&mut self) -> &mut kiln_store::RegistryArgs {
+        &mut self.registry
+    }
+}
+
 /// Compiles, prints the manifest as JSON, and leaves the one-line outcome in the termination log.
 pub fn main(args: Args) -> ExitCode {
     let mut registry = Registry::default();

@@ -48,6 +48,13 @@ pub struct Args {
     trust_key: Option<PathBuf>,
 }
 
+impl Args {
+    /// The registry flags, for the credentials kiln_agent::secrets took out of the environment.
+    pub fn registry_mut(&mut self) -> &mut kiln_store::RegistryArgs {
+        &mut self.registry
+    }
+}
+
 /// Runs the agent until SIGTERM; a failure to start (no apiserver, no cache) is logged.
 pub fn main(args: Args) -> ExitCode {
     let Some(runtime) = super::runtime() else {

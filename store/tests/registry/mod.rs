@@ -49,7 +49,9 @@ impl Registry {
             let out = Command::new("htpasswd")
                 .args(["-Bbn", user, password])
                 .output()
-                .expect("htpasswd (apache2-utils) is needed; scripts/ensure-test-packages.sh installs it");
+                .expect(
+                    "htpasswd (apache2-utils) is needed; scripts/ensure-packages.sh installs it",
+                );
             assert!(out.status.success(), "htpasswd failed: {out:?}");
             std::fs::write(&htpasswd, &out.stdout).unwrap();
             config.push_str(&format!(
@@ -144,11 +146,11 @@ fn available() -> bool {
         .unwrap_or(false);
     if root {
         panic!(
-            "{BINARY} is missing; run scripts/ensure-test-packages.sh (scripts/test.sh does) to install Debian's docker-registry"
+            "{BINARY} is missing; run scripts/ensure-packages.sh (scripts/test.sh does) to install Debian's docker-registry"
         );
     }
     eprintln!(
-        "SKIPPED: {BINARY} is missing and this is not root; install Debian's docker-registry (scripts/ensure-test-packages.sh) to run the registry tests"
+        "SKIPPED: {BINARY} is missing and this is not root; install Debian's docker-registry (scripts/ensure-packages.sh) to run the registry tests"
     );
     false
 }
