@@ -381,6 +381,9 @@ pub fn step(reason: Option<FailureReason>, phase: &str) -> String {
         Some(R::UnsupportedOperator | R::CompileFailed) => "compile",
         Some(R::LoadFailed) => "load the engine",
         Some(R::WarmupFailed | R::ParityExceeded) => "warm up with the fixture (parity)",
+        Some(R::TokenizerMismatch | R::ChatTemplateMismatch) => {
+            "check the fixture's text against the model's tokenizer and chat template"
+        }
         Some(R::LatencyBudgetExceeded) => "warm up (latency budget)",
         Some(R::MemoryBudgetExceeded) => "load and warm up (memory budget)",
         Some(R::Timeout) => "a step past its deadline",

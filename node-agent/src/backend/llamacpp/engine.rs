@@ -28,7 +28,7 @@ pub const LOGITS: &str = "logits";
 pub const TOKENS: &str = "tokens";
 
 /// The one context a model's runs share (`None` until the first run).
-type Slot<'a> = Mutex<Option<LlamaContext<'a>>>;
+pub type Slot<'a> = Mutex<Option<LlamaContext<'a>>>;
 
 self_cell::self_cell!(
     /// A loaded model and the context its runs share, which borrows it.
