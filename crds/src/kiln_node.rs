@@ -236,8 +236,9 @@ pub struct WarmupFigures {
     /// measured (no GPU or no NVML), never 0 for that.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_device_memory_bytes: Option<i64>,
-    /// A language model's (`backend.kind: llamacpp`) last warmup run: prefill time (time to
-    /// first token) and decode tokens per second.
+    /// A language model's (`backend.kind: llamacpp`) prefill time (time to first token) and
+    /// decode tokens per second: the median over the warmup iterations, the first request after
+    /// Ready apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<crate::llamacpp::Generation>,
 }

@@ -14,10 +14,19 @@ pub struct LlamacppSettings {
     /// `Q8_0`, `Q6_K`, `Q5_K_M`, `Q4_K_M`, `Q4_0`, or `auto`, the largest of these whose
     /// weights and KV cache for `contextLength` fit the smallest of `warmup.memoryBudget` and,
     /// when `classLabelKeys` lists `kiln.dev/memory-gib`, 80% of the class's host memory, so
-    /// each node size gets its own type (`auto` needs one of the two). Unset: the source's own
-    /// types, copied unchanged. Part of the compile key (with `auto`, the budget too).
+    /// each node size gets its own type (`auto` needs one of the two); from an already
+    /// quantised source `auto` keeps the source's own types when they fit, else a smaller type.
+    /// Unset: the source's own types, copied unchanged. Part of the compile key (with `auto`,
+    /// the budget too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantization: Option<Quantization>,
+    /// Lets `quantization` name a type with as many or more bits per weight than an already
+    /// quantised source's (its most common non-float tensor type, e.g. `Q4_K` in a `Q4_K_M`
+    /// file). Off by default: requantising cannot recover what the source's quantiser dropped,
+    /// so such a compile is refused naming both types; `auto` never picks above the source's
+    /// own types either way. Not part of the compile key (it allows, it does not change bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_requantization: Option<bool>,
     /// Tokens the engine's context holds (prompt plus continuation); sizes the KV cache.
     /// Default 512. Part of the compile key (it decides what `auto` picks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -30,8 +39,9 @@ pub struct LlamacppSettings {
     pub threads: Option<u32>,
 }
 
-/// What a language model's warmup measured on its last fixture run: the prompt's forward pass
-/// (time to first token) and the decode rate after it.
+/// What a language model's warmup measured: the prompt's forward pass (time to first token)
+/// and the decode rate after it, each the median over the warmup iterations (the steady state),
+/// and the first request after Ready apart.
 #[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Generation {
@@ -43,6 +53,48 @@ pub struct Generation {
     pub prefill_seconds: f64,
     /// Tokens per second after the first.
     pub decode_tokens_per_second: f64,
+    /// Warmup runs the two figures above are the median of (each on its own); 0: one run.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub runs: u32,
+    /// The first request after Ready (the run after warmup): its time to first token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_request_prefill_seconds: Option<f64>,
+    /// The first request after Ready: its decode rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_request_decode_tokens_per_second: Option<f64>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl Generation {
+    /// The steady state of `runs` (one per warmup iteration): prefill time and decode rate each
+    /// their median (of an even count, the mean of the middle two), with `first_request`, the
+    /// run after warmup, apart. `None` without runs.
+    pub fn steady(runs: &[Generation], first_request: Option<Generation>) -> Option<Generation> {
+        let last = runs.last()?;
+        let median = |f: fn(&Generation) -> f64| {
+            let mut v: Vec<f64> = runs.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            let mid = v.len() / 2;
+            if v.len() % 2 == 0 {
+                (v[mid - 1] + v[mid]) / 2.0
+            } else {
+                v[mid]
+            }
+        };
+        Some(Generation {
+            prompt_tokens: last.prompt_tokens,
+            generated_tokens: last.generated_tokens,
+            prefill_seconds: median(|g| g.prefill_seconds),
+            decode_tokens_per_second: median(|g| g.decode_tokens_per_second),
+            runs: u32::try_from(runs.len()).unwrap_or(u32::MAX),
+            first_request_prefill_seconds: first_request.map(|g| g.prefill_seconds),
+            first_request_decode_tokens_per_second: first_request
+                .map(|g| g.decode_tokens_per_second),
+        })
+    }
 }
 
 /// The default `contextLength`.
@@ -163,6 +215,31 @@ mod tests {
             .map(|q| q.bits_per_weight())
             .collect();
         assert!(bits.windows(2).all(|w| w[0] > w[1]), "{bits:?}");
+    }
+
+    #[test]
+    fn the_steady_state_is_the_median_and_the_first_request_stands_apart() {
+        let run = |prefill: f64, decode: f64| Generation {
+            prompt_tokens: 8,
+            generated_tokens: 4,
+            prefill_seconds: prefill,
+            decode_tokens_per_second: decode,
+            ..Generation::default()
+        };
+        // One slow outlier (a loaded machine) does not move the median.
+        let runs = [run(0.9, 0.6), run(0.02, 21.0), run(0.03, 19.0)];
+        let g = Generation::steady(&runs, Some(run(0.5, 1.5))).expect("runs");
+        assert_eq!(
+            (g.prefill_seconds, g.decode_tokens_per_second),
+            (0.03, 19.0)
+        );
+        assert_eq!(g.runs, 3);
+        assert_eq!(g.first_request_prefill_seconds, Some(0.5));
+        assert_eq!(g.first_request_decode_tokens_per_second, Some(1.5));
+        let even = Generation::steady(&runs[1..], None).expect("two");
+        assert_eq!(even.decode_tokens_per_second, 20.0);
+        assert_eq!(even.first_request_prefill_seconds, None);
+        assert_eq!(Generation::steady(&[], None), None);
     }
 
     #[test]

@@ -29,6 +29,13 @@ pub enum FailureReason {
     WarmupFailed,
     /// An output differed from its golden value beyond atol/rtol.
     ParityExceeded,
+    /// A language model's own tokenizer gave other token ids for the fixture's text than the
+    /// reference tokenizer did, or detokenized its continuation to other text (the first
+    /// differing position and both pieces are in the message).
+    TokenizerMismatch,
+    /// The chat template that renders a fixture's chat messages is not the one the fixture was
+    /// made with (both sha256 digests are in the message).
+    ChatTemplateMismatch,
     /// Warmup latency exceeded the configured budget.
     LatencyBudgetExceeded,
     /// The engine's peak memory in load and warmup exceeded `warmup.memoryBudget`.
@@ -46,7 +53,7 @@ pub enum FailureReason {
 
 impl FailureReason {
     /// Every reason, for pre-registering metric label values.
-    pub const ALL: [FailureReason; 16] = [
+    pub const ALL: [FailureReason; 18] = [
         Self::SourceUnavailable,
         Self::HashMismatch,
         Self::SignatureInvalid,
@@ -57,6 +64,8 @@ impl FailureReason {
         Self::LoadFailed,
         Self::WarmupFailed,
         Self::ParityExceeded,
+        Self::TokenizerMismatch,
+        Self::ChatTemplateMismatch,
         Self::LatencyBudgetExceeded,
         Self::MemoryBudgetExceeded,
         Self::Timeout,
@@ -78,6 +87,8 @@ impl FailureReason {
             Self::LoadFailed => "LoadFailed",
             Self::WarmupFailed => "WarmupFailed",
             Self::ParityExceeded => "ParityExceeded",
+            Self::TokenizerMismatch => "TokenizerMismatch",
+            Self::ChatTemplateMismatch => "ChatTemplateMismatch",
             Self::LatencyBudgetExceeded => "LatencyBudgetExceeded",
             Self::MemoryBudgetExceeded => "MemoryBudgetExceeded",
             Self::Timeout => "Timeout",

@@ -54,27 +54,7 @@ pub fn status(s: &Status) -> String {
         }
     }
     out.push('\n');
-    let nodes: Vec<Vec<String>> = s
-        .nodes
-        .iter()
-        .map(|n| {
-            vec![
-                n.node.clone(),
-                n.class.clone(),
-                n.phase.as_str().to_string(),
-                n.revision.to_string(),
-                or_dash(n.desired_revision),
-                or_dash(n.fallback.map(FallbackPolicy::as_str)),
-                or_dash(n.parity_max_abs_error.map(|e| format!("{e:.2e}"))),
-                ms(n.load_seconds),
-                ms(n.warmup_seconds),
-                ms(n.p50_seconds),
-                bytes(n.peak_memory_bytes),
-                bytes(n.peak_device_memory_bytes),
-                or_dash(n.reason.map(|r| r.as_str())),
-            ]
-        })
-        .collect();
+    let nodes: Vec<Vec<String>> = s.nodes.iter().map(node_cells).collect();
     if nodes.is_empty() {
         out.push_str("no node reports on this target yet\n");
     } else {
@@ -92,12 +72,40 @@ pub fn status(s: &Status) -> String {
                 "P50_MS",
                 "MEM",
                 "GPU_MEM",
+                "TTFT_MS",
+                "DECODE_TOK/S",
+                "FIRST_REQ_TTFT_MS",
                 "REASON",
             ],
             &nodes,
         ));
     }
     out
+}
+
+/// One node's cells in `status`'s node table, in its columns' order.
+fn node_cells(n: &crate::report::NodeRow) -> Vec<String> {
+    vec![
+        n.node.clone(),
+        n.class.clone(),
+        n.phase.as_str().to_string(),
+        n.revision.to_string(),
+        or_dash(n.desired_revision),
+        or_dash(n.fallback.map(FallbackPolicy::as_str)),
+        or_dash(n.parity_max_abs_error.map(|e| format!("{e:.2e}"))),
+        ms(n.load_seconds),
+        ms(n.warmup_seconds),
+        ms(n.p50_seconds),
+        bytes(n.peak_memory_bytes),
+        bytes(n.peak_device_memory_bytes),
+        ms(n.generation.map(|g| g.prefill_seconds)),
+        or_dash(
+            n.generation
+                .map(|g| format!("{:.1}", g.decode_tokens_per_second)),
+        ),
+        ms(n.generation.and_then(|g| g.first_request_prefill_seconds)),
+        or_dash(n.reason.map(|r| r.as_str())),
+    ]
 }
 
 /// `history`: one line per revision and class, newest first.
@@ -211,6 +219,16 @@ mod tests {
         // Host and GPU memory per node; a node that measured none shows a dash, not 0.
         let a = shown.lines().find(|l| l.starts_with("a ")).expect("node a");
         assert!(a.contains("52.4 MB") && a.contains("1.3 GB"), "{shown}");
+        // A language model's steady time to first token and decode rate, and the first
+        // request after Ready apart; other nodes show dashes.
+        assert!(
+            a.contains(" 12.50 ") && a.contains(" 41.3 ") && a.contains(" 500.00 "),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("TTFT_MS") && shown.contains("DECODE_TOK/S"),
+            "{shown}"
+        );
         assert!(shown.contains("GPU_MEM"), "{shown}");
         // The fallback column names the policy as specs, status and metrics do.
         let b = shown.lines().find(|l| l.starts_with("b ")).expect("node b");

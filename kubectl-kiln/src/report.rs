@@ -92,6 +92,9 @@ pub struct NodeRow {
     /// GPU memory the agent's process held at its peak in load and warmup, bytes (absent
     /// where the node measured none).
     pub peak_device_memory_bytes: Option<i64>,
+    /// A language model's time to first token and decode rate (warmup medians, the first
+    /// request after Ready apart).
+    pub generation: Option<kiln_crds::llamacpp::Generation>,
 }
 
 /// The target's rows on every node, by node name.
@@ -191,6 +194,7 @@ pub fn status(target: &CompiledTarget, nodes: &[KilnNode]) -> Status {
                 p50_seconds: r.figures.p50_seconds,
                 peak_memory_bytes: r.figures.peak_memory_bytes,
                 peak_device_memory_bytes: r.figures.peak_device_memory_bytes,
+                generation: r.figures.generation,
             })
             .collect(),
     }
@@ -377,6 +381,9 @@ pub fn step(reason: Option<FailureReason>, phase: &str) -> String {
         Some(R::UnsupportedOperator | R::CompileFailed) => "compile",
         Some(R::LoadFailed) => "load the engine",
         Some(R::WarmupFailed | R::ParityExceeded) => "warm up with the fixture (parity)",
+        Some(R::TokenizerMismatch | R::ChatTemplateMismatch) => {
+            "check the fixture's text against the model's tokenizer and chat template"
+        }
         Some(R::LatencyBudgetExceeded) => "warm up (latency budget)",
         Some(R::MemoryBudgetExceeded) => "load and warm up (memory budget)",
         Some(R::Timeout) => "a step past its deadline",
@@ -590,7 +597,7 @@ status:
         vec![
             node(
                 "a",
-                "[{namespace: ml, name: t, revision: 3, class: cpu, phase: Ready, loadSeconds: 0.1, peakMemoryBytes: 52428800, peakDeviceMemoryBytes: 1288490188}, {namespace: other, name: t, revision: 9, class: cpu, phase: Ready}]",
+                "[{namespace: ml, name: t, revision: 3, class: cpu, phase: Ready, loadSeconds: 0.1, peakMemoryBytes: 52428800, peakDeviceMemoryBytes: 1288490188, generation: {promptTokens: 9, generatedTokens: 8, prefillSeconds: 0.0125, decodeTokensPerSecond: 41.26, runs: 3, firstRequestPrefillSeconds: 0.5}}, {namespace: other, name: t, revision: 9, class: cpu, phase: Ready}]",
             ),
             node(
                 "b",

@@ -80,6 +80,12 @@ pub enum Error {
     /// An output was outside tolerance.
     #[error("parity exceeded: {0}")]
     ParityExceeded(String),
+    /// A language model's tokenizer disagrees with the fixture's reference tokenizer.
+    #[error("tokenizer mismatch: {0}")]
+    TokenizerMismatch(String),
+    /// The chat template is not the one the fixture was rendered with.
+    #[error("chat template mismatch: {0}")]
+    ChatTemplateMismatch(String),
     /// Steady-state latency above budget.
     #[error("latency budget exceeded: {0}")]
     LatencyBudgetExceeded(String),
@@ -144,6 +150,8 @@ impl Error {
             Self::LoadFailed(_) => FailureReason::LoadFailed,
             Self::WarmupFailed(_) => FailureReason::WarmupFailed,
             Self::ParityExceeded(_) => FailureReason::ParityExceeded,
+            Self::TokenizerMismatch(_) => FailureReason::TokenizerMismatch,
+            Self::ChatTemplateMismatch(_) => FailureReason::ChatTemplateMismatch,
             Self::LatencyBudgetExceeded(_) => FailureReason::LatencyBudgetExceeded,
             Self::MemoryBudgetExceeded(_) => FailureReason::MemoryBudgetExceeded,
             Self::Timeout(_) => FailureReason::Timeout,

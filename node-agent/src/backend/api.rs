@@ -113,6 +113,26 @@ pub trait Engine: Send + Sync {
     fn generation(&self) -> Option<Generation> {
         None
     }
+    /// A language model's own tokenizer and chat template (`None` for other engines).
+    fn tokenizer(&self) -> Option<&dyn Tokenizer> {
+        None
+    }
+}
+
+/// The tokenizer and chat template a language model carries (inside its GGUF), as warmup and
+/// `kiln-agent fixtures` use them.
+pub trait Tokenizer {
+    /// Token ids of `text`: a plain prompt gets the model's own leading special tokens; a
+    /// prompt the chat template rendered (`rendered`) carries them already.
+    fn encode(&self, text: &str, rendered: bool) -> Result<Vec<i32>>;
+    /// One token's text, special tokens spelled out (for messages).
+    fn piece(&self, id: i32) -> String;
+    /// The text of `ids` (special tokens left out).
+    fn decode(&self, ids: &[i32]) -> Result<String>;
+    /// The chat template, `None` when the model has none.
+    fn chat_template(&self) -> Option<String>;
+    /// `messages` (role, content) rendered by the chat template, ready for the assistant's turn.
+    fn render(&self, messages: &[(String, String)]) -> Result<String>;
 }
 
 /// What a language model's run measured.

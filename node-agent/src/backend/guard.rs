@@ -120,6 +120,10 @@ impl Engine for GuardedEngine {
     fn generation(&self) -> Option<super::api::Generation> {
         self.0.generation()
     }
+
+    fn tokenizer(&self) -> Option<&dyn super::api::Tokenizer> {
+        self.0.tokenizer()
+    }
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ mod tract_unsupported;
 
 pub use api::{
     Backend, CompileRequest, Compiled, Engine, Generation, GraphInterface, InputInfo, MemoryFit,
-    Shapes, TensorInfo,
+    Shapes, TensorInfo, Tokenizer,
 };
 
 /// What compiles a target's class: one backend, or for kind `auto` every candidate.

@@ -13,9 +13,10 @@ use kiln_crds::compiled_target::{BackendKind, Tolerance};
 
 use crate::backend::{Backend, Shapes};
 use crate::error::{Error, Result};
-use crate::pipeline::fixtures::{FixtureFile, Sample, Seeded};
+use crate::pipeline::fixtures::{FixtureFile, Sample, Seeded, TextFixture};
 use crate::pipeline::isolate::job::{Job, Outcome};
 use crate::pipeline::tensor::HostTensor;
+use crate::pipeline::text::{TextPrompt, TextRequest};
 
 /// What to make.
 pub struct Request<'a> {
@@ -35,10 +36,15 @@ pub struct Request<'a> {
     pub seed: u64,
     /// Tolerances to suggest in the metadata.
     pub tolerance: Option<Tolerance>,
+    /// A language model's prompt as text: then no inputs are given or drawn.
+    pub text: Option<TextRequest>,
 }
 
 /// Builds the fixture.
 pub fn make(backend: &dyn Backend, req: &Request<'_>) -> Result<FixtureFile> {
+    if let Some(text) = &req.text {
+        return make_text(backend, req, text);
+    }
     let count = req.samples.max(req.given.len()).max(1);
     if count > crate::pipeline::fixtures::MAX_SAMPLES - 1 {
         return Err(Error::InvalidSpec(format!(
@@ -89,7 +95,73 @@ pub fn make(backend: &dyn Backend, req: &Request<'_>) -> Result<FixtureFile> {
         inputs: first.inputs,
         outputs: first.outputs,
         more: samples.collect(),
+        text: TextFixture::default(),
     })
+}
+
+/// A language model's fixture from text: tokenized (a chat rendered first) by the reference's
+/// own tokenizer, run once, the continuation detokenized.
+fn make_text(backend: &dyn Backend, req: &Request<'_>, text: &TextRequest) -> Result<FixtureFile> {
+    if !req.given.is_empty() || req.samples > 1 || !req.shapes.is_empty() {
+        return Err(Error::InvalidSpec(
+            "--prompt/--chat make the inputs from the text: give no --inputs, --shape or --samples"
+                .into(),
+        ));
+    }
+    if text.generate == 0 {
+        return Err(Error::InvalidSpec("--generate must be at least 1".into()));
+    }
+    let engine = backend.reference(req.model, &Shapes::new())?;
+    let tok = engine.tokenizer().ok_or_else(|| {
+        Error::InvalidSpec(
+            "--prompt and --chat need a language model (--reference llamacpp)".into(),
+        )
+    })?;
+    let mut golden = TextFixture::default();
+    let (prompt, rendered) = match &text.prompt {
+        TextPrompt::Plain(p) => (p.clone(), false),
+        TextPrompt::Chat(json) => {
+            let messages = crate::pipeline::text::messages(json).map_err(Error::InvalidSpec)?;
+            let template = tok.chat_template().ok_or_else(|| {
+                Error::InvalidSpec("--chat: this model carries no chat template".into())
+            })?;
+            golden.chat = Some(json.clone());
+            golden.chat_template_sha256 = Some(sha256_bytes(template.as_bytes()));
+            (tok.render(&messages)?, true)
+        }
+    };
+    let ids = tok.encode(&prompt, rendered)?;
+    golden.prompt = Some(prompt);
+    let generate = i32::try_from(text.generate).unwrap_or(i32::MAX);
+    let inputs = BTreeMap::from([
+        ("prompt".to_string(), i32_tensor(&ids)),
+        ("generate".to_string(), i32_tensor(&[generate])),
+    ]);
+    let outputs = engine.run(&inputs)?;
+    let tokens = outputs
+        .get("tokens")
+        .ok_or_else(|| Error::WarmupFailed("the reference gave no tokens".into()))?;
+    let tokens: Vec<i32> = crate::tensor::le_vec!(tokens.data, i32);
+    golden.continuation = Some(tok.decode(&tokens)?);
+    let (model_sha256, _) = sha256_file(req.model)
+        .map_err(|e| Error::source_unavailable(req.model.display().to_string(), e))?;
+    Ok(FixtureFile {
+        version: req.version.to_string(),
+        model_sha256: Some(model_sha256),
+        tolerance: req.tolerance,
+        inputs,
+        outputs,
+        more: Vec::new(),
+        text: golden,
+    })
+}
+
+fn i32_tensor(values: &[i32]) -> HostTensor {
+    HostTensor {
+        dtype: safetensors::Dtype::I32,
+        shape: vec![values.len()],
+        data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
 }
 
 /// One sample's inputs: the given tensors, the others drawn from `seeded` at the shape the
@@ -187,6 +259,18 @@ pub struct Args {
     /// Output file.
     #[arg(long, short, env = "KILN_FIXTURE_OUT")]
     out: PathBuf,
+    /// A language model's prompt as text (with --reference llamacpp): tokenized by the model's
+    /// own tokenizer; the fixture records the text, the ids, the greedy continuation and its
+    /// text.
+    #[arg(long, env = "KILN_FIXTURE_PROMPT", conflicts_with = "chat")]
+    prompt: Option<String>,
+    /// A JSON file of chat messages (`[{"role": "user", "content": "..."}]`), rendered by the
+    /// model's own chat template, whose sha256 the fixture records.
+    #[arg(long, env = "KILN_FIXTURE_CHAT")]
+    chat: Option<PathBuf>,
+    /// Tokens to continue greedily from --prompt or --chat.
+    #[arg(long, env = "KILN_FIXTURE_GENERATE", default_value_t = 16)]
+    generate: u32,
     /// Which runtime executes the source model, unoptimised, for the golden outputs: `tract`,
     /// `onnxruntime` for models tract cannot run (needs `--onnxruntime-lib`), or `llamacpp`
     /// for a GGUF language model (its context: 512 tokens).
@@ -232,6 +316,13 @@ pub fn main(args: Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let text = match text_request(&args) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("kiln-agent fixtures: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let request = Request {
         model: &args.model,
         version: &args.version,
@@ -243,6 +334,7 @@ pub fn main(args: Args) -> ExitCode {
             .atol
             .zip(args.rtol)
             .map(|(atol, rtol)| Tolerance { atol, rtol }),
+        text,
     };
     let job = crate::pipeline::isolate::job::Reference {
         model: request.model.to_path_buf(),
@@ -254,6 +346,7 @@ pub fn main(args: Args) -> ExitCode {
         tolerance: request.tolerance,
         runtime: args.reference.kind(),
         out: args.out.clone(),
+        text: request.text,
     };
     let what = format!("running {} for reference outputs", args.model.display());
     let result =
@@ -276,6 +369,33 @@ pub fn main(args: Args) -> ExitCode {
     }
 }
 
+/// `--prompt` or `--chat` as a request (the chat file read here, bounded), or `None`.
+fn text_request(args: &Args) -> std::result::Result<Option<TextRequest>, String> {
+    let prompt = match (&args.prompt, &args.chat) {
+        (Some(p), _) => TextPrompt::Plain(p.clone()),
+        (None, Some(path)) => {
+            let meta =
+                std::fs::metadata(path).map_err(|e| format!("--chat {}: {e}", path.display()))?;
+            if !meta.is_file() || meta.len() > 1 << 20 {
+                return Err(format!(
+                    "--chat {}: not a regular file of at most 1 MiB",
+                    path.display()
+                ));
+            }
+            let json = std::fs::read_to_string(path)
+                .map_err(|e| format!("--chat {}: {e}", path.display()))?;
+            crate::pipeline::text::messages(&json)
+                .map_err(|e| format!("--chat {}: {e}", path.display()))?;
+            TextPrompt::Chat(json)
+        }
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(TextRequest {
+        prompt,
+        generate: args.generate,
+    }))
+}
+
 /// How long one reference run may take.
 const DEADLINE: std::time::Duration = std::time::Duration::from_secs(3600);
 
@@ -290,6 +410,7 @@ pub fn make_file(job: &crate::pipeline::isolate::job::Reference) -> Result<Strin
         samples: job.samples,
         seed: job.seed,
         tolerance: job.tolerance,
+        text: job.text.clone(),
     };
     if !matches!(
         job.runtime,

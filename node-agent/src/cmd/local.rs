@@ -395,12 +395,22 @@ fn print_plain(outcome: &Outcome) {
     }
     if let Some(g) = &outcome.generation {
         println!(
-            "  generation       {} prompt tokens: first token {}; {} more at {:.1} tokens/s",
+            "  generation       {} prompt tokens: first token {}; {} more at {:.1} tokens/s (median of {} warmup runs)",
             g.prompt_tokens,
             ms(Some(g.prefill_seconds)),
             g.generated_tokens.saturating_sub(1),
-            g.decode_tokens_per_second
+            g.decode_tokens_per_second,
+            g.runs
         );
+        if let (Some(p), Some(d)) = (
+            g.first_request_prefill_seconds,
+            g.first_request_decode_tokens_per_second,
+        ) {
+            println!(
+                "  first request    first token {}; {d:.1} tokens/s",
+                ms(Some(p))
+            );
+        }
     }
     if let Some(peak) = outcome.peak_device_memory_bytes {
         println!(

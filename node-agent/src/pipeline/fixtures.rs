@@ -20,6 +20,10 @@ const META_MODEL: &str = "kiln.fixture.model_sha256";
 const META_ATOL: &str = "kiln.fixture.atol";
 const META_RTOL: &str = "kiln.fixture.rtol";
 const META_PRODUCER: &str = "kiln.fixture.producer";
+const META_PROMPT_TEXT: &str = "kiln.fixture.prompt_text";
+const META_CHAT: &str = "kiln.fixture.chat";
+const META_CHAT_TEMPLATE: &str = "kiln.fixture.chat_template_sha256";
+const META_CONTINUATION: &str = "kiln.fixture.continuation_text";
 
 /// A fixture file in memory.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +43,51 @@ pub struct FixtureFile {
     /// Warmup alternates every sample; an engine that replays captured work (CUDA graphs) needs
     /// at least two that parity tells apart.
     pub more: Vec<Sample>,
+    /// A language model's first sample as text (metadata); empty for other models.
+    pub text: TextFixture,
+}
+
+/// What a language-model fixture says as text beside its token tensors, for the first sample:
+/// the prompt the reference tokenizer turned into `input/prompt`, the chat messages and the
+/// digest of the template that rendered them into that prompt, and the detokenized greedy
+/// continuation (`output/tokens`). Warmup checks each with the artifact's own tokenizer and
+/// template (`pipeline::text`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TextFixture {
+    /// The prompt as text (with chat messages: as the template rendered them).
+    pub prompt: Option<String>,
+    /// Chat messages, a JSON list of `{role, content}`.
+    pub chat: Option<String>,
+    /// sha256 (hex) of the chat template that rendered `chat`.
+    pub chat_template_sha256: Option<String>,
+    /// The golden continuation, detokenized.
+    pub continuation: Option<String>,
+}
+
+impl TextFixture {
+    /// Whether the fixture says anything as text.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    fn fields(&self) -> [(&'static str, &Option<String>); 4] {
+        [
+            (META_PROMPT_TEXT, &self.prompt),
+            (META_CHAT, &self.chat),
+            (META_CHAT_TEMPLATE, &self.chat_template_sha256),
+            (META_CONTINUATION, &self.continuation),
+        ]
+    }
+
+    fn from_meta(info: &BTreeMap<String, String>) -> Self {
+        let get = |k: &str| info.get(k).cloned();
+        Self {
+            prompt: get(META_PROMPT_TEXT),
+            chat: get(META_CHAT),
+            chat_template_sha256: get(META_CHAT_TEMPLATE),
+            continuation: get(META_CONTINUATION),
+        }
+    }
 }
 
 /// One more input set of a fixture and its golden outputs.
@@ -96,6 +145,7 @@ impl FixtureFile {
             inputs: BTreeMap::new(),
             outputs: BTreeMap::new(),
             more: Vec::new(),
+            text: TextFixture::from_meta(&info),
         };
         let mut more: BTreeMap<usize, Sample> = BTreeMap::new();
         for (name, view) in tensors.tensors() {
@@ -151,13 +201,19 @@ impl FixtureFile {
             .map(|s| (s.inputs.clone(), s.outputs.clone()));
         std::iter::once(first)
             .chain(rest)
-            .map(|(inputs, outputs)| FixtureFile {
+            .enumerate()
+            .map(|(i, (inputs, outputs))| FixtureFile {
                 version: self.version.clone(),
                 model_sha256: self.model_sha256.clone(),
                 tolerance: self.tolerance,
                 inputs,
                 outputs,
                 more: Vec::new(),
+                text: if i == 0 {
+                    self.text.clone()
+                } else {
+                    TextFixture::default()
+                },
             })
             .collect()
     }
@@ -178,6 +234,11 @@ impl FixtureFile {
         if let Some(t) = &self.tolerance {
             meta.insert(META_ATOL, t.atol.to_string());
             meta.insert(META_RTOL, t.rtol.to_string());
+        }
+        for (key, value) in self.text.fields() {
+            if let Some(v) = value {
+                meta.insert(key, v.clone());
+            }
         }
         let json = serde_json::to_string(&meta)
             .map_err(|e| Error::InvalidSpec(format!("fixture metadata: {e}")))?;
@@ -336,6 +397,12 @@ mod tests {
             inputs: BTreeMap::from([("x".into(), x.clone())]),
             outputs: BTreeMap::from([("y".into(), x)]),
             more: Vec::new(),
+            text: TextFixture {
+                prompt: Some("Kiln warms \"models\"\n".into()),
+                chat: None,
+                chat_template_sha256: Some("b".repeat(64)),
+                continuation: Some(" on every node ✓".into()),
+            },
         };
         assert_eq!(
             FixtureFile::parse(&file.to_bytes().expect("bytes")).expect("parse"),
@@ -366,6 +433,7 @@ mod tests {
             inputs: first.inputs,
             outputs: first.outputs,
             more,
+            text: TextFixture::default(),
         }
     }
 

@@ -14,6 +14,7 @@ pub mod probe;
 pub mod ready;
 pub mod schema;
 pub mod spec;
+pub mod text;
 pub mod warmup;
 
 // Below both the pipeline and the backends, which use them; re-exported at their old paths.

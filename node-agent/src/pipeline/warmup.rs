@@ -44,7 +44,8 @@ pub struct WarmupReport {
     pub peak_device_memory_bytes: Option<u64>,
     /// Latency of one fixture run once warmup is over: what the first request after Ready finds.
     pub first_request_seconds: f64,
-    /// A language model's prefill and decode figures (of the run after warmup).
+    /// A language model's prefill and decode figures: the median over the warmup iterations,
+    /// the first request after Ready apart.
     pub generation: Option<crate::backend::Generation>,
 }
 
@@ -144,11 +145,13 @@ pub fn warm(engine: &dyn Engine, fixture: &FixtureFile, warmup: &Warmup) -> Resu
         iterations: warmup.iterations,
         ..WarmupReport::default()
     };
+    let mut generations = Vec::new();
     for iteration in 0..warmup.iterations as usize {
         let sample = &samples[iteration % samples.len()];
         let t = Instant::now();
         let outputs = engine.run(&sample.inputs)?;
         report.latencies.push(t.elapsed().as_secs_f64());
+        generations.extend(engine.generation());
         let which = format!(
             "iteration {}{}",
             iteration + 1,
@@ -190,7 +193,8 @@ pub fn warm(engine: &dyn Engine, fixture: &FixtureFile, warmup: &Warmup) -> Resu
     let t = Instant::now();
     let outputs = engine.run(&sample.inputs)?;
     report.first_request_seconds = t.elapsed().as_secs_f64();
-    report.generation = engine.generation();
+    // A language model's figures: the median of the warmup runs, the first request apart.
+    report.generation = crate::backend::Generation::steady(&generations, engine.generation());
     let which = format!("first run after warmup{}", sample_name(next, &samples));
     parity(&outputs, sample, warmup).map_err(|e| within(e, &which))?;
     Ok(report)
@@ -217,7 +221,8 @@ pub fn check_samples(
 }
 
 /// The fixture's samples, each checked against the engine's profiles and for finite golden
-/// values, and, for an engine that replays captured work, told apart by parity.
+/// values, its text against the engine's tokenizer and chat template (`pipeline::text`), and,
+/// for an engine that replays captured work, told apart by parity.
 fn checked_samples(
     engine: &dyn Engine,
     fixture: &FixtureFile,
@@ -228,6 +233,9 @@ fn checked_samples(
         check_inputs(engine, sample)?;
         check_golden(sample, warmup)?;
     }
+    // The text before any run: a changed tokenizer or template is its own reason, not a
+    // parity error on tokens that were never the fixture's.
+    crate::pipeline::text::check(engine.tokenizer(), fixture)?;
     if engine.replays_captured_work() {
         check_replay_samples(&samples, warmup)?;
     }
@@ -476,6 +484,7 @@ mod tests {
             inputs: BTreeMap::new(),
             outputs: outs(golden),
             more: Vec::new(),
+            text: Default::default(),
         }
     }
 
@@ -739,6 +748,7 @@ mod tests {
                 inputs: outs(&[("x", t(&second_x))]),
                 outputs: outs(&[("y", t(&y2))]),
             }],
+            text: Default::default(),
         }
     }
 

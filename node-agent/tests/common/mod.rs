@@ -105,6 +105,7 @@ impl Case {
                 samples: 1,
                 seed: 7,
                 tolerance: None,
+                text: None,
             },
         )
         .expect("fixture");
@@ -235,6 +236,66 @@ impl Run {
                 self.message()
             );
         }
+    }
+}
+
+/// A GGUF language model (`model.gguf`) and its fixture (`fixture.safetensors`, version v1) as
+/// a ModelArtifact `lm` and a CompiledTarget `lm-cpu` for `kiln-agent local`.
+pub struct GgufSpec<'a> {
+    /// The model's sha256 and size.
+    pub sha: &'a str,
+    pub size: u64,
+    /// The fixture's sha256.
+    pub fixture_sha: &'a str,
+    /// `spec.backend` of the target.
+    pub backend: &'a str,
+    /// The prompt length the profile binds (the fixture's), and the most the model declares.
+    pub len: usize,
+    pub max_len: usize,
+    /// `spec.warmup.outputs`.
+    pub outputs: &'a str,
+    /// Extra YAML under `spec.warmup`.
+    pub warmup_extra: &'a str,
+}
+
+impl GgufSpec<'_> {
+    /// The two documents.
+    pub fn yaml(&self) -> String {
+        format!(
+            r#"apiVersion: kiln.dev/v1alpha1
+kind: ModelArtifact
+metadata: {{name: lm}}
+spec:
+  source: {{uri: "file://model.gguf", sha256: "{}", size: {}}}
+  format: gguf
+  inputs:
+    - {{name: prompt, dtype: i32, dims: [{{symbol: len, min: 1, max: {}}}]}}
+    - {{name: generate, dtype: i32, dims: [{{size: 1}}]}}
+  fixtures:
+    - {{version: v1, uri: "file://fixture.safetensors", sha256: "{}"}}
+---
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {{name: lm-cpu}}
+spec:
+  modelRef: {{name: lm}}
+  backend: {}
+  profiles: [{{name: p{}, dims: {{len: {}}}}}]
+  warmup:
+    iterations: 3
+    fixtureVersion: v1
+    outputs: {}{}
+"#,
+            self.sha,
+            self.size,
+            self.max_len,
+            self.fixture_sha,
+            self.backend,
+            self.len,
+            self.len,
+            self.outputs,
+            self.warmup_extra
+        )
     }
 }
 
@@ -500,6 +561,7 @@ pub fn write_huge_spec(
         inputs: [("x".into(), seeded.tensor(Dtype::F32, &[4, 16]).expect("x"))].into(),
         outputs: [("y".into(), seeded.tensor(Dtype::F32, &[4, 16]).expect("y"))].into(),
         more: Vec::new(),
+        text: Default::default(),
     };
     let bytes = fixture.to_bytes().expect("fixture");
     std::fs::write(dir.join("fixture.safetensors"), &bytes).expect("write");

@@ -1,21 +1,23 @@
 //! A loaded GGUF language model on llama.cpp (CPU), run as kiln runs every engine: named
 //! tensors in (`prompt`: token ids, i32 [n]; `generate`: how many tokens to continue, i32 [1]),
 //! named tensors out (`logits`: the last prompt position's, f32 [vocab]; `tokens`: the greedy
-//! continuation, i32 [generate]). Each run gets a fresh context (empty KV cache), so runs are
-//! independent and repeatable; it measures prefill and decode for the warmup report.
+//! continuation, i32 [generate]). The runs of one engine share one context, its KV cache
+//! cleared before each, so runs are independent and repeatable; each measures prefill and
+//! decode for the warmup report.
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::llama_batch::LlamaBatch;
-use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
 use safetensors::Dtype;
 
-use crate::backend::{Engine, Generation, Shapes};
+use crate::backend::{Engine, Generation, Shapes, Tokenizer};
 use crate::error::{Error, Result};
 use crate::pipeline::tensor::{HostTensor, le_vec};
 
@@ -25,9 +27,28 @@ pub const GENERATE: &str = "generate";
 pub const LOGITS: &str = "logits";
 pub const TOKENS: &str = "tokens";
 
+/// The one context a model's runs share (`None` until the first run).
+pub type Slot<'a> = Mutex<Option<LlamaContext<'a>>>;
+
+self_cell::self_cell!(
+    /// A loaded model and the context its runs share, which borrows it.
+    pub struct Loaded {
+        owner: LlamaModel,
+        #[not_covariant]
+        dependent: Slot,
+    }
+);
+
+impl Loaded {
+    /// The model, with no context yet.
+    pub fn of(model: LlamaModel) -> Self {
+        Self::new(model, |_| Mutex::new(None))
+    }
+}
+
 /// A model with what a run needs.
 pub struct LlamaEngine {
-    pub(super) model: LlamaModel,
+    pub(super) loaded: Loaded,
     pub(super) context_length: u32,
     pub(super) threads: i32,
     pub(super) profiles: Vec<(String, Shapes)>,
@@ -37,8 +58,26 @@ pub struct LlamaEngine {
 }
 
 impl LlamaEngine {
+    fn model(&self) -> &LlamaModel {
+        self.loaded.borrow_owner()
+    }
+
     fn vocab(&self) -> usize {
-        usize::try_from(self.model.n_vocab()).unwrap_or(0)
+        usize::try_from(self.model().n_vocab()).unwrap_or(0)
+    }
+
+    /// Refuses a token id outside the vocabulary (llama.cpp would abort on it).
+    fn in_vocab(&self, ids: &[i32], what: &str) -> Result<()> {
+        let vocab = self.vocab();
+        match ids
+            .iter()
+            .find(|t| usize::try_from(**t).map_or(true, |t| t >= vocab))
+        {
+            Some(bad) => Err(Error::WarmupFailed(format!(
+                "{what} id {bad} is outside the vocabulary of {vocab} tokens"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The prompt and continuation length, checked against the vocabulary and the context.
@@ -55,15 +94,7 @@ impl LlamaEngine {
         };
         let prompt = le_vec!(get(PROMPT)?.data, i32);
         let generate = le_vec!(get(GENERATE)?.data, i32);
-        let vocab = self.vocab();
-        if let Some(bad) = prompt
-            .iter()
-            .find(|t| usize::try_from(**t).map_or(true, |t| t >= vocab))
-        {
-            return Err(Error::WarmupFailed(format!(
-                "prompt token id {bad} is outside the vocabulary of {vocab} tokens"
-            )));
-        }
+        self.in_vocab(&prompt, "prompt token")?;
         let n = match generate.as_slice() {
             [n] if *n >= 1 => usize::try_from(*n).unwrap_or(0),
             other => {
@@ -83,23 +114,27 @@ impl LlamaEngine {
     }
 }
 
-impl Engine for LlamaEngine {
-    fn run(&self, inputs: &BTreeMap<String, HostTensor>) -> Result<BTreeMap<String, HostTensor>> {
-        let (prompt, n) = self.read_inputs(inputs)?;
-        let mut last = self
-            .last
-            .lock()
-            .map_err(|_| Error::WarmupFailed("an earlier run panicked".into()))?;
-        let params = LlamaContextParams::default()
+impl LlamaEngine {
+    /// The one context this engine's runs share, made on the first run: a context holds the
+    /// KV cache and compute buffers for `context_length` tokens, so making one per request
+    /// would cost every request their allocation.
+    fn params(&self) -> LlamaContextParams {
+        LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(self.context_length))
             .with_n_batch(self.context_length)
             .with_n_threads(self.threads)
-            .with_n_threads_batch(self.threads);
-        let backend = super::runtime::backend().map_err(Error::WarmupFailed)?;
-        let mut ctx = self
-            .model
-            .new_context(backend, params)
-            .map_err(|e| Error::WarmupFailed(format!("llama.cpp context: {e}")))?;
+            .with_n_threads_batch(self.threads)
+    }
+
+    /// Prefill and greedy decode on `ctx`, whose KV cache is cleared first: every run starts
+    /// from an empty cache, as a fresh context would, so reuse cannot change an answer.
+    fn generate(
+        &self,
+        ctx: &mut LlamaContext<'_>,
+        prompt: &[i32],
+        n: usize,
+    ) -> Result<(Vec<f32>, Vec<i32>, Generation)> {
+        ctx.clear_kv_cache();
         let fail =
             |e: &dyn std::fmt::Display| Error::WarmupFailed(format!("llama.cpp decode: {e}"));
         let mut batch = LlamaBatch::new(self.context_length as usize, 1);
@@ -125,7 +160,7 @@ impl Engine for LlamaEngine {
             tokens.push(argmax(ctx.get_logits_ith(0)));
         }
         let decode = decode_started.elapsed().as_secs_f64();
-        *last = Some(Generation {
+        let generation = Generation {
             prompt_tokens: prompt.len() as u32,
             generated_tokens: n as u32,
             prefill_seconds: prefill,
@@ -134,7 +169,36 @@ impl Engine for LlamaEngine {
             } else {
                 0.0
             },
-        });
+            ..Generation::default()
+        };
+        Ok((logits, tokens, generation))
+    }
+}
+
+impl Engine for LlamaEngine {
+    fn run(&self, inputs: &BTreeMap<String, HostTensor>) -> Result<BTreeMap<String, HostTensor>> {
+        let (prompt, n) = self.read_inputs(inputs)?;
+        let mut last = self
+            .last
+            .lock()
+            .map_err(|_| Error::WarmupFailed("an earlier run panicked".into()))?;
+        let (logits, tokens, generation) = self.loaded.with_dependent(|model, slot| {
+            let mut slot = slot
+                .lock()
+                .map_err(|_| Error::WarmupFailed("an earlier run panicked".into()))?;
+            if slot.is_none() {
+                let backend = super::runtime::backend().map_err(Error::WarmupFailed)?;
+                let ctx = model
+                    .new_context(backend, self.params())
+                    .map_err(|e| Error::WarmupFailed(format!("llama.cpp context: {e}")))?;
+                *slot = Some(ctx);
+            }
+            match slot.as_mut() {
+                Some(ctx) => self.generate(ctx, &prompt, n),
+                None => Err(Error::WarmupFailed("no llama.cpp context".into())),
+            }
+        })?;
+        *last = Some(generation);
         let f32s: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
         let i32s: Vec<u8> = tokens.iter().flat_map(|v| v.to_le_bytes()).collect();
         Ok(BTreeMap::from([
@@ -167,6 +231,72 @@ impl Engine for LlamaEngine {
 
     fn generation(&self) -> Option<Generation> {
         self.last.lock().ok().and_then(|g| *g)
+    }
+
+    fn tokenizer(&self) -> Option<&dyn Tokenizer> {
+        Some(self)
+    }
+}
+
+/// The tokenizer and chat template inside the GGUF, as llama.cpp reads them.
+impl Tokenizer for LlamaEngine {
+    fn encode(&self, text: &str, rendered: bool) -> Result<Vec<i32>> {
+        // Special tokens written in the text (a rendered template's) are parsed as such; the
+        // model's own leading tokens (BOS) are added to a plain prompt only.
+        let ids = self
+            .model()
+            .vocab()
+            .tokenize(text.as_bytes(), !rendered, true);
+        if ids.is_empty() {
+            return Err(Error::WarmupFailed(format!(
+                "the prompt {text:?} gives no tokens; give a non-empty prompt"
+            )));
+        }
+        Ok(ids.into_iter().map(|t| t.0).collect())
+    }
+
+    fn piece(&self, id: i32) -> String {
+        if self.in_vocab(&[id], "token").is_err() {
+            return "(outside the vocabulary)".into();
+        }
+        let bytes = self
+            .model()
+            .vocab()
+            .token_to_piece(LlamaToken(id), true, None);
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    fn decode(&self, ids: &[i32]) -> Result<String> {
+        self.in_vocab(ids, "token")?;
+        let tokens: Vec<LlamaToken> = ids.iter().map(|t| LlamaToken(*t)).collect();
+        let bytes = self.model().vocab().detokenize(&tokens, false, false);
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn chat_template(&self) -> Option<String> {
+        self.model()
+            .chat_template(None)
+            .ok()
+            .and_then(|t| t.to_string().ok())
+    }
+
+    fn render(&self, messages: &[(String, String)]) -> Result<String> {
+        let bad = |e: &dyn std::fmt::Display| {
+            Error::InvalidSpec(format!(
+                "rendering the chat messages with the model's chat template: {e}"
+            ))
+        };
+        let template = self.model().chat_template(None).map_err(|e| {
+            Error::ChatTemplateMismatch(format!("the model has no chat template: {e}"))
+        })?;
+        let chat = messages
+            .iter()
+            .map(|(role, content)| LlamaChatMessage::new(role.clone(), content.clone()))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| bad(&e))?;
+        self.model()
+            .apply_chat_template(&template, &chat, true)
+            .map_err(|e| bad(&e))
     }
 }
 

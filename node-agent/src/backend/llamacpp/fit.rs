@@ -99,10 +99,65 @@ pub fn fits_machine(need: u64, available: Option<u64>, context: u32) -> Result<(
     }
 }
 
-/// The largest concrete type whose estimate fits `budget`, or why none does.
-pub fn choose(header: &Header, context: u32, budget: &Budget) -> Result<Quantization, String> {
+/// Bits per weight of a ggml tensor type (by `gguf.rs`'s names), `None` for one kiln does
+/// not size.
+pub fn type_bits(name: &str) -> Option<f64> {
+    Some(match name {
+        "F32" => 32.0,
+        "F16" | "BF16" => 16.0,
+        "Q8_0" => 8.5,
+        "Q6_K" => 6.5625,
+        "Q5_1" => 6.0,
+        "Q5_0" | "Q5_K" => 5.5,
+        "Q4_1" => 5.0,
+        "Q4_0" | "Q4_K" => 4.5,
+        "Q3_K" => 3.4375,
+        "Q2_K" => 2.625,
+        _ => return None,
+    })
+}
+
+/// The type an already quantised source's weights are in, with its bits per weight: the most
+/// common tensor type that is not a float one (norms, and in some files embeddings, stay F32
+/// or F16; a `Q4_K_M` file keeps a few matrices at `Q6_K`, its most common type is `Q4_K`).
+/// Gemma 3 270M's `Q4_K_M` file is mostly `Q5_0`: k-quants' blocks of 256 do not divide its
+/// 640-wide matrices. `None` for a float source. A type kiln does not size counts as quantised
+/// at 0 bits, so nothing is taken for larger than it without `allowRequantization`.
+pub fn source_quantization(header: &Header) -> Option<(String, f64)> {
+    header
+        .tensor_types
+        .iter()
+        .filter(|(name, _)| !matches!(name.as_str(), "F32" | "F16" | "BF16"))
+        .max_by_key(|(_, count)| **count)
+        .map(|(name, _)| (name.clone(), type_bits(name).unwrap_or(0.0)))
+}
+
+/// Refuses a weight type with at least as many bits per weight as an already quantised
+/// source's: requantising cannot recover what the source's quantiser dropped, so the larger
+/// type would only cost memory and time while its name promised precision.
+pub fn refuse_requantization(source: &(String, f64), q: Quantization) -> Result<(), String> {
+    let (name, bits) = source;
+    if q.bits_per_weight() >= *bits {
+        return Err(format!(
+            "the source is already quantised to {name} ({bits} bits per weight); {} ({} bits) cannot recover what {name} dropped: leave backend.llamacpp.quantization unset to serve the source's own types, name a smaller type, or set backend.llamacpp.allowRequantization: true",
+            q.as_str(),
+            q.bits_per_weight()
+        ));
+    }
+    Ok(())
+}
+
+/// The largest concrete type below `ceiling` bits per weight (an already quantised source's;
+/// `None`: any) whose estimate fits `budget`, or why none does.
+pub fn choose(
+    header: &Header,
+    context: u32,
+    budget: &Budget,
+    ceiling: Option<f64>,
+) -> Result<Quantization, String> {
     Quantization::CONCRETE
         .into_iter()
+        .filter(|q| ceiling.is_none_or(|c| q.bits_per_weight() < c))
         .find(|q| estimate(header, *q, context) <= budget.bytes)
         .ok_or_else(|| {
             let smallest = Quantization::CONCRETE[Quantization::CONCRETE.len() - 1];
@@ -158,14 +213,55 @@ mod tests {
     }
 
     #[test]
+    fn a_quantised_source_is_never_requantised_to_as_many_bits_or_more() {
+        let mut h = seven_b();
+        h.tensor_types = [
+            ("F32".into(), 65),
+            ("Q4_K".into(), 193),
+            ("Q6_K".into(), 33),
+        ]
+        .into();
+        let source = source_quantization(&h).expect("quantised");
+        assert_eq!(source, ("Q4_K".to_string(), 4.5));
+        for q in [Quantization::Q8_0, Quantization::Q4KM, Quantization::Q4_0] {
+            let err = refuse_requantization(&source, q).expect_err("not smaller");
+            assert!(err.contains("Q4_K") && err.contains(q.as_str()), "{err}");
+            assert!(err.contains("allowRequantization"), "{err}");
+        }
+        h.tensor_types = [("F32".into(), 65), ("Q4_1".into(), 211)].into();
+        let q4_1 = source_quantization(&h).expect("quantised");
+        refuse_requantization(&q4_1, Quantization::Q4_0).expect("4.5 bits is below Q4_1's 5");
+        // auto: only types below the source's, however much memory there is.
+        let gib = 1u64 << 30;
+        assert_eq!(
+            choose(&h, 4096, &budget(64 * gib), Some(q4_1.1)),
+            Ok(Quantization::Q4KM)
+        );
+        h.tensor_types = [("F32".into(), 65), ("F16".into(), 226)].into();
+        assert_eq!(source_quantization(&h), None, "a float source");
+    }
+
+    #[test]
     fn auto_takes_the_largest_type_that_fits() {
         let h = seven_b();
         let gib = 1u64 << 30;
-        assert_eq!(choose(&h, 4096, &budget(64 * gib)), Ok(Quantization::F32));
-        assert_eq!(choose(&h, 4096, &budget(16 * gib)), Ok(Quantization::F16));
-        assert_eq!(choose(&h, 4096, &budget(9 * gib)), Ok(Quantization::Q8_0));
-        assert_eq!(choose(&h, 4096, &budget(5 * gib)), Ok(Quantization::Q4KM));
-        let err = choose(&h, 4096, &budget(2 * gib)).expect_err("nothing fits 2 GiB");
+        assert_eq!(
+            choose(&h, 4096, &budget(64 * gib), None),
+            Ok(Quantization::F32)
+        );
+        assert_eq!(
+            choose(&h, 4096, &budget(16 * gib), None),
+            Ok(Quantization::F16)
+        );
+        assert_eq!(
+            choose(&h, 4096, &budget(9 * gib), None),
+            Ok(Quantization::Q8_0)
+        );
+        assert_eq!(
+            choose(&h, 4096, &budget(5 * gib), None),
+            Ok(Quantization::Q4KM)
+        );
+        let err = choose(&h, 4096, &budget(2 * gib), None).expect_err("nothing fits 2 GiB");
         assert!(
             err.contains("Q4_0") && err.contains("memoryBudget"),
             "{err}"
@@ -213,7 +309,7 @@ mod tests {
         let h = seven_b();
         let pick = |gib: &str| {
             let budget = auto_budget(&class(None, Some(gib), None), false).expect("budget");
-            choose(&h, 4096, &budget)
+            choose(&h, 4096, &budget, None)
         };
         // A 7B model with 4096 tokens of context: F16 on a 32 GiB class (25.6 GiB usable),
         // Q8_0 on a 16 (12.8), Q5_K_M on an 8 (6.4); nothing on a 4.
@@ -244,9 +340,9 @@ mod tests {
     fn a_longer_context_takes_a_smaller_type() {
         let h = seven_b();
         let nine = budget(9 * (1u64 << 30));
-        assert_eq!(choose(&h, 2048, &nine), Ok(Quantization::Q8_0));
+        assert_eq!(choose(&h, 2048, &nine, None), Ok(Quantization::Q8_0));
         // 128k tokens of KV cache: 16 GiB on their own.
-        assert!(choose(&h, 131_072, &nine).is_err());
+        assert!(choose(&h, 131_072, &nine, None).is_err());
         assert!(estimate(&h, Quantization::Q8_0, 4096) > estimate(&h, Quantization::Q8_0, 512));
     }
 }

@@ -56,6 +56,7 @@ impl Llamacpp {
         header: &gguf::Header,
         context: u32,
     ) -> Result<(Option<Quantization>, String)> {
+        let source = fit::source_quantization(header);
         match self.settings.quantization {
             None => Ok((
                 None,
@@ -66,7 +67,21 @@ impl Llamacpp {
                 let on_gpu = req.provider != ExecutionProvider::Cpu;
                 let fit = req.memory_budget.clone().unwrap_or_default();
                 let budget = fit::auto_budget(&fit, on_gpu).map_err(Error::InvalidSpec)?;
-                let q = fit::choose(header, context, &budget).map_err(Error::InvalidSpec)?;
+                // An already quantised source: its own types first, then only smaller ones.
+                if let Some((name, _)) = &source {
+                    let bytes = std::fs::metadata(req.model).map_or(u64::MAX, |m| m.len());
+                    let need = fit::engine_bytes(header, bytes, context);
+                    if need <= budget.bytes {
+                        let why = format!(
+                            "auto: the source's own {name}, about {need} of {} bytes, {} (a quantised source is never requantised to a larger type)",
+                            budget.bytes, budget.from
+                        );
+                        return Ok((None, why));
+                    }
+                }
+                let ceiling = source.as_ref().map(|(_, bits)| *bits);
+                let q =
+                    fit::choose(header, context, &budget, ceiling).map_err(Error::InvalidSpec)?;
                 let need = fit::estimate(header, q, context);
                 let why = format!(
                     "auto: about {need} of {} bytes, {}",
@@ -74,7 +89,14 @@ impl Llamacpp {
                 );
                 Ok((Some(q), why))
             }
-            Some(q) => Ok((Some(q), "as the target names it".to_string())),
+            Some(q) => {
+                if let Some(source) = &source
+                    && !self.settings.allow_requantization.unwrap_or(false)
+                {
+                    fit::refuse_requantization(source, q).map_err(Error::InvalidSpec)?;
+                }
+                Ok((Some(q), "as the target names it".to_string()))
+            }
         }
     }
 
@@ -310,7 +332,7 @@ fn engine_for(
     profiles: Vec<(String, Shapes)>,
 ) -> Result<Box<dyn Engine>> {
     let engine = engine::LlamaEngine {
-        model,
+        loaded: engine::Loaded::of(model),
         context_length,
         threads,
         profiles,

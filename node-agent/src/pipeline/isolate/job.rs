@@ -64,6 +64,9 @@ pub struct Reference {
     pub runtime: kiln_crds::compiled_target::BackendKind,
     /// Where the fixture file goes.
     pub out: PathBuf,
+    /// A language model's prompt as text instead of inputs (`--prompt`, `--chat`).
+    #[serde(default)]
+    pub text: Option<crate::pipeline::text::TextRequest>,
 }
 
 /// A verified fixture file the child parses again, after checking its sha256.

