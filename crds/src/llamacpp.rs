@@ -78,7 +78,7 @@ impl Generation {
             let mut v: Vec<f64> = runs.iter().map(f).collect();
             v.sort_by(f64::total_cmp);
             let mid = v.len() / 2;
-            if v.len() % 2 == 0 {
+            if v.len().is_multiple_of(2) {
                 (v[mid - 1] + v[mid]) / 2.0
             } else {
                 v[mid]
