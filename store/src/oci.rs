@@ -31,6 +31,9 @@ const EMPTY_CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
 const MAX_MANIFEST_BYTES: u64 = 4 << 20;
 /// Read size when streaming an artifact file to the registry.
 const PUSH_READ_BYTES: usize = 4 << 20;
+/// How often a request that lost a race with a concurrent publisher's link rewrite is made again
+/// (`blob_present`, `push_manifest_bytes`), 100 ms more apart each time.
+const REGISTRY_RACE_RETRIES: u64 = 4;
 
 /// An OCI registry repository, e.g. `oci://10.201.0.2:5000/kiln`.
 pub struct OciStore {
@@ -180,11 +183,32 @@ impl OciStore {
         bytes: Vec<u8>,
         digest: &str,
     ) -> oci_client::errors::Result<()> {
-        if self.client.blob_exists(reference, digest).await? {
+        if self.blob_present(reference, digest).await? {
             return Ok(());
         }
         let pushed = self.client.push_blob(reference, bytes, digest).await;
         self.pushed_or_present(pushed, reference, digest).await
+    }
+
+    /// Whether the blob `digest` is in the repository. A registry rewriting the blob's link for a
+    /// concurrent publisher answers 500 for a moment (distribution's filesystem driver truncates
+    /// and rewrites it), so an error is asked again, a bounded number of times.
+    async fn blob_present(
+        &self,
+        reference: &Reference,
+        digest: &str,
+    ) -> oci_client::errors::Result<bool> {
+        let mut retries = 0u64;
+        loop {
+            match self.client.blob_exists(reference, digest).await {
+                Err(e) if retries < REGISTRY_RACE_RETRIES => {
+                    retries += 1;
+                    tracing::info!(digest, error = %e, retries, "asking again whether a blob is present");
+                    tokio::time::sleep(std::time::Duration::from_millis(100 * retries)).await;
+                }
+                answer => return answer,
+            }
+        }
     }
 
     /// A failed push of a content-addressed blob is a success when the blob is there after all
@@ -197,7 +221,7 @@ impl OciStore {
     ) -> oci_client::errors::Result<()> {
         match pushed {
             Ok(_) => Ok(()),
-            Err(e) => match self.client.blob_exists(reference, digest).await {
+            Err(e) => match self.blob_present(reference, digest).await {
                 Ok(true) => {
                     tracing::info!(digest, error = %e, "a concurrent push stored this blob first");
                     Ok(())
@@ -222,21 +246,54 @@ impl OciStore {
     }
 
     /// Puts the manifest `bytes` at `reference` (a tag, or their own digest).
+    ///
+    /// distribution's filesystem driver rewrites a blob's repository link in place (truncate,
+    /// then write) when a concurrent publisher pushes the same blob, so a manifest checked in that
+    /// moment is refused as `MANIFEST_BLOB_UNKNOWN` although every blob is there. Such a refusal
+    /// is retried, a bounded number of times, only while each blob it names is present.
     async fn push_manifest_bytes(
         &self,
         reference: &Reference,
         bytes: Vec<u8>,
         doing: &str,
     ) -> Result<()> {
-        self.client
-            .push_manifest_raw(
-                reference,
-                bytes,
-                http::HeaderValue::from_static(OCI_IMAGE_MEDIA_TYPE),
-            )
-            .await
-            .map_err(|e| self.error(doing, e))?;
-        Ok(())
+        let mut retries = 0u64;
+        loop {
+            let pushed = self
+                .client
+                .push_manifest_raw(
+                    reference,
+                    bytes.clone(),
+                    http::HeaderValue::from_static(OCI_IMAGE_MEDIA_TYPE),
+                )
+                .await;
+            let Err(e) = pushed else { return Ok(()) };
+            let text = e.to_string();
+            let blob_race =
+                text.contains("MANIFEST_BLOB_UNKNOWN") || text.contains("DIGEST_INVALID");
+            if retries >= REGISTRY_RACE_RETRIES
+                || !blob_race
+                || !self.blobs_present(reference, &bytes).await
+            {
+                return Err(self.error(doing, e));
+            }
+            retries += 1;
+            tracing::info!(error = %e, retries, "retrying a manifest whose blobs are all present");
+            tokio::time::sleep(std::time::Duration::from_millis(100 * retries)).await;
+        }
+    }
+
+    /// Whether every blob the image manifest `bytes` names is in the repository.
+    async fn blobs_present(&self, reference: &Reference, bytes: &[u8]) -> bool {
+        let Ok(image) = serde_json::from_slice::<OciImageManifest>(bytes) else {
+            return false;
+        };
+        for blob in std::iter::once(&image.config).chain(&image.layers) {
+            if !matches!(self.blob_present(reference, &blob.digest).await, Ok(true)) {
+                return false;
+            }
+        }
+        true
     }
 
     /// The raw manifest at `reference`, or `None` if the registry does not know it.
@@ -384,8 +441,7 @@ impl Store for OciStore {
             .store_auth_if_needed(&self.registry, &self.auth)
             .await;
         let exists = self
-            .client
-            .blob_exists(&reference, &layer_digest)
+            .blob_present(&reference, &layer_digest)
             .await
             .map_err(|e| self.error(&doing, e))?;
         if !exists {
