@@ -22,6 +22,8 @@ cleanup() {
   kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
   # The rows name this test's targets; the next agent on the node writes its own KilnNode.
   kubectl delete kilnnode "$REAL" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+  # Cluster-scoped, so a later `helm install kiln` (the README's, in the kiln test) could not own them.
+  kubectl delete clusterrolebinding/kiln-agent clusterrole/kiln-agent --ignore-not-found >/dev/null 2>&1 || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT

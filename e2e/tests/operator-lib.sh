@@ -29,6 +29,8 @@ cleanup() {
   fi
   kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
   kubectl -n kiln-system delete lease "kiln-operator-$NS" --ignore-not-found >/dev/null 2>&1 || true
+  # Cluster-scoped, so a later `helm install kiln` (the README's, in the kiln test) could not own them.
+  kubectl delete clusterrolebinding/kiln-operator clusterrole/kiln-operator --ignore-not-found >/dev/null 2>&1 || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
