@@ -288,11 +288,14 @@ f_agent_download() {
   agent_pod=$(kubectl -n "$NS" get pod -l app.kubernetes.io/component=agent -o jsonpath='{.items[0].metadata.name}')
   kept() { find "$WORK/cache/tmp" -name '.kiln-partial-*' -size +0 | grep -q .; }
   wait_for "the first MiB of the pull on disk" 60 kept
-  kill_component agent
+  # Measured before the kill: the file only grows until then, so this is a floor of what the
+  # killed agent keeps, and afterwards the restarted (unshaped) agent may already have resumed,
+  # finished and moved the file into place.
   partial=$(find "$WORK/cache/tmp" -name '.kiln-partial-*' -printf '%s\n' | sort -n | tail -1)
   progress=$(kubectl -n "$NS" logs "$agent_pod" 2>/dev/null | grep '"message":"pulling"' | tail -1 |
     jq -r '.fields | "\(.bytes)/\(.total) bytes"')
-  ((${partial:-0} > 0)) || { echo "   no partial download in the cache after the kill (the pull finished first?)" >&2; return 1; }
+  kill_component agent
+  ((${partial:-0} > 0)) || { echo "   no partial download in the cache at the kill (the pull finished first?)" >&2; return 1; }
   unshape
   # The restarted agent resumes after the bytes the killed one kept (hashing them again, never
   # serving them unverified), and the partial file is gone once the whole is verified.
