@@ -4,8 +4,10 @@
 //! watcher) per node report. A change that comes sooner than the interval after this replica's
 //! last write of that target waits for the rest of it, and whatever changed meanwhile goes out in
 //! that one write, so the target's status lags its nodes by at most the interval. A first write
-//! (a new target, a restarted operator) and a write that goes with a Job created or deleted are
-//! never held: a Job is news of its own, and its Event is tied to the status that names the Job.
+//! (a new target, a restarted operator), a write that goes with a Job created or deleted, and a
+//! write that observes a new generation of the spec are never held: a Job is news of its own
+//! (its Event is tied to the status that names the Job), and a user who changed the spec reads
+//! the status that answers it at once (kstatus counts a lagging `observedGeneration` as InProgress).
 //! The decision is pure ([`wait`]); [`Pacer`] keeps the last write per target.
 
 use std::collections::HashMap;
@@ -13,8 +15,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long a status write must wait, if at all: `None` to write now. `last` is when this
-/// replica last wrote the target's status; `with_jobs` whether this plan also creates or
-/// deletes Jobs.
+/// replica last wrote the target's status; `with_jobs` whether the write is news that is never
+/// held (Jobs created or deleted, a new generation observed).
 pub fn wait(
     last: Option<Instant>,
     now: Instant,
