@@ -14,16 +14,25 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// Whether a status write is news that is never held: it goes with Jobs created or deleted
+/// (`jobs_changed`), or it observes a generation of the spec the old status had not.
+pub fn is_news(
+    jobs_changed: bool,
+    old_generation: Option<i64>,
+    new_generation: Option<i64>,
+) -> bool {
+    jobs_changed || old_generation != new_generation
+}
+
 /// How long a status write must wait, if at all: `None` to write now. `last` is when this
-/// replica last wrote the target's status; `with_jobs` whether the write is news that is never
-/// held (Jobs created or deleted, a new generation observed).
+/// replica last wrote the target's status; `news` whether the write is never held ([`is_news`]).
 pub fn wait(
     last: Option<Instant>,
     now: Instant,
     interval: Duration,
-    with_jobs: bool,
+    news: bool,
 ) -> Option<Duration> {
-    if with_jobs {
+    if news {
         return None;
     }
     let due = last?.checked_add(interval)?;
@@ -48,9 +57,9 @@ impl Pacer {
     }
 
     /// How long the status write of target `uid` must wait ([`wait`]).
-    pub fn wait(&self, uid: &str, now: Instant, with_jobs: bool) -> Option<Duration> {
+    pub fn wait(&self, uid: &str, now: Instant, news: bool) -> Option<Duration> {
         let last = self.last.lock().ok()?.get(uid).copied();
-        wait(last, now, self.interval, with_jobs)
+        wait(last, now, self.interval, news)
     }
 
     /// Records a status write of target `uid` at `now`.
@@ -91,6 +100,14 @@ mod tests {
         assert_eq!(wait(Some(t0), t0 + ms(1), second, true), None);
         // No pacing.
         assert_eq!(wait(Some(t0), t0, Duration::ZERO, false), None);
+    }
+
+    #[test]
+    fn jobs_and_a_new_generation_are_news_node_reports_are_not() {
+        assert!(is_news(true, Some(3), Some(3)));
+        assert!(is_news(false, Some(3), Some(4)));
+        assert!(is_news(false, None, Some(1)));
+        assert!(!is_news(false, Some(4), Some(4)));
     }
 
     #[test]

@@ -43,11 +43,11 @@ pub async fn apply(
     }
     let old = target.status.clone().unwrap_or_default();
     if plan.status != old {
-        // A Job created or deleted, or a spec the status has not observed yet, is news of its
-        // own: a user who changed the spec reads the status that answers it at once.
-        let news = !plan.create.is_empty()
-            || !plan.delete.is_empty()
-            || plan.status.observed_generation != old.observed_generation;
+        let news = crate::pace::is_news(
+            !plan.create.is_empty() || !plan.delete.is_empty(),
+            old.observed_generation,
+            plan.status.observed_generation,
+        );
         let uid = target.uid().unwrap_or_default();
         if let Some(wait) = ctx.pacer.wait(&uid, Instant::now(), news) {
             // Written less than the interval ago: this change, its Events and whatever changes
