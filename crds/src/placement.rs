@@ -236,9 +236,10 @@ impl Placement {
         self.nodes.values().sum()
     }
 
-    /// Kernel time of the run on every provider, seconds.
+    /// Kernel time of the run on every provider, seconds. Folded from +0.0: `sum()` of no
+    /// floats is -0.0, which prints as "-0.00 ms".
     pub fn total_kernel_seconds(&self) -> f64 {
-        self.kernel_seconds.values().sum()
+        self.kernel_seconds.values().fold(0.0, |total, s| total + s)
     }
 }
 
@@ -371,6 +372,13 @@ mod tests {
         assert_eq!((p.fallback_share, p.fallback_time_share), (0.0, 0.0));
         assert_eq!((p.shape_node_count, p.compute_node_count), (0, 0));
         assert!(p.total_kernel_seconds() > 0.0);
+    }
+
+    #[test]
+    fn no_kernel_time_is_positive_zero() {
+        let total = Placement::default().total_kernel_seconds();
+        assert!(total == 0.0 && total.is_sign_positive(), "{total:?}");
+        assert_eq!(format!("{:.2}", total * 1000.0), "0.00");
     }
 
     #[test]

@@ -229,7 +229,7 @@ fn read_given(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
 /// Flags of `fixtures`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// ONNX model.
+    /// The source model: an ONNX file, or a GGUF file with `--reference llamacpp`.
     #[arg(long, env = "KILN_FIXTURE_MODEL")]
     model: PathBuf,
     /// Fixture version to record.
