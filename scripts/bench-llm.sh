@@ -33,11 +33,13 @@ printf '%-20s %8s %7s %7s | %9s %9s %6s | %9s %9s %6s | %8s\n' model "size MB" "
   "kiln pp/s" "bench pp/s" ratio "kiln tg/s" "bench tg/s" ratio "RSS MB"
 for model in "$models"/*.gguf; do
   name=$(basename "$model" .gguf)
+  object=${name//_/-} # a DNS-1123 name for the objects
   d=$work/$name
   mkdir -p "$d"
   ln -s "$model" "$d/model.gguf"
   "$AGENT" fixtures --reference llamacpp --model "$model" --prompt "$PROMPT" \
-    --generate "$GENERATE" --fixture-version v1 -o "$d/fixture.safetensors" >/dev/null
+    --generate "$GENERATE" --fixture-version v1 -o "$d/fixture.safetensors" >/dev/null 2>"$d/fixtures.log" ||
+    { tail -5 "$d/fixtures.log" >&2; echo "bench-llm: kiln-agent fixtures failed on $name" >&2; exit 1; }
   n=$(python3 - "$d/fixture.safetensors" <<'PY'
 import json, struct, sys
 with open(sys.argv[1], "rb") as f:
@@ -48,7 +50,7 @@ PY
   cat >"$d/kiln.yaml" <<YAML
 apiVersion: kiln.dev/v1alpha1
 kind: ModelArtifact
-metadata: {name: $name}
+metadata: {name: $object}
 spec:
   source: {uri: "file://model.gguf", sha256: "$(sha256sum "$model" | cut -d' ' -f1)", size: $(stat -Lc %s "$model")}
   format: gguf
@@ -60,9 +62,9 @@ spec:
 ---
 apiVersion: kiln.dev/v1alpha1
 kind: CompiledTarget
-metadata: {name: $name}
+metadata: {name: $object}
 spec:
-  modelRef: {name: $name}
+  modelRef: {name: $object}
   backend: {kind: llamacpp, llamacpp: {contextLength: 512, threads: $THREADS}}
   profiles: [{name: p, dims: {len: $n}}]
   warmup:
@@ -70,7 +72,10 @@ spec:
     fixtureVersion: v1
     outputs: [{name: logits, atol: 1.0e-3, rtol: 1.0e-3}, {name: tokens, atol: 0, rtol: 0}]
 YAML
-  "$AGENT" local --output json --store "$d/store" "$d/kiln.yaml" | tail -1 >"$d/outcome.json"
+  # Not ready exits 1 with the reason in the outcome, which the table's script reports.
+  "$AGENT" local --output json --store "$d/store" "$d/kiln.yaml" 2>"$d/agent.log" | tail -1 >"$d/outcome.json" || true
+  [[ -s $d/outcome.json ]] ||
+    { tail -5 "$d/agent.log" >&2; echo "bench-llm: kiln-agent local gave no outcome on $name" >&2; exit 1; }
   "$bench" -m "$model" -t "$THREADS" -p "$n" -n "$GENERATE" -r 3 -o json 2>/dev/null >"$d/bench.json"
   python3 - "$d/outcome.json" "$d/bench.json" "$name" "$(stat -Lc %s "$model")" <<'PY'
 import json, sys
@@ -90,4 +95,4 @@ print("%-20s %8.1f %7.3f %7.4f | %9.1f %9.1f %6.2f | %9.1f %9.1f %6.2f | %8.0f" 
 PY
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "(pp: a prompt of the fixture's token count in one batch; tg: $GENERATE tokens at batch 1; kiln's figures are one run after $ITERATIONS warmup iterations; llama-bench's the mean of 3)"
+echo "(pp: a prompt of the fixture's token count in one batch; tg: $GENERATE tokens at batch 1; kiln's figures are the median over its $ITERATIONS warmup iterations; llama-bench's the mean of 3)"

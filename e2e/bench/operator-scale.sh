@@ -261,7 +261,7 @@ echo "Job creates answered AlreadyExists (a Job posted again): $(kubectl get --r
 rss=$(awk '/VmHWM/ {printf "%d", $2 / 1024}' "/proc/$OPPID/status")
 echo "operator peak RSS: $rss MiB, now $(awk '/VmRSS/ {printf "%d MiB", $2 / 1024}' "/proc/$OPPID/status"); CPU $(cpu_of "$OPPID") s"
 curl -fsS http://127.0.0.1:18090/metrics | grep -E '^kiln_operator_(reconcile_duration_seconds_(sum|count)|api_writes_total|classes|status_writes_held)' || true
-sizes=$(kubectl -n "$NS" get compiledtarget t-0 -o json | jq -c '[tostring | length, (del(.metadata.managedFields) | tostring | length), (.status | tostring | length)]')
+sizes=$(kubectl -n "$NS" get compiledtarget t-0 -o json | jq -c '[(tostring | length), (del(.metadata.managedFields) | tostring | length), (.status | tostring | length)]')
 echo "one target as JSON: $sizes bytes (as served, without managedFields (what the cache keeps), its status alone)"
 
 echo "== leader change: a second replica stands by, the first gets SIGTERM and hands the Lease over"

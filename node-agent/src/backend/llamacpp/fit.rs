@@ -132,6 +132,41 @@ pub fn source_quantization(header: &Header) -> Option<(String, f64)> {
         .map(|(name, _)| (name.clone(), type_bits(name).unwrap_or(0.0)))
 }
 
+/// How far up from its source `auto` may go.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Ceiling {
+    /// Below a quantised source's dominant type, in bits: its own types, tried first, are the
+    /// largest it may serve.
+    Below(f64),
+    /// Up to a float source's own width, in bits: an F16 source is never widened to F32, whose
+    /// extra bits were never there.
+    AtMost(f64),
+}
+
+impl Ceiling {
+    /// Whether a type of `bits` per weight is under this ceiling.
+    pub fn admits(self, bits: f64) -> bool {
+        match self {
+            Self::Below(c) => bits < c,
+            Self::AtMost(c) => bits <= c,
+        }
+    }
+
+    /// The ceiling of a source whose tensors `header` describes.
+    pub fn of(header: &Header) -> Option<Self> {
+        if let Some((_, bits)) = source_quantization(header) {
+            return Some(Self::Below(bits));
+        }
+        header
+            .tensor_types
+            .iter()
+            .filter(|(name, _)| matches!(name.as_str(), "F32" | "F16" | "BF16"))
+            .max_by_key(|(_, count)| **count)
+            .and_then(|(name, _)| type_bits(name))
+            .map(Self::AtMost)
+    }
+}
+
 /// Refuses a weight type with at least as many bits per weight as an already quantised
 /// source's: requantising cannot recover what the source's quantiser dropped, so the larger
 /// type would only cost memory and time while its name promised precision.
@@ -153,11 +188,11 @@ pub fn choose(
     header: &Header,
     context: u32,
     budget: &Budget,
-    ceiling: Option<f64>,
+    ceiling: Option<Ceiling>,
 ) -> Result<Quantization, String> {
     Quantization::CONCRETE
         .into_iter()
-        .filter(|q| ceiling.is_none_or(|c| q.bits_per_weight() < c))
+        .filter(|q| ceiling.is_none_or(|c| c.admits(q.bits_per_weight())))
         .find(|q| estimate(header, *q, context) <= budget.bytes)
         .ok_or_else(|| {
             let smallest = Quantization::CONCRETE[Quantization::CONCRETE.len() - 1];
@@ -234,11 +269,26 @@ mod tests {
         // auto: only types below the source's, however much memory there is.
         let gib = 1u64 << 30;
         assert_eq!(
-            choose(&h, 4096, &budget(64 * gib), Some(q4_1.1)),
+            choose(&h, 4096, &budget(64 * gib), Ceiling::of(&h)),
             Ok(Quantization::Q4KM)
         );
         h.tensor_types = [("F32".into(), 65), ("F16".into(), 226)].into();
         assert_eq!(source_quantization(&h), None, "a float source");
+        // A float source: at most its own width, so F16 stays F16 where F32 would fit.
+        assert_eq!(Ceiling::of(&h), Some(Ceiling::AtMost(16.0)));
+        assert_eq!(
+            choose(&h, 4096, &budget(64 * gib), Ceiling::of(&h)),
+            Ok(Quantization::F16)
+        );
+        assert_eq!(
+            choose(&h, 4096, &budget(64 * gib), None),
+            Ok(Quantization::F32)
+        );
+        h.tensor_types = [("F32".into(), 291)].into();
+        assert_eq!(
+            choose(&h, 4096, &budget(64 * gib), Ceiling::of(&h)),
+            Ok(Quantization::F32)
+        );
     }
 
     #[test]

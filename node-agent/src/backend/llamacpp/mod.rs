@@ -79,7 +79,7 @@ impl Llamacpp {
                         return Ok((None, why));
                     }
                 }
-                let ceiling = source.as_ref().map(|(_, bits)| *bits);
+                let ceiling = fit::Ceiling::of(header);
                 let q =
                     fit::choose(header, context, &budget, ceiling).map_err(Error::InvalidSpec)?;
                 let need = fit::estimate(header, q, context);
