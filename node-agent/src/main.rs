@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use kiln_agent::{cmd, memory, secrets};
-use kiln_serve::logging::{self, LogFormat};
+use kiln_endpoints::logging::{self, LogFormat};
 
 #[derive(Parser)]
 #[command(

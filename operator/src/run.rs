@@ -24,7 +24,7 @@ use crate::job::{JobSettings, MANAGED_BY};
 use crate::metrics::Metrics;
 use crate::plan::Settings;
 use crate::triggers::Triggers;
-use kiln_serve::Health;
+use kiln_endpoints::Health;
 
 /// How often readiness labels of deleted targets are looked for (in the caches; no API reads).
 const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -101,7 +101,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
 /// Stops everything on SIGTERM or SIGINT.
 async fn stop_on_signal(stop: tokio::sync::watch::Sender<bool>) {
-    kiln_serve::shutdown_signal().await;
+    kiln_endpoints::shutdown_signal().await;
     tracing::info!("shutting down");
     let _ = stop.send(true);
 }
@@ -193,7 +193,7 @@ async fn http_task(
     health: Arc<Health>,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    if let Err(e) = kiln_serve::serve(addr, registry, health, stop).await {
+    if let Err(e) = kiln_endpoints::serve(addr, registry, health, stop).await {
         tracing::error!(%e, %addr, "cannot serve metrics and probes");
     }
 }

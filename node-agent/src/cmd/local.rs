@@ -323,7 +323,7 @@ pub fn main(args: Args) -> ExitCode {
         std::time::Duration::from_secs(args.warmup_deadline_seconds.max(1)),
     ));
     if let Some(path) = args.metrics_file
-        && let Err(e) = std::fs::write(&path, kiln_serve::exposition(&registry, None).0)
+        && let Err(e) = std::fs::write(&path, kiln_endpoints::exposition::encode(&registry, None).0)
     {
         eprintln!(
             "kiln-agent: cannot write metrics to {}: {e}",
