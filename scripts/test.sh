@@ -39,7 +39,7 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The engine-isolation crash cases need the test-only hook (cargo feature fault-injection:
-# node-agent/src/cmd/fault.rs), which no product build carries; lint and run them with it.
+# node-agent/src/pipeline/isolate/fault.rs), which no product build carries; lint and run them with it.
 cargo clippy -p kiln-agent --all-targets --locked --features fault-injection -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked

@@ -5,9 +5,9 @@
 use std::io::{Read, Write};
 use std::sync::Arc;
 
-use kiln_operator::metrics::Metrics;
 use kiln_endpoints::test_support::promtool_check;
 use kiln_endpoints::{Health, serve};
+use kiln_operator::metrics::Metrics;
 use prometheus_client::registry::Registry;
 
 /// GET /metrics with an optional Accept header; (Content-Type, body).

@@ -14,12 +14,12 @@ use serde::Serialize;
 
 use crate::backend;
 use crate::error::Result;
+use crate::host::probe;
 use crate::metrics::Metrics;
 use crate::pipeline::build::{
     Built, Publish, SourceTrustArgs, compile_or_reuse, fetch_inputs, key_for,
 };
 use crate::pipeline::fetch::{FetchLimits, Fetcher};
-use crate::pipeline::probe;
 use crate::pipeline::ready::{load_warm, pull_verified};
 use crate::pipeline::spec::Spec;
 use kiln_store::TrustArgs;
@@ -390,7 +390,7 @@ fn print_plain(outcome: &Outcome) {
     if let Some(peak) = outcome.peak_memory_bytes {
         println!(
             "  peak memory      {} above the baseline in load and warmup",
-            crate::memory::human(peak as usize)
+            crate::host::memory::human(peak as usize)
         );
     }
     if let Some(g) = &outcome.generation {
@@ -415,7 +415,7 @@ fn print_plain(outcome: &Outcome) {
     if let Some(peak) = outcome.peak_device_memory_bytes {
         println!(
             "  peak GPU memory  {} held by this process after load and warmup",
-            crate::memory::human(peak as usize)
+            crate::host::memory::human(peak as usize)
         );
     }
     if let Some(p) = &outcome.placement {

@@ -10,9 +10,9 @@ use kiln_crds::compiled_target::Warmup;
 use kiln_crds::kiln_node::WarmupFigures;
 
 use crate::backend::Engine;
+use crate::backend::tensor::HostTensor;
 use crate::error::{Error, Result};
 use crate::pipeline::fixtures::FixtureFile;
-use crate::pipeline::tensor::HostTensor;
 
 /// What a warmup measured (also the engine's process's answer, so serde).
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]

@@ -9,7 +9,6 @@ pub mod cache;
 pub mod deadline;
 pub mod decide;
 pub mod gate;
-pub mod plan;
 pub mod target;
 pub mod writes;
 
@@ -30,9 +29,9 @@ use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 
 use crate::backend;
+use crate::host::probe;
 use crate::metrics::Metrics;
 use crate::pipeline::fetch::Fetcher;
-use crate::pipeline::probe;
 
 /// Everything `run` takes from the command line.
 pub struct Config {
@@ -214,7 +213,7 @@ async fn resume(
         for row in &status.targets {
             agent
                 .states
-                .entry(plan::TargetKey::new(&row.namespace, &row.name))
+                .entry(decide::TargetKey::new(&row.namespace, &row.name))
                 .or_default()
                 .row = row.clone();
         }
