@@ -6,7 +6,7 @@
 //!   nothing else.
 //! * [`daemon`] — the node daemon, `kiln-agent run` (the DaemonSet's loop: watches, decisions,
 //!   KilnNode status, pod gates).
-//! * [`golden`], [`bench`] — making a fixture's golden outputs (`fixtures`, and the engine's
+//! * [`golden`], [`bench`](mod@bench) — making a fixture's golden outputs (`fixtures`, and the engine's
 //!   process that runs the reference); what the benchmark subcommands measure.
 //! * [`pipeline`] — the library every subcommand shares: fetch and verify, compile, load, warm
 //!   with parity, the engine's process.
