@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # kiln's whole test suite, as CI runs it (`.ci/run` calls exactly this):
 #   1. structure (no import circle between files or sibling modules of a crate, no non-test
-#      function over 100 lines but those listed below, every path
-#      ARCHITECTURE.md and the READMEs name exists), format and lint (cargo fmt --check, clippy
+#      function over 100 lines but those listed below, every path and Rust name
+#      ARCHITECTURE.md and the READMEs name exists, and every Rust name a comment names), format and lint (cargo fmt --check, clippy
 #      with warnings denied);
 #   2. the Rust workspace tests: API types, CEL rules, compile key, `kiln-agent local` on real
 #      ONNX models through every failure path, and both components' metrics through the real
@@ -26,6 +26,8 @@ python3 scripts/check-fn-length.py --self-test
 python3 scripts/check-fn-length.py
 python3 scripts/check-doc-paths.py --self-test
 python3 scripts/check-doc-paths.py ARCHITECTURE.md README.md operator/README.md e2e/README.md
+# Rust names in backticks in every comment of the workspace (`crate::a::b`, `Type::method`).
+python3 scripts/check-doc-paths.py --comments
 # The system packages of the build (cmake, g++, libclang-dev for llama.cpp) and of the Rust
 # tests (docker-registry, htpasswd, promtool, ...): one list, scripts/ensure-packages.sh. As root
 # a missing test server fails its tests, so install them here (as non-root they say they skip).
@@ -39,7 +41,7 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The engine-isolation crash cases need the test-only hook (cargo feature fault-injection:
-# node-agent/src/cmd/fault.rs), which no product build carries; lint and run them with it.
+# node-agent/src/pipeline/isolate/fault.rs), which no product build carries; lint and run them with it.
 cargo clippy -p kiln-agent --all-targets --locked --features fault-injection -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked

@@ -10,7 +10,6 @@ pub mod compile_key;
 pub mod compiled_target;
 pub mod conditions;
 pub mod engine;
-pub mod exposition;
 pub mod formats;
 pub mod inject;
 pub mod kiln_node;

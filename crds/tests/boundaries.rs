@@ -53,7 +53,7 @@ fn the_api_crate_does_no_io() {
             "reqwest",
             "oci-client",
             "kiln-store",
-            "kiln-serve",
+            "kiln-endpoints",
         ],
         "kiln-crds holds types and pure functions only",
     );

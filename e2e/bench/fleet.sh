@@ -10,7 +10,7 @@
 # CPU and peak RSS, the API requests by verb and resource (reads and writes), t-0's status
 # writes (total, and the most within one second), and the time from the last node's Ready row
 # to t-0's Ready condition on revision 2 (goal <= 2 s). Status writes per target are bounded by
-# --status-write-interval-ms (default 1 s, operator/src/pace.rs); KILN_FLEET_INTERVAL_MS=0
+# --status-write-interval-ms (default 1 s, operator/src/recall/pace.rs); KILN_FLEET_INTERVAL_MS=0
 # runs the same roll with every change written at once, for comparison.
 #
 #   e2e/cluster up --control-plane-only

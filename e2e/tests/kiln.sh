@@ -174,7 +174,7 @@ positive kiln_agent_target_ready "$agent_m"
 echo "== an entry rewritten in the registry is refused by the operator and rebuilt, signed"
 # Someone with push access (but not the signing key) retags the compile key to another manifest
 # (here the same layers with one more annotation: every digest in it is consistent). A running
-# operator remembers the entry it verified (operator/src/lookups.rs: nodes keep pulling that
+# operator remembers the entry it verified (operator/src/recall/lookups.rs: nodes keep pulling that
 # digest) until a node reports the entry broken or it restarts; restarted here, it looks the key
 # up again, refuses the unsigned entry, a compile Job rebuilds and re-signs the key, and the
 # node keeps serving what it verified.

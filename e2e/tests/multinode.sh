@@ -166,7 +166,7 @@ OLD_MANIFEST_B=$(crow "$CB" | jq -r .manifestDigest)
 flip "$(blob_path "$CONFIG")"
 BLOB=$(blob_path "$CONFIG")
 t0=$(now)
-# A running operator remembers the entry it verified (operator/src/lookups.rs) until a node
+# A running operator remembers the entry it verified (operator/src/recall/lookups.rs) until a node
 # reports it broken or it restarts: restarted, it reads the store again.
 kubectl -n "$NS" rollout restart deploy/kiln-operator >/dev/null || die "restarting the operator"
 wait_for "class $CB rebuilt under a new build manifest" 180 ctq --arg c "$CB" --arg m "$OLD_MANIFEST_B" \

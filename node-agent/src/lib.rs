@@ -1,30 +1,35 @@
 //! kiln-agent: the node side of kiln. `local` runs the whole pipeline on one machine; the same
-//! pipeline serves the compile Job and the DaemonSet.
+//! pipeline serves the compile Job and the DaemonSet. From the top down (a module uses only
+//! those below it):
 //!
-//! * [`cmd`] — one module per subcommand: its flags and its entry point (printing, exit codes).
+//! * [`cmd`] — one module per subcommand: its flags and its entry point (printing, exit codes);
+//!   nothing else.
+//! * [`daemon`] — the node daemon, `kiln-agent run` (the DaemonSet's loop: watches, decisions,
+//!   KilnNode status, pod gates).
+//! * [`golden`], [`bench`](mod@bench) — making a fixture's golden outputs (`fixtures`, and the engine's
+//!   process that runs the reference); what the benchmark subcommands measure.
 //! * [`pipeline`] — the library every subcommand shares: fetch and verify, compile, load, warm
-//!   with parity, probe the hardware.
-//! * [`run`] — the DaemonSet's loop (watches, decisions, KilnNode status, pod gates).
-//! * [`backend`] — the engine backends (tract, a foreign compiler via `exec`).
-//! * [`compat`] — whether a class's hardware facts hold on a machine (pure).
-//! * [`tensor`], [`placement`] — the host tensor every engine takes and returns, and whether a
-//!   measured placement is allowed: below both the pipeline and the backends.
-//! * [`memory`] — the heap ceiling (the binary's global allocator).
-//! * [`secrets`] — credentials out of the environment and command line before any child starts.
+//!   with parity, the engine's process.
+//! * [`backend`] — the engine backends (tract, ONNX Runtime, llama.cpp, a foreign compiler via
+//!   `exec`) and their vocabulary: the host tensor every engine takes and returns
+//!   ([`backend::tensor`]) and whether a measured placement is allowed
+//!   ([`backend::cpu_fallback`]).
+//! * [`host`] — facts of this machine: the hardware probe, class compatibility, the heap
+//!   ceiling, GPU memory, the host pid.
+//! * [`metrics`], [`error`], [`secrets`] — shared by all: the agent's metrics, its error and
+//!   failure reasons, credentials out of the environment and command line before any child
+//!   starts.
 
 pub mod backend;
+pub mod bench;
 pub mod cmd;
-pub mod compat;
-pub mod device_memory;
+pub mod daemon;
 pub mod error;
-pub mod host_pid;
-pub mod memory;
+pub mod golden;
+pub mod host;
 pub mod metrics;
 pub mod pipeline;
-pub mod placement;
-pub mod run;
 pub mod secrets;
-pub mod tensor;
 
 /// What unit tests of several modules share.
 #[cfg(test)]

@@ -7,8 +7,9 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use kiln_agent::{cmd, memory, secrets};
-use kiln_serve::logging::{self, LogFormat};
+use kiln_agent::host::memory;
+use kiln_agent::{cmd, secrets};
+use kiln_endpoints::logging::{self, LogFormat};
 
 #[derive(Parser)]
 #[command(

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use kiln_serve::test_support::promtool_check;
+use kiln_endpoints::test_support::promtool_check;
 
 #[test]
 fn metrics_file_after_a_ready_run_passes_promtool() {
@@ -84,7 +84,7 @@ fn the_dashboard_queries_only_metrics_the_agent_exports() {
     m.revision_ready(1.0);
     let mut openmetrics = String::new();
     prometheus_client::encoding::text::encode(&mut openmetrics, &registry).expect("encode");
-    let text = kiln_crds::exposition::to_prometheus_text(&openmetrics);
+    let text = kiln_endpoints::exposition::to_prometheus_text(&openmetrics);
     assert!(
         text.contains(
             "kiln_agent_served_revision{namespace=\"ml\",target=\"t\",class=\"cpu\"} 3\n"
@@ -110,9 +110,9 @@ fn the_dashboard_queries_only_metrics_the_agent_exports() {
     if let Err(skip) = promtool_check(&text) {
         eprintln!("skipping promtool check: {skip}");
     }
-    let queried = kiln_serve::test_support::dashboard_metrics("kiln_agent_");
+    let queried = kiln_endpoints::test_support::dashboard_metrics("kiln_agent_");
     assert!(queried.len() > 5, "{queried:?}");
-    let missing = kiln_serve::test_support::not_exported(&queried, &text);
+    let missing = kiln_endpoints::test_support::not_exported(&queried, &text);
     assert!(
         missing.is_empty(),
         "the dashboard queries {missing:?}, which the agent does not export"
@@ -120,11 +120,11 @@ fn the_dashboard_queries_only_metrics_the_agent_exports() {
     // (The check itself refuses a name nobody exports.)
     let bogus = std::collections::BTreeSet::from(["kiln_agent_no_such_seconds_bucket".to_string()]);
     assert_eq!(
-        kiln_serve::test_support::not_exported(&bogus, &text),
+        kiln_endpoints::test_support::not_exported(&bogus, &text),
         ["kiln_agent_no_such_seconds_bucket"]
     );
     // And it names no kiln metric of a third component.
-    let all = kiln_serve::test_support::dashboard_metrics("kiln_");
+    let all = kiln_endpoints::test_support::dashboard_metrics("kiln_");
     let foreign: Vec<&String> = all
         .iter()
         .filter(|n| !n.starts_with("kiln_agent_") && !n.starts_with("kiln_operator_"))

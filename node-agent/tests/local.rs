@@ -298,10 +298,8 @@ fn parity_outside_tolerance_names_the_output_and_stores_nothing() {
 }
 
 /// Converts an f32 tensor to f64, keeping its values.
-fn widened(
-    t: &kiln_agent::pipeline::tensor::HostTensor,
-) -> kiln_agent::pipeline::tensor::HostTensor {
-    kiln_agent::pipeline::tensor::HostTensor {
+fn widened(t: &kiln_agent::backend::tensor::HostTensor) -> kiln_agent::backend::tensor::HostTensor {
+    kiln_agent::backend::tensor::HostTensor {
         dtype: safetensors::Dtype::F64,
         shape: t.shape.clone(),
         data: t

@@ -1,5 +1,5 @@
 //! What every reconcile shares: the client, the watched caches, the store, settings, metrics,
-//! and the memos of what this replica wrote. Only the type; built once in [`crate::run`].
+//! and the memos of what this replica wrote. Only the type; built once in [`crate::wiring`].
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -11,13 +11,13 @@ use kube::Client;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 
-use crate::admission::TakenSlots;
 use crate::job::JobSettings;
-use crate::lookups::LookupCache;
-use crate::memo::{LabelMemo, StatusMemo};
 use crate::metrics::Metrics;
-use crate::pace::Pacer;
 use crate::plan::Settings;
+use crate::recall::admission::TakenSlots;
+use crate::recall::lookups::LookupCache;
+use crate::recall::memo::{LabelMemo, StatusMemo};
+use crate::recall::pace::Pacer;
 
 /// Field manager for everything the operator applies.
 pub const MANAGER: &str = "kiln-operator";
@@ -59,16 +59,16 @@ pub struct Context {
     /// Ready nodes per class each target had at its last reconcile, for the ready-nodes gauge.
     pub ready_counts: Mutex<BTreeMap<String, BTreeMap<String, i64>>>,
     /// Compile slots this replica took for Jobs the Job cache may not show yet (the slot
-    /// ledger, [`crate::admission`]). Counting the running compiles and taking slots happen under this
+    /// ledger, [`crate::recall::admission`]). Counting the running compiles and taking slots happen under this
     /// lock, so that reconciles of different targets (they run at once) cannot each take the
     /// same free slot of `--max-concurrent-compiles`; the Jobs are then created outside it.
     pub compile_slots: Mutex<TakenSlots>,
-    /// Statuses this replica wrote that the target cache may not show yet ([`crate::memo::as_written`]).
+    /// Statuses this replica wrote that the target cache may not show yet ([`crate::recall::memo::as_written`]).
     pub written: Mutex<StatusMemo>,
-    /// Store lookups remembered by compile key ([`crate::lookups`]): verified entries for good,
+    /// Store lookups remembered by compile key ([`crate::recall::lookups`]): verified entries for good,
     /// misses until a Job of the key finishes or `--store-miss-recheck-seconds` pass.
     pub lookups: Mutex<LookupCache>,
     /// When each target's status was last written, to write it at most once per
-    /// `--status-write-interval-ms` ([`crate::pace`]).
+    /// `--status-write-interval-ms` ([`crate::recall::pace`]).
     pub pacer: Pacer,
 }

@@ -19,15 +19,14 @@ use kube::api::{Api, ListParams, LogParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::admission;
-use crate::classes::NodeView;
 use crate::context::Context;
 use crate::error::Error;
-use crate::lookups;
-use crate::memo;
-use crate::observe;
+use crate::job::observe;
+use crate::plan::NodeView;
 use crate::plan::{self, Admission, Inputs, ModelLookup, Stored};
-use crate::readiness;
+use crate::recall::admission;
+use crate::recall::lookups;
+use crate::recall::memo;
 use crate::writes;
 
 /// Reconciles one CompiledTarget.
@@ -357,7 +356,7 @@ pub async fn sweep(ctx: &Context, targets: &Store<CompiledTarget>) {
         .map(|n| NodeView::new(n, None))
         .collect();
     let keys = live.keys().cloned().collect();
-    for plan::LabelChange { node, key, .. } in readiness::stale_labels(&nodes, &keys) {
+    for plan::LabelChange { node, key, .. } in plan::stale_labels(&nodes, &keys) {
         tracing::info!(%node, %key, "removing the readiness label of a deleted target");
         if let Err(err) = writes::set_label(ctx, &node, &key, None).await {
             tracing::warn!(%node, %key, %err, "cannot remove a stale readiness label");

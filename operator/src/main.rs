@@ -10,8 +10,8 @@ use std::time::Duration;
 use clap::Parser;
 use kiln_operator::job::{JobSettings, JobStore};
 use kiln_operator::plan::{CompileBounds, Settings, Worker, Workers, quantity};
-use kiln_operator::run::{Config, Election, run};
 use kiln_operator::telemetry::{self, LogFormat};
+use kiln_operator::wiring::{Config, Election, run};
 
 #[derive(Parser)]
 #[command(
@@ -151,7 +151,7 @@ struct Cli {
     #[arg(long, env = "KILN_STORE_MISS_RECHECK_SECONDS", default_value_t = 300)]
     store_miss_recheck_seconds: u64,
     /// Compile keys whose store lookup is remembered (oldest forgotten first).
-    #[arg(long, env = "KILN_STORE_CACHE_ENTRIES", default_value_t = kiln_operator::lookups::DEFAULT_MAX_ENTRIES,
+    #[arg(long, env = "KILN_STORE_CACHE_ENTRIES", default_value_t = kiln_operator::recall::lookups::DEFAULT_MAX_ENTRIES,
           value_parser = clap::value_parser!(usize))]
     store_cache_entries: usize,
     /// Wait after a failed attempt, in seconds; doubles per attempt up to 5 minutes.
@@ -219,7 +219,7 @@ fn config(cli: Cli) -> Result<Config, ExitCode> {
     Ok(Config {
         store,
         trust,
-        lookups: kiln_operator::lookups::LookupCache::new(
+        lookups: kiln_operator::recall::lookups::LookupCache::new(
             cli.store_cache_entries,
             Duration::from_secs(cli.store_miss_recheck_seconds),
         ),

@@ -177,7 +177,7 @@ impl Metrics {
         self.inner.untrusted.inc();
     }
 
-    /// A status change was held back by the write interval ([`crate::pace`]).
+    /// A status change was held back by the write interval ([`crate::recall::pace`]).
     pub fn held(&self) {
         self.inner.held.inc();
     }

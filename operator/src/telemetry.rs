@@ -1,10 +1,10 @@
-//! Logs (plain or JSON on stderr, set up as the agent's: [`kiln_serve::logging`]) and, when
+//! Logs (plain or JSON on stderr, set up as the agent's: [`kiln_endpoints::logging`]) and, when
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` is set, tracing spans exported over OTLP/HTTP (protobuf) by a
 //! batch processor on the tokio runtime. The returned guard flushes spans on drop.
 
 /// The `--log-format` value, shared with the agent.
-pub use kiln_serve::logging::LogFormat;
-use kiln_serve::logging::{env_filter, fmt_layer};
+pub use kiln_endpoints::logging::LogFormat;
+use kiln_endpoints::logging::{env_filter, fmt_layer};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::layer::SubscriberExt;

@@ -13,16 +13,16 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::{Resource, ResourceExt};
 
-use crate::admission::PendingSlots;
 use crate::context::{Context, MANAGER};
 use crate::error::Error;
-use crate::memo;
 use crate::plan::{self, ModelLookup};
+use crate::recall::admission::PendingSlots;
+use crate::recall::memo;
 
 /// Carries the plan out: the only writes. Stops at the first failed write (the next reconcile
 /// starts over from what then exists); an Event that cannot be recorded fails nothing. A status
 /// change within the write interval of the target's last write is held, Events with it, and the
-/// target reconciled again when the interval is over ([`crate::pace`]).
+/// target reconciled again when the interval is over ([`crate::recall::pace`]).
 pub async fn apply(
     target: &CompiledTarget,
     model: &ModelLookup,
@@ -43,7 +43,7 @@ pub async fn apply(
     }
     let old = target.status.clone().unwrap_or_default();
     if plan.status != old {
-        let news = crate::pace::is_news(
+        let news = crate::recall::pace::is_news(
             !plan.create.is_empty() || !plan.delete.is_empty(),
             old.observed_generation,
             plan.status.observed_generation,

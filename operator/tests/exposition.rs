@@ -5,9 +5,9 @@
 use std::io::{Read, Write};
 use std::sync::Arc;
 
+use kiln_endpoints::test_support::promtool_check;
+use kiln_endpoints::{Health, serve};
 use kiln_operator::metrics::Metrics;
-use kiln_serve::test_support::promtool_check;
-use kiln_serve::{Health, serve};
 use prometheus_client::registry::Registry;
 
 /// GET /metrics with an optional Accept header; (Content-Type, body).
@@ -72,11 +72,11 @@ async fn metrics_endpoint_passes_promtool_and_negotiates_openmetrics() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let (ct, body) = text.expect("server up").expect("get");
-    assert_eq!(ct, kiln_crds::exposition::PROMETHEUS_TEXT);
+    assert_eq!(ct, kiln_endpoints::exposition::PROMETHEUS_TEXT);
     // Every operator metric the chart's Grafana dashboard queries is one the operator exports.
-    let queried = kiln_serve::test_support::dashboard_metrics("kiln_operator_");
+    let queried = kiln_endpoints::test_support::dashboard_metrics("kiln_operator_");
     assert!(queried.len() > 5, "{queried:?}");
-    let missing = kiln_serve::test_support::not_exported(&queried, &body);
+    let missing = kiln_endpoints::test_support::not_exported(&queried, &body);
     assert!(
         missing.is_empty(),
         "the dashboard queries {missing:?}, which the operator does not export"
@@ -97,7 +97,7 @@ async fn metrics_endpoint_passes_promtool_and_negotiates_openmetrics() {
     let (ct, body) = tokio::task::spawn_blocking(move || get_metrics(port, Some(scraper)))
         .await
         .expect("get");
-    assert_eq!(ct, kiln_crds::exposition::OPENMETRICS);
+    assert_eq!(ct, kiln_endpoints::exposition::OPENMETRICS);
     assert!(
         body.ends_with("# EOF\n") && body.contains("# TYPE kiln_operator_compile_jobs counter\n"),
         "{body}"

@@ -15,9 +15,9 @@ use k8s_openapi::api::core::v1::Node;
 use kiln_crds::{BuildManifest, CompiledTarget, ModelArtifact};
 use kiln_operator::context::Context;
 use kiln_operator::controller;
-use kiln_operator::lookups::LookupCache;
 use kiln_operator::metrics::Metrics;
 use kiln_operator::plan::Settings;
+use kiln_operator::recall::lookups::LookupCache;
 use kiln_store::{ArtifactRef, Entry, Store};
 use kube::runtime::reflector;
 use kube::runtime::watcher;
@@ -109,7 +109,7 @@ fn context(store: Arc<Counting>, dir: &Path, miss_recheck: Duration) -> Arc<Cont
         compile_slots: Default::default(),
         written: Default::default(),
         lookups: std::sync::Mutex::new(LookupCache::new(16, miss_recheck)),
-        pacer: kiln_operator::pace::Pacer::new(Duration::ZERO),
+        pacer: kiln_operator::recall::pace::Pacer::new(Duration::ZERO),
     })
 }
 

@@ -115,11 +115,11 @@ async fn child_exports_a_reconcile_span() {
         ready_counts: Default::default(),
         compile_slots: Default::default(),
         written: Default::default(),
-        lookups: std::sync::Mutex::new(kiln_operator::lookups::LookupCache::new(
+        lookups: std::sync::Mutex::new(kiln_operator::recall::lookups::LookupCache::new(
             16,
-            kiln_operator::lookups::DEFAULT_MISS_RECHECK,
+            kiln_operator::recall::lookups::DEFAULT_MISS_RECHECK,
         )),
-        pacer: kiln_operator::pace::Pacer::new(std::time::Duration::ZERO),
+        pacer: kiln_operator::recall::pace::Pacer::new(std::time::Duration::ZERO),
     });
     let mut target: CompiledTarget =
         serde_saphyr::from_str(include_str!("fixtures/target.yaml")).expect("target.yaml");

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::conditions::is_true;
 use kiln_crds::kiln_node::NodePhase;
 use kiln_crds::{CompiledTarget, FailureReason, KilnNode, ModelArtifact};
-use kiln_operator::classes::NodeView;
+use kiln_operator::plan::NodeView;
 use kiln_operator::plan::{
     Inputs, JobState, JobView, LabelChange, ModelLookup, NodeLabel, Plan, Settings, Stored, Worker,
     key_for, plan, wanted_keys,
@@ -1059,7 +1059,7 @@ fn readiness_labels_of_deleted_targets_are_stale() {
         .labels
         .insert(key_of("ml", &"x".repeat(80)), "1".into());
     let live = std::collections::BTreeSet::from([key_of("ml", "squeezenet-cpu")]);
-    let mut stale = kiln_operator::readiness::stale_labels(&w.nodes, &live);
+    let mut stale = kiln_operator::plan::stale_labels(&w.nodes, &live);
     stale.sort();
     assert_eq!(
         stale,

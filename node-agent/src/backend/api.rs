@@ -7,8 +7,8 @@ use std::path::Path;
 
 use kiln_crds::compiled_target::Precision;
 
+use crate::backend::tensor::HostTensor;
 use crate::error::Result;
-use crate::pipeline::tensor::HostTensor;
 
 /// Input name → concrete shape.
 pub type Shapes = BTreeMap<String, Vec<usize>>;

@@ -11,8 +11,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
 use super::{Backend, CompileRequest, Compiled, Engine, GraphInterface, InputInfo, Shapes};
+use crate::backend::tensor::HostTensor;
 use crate::error::{Error, Result};
-use crate::pipeline::tensor::HostTensor;
 
 /// Runs `f`; a panic becomes `classify("<what> panicked: <message>")`.
 pub fn guard<T>(
@@ -27,7 +27,7 @@ pub fn guard<T>(
             .or_else(|| payload.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "no message".into());
         tracing::error!(what, panic = %message, "engine library panicked; contained");
-        if let Some(refused) = crate::memory::explain(&message) {
+        if let Some(refused) = crate::host::memory::explain(&message) {
             return Err(classify(format!("{what} panicked: {message}; {refused}")));
         }
         Err(classify(format!(

@@ -1,7 +1,9 @@
 //! Engine backends: one trait with `compile`, `load` and `run`, shared by the compile worker and
 //! the node agent, so the parity a Job reports and the parity a node checks come from the same
 //! code. Backends read the model file and write the artifact path they are given; they never
-//! fetch, store, or talk to the apiserver.
+//! fetch, store, or talk to the apiserver. Their shared vocabulary lives here too, below the
+//! pipeline that uses it: [`tensor`] (the host tensor every engine takes and returns) and
+//! [`cpu_fallback`] (whether a measured placement is allowed).
 
 use std::collections::BTreeMap;
 
@@ -12,11 +14,13 @@ use crate::error::{Error, Result};
 mod api;
 pub mod archive;
 pub mod auto;
+pub mod cpu_fallback;
 pub mod exec;
 pub mod guard;
 pub mod llamacpp;
 pub mod onnxruntime;
 pub mod select;
+pub mod tensor;
 pub mod tract;
 mod tract_nnef;
 mod tract_unsupported;

@@ -14,8 +14,8 @@ use tract_onnx::tract_hir::internal::*;
 use super::archive::{append, entries};
 use super::tract_unsupported as unsupported;
 use super::{Backend, CompileRequest, Compiled, Engine, InputInfo, Shapes};
+use crate::backend::tensor::HostTensor;
 use crate::error::{Error, Result, chain};
-use crate::pipeline::tensor::HostTensor;
 
 /// tract, linked into kiln-agent.
 pub struct Tract;
@@ -159,7 +159,7 @@ impl Backend for Tract {
                     .input_fact(ix)
                     .map_err(|e| Error::CompileFailed(chain(&e)))?;
                 let dt = fact.datum_type.concretize().unwrap_or(f32::datum_type());
-                let dtype = crate::pipeline::tensor::safetensors_dtype(dt).ok_or_else(|| {
+                let dtype = crate::backend::tensor::safetensors_dtype(dt).ok_or_else(|| {
                     Error::UnsupportedOperator {
                         backend: "tract".into(),
                         operators: vec![format!("input dtype {dt:?}")],
@@ -223,7 +223,7 @@ impl Backend for Tract {
                 }
                 .map_err(failed)?;
                 if let Some(dt) = fact.datum_type.concretize()
-                    && crate::pipeline::tensor::safetensors_dtype(dt).is_none()
+                    && crate::backend::tensor::safetensors_dtype(dt).is_none()
                 {
                     let name = inference
                         .outlet_label(*o)
@@ -305,7 +305,7 @@ fn tensor_info(name: String, fact: &InferenceFact) -> super::TensorInfo {
     let dtype = fact
         .datum_type
         .concretize()
-        .and_then(crate::pipeline::tensor::safetensors_dtype);
+        .and_then(crate::backend::tensor::safetensors_dtype);
     let dims = (!fact.shape.is_open()).then(|| {
         fact.shape
             .dims()
@@ -488,7 +488,7 @@ impl Engine for TractEngine {
             .enumerate()
             .filter_map(|(ix, (name, _))| {
                 let fact = plan.model().input_fact(ix).ok()?;
-                let dtype = crate::pipeline::tensor::safetensors_dtype(fact.datum_type)?;
+                let dtype = crate::backend::tensor::safetensors_dtype(fact.datum_type)?;
                 Some((name.clone(), dtype))
             })
             .collect()

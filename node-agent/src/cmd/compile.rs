@@ -15,12 +15,12 @@ use prometheus_client::registry::Registry;
 
 use crate::backend;
 use crate::error::{Error, Result};
+use crate::host::probe;
 use crate::metrics::Metrics;
 use crate::pipeline::build::{
     Built, Publish, SourcePolicy, SourceTrustArgs, compile_or_reuse, fetch_inputs, key_for,
 };
 use crate::pipeline::fetch::{FetchLimits, Fetcher};
-use crate::pipeline::probe;
 use crate::pipeline::spec::Spec;
 
 /// What the operator passes to a compile Job.
@@ -180,16 +180,16 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<Built> {
 }
 
 /// Every hardware fact of the expected class must hold on this node exactly
-/// ([`crate::compat::matches_class`]): the Job's node selector matched its labels, this checks
+/// ([`crate::host::compat::matches_class`]): the Job's node selector matched its labels, this checks
 /// that they tell the truth about the hardware.
 pub fn check_class(expected: &ClassFacts, probed: &ClassFacts) -> Result<()> {
-    let wrong = crate::compat::matches_class(expected, probed);
+    let wrong = crate::host::compat::matches_class(expected, probed);
     if wrong.is_empty() {
         Ok(())
     } else {
         Err(Error::IncompatibleHardware(format!(
             "this node does not match the class the Job was pinned to ({}); its node labels disagree with its hardware, fix the labels",
-            crate::compat::describe(&wrong)
+            crate::host::compat::describe(&wrong)
         )))
     }
 }

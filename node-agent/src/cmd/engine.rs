@@ -31,7 +31,7 @@ pub fn main() -> ExitCode {
         return ExitCode::from(3);
     }
     #[cfg(feature = "fault-injection")]
-    crate::cmd::fault::maybe(&request.job);
+    crate::pipeline::isolate::fault::maybe(&request.job);
     let answer = execute(request.job);
     let written = serde_json::to_vec(&answer)
         .map_err(std::io::Error::other)
@@ -66,9 +66,7 @@ pub fn execute(job: Job) -> Answer {
     let outcome = match job {
         Job::LoadWarm(j) => load_warm(&j).map(|w| Outcome::Warmed(Box::new(w))),
         Job::Compile(j) => compile(*j).map(|c| Outcome::Compiled(Box::new(c))),
-        Job::Reference(j) => {
-            crate::cmd::fixtures::make_file(&j).map(|sha256| Outcome::Made { sha256 })
-        }
+        Job::Reference(j) => crate::golden::make_file(&j).map(|sha256| Outcome::Made { sha256 }),
     }
     .unwrap_or_else(|e| Outcome::Failed {
         reason: e.reason(),
@@ -76,7 +74,7 @@ pub fn execute(job: Job) -> Answer {
     });
     Answer {
         outcome,
-        peak_rss_bytes: crate::memory::peak_rss(),
+        peak_rss_bytes: crate::host::memory::peak_rss(),
     }
 }
 
@@ -99,20 +97,20 @@ fn fixture(f: &FixtureRef) -> Result<FixtureFile> {
 fn load_warm(j: &LoadWarm) -> Result<Warmed> {
     let fixture = fixture(&j.fixture)?;
     let backend = backend::for_artifact(&j.backend, &j.manifest)?;
-    let window = crate::memory::PeakWindow::start();
+    let window = crate::host::memory::PeakWindow::start();
     let started = Instant::now();
     let engine = backend.load(&j.artifact)?;
     let load_seconds = started.elapsed().as_secs_f64();
     // The parent shows the phase Warming from here (crate::pipeline::isolate::parent::LOADED).
     eprintln!("{}", crate::pipeline::isolate::parent::LOADED);
-    let device_after_load = crate::device_memory::process_bytes();
+    let device_after_load = crate::host::device_memory::process_bytes();
     let mut report = crate::pipeline::warmup::warm(engine.as_ref(), &fixture, &j.warmup)?;
     // Read while the engine still holds its memory.
-    report.peak_device_memory_bytes = crate::device_memory::process_bytes();
+    report.peak_device_memory_bytes = crate::host::device_memory::process_bytes();
     drop(engine);
     report.peak_memory_bytes = window
         .as_ref()
-        .and_then(crate::memory::PeakWindow::peak_bytes);
+        .and_then(crate::host::memory::PeakWindow::peak_bytes);
     Ok(Warmed {
         load_seconds,
         device_after_load,

@@ -14,12 +14,12 @@ use serde::Serialize;
 
 use crate::backend;
 use crate::error::Result;
+use crate::host::probe;
 use crate::metrics::Metrics;
 use crate::pipeline::build::{
     Built, Publish, SourceTrustArgs, compile_or_reuse, fetch_inputs, key_for,
 };
 use crate::pipeline::fetch::{FetchLimits, Fetcher};
-use crate::pipeline::probe;
 use crate::pipeline::ready::{load_warm, pull_verified};
 use crate::pipeline::spec::Spec;
 use kiln_store::TrustArgs;
@@ -323,7 +323,7 @@ pub fn main(args: Args) -> ExitCode {
         std::time::Duration::from_secs(args.warmup_deadline_seconds.max(1)),
     ));
     if let Some(path) = args.metrics_file
-        && let Err(e) = std::fs::write(&path, kiln_serve::exposition(&registry, None).0)
+        && let Err(e) = std::fs::write(&path, kiln_endpoints::exposition::encode(&registry, None).0)
     {
         eprintln!(
             "kiln-agent: cannot write metrics to {}: {e}",
@@ -390,7 +390,7 @@ fn print_plain(outcome: &Outcome) {
     if let Some(peak) = outcome.peak_memory_bytes {
         println!(
             "  peak memory      {} above the baseline in load and warmup",
-            crate::memory::human(peak as usize)
+            crate::host::memory::human(peak as usize)
         );
     }
     if let Some(g) = &outcome.generation {
@@ -415,7 +415,7 @@ fn print_plain(outcome: &Outcome) {
     if let Some(peak) = outcome.peak_device_memory_bytes {
         println!(
             "  peak GPU memory  {} held by this process after load and warmup",
-            crate::memory::human(peak as usize)
+            crate::host::memory::human(peak as usize)
         );
     }
     if let Some(p) = &outcome.placement {

@@ -1,14 +1,13 @@
 //! The subcommands of `kiln-agent`, one module each: the clap arguments (every flag with its
 //! environment variable) and the entry point that runs it and turns the outcome into output and
-//! an exit code. The work itself is in [`crate::pipeline`] and [`crate::run`].
+//! an exit code. The work itself is in the library ([`crate::pipeline`], [`crate::daemon`],
+//! [`crate::golden`], [`crate::bench`]); no subcommand's module calls another's.
 //! Only `run` talks to a cluster.
 
 pub mod bench_pull;
 pub mod bench_verify;
 pub mod compile;
 pub mod engine;
-#[cfg(feature = "fault-injection")]
-mod fault;
 pub mod fixtures;
 pub mod install;
 pub mod keygen;

@@ -1,5 +1,5 @@
 //! `kiln-agent run`, the DaemonSet: its flags and its entry. The loop itself (watches, passes,
-//! status) is [`crate::run`]. This file touches nothing itself.
+//! status) is [`crate::daemon`]. This file touches nothing itself.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -70,9 +70,9 @@ pub fn main(args: Args) -> ExitCode {
     if trust.verifier.is_none() {
         tracing::warn!("no --trust-key: artifacts are accepted without an attestation");
     }
-    let config = crate::run::Config {
+    let config = crate::daemon::Config {
         trust,
-        deadlines: crate::run::deadline::Deadlines {
+        deadlines: crate::daemon::deadline::Deadlines {
             pull: Duration::from_secs(args.pull_deadline_seconds.max(1)),
             warm: Duration::from_secs(args.warmup_deadline_seconds.max(1)),
         },
@@ -86,7 +86,7 @@ pub fn main(args: Args) -> ExitCode {
         resync: Duration::from_secs(args.resync_seconds),
         fetch: args.fetch,
     };
-    match runtime.block_on(crate::run::run(config)) {
+    match runtime.block_on(crate::daemon::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let error = crate::error::with_causes(e.as_ref());

@@ -128,7 +128,7 @@ pub fn compile(
     let parity_max = parity.values().copied().fold(0.0, f64::max);
     let placement = engine.placement();
     if let Some(p) = &placement {
-        crate::pipeline::placement::check(
+        crate::backend::cpu_fallback::check(
             backend.name(),
             &t.backend.cpu_fallback.clone().unwrap_or_default(),
             p,

@@ -8,8 +8,8 @@ use std::path::Path;
 use kiln_crds::compiled_target::Tolerance;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
+use crate::backend::tensor::HostTensor;
 use crate::error::{Error, Result};
-use crate::pipeline::tensor::HostTensor;
 
 const INPUT: &str = "input/";
 const OUTPUT: &str = "output/";

@@ -10,12 +10,8 @@ pub mod fetch;
 pub mod fixtures;
 pub mod interface;
 pub mod isolate;
-pub mod probe;
 pub mod ready;
 pub mod schema;
 pub mod spec;
 pub mod text;
 pub mod warmup;
-
-// Below both the pipeline and the backends, which use them; re-exported at their old paths.
-pub use crate::{placement, tensor};

@@ -13,9 +13,9 @@ use kiln_store::attest::{Subject, Trust};
 use kiln_store::{ArtifactRef, Store};
 
 use crate::backend::Backend;
-use crate::device_memory::{device_budget, within_device_budget};
 use crate::error::{Error, Result};
-use crate::memory::human;
+use crate::host::device_memory::{device_budget, within_device_budget};
+use crate::host::memory::human;
 use crate::metrics::{Metrics, TargetLabels};
 use crate::pipeline::isolate::job::{FixtureRef, Job, LoadWarm, Outcome, Warmed};
 use crate::pipeline::warmup::WarmupReport;
@@ -39,7 +39,7 @@ pub fn check_compatible(
         manifest,
         backend,
         class,
-        &crate::pipeline::probe::cpu_identity(),
+        &crate::host::probe::cpu_identity(),
     )
 }
 
@@ -88,13 +88,13 @@ pub fn check_against(
     Ok(())
 }
 
-/// What an artifact's GPU facts demand of this node ([`crate::compat::gpu_gap`]), said plainly
+/// What an artifact's GPU facts demand of this node ([`crate::host::compat::gpu_gap`]), said plainly
 /// before the whole class is compared: a GPU build on a node without that GPU or with another
 /// compute capability is `IncompatibleHardware`; one built under a newer NVIDIA driver than the
 /// node runs is `IncompatibleRuntime` (its kernels may need what the older driver lacks). Pure.
 pub fn gpu_fits(built: &ClassFacts, here: &ClassFacts) -> Result<()> {
-    use crate::compat::GpuGap;
-    match crate::compat::gpu_gap(built, here) {
+    use crate::host::compat::GpuGap;
+    match crate::host::compat::gpu_gap(built, here) {
         None => Ok(()),
         Some(GpuGap::NoGpu { product }) => Err(Error::IncompatibleHardware(format!(
             "artifact built for GPU {product}, this node has no GPU in its class"
@@ -147,7 +147,7 @@ pub fn load_warm(
     metrics: &Metrics,
 ) -> Result<Ready> {
     check_compatible(manifest, backend, class)?;
-    fits_node(&target.spec.warmup, crate::memory::available())?;
+    fits_node(&target.spec.warmup, crate::host::memory::available())?;
     let job = LoadWarm {
         backend: target.spec.backend.clone(),
         manifest: manifest.clone(),
@@ -201,7 +201,7 @@ pub fn judge_warmed(
     metrics.load(&labels.class, load_seconds);
     if let Some(p) = &report.placement {
         metrics.placement(labels, p);
-        crate::pipeline::placement::check(
+        crate::backend::cpu_fallback::check(
             target.backend.kind.runtime().as_str(),
             &target.backend.cpu_fallback.clone().unwrap_or_default(),
             p,
@@ -236,7 +236,7 @@ pub fn memory_budget(warmup: &kiln_crds::compiled_target::Warmup) -> Result<Opti
         .memory_budget
         .as_deref()
         .map(|q| {
-            crate::memory::parse_bytes(q)
+            crate::host::memory::parse_bytes(q)
                 .map(|b| b as u64)
                 .map_err(|m| Error::InvalidSpec(format!("warmup.memoryBudget: {m}")))
         })

@@ -129,7 +129,7 @@ pub fn check(tok: Option<&dyn Tokenizer>, fixture: &FixtureFile) -> Result<()> {
 }
 
 fn ids(
-    tensor: Option<&crate::pipeline::tensor::HostTensor>,
+    tensor: Option<&crate::backend::tensor::HostTensor>,
     what: &str,
     name: &str,
 ) -> Result<Vec<i32>> {
@@ -168,7 +168,7 @@ pub fn first_difference(tok: &dyn Tokenizer, want: &[i32], have: &[i32]) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::tensor::HostTensor;
+    use crate::backend::tensor::HostTensor;
     use safetensors::Dtype;
     use std::collections::BTreeMap;
 

@@ -10,9 +10,9 @@ use kiln_crds::compiled_target::Warmup;
 use kiln_crds::kiln_node::WarmupFigures;
 
 use crate::backend::Engine;
+use crate::backend::tensor::HostTensor;
 use crate::error::{Error, Result};
 use crate::pipeline::fixtures::FixtureFile;
-use crate::pipeline::tensor::HostTensor;
 
 /// What a warmup measured (also the engine's process's answer, so serde).
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -39,8 +39,8 @@ pub struct WarmupReport {
     /// [`crate::pipeline::ready::account_memory`]).
     pub peak_memory_bytes: Option<u64>,
     /// GPU memory this process held at its peak, after load and after warmup (NVML; `None`
-    /// where nothing was measured; set by [`crate::pipeline::ready::warm_engine`] and
-    /// [`crate::pipeline::ready::account_memory`]).
+    /// where nothing was measured; set in the engine's process after warmup, `kiln-agent engine`,
+    /// and by [`crate::pipeline::ready::account_memory`] after load).
     pub peak_device_memory_bytes: Option<u64>,
     /// Latency of one fixture run once warmup is over: what the first request after Ready finds.
     pub first_request_seconds: f64,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kiln_agent::backend::tract::Tract;
-use kiln_agent::cmd::fixtures as make_fixtures;
+use kiln_agent::golden as make_fixtures;
 use kiln_agent::pipeline::fixtures::FixtureFile;
 use kiln_store::staged::{sha256_bytes, sha256_file};
 use serde_json::Value;

@@ -1,6 +1,6 @@
 //! Compile admission, the decision: how many of one target's compile candidates get one of
 //! `--max-concurrent-compiles` slots, given the compiles already holding one. Pure; the slot
-//! ledger the count comes from, and the lock around it, are [`crate::admission`]'s.
+//! ledger the count comes from, and the lock around it, are [`crate::recall::admission`]'s.
 
 /// How many of a target's compile candidates get a slot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -6,10 +6,10 @@ use kiln_crds::class::ClassFacts;
 use kiln_crds::conditions::reasons;
 use kiln_crds::{CompileKeyInput, CompiledTarget, ModelArtifact, compile_key};
 
-use super::conditions::Course;
-use super::keyed::Keyed;
-use super::{Inputs, LabelChange, Settings, validate};
-use crate::classes::{NodeView, class_label_key, group, missing_keys, unreported};
+use crate::plan::classes::{NodeView, class_label_key, group, missing_keys, unreported};
+use crate::plan::conditions::Course;
+use crate::plan::keyed::Keyed;
+use crate::plan::{Inputs, LabelChange, Settings, validate};
 
 /// The target's classes, and what follows for its nodes' class labels.
 pub struct KeyedClasses {
@@ -190,8 +190,8 @@ pub fn wanted_keys(inputs: &Inputs<'_>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::classes::Class;
     use crate::plan::Runner;
+    use crate::plan::classes::Class;
 
     fn keyed(id: &str, nodes: &[&str]) -> Keyed {
         Keyed {

@@ -394,7 +394,7 @@ pub fn store_unreachable(
 mod tests {
     use super::*;
     use crate::plan::rollout::Unmet;
-    use crate::readiness::ClassNodes;
+    use crate::plan::rollout::reports::ClassNodes;
 
     #[test]
     fn an_unreadable_store_is_said_and_nothing_else_moves() {

@@ -10,7 +10,7 @@ use kiln_crds::{CompiledTarget, FailureReason, ModelArtifact};
 
 use super::bounds::CompileBounds;
 use super::worker::{Worker, Workers};
-use crate::classes::NodeView;
+use crate::plan::NodeView;
 
 /// Operator-wide settings the plan depends on.
 #[derive(Clone, Debug)]

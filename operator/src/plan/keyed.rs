@@ -3,7 +3,7 @@
 //! and conditions read them.
 
 use super::Runner;
-use crate::classes::Class;
+use crate::plan::classes::Class;
 
 /// A class with its compile key and what runs its compile Job.
 pub struct Keyed {

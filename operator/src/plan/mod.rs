@@ -6,14 +6,14 @@
 //! One pass, in stages, each a pure function in its own module:
 //!
 //! 1. [`validate`]: can the spec be acted on at all?
-//! 2. [`class_keys`]: which classes the selected nodes form, their compile keys and class labels;
+//! 2. [`class_keys`]: which classes (grouped by [`classes`]) the selected nodes form, their compile keys and class labels;
 //!    why there is nothing to compile for, if so.
 //! 3. [`schedule`]: per class, compiled, compiling, retrying, failed, or a compile candidate.
 //! 4. [`revisions`]: a new revision once every class is compiled; which one nodes should serve.
 //! 5. [`rollout`]: what the nodes report for it, per class; readiness labels; promotion.
 //!
 //! That is the [`Draft`]. Then compile admission ([`admit`], which the controller runs under
-//! the lock of [`crate::admission`]'s slot ledger) says how many candidates get a slot, and
+//! the lock of [`crate::recall::admission`]'s slot ledger) says how many candidates get a slot, and
 //! [`settle`] finishes:
 //!
 //! 6. [`schedule::settle`]: admitted candidates get their Job, the rest are queued.
@@ -23,6 +23,7 @@
 mod admit;
 mod bounds;
 mod class_keys;
+mod classes;
 mod conditions;
 mod events;
 mod inputs;
@@ -39,16 +40,17 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::CompiledTargetStatus;
 
-pub use crate::classes::LabelChange;
 pub use admit::{Admission, admit};
 pub use bounds::CompileBounds;
 pub use class_keys::{key_for, wanted_keys};
+pub use classes::{LabelChange, NodeView};
 pub use conditions::store_unreachable;
 pub use events::{
     AUTO_ROLLED_BACK, CLASS_COMPILED, COMPILE_JOB_CREATED, RETRY_REQUESTED, REVISION_PROMOTED,
 };
 pub use inputs::{Inputs, JobState, JobView, ModelLookup, Settings, Stored};
 pub use outputs::{Event, NewJob, NodeLabel, Plan};
+pub use rollout::reports::stale_labels;
 pub use schedule::job_name;
 pub use validate::quantity;
 pub use worker::{GPU_RESOURCE, Runner, Worker, Workers};

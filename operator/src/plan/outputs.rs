@@ -7,7 +7,7 @@ use kiln_crds::CompiledTargetStatus;
 use kiln_crds::class::ClassFacts;
 
 use super::Runner;
-use crate::classes::LabelChange;
+use crate::plan::classes::LabelChange;
 
 /// A Job to create.
 #[derive(Clone, Debug, PartialEq)]

@@ -3,7 +3,7 @@
 //! candidate for a new attempt. Counts attempts (the `kiln.dev/retry` annotation grants more)
 //! and picks the Jobs no class wants any more. After compile admission, [`settle`] gives the
 //! admitted candidates their Jobs and queues the rest. Reads the target's Jobs, the store's
-//! answers and the old status; never the compile slots (that is [`crate::admission`]). Pure.
+//! answers and the old status; never the compile slots (that is [`crate::recall::admission`]). Pure.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -352,7 +352,7 @@ fn queued_message(limit: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::classes::Class;
+    use crate::plan::classes::Class;
 
     fn at(secs: i64) -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000 + secs).expect("time"))

@@ -17,9 +17,9 @@ use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
 use safetensors::Dtype;
 
+use crate::backend::tensor::{HostTensor, le_vec};
 use crate::backend::{Engine, Generation, Shapes, Tokenizer};
 use crate::error::{Error, Result};
-use crate::pipeline::tensor::{HostTensor, le_vec};
 
 /// Input and output names.
 pub const PROMPT: &str = "prompt";

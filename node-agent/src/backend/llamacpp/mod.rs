@@ -162,7 +162,7 @@ fn source_error(m: String) -> Error {
 fn fits_here(header: &gguf::Header, path: &Path, context: u32) -> Result<()> {
     let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
     let need = fit::engine_bytes(header, bytes, context);
-    fit::fits_machine(need, crate::memory::available(), context)
+    fit::fits_machine(need, crate::host::memory::available(), context)
         .map_err(Error::IncompatibleHardware)
 }
 

@@ -16,9 +16,9 @@ use super::graphs::Graphs;
 use super::profile::read_profile;
 use super::terms::{classify, provider_name};
 use super::values::{from_value, tensor_type, to_value};
+use crate::backend::tensor::HostTensor;
 use crate::backend::{Engine, Shapes};
 use crate::error::{Error, Result};
-use crate::pipeline::tensor::HostTensor;
 
 /// A session, its profiles, and what its first run measured.
 pub(super) struct OrtEngine {
@@ -123,7 +123,7 @@ impl Engine for OrtEngine {
                     policy: CpuFallbackPolicy::Strict,
                     max_share_percent: None,
                 };
-                crate::pipeline::placement::check("onnxruntime", &strict, &placement)?;
+                crate::backend::cpu_fallback::check("onnxruntime", &strict, &placement)?;
                 return Err(Error::UnsupportedOperator {
                     backend: "onnxruntime".into(),
                     operators: vec![refused.clone()],

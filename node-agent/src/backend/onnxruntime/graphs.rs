@@ -19,8 +19,8 @@ use ort::value::{DynTensor, DynTensorValueType, Shape, ValueType};
 
 use super::terms::classify;
 use super::values::{from_value, to_value};
+use crate::backend::tensor::HostTensor;
 use crate::error::{Error, Result};
-use crate::pipeline::tensor::HostTensor;
 
 /// ONNX Runtime's run option naming the CUDA graph of a run; -1 runs without capture or replay.
 const GRAPH_ID: &str = "gpu_graph_id";

@@ -92,7 +92,7 @@ impl OnnxRuntime {
         }
         // Only `Strict` asks ONNX Runtime to refuse CPU nodes: under `Forbidden` the shape
         // nodes its GPU providers leave on the CPU on purpose are allowed, and the profile of
-        // the first run decides (`pipeline::placement::check`).
+        // the first run decides (`backend::cpu_fallback::check`).
         if provider != ExecutionProvider::Cpu && self.fallback.policy == CpuFallbackPolicy::Strict {
             b = b.with_disable_cpu_fallback()?;
         }

@@ -116,7 +116,7 @@ fn placement_of(profile: &[u8], requested: &str) -> std::result::Result<Placemen
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::placement::check;
+    use crate::backend::cpu_fallback::check;
     use kiln_crds::FailureReason;
     use kiln_crds::compiled_target::{CpuFallback, CpuFallbackPolicy};
 

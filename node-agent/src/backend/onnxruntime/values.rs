@@ -5,8 +5,8 @@ use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
 use safetensors::Dtype;
 
 use super::super::Shapes;
+use crate::backend::tensor::{HostTensor, le_vec};
 use crate::error::{Error, Result};
-use crate::pipeline::tensor::{HostTensor, le_vec};
 
 pub(super) fn unsupported_io(what: &str, o: &ort::value::Outlet) -> Error {
     Error::UnsupportedOperator {

@@ -28,6 +28,8 @@
 // The child's side, which runs the pipeline, is `kiln-agent engine` (`crate::cmd::engine`), not
 // here: this module is what the pipeline calls, so it depends on nothing that calls it; `main`
 // hands `cmd::engine::execute` to `parent` for the in-process measurement mode.
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 pub mod job;
 pub mod limits;
 pub mod parent;

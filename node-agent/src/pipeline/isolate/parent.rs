@@ -47,7 +47,7 @@ pub fn run_with(
     loaded: impl FnOnce() + Send + 'static,
 ) -> Result<Answer> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let limits = Limits::for_step(deadline, cores, crate::memory::limit());
+    let limits = Limits::for_step(deadline, cores, crate::host::memory::limit());
     let answer_of = |answer: &[u8], ended, killed_at_deadline, oversized, stderr_tail: &str| {
         judge(&Seen {
             what,

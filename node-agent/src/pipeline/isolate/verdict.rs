@@ -3,7 +3,7 @@
 use kiln_crds::FailureReason;
 
 use crate::error::{Error, Result};
-use crate::memory::human;
+use crate::host::memory::human;
 use crate::pipeline::isolate::job::{Answer, MAX_ANSWER_BYTES, Outcome};
 use crate::pipeline::isolate::limits::Limits;
 

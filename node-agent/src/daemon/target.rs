@@ -1,6 +1,6 @@
 //! The steps between a picked artifact and "ready" on this node: pull it into the node cache
 //! verified, re-check it against the real device and this binary, then (in `agent.rs`) load and
-//! warm with `pipeline::ready::{load, warm_engine}`, the code `local` runs.
+//! warm with `pipeline::ready::{load_warm_isolated, judge_warmed}`, the code `local` runs too.
 //! Touches the store (read only) and the node cache; counts in the metrics.
 
 use std::collections::BTreeMap;
@@ -12,7 +12,7 @@ use kiln_crds::class::ClassFacts;
 use kiln_store::{ArtifactRef, Store};
 
 use super::cache::{Cache, Cached};
-use super::decide::Pick;
+use super::decide::pick::Pick;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -108,15 +108,15 @@ pub fn check(
 }
 
 /// Whether every fact of `class` that the probe knows holds on this machine
-/// ([`crate::compat::runs_here`]).
+/// ([`crate::host::compat::runs_here`]).
 pub fn runs_here(class: &ClassFacts, probed: &BTreeMap<String, String>) -> Result<()> {
-    let wrong = crate::compat::runs_here(class, probed);
+    let wrong = crate::host::compat::runs_here(class, probed);
     if wrong.is_empty() {
         Ok(())
     } else {
         Err(Error::IncompatibleHardware(format!(
             "the artifact's class does not hold on this node's hardware ({}); fix the node's labels or the target's classes",
-            crate::compat::describe(&wrong)
+            crate::host::compat::describe(&wrong)
         )))
     }
 }

@@ -8,7 +8,7 @@ use kiln_crds::FailureReason;
 use kiln_crds::kiln_node::{NodePhase, NodeTargetStatus};
 use kiln_crds::labels::is_ready_label;
 
-use crate::classes::{Class, LabelChange, NodeView};
+use crate::plan::classes::{Class, LabelChange, NodeView};
 
 /// How many failing node names a class row lists.
 pub const FAILING_NODES_SHOWN: usize = 5;

@@ -1,13 +1,13 @@
 //! One pass of the agent: for every CompiledTarget that selects this node, decide what to do
-//! ([`plan::next_action`], [`decide::after_failure`]) and carry it out — pull, check, load and
-//! warm, or serve a fallback — then publish the rows ([`plan::rows`]) as the KilnNode status and
+//! ([`decide::next_action`], [`pick::after_failure`]) and carry it out — pull, check, load and
+//! warm, or serve a fallback — then publish the rows ([`decide::rows`]) as the KilnNode status and
 //! the pods' `kiln.dev/warm` conditions ([`gate`]) when they changed. The deciding is pure and
 //! lives in those modules; this one does the I/O: the apiserver, the node cache, engines,
 //! metrics.
 //!
-//! [`plan::next_action`]: super::plan::next_action
-//! [`decide::after_failure`]: super::decide::after_failure
-//! [`plan::rows`]: super::plan::rows
+//! [`decide::next_action`]: super::decide::next_action
+//! [`pick::after_failure`]: super::decide::pick::after_failure
+//! [`decide::rows`]: super::decide::rows
 //! [`gate`]: super::gate
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,16 +26,16 @@ use kube::{Api, Client, ResourceExt};
 
 use super::cache::{Cache, KnownGood};
 use super::deadline::within;
-use super::decide::{Next, Pick, after_failure, alternates, wanted};
-use super::plan::rows::{self, Fallback, Prepared, serves};
-use super::plan::{Action, Attempt, State, TargetKey, next_action};
+use super::decide::pick::{Next, Pick, after_failure, alternates, wanted};
+use super::decide::rows::{self, Fallback, Prepared, serves};
+use super::decide::{Action, Attempt, State, TargetKey, next_action};
 use super::{gate, target, writes};
 use crate::backend;
 use crate::error::{Error, Result};
+use crate::host::probe;
 use crate::metrics::{Metrics, TargetLabels};
 use crate::pipeline::fetch::Fetcher;
 use crate::pipeline::isolate::job::{FixtureRef, LoadWarm};
-use crate::pipeline::probe;
 use crate::pipeline::ready;
 use crate::pipeline::spec::Spec;
 
@@ -392,7 +392,7 @@ impl Agent {
         name: &str,
     ) -> Result<ready::Ready> {
         self.phase(key, pick, NodePhase::Loading).await;
-        ready::fits_node(&t.spec.warmup, crate::memory::available())?;
+        ready::fits_node(&t.spec.warmup, crate::host::memory::available())?;
         // --warmup-deadline-seconds bounds loading and warming each, so both together get twice.
         let deadline = self.deadlines.warm.saturating_mul(2);
         let what = format!("loading and warming {name} (--warmup-deadline-seconds)");

@@ -12,6 +12,8 @@
 //! then builds, checks, stores and signs what it handed over.
 //! Pure: builds the object, sends nothing.
 
+pub mod observe;
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};

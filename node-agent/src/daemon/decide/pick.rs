@@ -4,7 +4,7 @@
 
 use kiln_crds::compiled_target::{CompiledTargetStatus, Fallback, FallbackPolicy};
 
-use super::cache::KnownGood;
+use crate::daemon::cache::KnownGood;
 
 /// One class's artifact of one revision: what the agent pulls, verifies, loads and warms.
 #[derive(Clone, Debug, PartialEq, Eq)]

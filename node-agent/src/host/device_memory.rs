@@ -1,9 +1,9 @@
 //! The GPU memory a process of this agent holds, as NVML accounts it per process (by host
-//! pid, [`crate::host_pid`]), and the device memory budget an engine is held to. Reading opens
+//! pid, [`crate::host::pid`]), and the device memory budget an engine is held to. Reading opens
 //! NVML (no GPU here to test it); the budget and the decision are pure and unit-tested.
 
 use crate::error::{Error, Result};
-use crate::memory::human;
+use crate::host::memory::human;
 
 /// Bytes of GPU memory this process holds on every GPU NVML lists; `None` where it cannot be
 /// known (the reason is logged): [`process_bytes_of`] for this process.
@@ -16,13 +16,13 @@ pub fn process_bytes() -> Option<u64> {
 /// Bytes of GPU memory the process `pid` (a pid in this agent's namespace; this process when
 /// `None`) holds on every GPU NVML lists, its CUDA context included: the sum of
 /// `used_gpu_memory` of NVML's compute processes whose pid is its host pid
-/// ([`crate::host_pid`]: NVML names processes by host pid). An error says why nothing can be
+/// ([`crate::host::pid`]: NVML names processes by host pid). An error says why nothing can be
 /// read — no NVML or GPU, a host pid that cannot be known, no CUDA context of that process —
 /// never 0 for "unknown".
 pub fn process_bytes_of(pid: Option<u32>) -> std::result::Result<u64, String> {
     use nvml_wrapper::enums::device::UsedGpuMemory;
     let nvml = nvml_wrapper::Nvml::init().map_err(|e| format!("NVML: {e}"))?;
-    let pid = crate::host_pid::host_pid(pid)?;
+    let pid = crate::host::pid::host_pid(pid)?;
     let count = nvml.device_count().map_err(|e| format!("NVML: {e}"))?;
     let mut held = None;
     for index in 0..count {
@@ -67,7 +67,7 @@ pub fn device_budget(
             explicit: false,
         }));
     };
-    let bytes = crate::memory::parse_bytes(quantity)
+    let bytes = crate::host::memory::parse_bytes(quantity)
         .map_err(|m| Error::InvalidSpec(format!("warmup.deviceMemoryBudget: {m}")))?;
     Ok(Some(DeviceBudget {
         bytes: bytes as u64,

@@ -9,7 +9,6 @@ pub mod cache;
 pub mod deadline;
 pub mod decide;
 pub mod gate;
-pub mod plan;
 pub mod target;
 pub mod writes;
 
@@ -30,9 +29,9 @@ use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 
 use crate::backend;
+use crate::host::probe;
 use crate::metrics::Metrics;
 use crate::pipeline::fetch::Fetcher;
-use crate::pipeline::probe;
 
 /// Everything `run` takes from the command line.
 pub struct Config {
@@ -66,7 +65,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let client = Client::try_default().await?;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
-    let health = Arc::new(kiln_serve::Health::new(
+    let health = Arc::new(kiln_endpoints::Health::new(
         "watches not synced or KilnNode not written",
     ));
     let stop = Stop::on_signal();
@@ -122,7 +121,7 @@ impl Stop {
     fn on_signal() -> Self {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
-            kiln_serve::shutdown_signal().await;
+            kiln_endpoints::shutdown_signal().await;
             tracing::info!("shutting down");
             let _ = stop_tx.send(true);
         });
@@ -142,12 +141,12 @@ impl Stop {
 fn serve_metrics(
     listen: SocketAddr,
     registry: Arc<Registry>,
-    health: Arc<kiln_serve::Health>,
+    health: Arc<kiln_endpoints::Health>,
     stop: &Stop,
 ) {
     let stop = stop.stopped();
     tokio::spawn(async move {
-        if let Err(e) = kiln_serve::serve(listen, registry, health, stop).await {
+        if let Err(e) = kiln_endpoints::serve(listen, registry, health, stop).await {
             tracing::error!(error = %e, %listen, "metrics endpoint failed");
         }
     });
@@ -214,7 +213,7 @@ async fn resume(
         for row in &status.targets {
             agent
                 .states
-                .entry(plan::TargetKey::new(&row.namespace, &row.name))
+                .entry(decide::TargetKey::new(&row.namespace, &row.name))
                 .or_default()
                 .row = row.clone();
         }
@@ -227,7 +226,7 @@ async fn resume(
 /// written.
 async fn pass_until_stopped(
     agent: &mut agent::Agent,
-    health: &kiln_serve::Health,
+    health: &kiln_endpoints::Health,
     changed: &Notify,
     resync: Duration,
     stop: &Stop,

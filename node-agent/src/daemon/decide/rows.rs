@@ -11,9 +11,9 @@ use kiln_crds::kiln_node::{HardwareFacts, NodePhase, NodeTargetStatus, WarmupFig
 use kiln_crds::{FailureReason, KilnNodeStatus};
 
 use super::TargetKey;
+use super::pick::Pick;
+use crate::daemon::cache::KnownGood;
 use crate::pipeline::warmup::WarmupReport;
-use crate::run::cache::KnownGood;
-use crate::run::decide::Pick;
 
 /// What a successful preparation measured.
 #[derive(Clone, Debug)]

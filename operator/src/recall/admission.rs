@@ -73,7 +73,7 @@ impl JobCache for Store<Job> {
             .iter()
             .filter(|j| !j.owner_references().iter().any(|o| o.uid == uid))
             .filter(|j| {
-                j.metadata.deletion_timestamp.is_none() && crate::observe::outcome(j).is_none()
+                j.metadata.deletion_timestamp.is_none() && crate::job::observe::outcome(j).is_none()
             })
             .count()
     }

@@ -155,7 +155,7 @@ pub fn job(job: &Job, targets: &Store<CompiledTarget>) -> Vec<ObjectRef<Compiled
         .filter(|o| o.controller == Some(true) && o.kind == "CompiledTarget")
         .map(|o| ObjectRef::new(&o.name).within(&ns))
         .collect();
-    if crate::observe::outcome(job).is_some() {
+    if crate::job::observe::outcome(job).is_some() {
         refs.extend(
             targets
                 .state()

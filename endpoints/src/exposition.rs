@@ -1,12 +1,24 @@
-//! Which metrics text format a scraper gets: OpenMetrics when its `Accept` asks for it, else the
-//! Prometheus text format 0.0.4 (what `promtool check metrics` and older scrapers read), made
-//! from prometheus-client's OpenMetrics text. Pure text in, text out; shared by the operator
-//! and the agent so both serve the same bytes for the same request.
+//! Which metrics text format a scraper gets (HTTP content negotiation): OpenMetrics when its
+//! `Accept` asks for it, else the Prometheus text format 0.0.4 (what `promtool check metrics`
+//! and older scrapers read), made from prometheus-client's OpenMetrics text. Pure text in, text
+//! out but for [`encode`], which reads the registry; shared by the operator and the agent so
+//! both serve the same bytes for the same request.
+
+use prometheus_client::registry::Registry;
 
 /// `Content-Type` of an OpenMetrics response.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// `Content-Type` of a Prometheus text 0.0.4 response.
 pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The registry's exposition for a scraper that sent `accept`: Prometheus text 0.0.4 unless it
+/// asks for OpenMetrics ([`negotiate`]). Returns body and content type.
+pub fn encode(registry: &Registry, accept: Option<&str>) -> (String, &'static str) {
+    let mut out = String::new();
+    // Encoding into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    negotiate(accept, &out)
+}
 
 /// The body and `Content-Type` for a scraper that sent `accept`, from an OpenMetrics exposition.
 pub fn negotiate(accept: Option<&str>, openmetrics: &str) -> (String, &'static str) {

@@ -3,15 +3,17 @@
 //! overall: how far the rollout is from its threshold. Reads the node views (with the agents'
 //! rows for this target) and the class rows; never the Jobs. Pure.
 
+pub mod reports;
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::compiled_target::{AutoRollback, ClassPhase, ClassStatus, Revision, Rollout};
 
-use super::keyed::Keyed;
-use super::{Inputs, LabelChange};
-use crate::classes::selector_matches;
-use crate::readiness::{self, ClassNodes, NodeReport};
+use crate::plan::classes::selector_matches;
+use crate::plan::keyed::Keyed;
+use crate::plan::{Inputs, LabelChange};
+use reports::{ClassNodes, NodeReport};
 
 /// A class short of `rollout.promoteAtReadyPercent` ready nodes.
 pub struct Unmet {
@@ -52,7 +54,7 @@ pub fn node_reports(
             .flat_map(|k| k.class.nodes.iter().map(move |n| (n, k.class.id.as_str())))
             .filter_map(|(n, class)| {
                 let rows = &view(n)?.targets;
-                Some((n.clone(), readiness::report(rows, current, Some(class))))
+                Some((n.clone(), reports::report(rows, current, Some(class))))
             })
             .collect(),
         None => inputs
@@ -66,7 +68,7 @@ pub fn node_reports(
                     .as_ref()
                     .is_none_or(|s| selector_matches(s, &n.labels))
             })
-            .map(|n| (n.name.clone(), readiness::report(&n.targets, current, None)))
+            .map(|n| (n.name.clone(), reports::report(&n.targets, current, None)))
             .collect(),
     }
 }
@@ -81,7 +83,7 @@ pub fn readiness_labels(
         t.namespace.as_deref().unwrap_or_default(),
         t.name.as_deref().unwrap_or_default(),
     );
-    readiness::label_changes(&key, inputs.nodes, reports)
+    reports::label_changes(&key, inputs.nodes, reports)
 }
 
 /// The rows with their node counts (and, for stored artifacts, phases), and the summary.
@@ -96,7 +98,7 @@ pub fn assess(
         .into_iter()
         .zip(keyed)
         .map(|(mut row, k)| {
-            let a = readiness::aggregate(&k.class, reports);
+            let a = reports::aggregate(&k.class, reports);
             let n = k.class.nodes.len();
             row.ready_nodes = i32::try_from(a.ready).unwrap_or(i32::MAX);
             row.failed_nodes = i32::try_from(a.failed).unwrap_or(i32::MAX);
@@ -206,7 +208,7 @@ pub fn auto_rollback(
             .is_some_and(|v| about_newest(&v.targets))
     });
     classes.iter().find_map(|k| {
-        let a = readiness::aggregate(&k.class, &reports);
+        let a = reports::aggregate(&k.class, &reports);
         (a.failed > 0).then(|| AutoRollback {
             from_revision: n,
             to_revision: to.number,

@@ -33,15 +33,6 @@ impl Health {
     }
 }
 
-/// The registry's exposition for a scraper that sent `accept`: Prometheus text 0.0.4 unless it
-/// asks for OpenMetrics ([`kiln_crds::exposition::negotiate`]). Returns body and content type.
-pub fn exposition(registry: &Registry, accept: Option<&str>) -> (String, &'static str) {
-    let mut out = String::new();
-    // Encoding into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
-    kiln_crds::exposition::negotiate(accept, &out)
-}
-
 /// Serves until `shutdown` resolves.
 pub async fn serve(
     addr: SocketAddr,
@@ -80,7 +71,7 @@ async fn route(
                 .headers()
                 .get(hyper::header::ACCEPT)
                 .and_then(|v| v.to_str().ok());
-            let (body, content_type) = exposition(&registry, accept);
+            let (body, content_type) = crate::exposition::encode(&registry, accept);
             (StatusCode::OK, body, content_type)
         }
         "/healthz" => (StatusCode::OK, "ok\n".into(), "text/plain"),

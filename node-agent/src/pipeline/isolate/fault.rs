@@ -6,7 +6,7 @@
 //! set, as a crashing engine library would: `<step>` is `compile`, `load` or `reference` (`kiln-agent fixtures`); `<fault>` is
 //! `segfault` (SIGSEGV), `abort` (SIGABRT) or `spin` (burns CPU until killed).
 
-use crate::pipeline::isolate::job::Job;
+use super::job::Job;
 
 const MARKER: &[u8] = b"kiln-fault-inject:";
 /// How much of a file is searched for the marker.

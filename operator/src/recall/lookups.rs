@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use kiln_crds::{CompiledTarget, FailureReason};
 
-use crate::classes::NodeView;
+use crate::plan::NodeView;
 use crate::plan::{JobState, JobView, Stored};
 
 /// Default for `--store-miss-recheck-seconds`.

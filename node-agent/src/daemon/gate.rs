@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::kiln_node::{NodePhase, NodeTargetStatus};
 use kiln_crds::labels::{TARGET_ANNOTATION, WARM_CONDITION};
 
-use super::plan::TargetKey;
+use super::decide::TargetKey;
 
 /// The condition a pod should have.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,10 +1,10 @@
 //! What the agent does for a target on a pass, decided from what it remembers about it: skip
 //! (already serving what is wanted), back off (it failed recently), wait (nothing to pick yet)
-//! or prepare; after a failure [`decide::after_failure`] picks the fallback, and [`rows`] says
+//! or prepare; after a failure [`pick::after_failure`] picks the fallback, and [`rows`] says
 //! what the target's KilnNode row reads. Pure: state, the wanted pick and the time in, a
 //! decision out; no client, no disk, no clock of its own.
 //!
-//! [`decide::after_failure`]: super::decide::after_failure
+//! [`pick::after_failure`]: pick::after_failure
 
 use std::time::{Duration, Instant};
 
@@ -13,10 +13,11 @@ use kiln_crds::CompiledTarget;
 use kiln_crds::kiln_node::NodeTargetStatus;
 use kube::ResourceExt;
 
+pub mod pick;
 pub mod rows;
 
-use super::decide::Pick;
 use crate::metrics::TargetLabels;
+use pick::Pick;
 
 /// A CompiledTarget by namespace and name: the key of the agent's per-target state and rows.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -279,7 +280,7 @@ mod tests {
     /// known-good, or an annotation (same generation, same status).
     #[test]
     fn a_target_is_loaded_once_per_revision_unless_its_spec_changes() {
-        use super::super::decide::wanted;
+        use super::pick::wanted;
         use kiln_crds::CompiledTargetStatus;
         let status =
             |yaml: &str| -> CompiledTargetStatus { serde_saphyr::from_str(yaml).expect("status") };

@@ -23,8 +23,8 @@ use crate::controller;
 use crate::job::{JobSettings, MANAGED_BY};
 use crate::metrics::Metrics;
 use crate::plan::Settings;
-use crate::triggers::Triggers;
-use kiln_serve::Health;
+use crate::watch::triggers::Triggers;
+use kiln_endpoints::Health;
 
 /// How often readiness labels of deleted targets are looked for (in the caches; no API reads).
 const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -46,7 +46,7 @@ pub struct Config {
     /// The keys stored entries must be signed by.
     pub trust: kiln_store::attest::Trust,
     /// Store lookups remembered (empty; sized and bounded by the flags).
-    pub lookups: crate::lookups::LookupCache,
+    pub lookups: crate::recall::lookups::LookupCache,
     /// Plan settings.
     pub settings: Settings,
     /// Job settings.
@@ -57,7 +57,7 @@ pub struct Config {
     pub election: Option<Election>,
     /// CompiledTargets reconciled at once.
     pub concurrency: u16,
-    /// The shortest time between two status writes of one target ([`crate::pace`]).
+    /// The shortest time between two status writes of one target ([`crate::recall::pace`]).
     pub status_interval: std::time::Duration,
 }
 
@@ -101,7 +101,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
 /// Stops everything on SIGTERM or SIGINT.
 async fn stop_on_signal(stop: tokio::sync::watch::Sender<bool>) {
-    kiln_serve::shutdown_signal().await;
+    kiln_endpoints::shutdown_signal().await;
     tracing::info!("shutting down");
     let _ = stop.send(true);
 }
@@ -193,7 +193,7 @@ async fn http_task(
     health: Arc<Health>,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    if let Err(e) = kiln_serve::serve(addr, registry, health, stop).await {
+    if let Err(e) = kiln_endpoints::serve(addr, registry, health, stop).await {
         tracing::error!(%e, %addr, "cannot serve metrics and probes");
     }
 }
@@ -256,7 +256,7 @@ where
     Ok(())
 }
 
-/// Which targets each watched change concerns (`crate::triggers`): a compile Job's owner, the
+/// Which targets each watched change concerns (`crate::watch::triggers`): a compile Job's owner, the
 /// targets selecting a Node whose labels changed (not on the echo of this replica's own label
 /// write) or a KilnNode whose status changed, the targets of a ModelArtifact.
 fn with_triggers(
@@ -281,15 +281,15 @@ fn with_triggers(
     let own = ctx.clone();
     let (job_stream, node_stream, kiln_stream, model_stream) = watched;
     ctl.watches_stream(retried(job_stream, "Job"), move |j: Job| {
-        crate::triggers::job(&j, &t4)
+        crate::watch::triggers::job(&j, &t4)
     })
     .watches_stream(retried(node_stream, "Node"), move |n: Node| {
         // A deleted Node arrives without labels (a live one always has the kubelet's).
         if n.metadata.labels.is_none() {
-            crate::memo::forget_node(&own.labelled, &n.name_any());
+            crate::recall::memo::forget_node(&own.labelled, &n.name_any());
         }
         g1.node(&n, &t1, |node, key, value| {
-            crate::memo::wrote_label(&own.labelled, node, key, value)
+            crate::recall::memo::wrote_label(&own.labelled, node, key, value)
         })
     })
     .watches_stream(retried(kiln_stream, "KilnNode"), move |k: KilnNode| {
@@ -326,21 +326,21 @@ where
 /// One item of a cache's trigger stream: an object, or the error of the watch behind it.
 type Watched<K> = Result<K, watcher::Error>;
 
-/// Nodes, trimmed to name and labels ([`crate::lean::node`]); a Node triggers when its labels
+/// Nodes, trimmed to name and labels ([`crate::watch::lean::node`]); a Node triggers when its labels
 /// change or it goes.
 fn node_cache(client: &Client) -> (Store<Node>, impl Stream<Item = Watched<Node>> + use<>) {
     let (store, writer) = reflector::store::<Node>();
     let stream = watch_all::<Node>(client, watcher::Config::default())
-        .modify(crate::lean::node)
+        .modify(crate::watch::lean::node)
         .reflect(writer)
         .filter_map(changed(
-            |n: &Node| crate::triggers::fingerprint(&n.metadata.labels),
+            |n: &Node| crate::watch::triggers::fingerprint(&n.metadata.labels),
             |n: &mut Node| n.metadata.labels = None,
         ));
     (store, stream)
 }
 
-/// KilnNodes, trimmed to what readiness reads ([`crate::lean::kiln_node`]); one triggers when
+/// KilnNodes, trimmed to what readiness reads ([`crate::watch::lean::kiln_node`]); one triggers when
 /// that changes or it goes.
 fn kiln_node_cache(
     client: &Client,
@@ -350,10 +350,10 @@ fn kiln_node_cache(
 ) {
     let (store, writer) = reflector::store::<KilnNode>();
     let stream = watch_all::<KilnNode>(client, watcher::Config::default())
-        .modify(crate::lean::kiln_node)
+        .modify(crate::watch::lean::kiln_node)
         .reflect(writer)
         .filter_map(changed(
-            |k: &KilnNode| crate::triggers::fingerprint(&k.status),
+            |k: &KilnNode| crate::watch::triggers::fingerprint(&k.status),
             |k: &mut KilnNode| k.status = None,
         ));
     (store, stream)
@@ -368,14 +368,14 @@ fn model_cache(
 ) {
     let (store, writer) = reflector::store::<ModelArtifact>();
     let stream = watch_all::<ModelArtifact>(client, watcher::Config::default())
-        .modify(crate::lean::model)
+        .modify(crate::watch::lean::model)
         .reflect(writer)
         .touched_objects()
         .predicate_filter(predicates::generation, PredicateConfig::default());
     (store, stream)
 }
 
-/// The operator's own compile Jobs (by label), less their pod template ([`crate::lean::job`]);
+/// The operator's own compile Jobs (by label), less their pod template ([`crate::watch::lean::job`]);
 /// every change triggers.
 fn job_cache(client: &Client) -> (Store<Job>, impl Stream<Item = Watched<Job>> + use<>) {
     let (store, writer) = reflector::store::<Job>();
@@ -383,13 +383,13 @@ fn job_cache(client: &Client) -> (Store<Job>, impl Stream<Item = Watched<Job>> +
         client,
         watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)),
     )
-    .modify(crate::lean::job)
+    .modify(crate::watch::lean::job)
     .reflect(writer)
     .touched_objects();
     (store, stream)
 }
 
-/// CompiledTargets, less their managed fields ([`crate::lean::target`]), through our own
+/// CompiledTargets, less their managed fields ([`crate::watch::lean::target`]), through our own
 /// reflector rather than `Controller::new`'s, to learn when it has listed (the receiver turns true) without waiting on the store, which the controller
 /// itself waits on (see `Context::synced`).
 fn target_cache(
@@ -402,7 +402,7 @@ fn target_cache(
     let (store, writer) = reflector::store::<CompiledTarget>();
     let (listed_tx, listed) = tokio::sync::watch::channel(false);
     let stream = watch_all::<CompiledTarget>(client, watcher::Config::default())
-        .modify(crate::lean::target)
+        .modify(crate::watch::lean::target)
         .reflect(writer)
         .inspect(move |event| {
             if matches!(event, Ok(watcher::Event::InitDone)) {
@@ -444,7 +444,7 @@ fn context(
         compile_slots: std::sync::Mutex::new(BTreeMap::new()),
         written: std::sync::Mutex::new(Default::default()),
         lookups: std::sync::Mutex::new(config.lookups.clone()),
-        pacer: crate::pace::Pacer::new(config.status_interval),
+        pacer: crate::recall::pace::Pacer::new(config.status_interval),
     }
 }
 

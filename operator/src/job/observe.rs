@@ -7,7 +7,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kiln_crds::FailureReason;
 
-use crate::job::{ANN_ATTEMPT, ANN_KEY, COMPILER_CONTAINER};
+use super::{ANN_ATTEMPT, ANN_KEY, COMPILER_CONTAINER};
 use crate::plan::{JobState, JobView};
 
 /// Longest failure message kept in status (conditions stay readable, objects stay small).
