@@ -70,6 +70,7 @@ fn run(case: &Case, extra_args: &[&str]) -> Run {
     std::fs::write(case.path("kiln.yaml"), case.yaml()).expect("write yaml");
     let out = Command::new(common::AGENT)
         .env("ORT_DYLIB_PATH", library())
+        .env("TMPDIR", engine_mark(case))
         .args(["local", "--output", "json", "--store"])
         .arg(case.store())
         .arg("--metrics-file")
@@ -163,6 +164,7 @@ fn an_engine_past_its_deadline_is_killed_with_its_process_group() {
     .expect("yaml");
     let out = Command::new(common::AGENT)
         .env("ORT_DYLIB_PATH", library())
+        .env("TMPDIR", engine_mark(&compile))
         .args(["local", "--output", "json", "--store"])
         .arg(compile.store())
         .arg(compile.path("kiln.yaml"))
@@ -173,13 +175,42 @@ fn an_engine_past_its_deadline_is_killed_with_its_process_group() {
         stdout.contains("\"reason\":\"Timeout\"") && stdout.contains("deadline of 3s"),
         "{stdout}"
     );
-    // Nothing of the engine is left running.
-    let left = Command::new("pgrep")
-        .args(["-f", "kiln-agent-engine"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    assert!(left.trim().is_empty(), "engine processes left: {left}");
+    // Nothing of either engine is left running.
+    let left = engines_left(&[engine_mark(&case), engine_mark(&compile)]);
+    assert!(left.is_empty(), "engine processes left: {left:?}");
+}
+
+/// The TMPDIR a case's agent runs with, which its engines inherit (`passes_env` lets TMPDIR
+/// through): it marks them as this case's.
+fn engine_mark(case: &Case) -> PathBuf {
+    let mark = case.path("engine-tmp");
+    std::fs::create_dir_all(&mark).expect("engine tmp");
+    mark
+}
+
+/// Engine processes (`kiln-agent-engine`) still running whose TMPDIR is one of `marks`: only
+/// this test's, so engines of another test run on the same machine (the same binary, the same
+/// name) do not count.
+fn engines_left(marks: &[PathBuf]) -> Vec<String> {
+    let wanted: Vec<Vec<u8>> = marks
+        .iter()
+        .map(|m| format!("TMPDIR={}", m.display()).into_bytes())
+        .collect();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter(|p| {
+            let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+            let environ = std::fs::read(p.path().join("environ")).unwrap_or_default();
+            cmdline.starts_with(b"kiln-agent-engine\0")
+                && environ
+                    .split(|b| *b == 0)
+                    .any(|v| wanted.iter().any(|w| v == w))
+        })
+        .map(|p| p.file_name().to_string_lossy().into_owned())
+        .collect()
 }
 
 /// tests/data/huge.onnx with its ConstantOfShape at [1024, 1048576]: a 212-byte model whose
