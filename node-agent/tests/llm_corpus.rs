@@ -152,12 +152,7 @@ impl Lm {
         let manifest: serde_json::Value =
             serde_json::from_slice(&std::fs::read(entry.join("manifest.json")).expect("manifest"))
                 .expect("json");
-        let gguf = std::fs::read_dir(&entry)
-            .expect("entry")
-            .map(|e| e.expect("entry").path())
-            .max_by_key(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
-            .expect("a file");
-        (gguf, manifest)
+        (entry.join("artifact"), manifest)
     }
 }
 

@@ -124,12 +124,18 @@ pub fn type_bits(name: &str) -> Option<f64> {
 /// 640-wide matrices. `None` for a float source. A type kiln does not size counts as quantised
 /// at 0 bits, so nothing is taken for larger than it without `allowRequantization`.
 pub fn source_quantization(header: &Header) -> Option<(String, f64)> {
+    dominant(header, false).map(|name| (name.to_string(), type_bits(name).unwrap_or(0.0)))
+}
+
+/// The tensor type most of the source's tensors have among the float types (`float`) or among
+/// the others.
+fn dominant(header: &Header, float: bool) -> Option<&str> {
     header
         .tensor_types
         .iter()
-        .filter(|(name, _)| !matches!(name.as_str(), "F32" | "F16" | "BF16"))
+        .filter(|(name, _)| matches!(name.as_str(), "F32" | "F16" | "BF16") == float)
         .max_by_key(|(_, count)| **count)
-        .map(|(name, _)| (name.clone(), type_bits(name).unwrap_or(0.0)))
+        .map(|(name, _)| name.as_str())
 }
 
 /// How far up from its source `auto` may go.
@@ -157,13 +163,7 @@ impl Ceiling {
         if let Some((_, bits)) = source_quantization(header) {
             return Some(Self::Below(bits));
         }
-        header
-            .tensor_types
-            .iter()
-            .filter(|(name, _)| matches!(name.as_str(), "F32" | "F16" | "BF16"))
-            .max_by_key(|(_, count)| **count)
-            .and_then(|(name, _)| type_bits(name))
-            .map(Self::AtMost)
+        dominant(header, true).and_then(type_bits).map(Self::AtMost)
     }
 }
 
