@@ -39,7 +39,7 @@ pub struct Served {
 pub fn open(dir: &Path, name: Option<String>) -> Result<Served> {
     let (mounted, manifest) = read_checked(dir)?;
     let fixture = read_fixture(dir, &mounted)?;
-    let backend = backend::for_artifact(&BackendSpec::of(BackendKind::Auto), &manifest)?;
+    let backend = backend::for_artifact(&settings_of(&manifest), &manifest)?;
     let probed = crate::host::probe::labels(&crate::host::probe::probe(backend::runtimes()));
     let wrong = crate::host::compat::runs_here(&manifest.class, &probed);
     if !wrong.is_empty() {
@@ -63,6 +63,37 @@ pub fn open(dir: &Path, name: Option<String>) -> Result<Served> {
         load_seconds,
         engine: Mutex::new(engine),
     })
+}
+
+/// The backend settings the artifact was built and warmed with, as its manifest records them
+/// (`backendOptions`): the provider and optimisation level ([`backend::for_artifact`] reads
+/// those), and for ONNX Runtime on CUDA the cuDNN search, the arena and CUDA graphs. TF32
+/// follows the artifact's own precision. Pure.
+pub fn settings_of(manifest: &BuildManifest) -> BackendSpec {
+    fn parse<T: serde::de::DeserializeOwned>(m: &BuildManifest, key: &str) -> Option<T> {
+        let v = m.backend_options.get(key)?.clone();
+        serde_json::from_value(serde_json::Value::String(v)).ok()
+    }
+    let mut spec = BackendSpec::of(BackendKind::Auto);
+    let cuda_keys = [
+        "cuda.convAlgoSearch",
+        "cuda.arenaExtendStrategy",
+        "cuda.cudaGraphs",
+    ];
+    if cuda_keys
+        .iter()
+        .any(|k| manifest.backend_options.contains_key(*k))
+    {
+        spec.cuda = Some(kiln_crds::compiled_target::CudaSettings {
+            conv_algo_search: parse(manifest, "cuda.convAlgoSearch"),
+            arena_extend_strategy: parse(manifest, "cuda.arenaExtendStrategy"),
+            cuda_graphs: manifest
+                .backend_options
+                .get("cuda.cudaGraphs")
+                .map(|v| v == "true"),
+        });
+    }
+    spec
 }
 
 /// kiln.json and the manifest, and the artifact re-hashed: its sha256 and size must be what
@@ -258,4 +289,35 @@ pub fn check_inputs(
         "inputs {given:?} match none of the compiled profiles ({}); send one profile's shapes",
         accepted.join("; ")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_manifests_cuda_settings_are_the_ones_served() {
+        let manifest = crate::test_support::manifest(serde_json::json!({
+            "backend": "onnxruntime",
+            "backendOptions": {
+                "executionProvider": "cuda", "cuda.convAlgoSearch": "Heuristic",
+                "cuda.arenaExtendStrategy": "SameAsRequested", "cuda.cudaGraphs": "true"
+            }
+        }));
+        let cuda = settings_of(&manifest).cuda.expect("cuda settings");
+        assert!(cuda.graphs());
+        let back = kiln_crds::compiled_target::Backend {
+            cuda: Some(cuda),
+            execution_provider: Some(kiln_crds::compiled_target::ExecutionProvider::Cuda),
+            ..BackendSpec::of(BackendKind::Onnxruntime)
+        };
+        let options = back.options(&Default::default());
+        assert_eq!(
+            options.get("cuda.convAlgoSearch").map(String::as_str),
+            Some("Heuristic"),
+            "the recorded search round-trips: {options:?}"
+        );
+        let cpu = crate::test_support::manifest(serde_json::json!({"backend": "tract"}));
+        assert!(settings_of(&cpu).cuda.is_none());
+    }
 }
