@@ -25,22 +25,27 @@ fn model_dir(case: &Case, name: &str) -> PathBuf {
     assert!(run.success, "local run failed: {}", run.stderr);
     let key = run.outcome["compileKey"].as_str().expect("key");
     let stored = case.store().join("artifacts").join(key);
-    let dir = case.path(name);
-    std::fs::create_dir_all(&dir).expect("dir");
+    volume(&stored, &case.path("fixture.safetensors"), &case.path(name))
+}
+
+/// `dir` laid out as a csi.kiln.dev volume of the stored entry `stored` and `fixture`.
+fn volume(stored: &Path, fixture: &Path, dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("dir");
     for file in [mounted::ARTIFACT, mounted::MANIFEST] {
         std::fs::copy(stored.join(file), dir.join(file)).expect("copy");
     }
-    std::fs::copy(case.path("fixture.safetensors"), dir.join(mounted::FIXTURE)).expect("fixture");
+    std::fs::copy(fixture, dir.join(mounted::FIXTURE)).expect("fixture");
     let (digest, _) = sha256_file(&dir.join(mounted::ARTIFACT)).expect("hash");
+    let (fixture_sha, _) = sha256_file(fixture).expect("hash");
     let kiln = MountedModel {
         namespace: "ns".into(),
         target: "mlp".into(),
         revision: 1,
         class: "cpu".into(),
         digest,
-        engine: Some("tract".into()),
+        engine: None,
         media_type: "x".into(),
-        fixture: Some(case.fixture_sha.clone()),
+        fixture: Some(fixture_sha),
         node: "n".into(),
         pod: "ns/p".into(),
     };
@@ -49,7 +54,7 @@ fn model_dir(case: &Case, name: &str) -> PathBuf {
         serde_json::to_vec(&kiln).expect("json"),
     )
     .expect("kiln.json");
-    dir
+    dir.to_path_buf()
 }
 
 /// A running `kiln-agent serve`, killed on drop.
@@ -164,6 +169,15 @@ fn warmup() -> Warmup {
 }
 
 fn warm(port: u16, model: &str, fixture: &FixtureFile) -> Result<warmer::Figures, Cold> {
+    warm_with(port, model, fixture, &warmup())
+}
+
+fn warm_with(
+    port: u16,
+    model: &str,
+    fixture: &FixtureFile,
+    warmup: &Warmup,
+) -> Result<warmer::Figures, Cold> {
     let endpoint = Endpoint {
         protocol: Protocol::OipV2,
         base: format!("http://127.0.0.1:{port}"),
@@ -174,7 +188,7 @@ fn warm(port: u16, model: &str, fixture: &FixtureFile) -> Result<warmer::Figures
         &warmer::client(Duration::from_secs(30)),
         &endpoint,
         fixture,
-        &warmup(),
+        warmup,
     ))
 }
 
@@ -331,4 +345,42 @@ fn hostile_directories_and_requests_are_refused() {
     assert!(stderr.contains("kiln.json"), "{stderr}");
     let stderr = refused(&case.path("nowhere"));
     assert!(stderr.contains("csi.kiln.dev volume"), "{stderr}");
+}
+
+#[test]
+fn a_gguf_language_model_is_served_and_warmed_through_the_server() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let example = data("../../../examples/tiny-llama");
+    for f in ["kiln.yaml", "model.gguf", "fixture-v1.safetensors"] {
+        std::fs::copy(example.join(f), dir.path().join(f)).expect("copy");
+    }
+    let run = common::run_local(
+        &dir.path().join("kiln.yaml"),
+        &dir.path().join("store"),
+        &dir.path().join("metrics.prom"),
+    );
+    assert!(run.success, "local run failed: {}", run.stderr);
+    let key = run.outcome["compileKey"].as_str().expect("key");
+    let fixture = dir.path().join("fixture-v1.safetensors");
+    let model = volume(
+        &dir.path().join("store/artifacts").join(key),
+        &fixture,
+        &dir.path().join("model"),
+    );
+    let mut server = spawn(&model, &[]);
+    ready(&mut server);
+    // The example's own tolerances: Q8_0 logits within tenths, the first two greedy tokens exact.
+    let warmup: Warmup = serde_json::from_value(serde_json::json!({
+        "fixtureVersion": "v1", "iterations": 3,
+        "outputs": [{"name": "logits", "atol": 0.5, "rtol": 0.1},
+                    {"name": "tokens", "atol": 0, "rtol": 0, "firstElements": 2}]
+    }))
+    .expect("warmup");
+    let fixture = FixtureFile::read(&fixture).expect("fixture");
+    let figures = warm_with(server.port, "mlp", &fixture, &warmup).expect("warm");
+    assert_eq!(figures.requests, 3);
+    assert!(
+        figures.parity_max_abs_error <= 0.5 + 0.1 * 30.0,
+        "{figures:?}"
+    );
 }
