@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{InferResponse, WireTensor, binary_size, to_host};
+use super::{InferRequest, InferResponse, WireTensor, binary_size, to_host};
 use crate::backend::tensor::HostTensor;
 
 /// `body` split at `header_length` (the `Inference-Header-Content-Length` header, when given)
@@ -27,6 +27,29 @@ pub fn split<'a>(
         ));
     }
     Ok(body.split_at(n))
+}
+
+/// Input tensors of a request by name, binary parts taken from `tail` in order; a name given
+/// twice, a binary part that is short or left over, is refused.
+pub fn request_inputs(
+    request: &InferRequest,
+    tail: &[u8],
+) -> Result<BTreeMap<String, HostTensor>, String> {
+    let mut inputs = BTreeMap::new();
+    let mut at = 0usize;
+    for t in &request.inputs {
+        let part = take(t, tail, &mut at)?;
+        if inputs.insert(t.name.clone(), to_host(t, part)?).is_some() {
+            return Err(format!("input {:?} is given twice", t.name));
+        }
+    }
+    if at != tail.len() {
+        return Err(format!(
+            "{} binary bytes follow the JSON header, the inputs' binary_data_size add up to {at}",
+            tail.len()
+        ));
+    }
+    Ok(inputs)
 }
 
 /// A response body: the JSON header, then each binary output's bytes in the order the header

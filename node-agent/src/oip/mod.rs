@@ -7,8 +7,6 @@
 
 pub mod binary;
 
-use std::collections::BTreeMap;
-
 use safetensors::Dtype;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -401,47 +399,6 @@ fn decode(t: &HostTensor) -> Result<Vec<Value>, String> {
         Dtype::F64 => floats(le_vec!(d, f64)),
         other => return Err(format!("dtype {other:?} has no protocol name")),
     })
-}
-
-/// Input tensors of a request by name, binary parts taken from `binary` in order; a name given
-/// twice, a binary part that is short or left over, is refused.
-pub fn request_inputs(
-    request: &InferRequest,
-    binary: &[u8],
-) -> Result<BTreeMap<String, HostTensor>, String> {
-    let mut inputs = BTreeMap::new();
-    let mut at = 0usize;
-    for t in &request.inputs {
-        let part = match binary_size(t)? {
-            Some(n) => {
-                let end = at
-                    .checked_add(n)
-                    .filter(|e| *e <= binary.len())
-                    .ok_or_else(|| {
-                        format!(
-                            "tensor {:?}: binary_data_size {n} runs past the body's {} binary bytes",
-                            t.name,
-                            binary.len()
-                        )
-                    })?;
-                let part = &binary[at..end];
-                at = end;
-                Some(part)
-            }
-            None => None,
-        };
-        let host = to_host(t, part)?;
-        if inputs.insert(t.name.clone(), host).is_some() {
-            return Err(format!("input {:?} is given twice", t.name));
-        }
-    }
-    if at != binary.len() {
-        return Err(format!(
-            "{} binary bytes follow the JSON header, the inputs' binary_data_size add up to {at}",
-            binary.len()
-        ));
-    }
-    Ok(inputs)
 }
 
 #[cfg(test)]

@@ -104,14 +104,14 @@ fn binary_parts_are_taken_in_order_and_must_add_up() {
         ],
         ..InferRequest::default()
     };
-    let got = request_inputs(&request, &a.data).expect("inputs");
+    let got = binary::request_inputs(&request, &a.data).expect("inputs");
     assert_eq!((got["a"].clone(), got["b"].clone()), (a.clone(), b));
-    let short = request_inputs(&request, &a.data[..4]).expect_err("short");
+    let short = binary::request_inputs(&request, &a.data[..4]).expect_err("short");
     assert!(short.contains("runs past"), "{short}");
     let mut long = a.data.clone();
     long.push(0);
     assert!(
-        request_inputs(&request, &long)
+        binary::request_inputs(&request, &long)
             .expect_err("extra")
             .contains("add up")
     );
@@ -123,7 +123,7 @@ fn binary_parts_are_taken_in_order_and_must_add_up() {
         ..InferRequest::default()
     };
     assert!(
-        request_inputs(&twice, &[])
+        binary::request_inputs(&twice, &[])
             .expect_err("twice")
             .contains("twice")
     );

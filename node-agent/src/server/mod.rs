@@ -142,7 +142,7 @@ async fn infer(req: Request<Incoming>, s: Arc<Served>, max_body: usize) -> Reply
     let parsed = binary::split(&body, header.as_deref()).and_then(|(head, tail)| {
         let request: InferRequest =
             serde_json::from_slice(head).map_err(|e| format!("request JSON: {e}"))?;
-        let inputs = oip::request_inputs(&request, tail)?;
+        let inputs = binary::request_inputs(&request, tail)?;
         Ok((request, inputs))
     });
     let (request, inputs) = match parsed {
