@@ -455,6 +455,7 @@ impl Metrics {
         self.inner.peak_device_memory.remove(labels);
         self.inner.prefill_seconds.remove(labels);
         self.inner.decode_tokens_per_second.remove(labels);
+        self.inner.serving_first_request_ratio.remove(labels);
         for provider in kiln_crds::placement::PROVIDERS {
             let series = provider_labels(labels, provider);
             self.inner.partition_nodes.remove(&series);
