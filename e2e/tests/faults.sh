@@ -20,11 +20,12 @@
 #   artifact-corrupt    the served artifact's blob in the registry is flipped (odd trials) or
 #                       truncated (even), the node's cache emptied, the agent restarted: fail
 #                       closed; the blob repaired: served again
-#   csi-plugin          the CSI node plugin (kiln-csi) is SIGKILLed as a pod with the model
-#                       volume is created, so the kill meets its publish before, during or after
-#                       it (the note says which); the new plugin registers again, the pod mounts
-#                       the bytes its kiln.json names, and once the pod is deleted nothing is
-#                       left mounted or in the cache's published/
+#   csi-plugin          the CSI node plugin (kiln-csi) is SIGKILLed just before (odd trials) or
+#                       just after (even) a pod with the model volume is created, so the kill
+#                       meets its publish before, during or after it (the note says which; a
+#                       publish takes milliseconds); the new plugin registers again, the pod
+#                       mounts the bytes its kiln.json names, and once the pod is deleted
+#                       nothing is left mounted or in the cache's published/
 #
 #   engine-segfault     a second target on the same node whose engine (ONNX Runtime) segfaults
 #   engine-abort        / aborts / spins past its deadline while the agent loads and warms it:
@@ -540,11 +541,15 @@ f_engine_abort() { engine_fault abort EngineCrashed "signal SIGABRT (6)" row; }
 f_engine_spin() { engine_fault spin Timeout "process group was killed" row; }
 f_engine_memory() { engine_fault memory MemoryBudgetExceeded "RLIMIT_DATA" class; }
 
-# f_csi_plugin NAME: a pod with the model volume, the plugin killed as it is created.
+# f_csi_plugin NAME: a pod with the model volume, the plugin killed just before it is created
+# (odd trials) or just after.
 f_csi_plugin() {
   revise "$1"
   local pod=model-$1 old at_kill
   old=$(kubectl -n "$NS" get pod -l app.kubernetes.io/component=csi -o jsonpath='{.items[0].metadata.name}')
+  if ((N % 2)); then
+    kill -KILL "$(pid_of '/bin/kiln-agent csi')" || { echo "   no plugin process" >&2; return 1; }
+  fi
   kubectl -n "$NS" apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Pod
@@ -557,7 +562,9 @@ spec:
     - {name: c, image: $BUSYBOX_IMAGE, imagePullPolicy: Never, command: [sleep, "3600"], volumeMounts: [{name: model, mountPath: /model, readOnly: true}]}
   volumes: [{name: model, csi: {driver: csi.kiln.dev, readOnly: true, volumeAttributes: {target: $TARGET}}}]
 YAML
-  kill -KILL "$(pid_of '/bin/kiln-agent csi')" || { echo "   no plugin process" >&2; return 1; }
+  if ((N % 2 == 0)); then
+    kill -KILL "$(pid_of '/bin/kiln-agent csi')" || { echo "   no plugin process" >&2; return 1; }
+  fi
   at_kill=$(if grep -q "kubernetes.io~csi/model/mount" /proc/self/mountinfo; then echo mounted
     elif [[ -n $(ls -A "$WORK/cache/published" 2>/dev/null) ]]; then echo "building the volume"; else echo "before the publish"; fi)
   kubectl -n "$NS" delete pod "$old" --wait=false >/dev/null

@@ -19,7 +19,7 @@ use kiln_endpoints::logging::{self, LogFormat};
     about = "kiln node agent: compile, verify, load, warm, report ready"
 )]
 struct Cli {
-    /// Log format on stderr (default: json for `run`, plain otherwise).
+    /// Log format on stderr (default: json for `run` and `csi`, plain otherwise).
     #[arg(long, env = "KILN_LOG_FORMAT", value_enum, global = true)]
     log_format: Option<LogFormat>,
     /// Ceiling on this process's heap (e.g. 3Gi): an allocation past it is refused, so a model

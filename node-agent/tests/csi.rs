@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use hyper_util::rt::TokioIo;
 use kiln_agent::csi::proto::csi::{
-    GetPluginInfoRequest, NodeGetInfoRequest, NodePublishVolumeRequest,
-    NodeUnpublishVolumeRequest, ProbeRequest, VolumeCapability, identity_client::IdentityClient,
-    node_client::NodeClient, volume_capability,
+    GetPluginInfoRequest, NodeGetInfoRequest, NodePublishVolumeRequest, NodeUnpublishVolumeRequest,
+    ProbeRequest, VolumeCapability, identity_client::IdentityClient, node_client::NodeClient,
+    volume_capability,
 };
 use kiln_agent::csi::proto::registration::{
     InfoRequest, RegistrationStatus, registration_client::RegistrationClient,
@@ -122,8 +122,29 @@ async fn start() -> Plugin {
 }
 
 async fn channel(path: &Path) -> Channel {
+    connect(path, "http://localhost").await
+}
+
+/// The `:authority` the kubelet's registration client sends: grpc-go 1.72's `encodeAuthority` of
+/// the socket's path (it dials the bare path with no authority override).
+fn grpc_go_authority(path: &Path) -> String {
+    let keep = |b: u8| b.is_ascii_alphanumeric() || b"-_.~!$&'()*+,;=:[]@".contains(&b);
+    path.display()
+        .to_string()
+        .bytes()
+        .map(|b| {
+            if keep(b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+async fn connect(path: &Path, origin: &str) -> Channel {
     let path = path.to_path_buf();
-    Endpoint::try_from("http://localhost")
+    Endpoint::try_from(origin.to_string())
         .expect("endpoint")
         .connect_with_connector(tower::service_fn(move |_| {
             let path = path.clone();
@@ -179,7 +200,11 @@ impl Plugin {
             volume_id: VOLUME.into(),
             target_path: self.target_path().display().to_string(),
         };
-        self.node().await.node_unpublish_volume(req).await.map(|_| ())
+        self.node()
+            .await
+            .node_unpublish_volume(req)
+            .await
+            .map(|_| ())
     }
 
     fn published(&self) -> PathBuf {
@@ -208,16 +233,28 @@ async fn identity_registration_and_refusals_before_ready() {
         .await
         .expect("probe");
     assert_eq!(probe.into_inner().ready, Some(true));
-    let reg = RegistrationClient::new(channel(&p.config.registration_socket()).await)
+    // As the kubelet calls it: the socket's path, percent-encoded, as the authority.
+    let origin = format!(
+        "http://{}",
+        grpc_go_authority(&p.config.registration_socket())
+    );
+    let reg = RegistrationClient::new(connect(&p.config.registration_socket(), &origin).await)
         .get_info(InfoRequest {})
         .await
         .expect("registration")
         .into_inner();
     assert_eq!(
-        (reg.r#type.as_str(), reg.name.as_str(), reg.supported_versions),
+        (
+            reg.r#type.as_str(),
+            reg.name.as_str(),
+            reg.supported_versions
+        ),
         ("CSIPlugin", "csi.kiln.dev", vec!["1.0.0".to_string()])
     );
-    assert_eq!(reg.endpoint, p.config.kubelet_endpoint.display().to_string());
+    assert_eq!(
+        reg.endpoint,
+        p.config.kubelet_endpoint.display().to_string()
+    );
     let id = p.node().await.node_get_info(NodeGetInfoRequest {}).await;
     assert_eq!(id.expect("node info").into_inner().node_id, NODE);
 
@@ -226,7 +263,11 @@ async fn identity_registration_and_refusals_before_ready() {
     writable.readonly = false;
     let e = p.publish(writable).await.expect_err("writable");
     assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(e.message().contains("set readOnly: true"), "{}", e.message());
+    assert!(
+        e.message().contains("set readOnly: true"),
+        "{}",
+        e.message()
+    );
     let mut outside = p.publish_request();
     outside.target_path = "/etc".into();
     let e = p.publish(outside).await.expect_err("outside");
@@ -244,9 +285,16 @@ async fn identity_registration_and_refusals_before_ready() {
          until it is Ready"
     );
     let mut other = p.publish_request();
-    other.volume_context.insert("target".into(), "absent".into());
+    other
+        .volume_context
+        .insert("target".into(), "absent".into());
     let e = p.publish(other).await.expect_err("absent");
-    assert!(e.message().contains("serving/absent has no row on node node-1"), "{}", e.message());
+    assert!(
+        e.message()
+            .contains("serving/absent has no row on node node-1"),
+        "{}",
+        e.message()
+    );
     assert!(!p.published().exists() && !p.target_path().exists());
 
     // Unpublishing what was never published succeeds.
@@ -306,17 +354,27 @@ async fn publishes_read_only_and_unpublishes_with_nothing_left() {
         serde_json::from_slice(&std::fs::read(target.join("kiln.json")).expect("kiln.json"))
             .expect("json");
     assert_eq!(info["digest"], p.digest.as_str());
-    assert_eq!((info["revision"].as_i64(), info["node"].as_str()), (Some(2), Some(NODE)));
+    assert_eq!(
+        (info["revision"].as_i64(), info["node"].as_str()),
+        (Some(2), Some(NODE))
+    );
     assert_eq!(
         std::fs::read(target.join("fixture.safetensors")).expect("fixture"),
         b"fixture bytes"
     );
     let write = std::fs::write(target.join("x"), b"x").expect_err("read-only");
-    assert_eq!(write.raw_os_error(), Some(rustix::io::Errno::ROFS.raw_os_error()));
+    assert_eq!(
+        write.raw_os_error(),
+        Some(rustix::io::Errno::ROFS.raw_os_error())
+    );
     // Again: nothing to do, still one read-only mount.
     p.publish(p.publish_request()).await.expect("idempotent");
     p.unpublish().await.expect("unpublished");
-    assert!(kiln_agent::csi::mount::at(&target).expect("mountinfo").is_none());
+    assert!(
+        kiln_agent::csi::mount::at(&target)
+            .expect("mountinfo")
+            .is_none()
+    );
     assert!(!target.exists() && !p.published().exists());
     p.unpublish().await.expect("idempotent");
 
@@ -325,20 +383,35 @@ async fn publishes_read_only_and_unpublishes_with_nothing_left() {
     let scratch = p.config.cache.join("scratch");
     std::fs::create_dir_all(&scratch).expect("scratch");
     rustix::mount::mount_bind(&scratch, &target).expect("writable bind");
-    p.publish(p.publish_request()).await.expect("published over it");
+    p.publish(p.publish_request())
+        .await
+        .expect("published over it");
     let mounted = kiln_agent::csi::mount::at(&target).expect("mountinfo");
     assert_eq!(mounted.map(|m| m.read_only), Some(true));
     assert!(target.join("kiln.json").exists());
     p.unpublish().await.expect("unpublished");
-    assert!(kiln_agent::csi::mount::at(&target).expect("mountinfo").is_none());
+    assert!(
+        kiln_agent::csi::mount::at(&target)
+            .expect("mountinfo")
+            .is_none()
+    );
 
     // The cached bytes changed: HashMismatch, nothing mounted, nothing left.
-    let cached = p.config.cache.join("artifacts").join(&p.digest).join("artifact");
+    let cached = p
+        .config
+        .cache
+        .join("artifacts")
+        .join(&p.digest)
+        .join("artifact");
     std::fs::write(&cached, b"the compiled engin3").expect("flip");
     let e = p.publish(p.publish_request()).await.expect_err("corrupt");
     assert_eq!(e.code(), Code::FailedPrecondition);
     assert!(e.message().starts_with("HashMismatch"), "{}", e.message());
-    assert!(kiln_agent::csi::mount::at(&target).expect("mountinfo").is_none());
+    assert!(
+        kiln_agent::csi::mount::at(&target)
+            .expect("mountinfo")
+            .is_none()
+    );
     assert!(!p.published().exists());
     p.stop().await.expect("clean stop");
 }

@@ -9,13 +9,17 @@ use std::process::ExitCode;
 #[derive(clap::Args)]
 pub struct Args {
     /// The CSI socket this process listens on (`unix://PATH`, or a path).
-    #[arg(long, env = "KILN_CSI_ENDPOINT", default_value = "unix:///csi/csi.sock")]
+    #[arg(
+        long,
+        env = "KILN_CSI_ENDPOINT",
+        default_value = "unix:///csi/csi.sock"
+    )]
     endpoint: String,
     /// The same socket as the kubelet sees it, handed over at registration (default: the
     /// endpoint's path; the chart mounts the kubelet's `plugins/csi.kiln.dev/` at `/csi`).
     #[arg(long, env = "KILN_CSI_KUBELET_ENDPOINT")]
     kubelet_endpoint: Option<PathBuf>,
-    /// The kubelet's plugin registration directory, where `csi.kiln.dev-reg.sock` is served.
+    /// The kubelet's plugin registration directory, where `csi.kiln.dev@reg.sock` is served.
     #[arg(
         long,
         env = "KILN_CSI_REGISTRATION_DIR",
@@ -37,7 +41,11 @@ pub struct Args {
 /// Serves until SIGTERM; exits non-zero when it cannot start or the kubelet refuses the
 /// registration (the container restarts and registers again).
 pub fn main(args: Args) -> ExitCode {
-    let endpoint = match args.endpoint.strip_prefix("unix://").unwrap_or(&args.endpoint) {
+    let endpoint = match args
+        .endpoint
+        .strip_prefix("unix://")
+        .unwrap_or(&args.endpoint)
+    {
         p if p.starts_with('/') => PathBuf::from(p),
         _ => {
             tracing::error!(endpoint = %args.endpoint, "--endpoint must be unix:///ABSOLUTE/PATH");

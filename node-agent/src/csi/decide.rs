@@ -147,7 +147,10 @@ mod tests {
     #[test]
     fn only_a_ready_or_degraded_row_mounts_and_by_its_digest() {
         for phase in [NodePhase::Ready, NodePhase::Degraded] {
-            let rows = [row("other", NodePhase::Ready, Some("d0")), row("m", phase, Some("d3"))];
+            let rows = [
+                row("other", NodePhase::Ready, Some("d0")),
+                row("m", phase, Some("d3")),
+            ];
             let v = decide("n1", "serving", "m", Some(&rows[..]));
             assert_eq!(
                 v,
@@ -187,7 +190,8 @@ mod tests {
         let r = refusal(decide("n1", "serving", "m", Some(&[failed][..])));
         assert_eq!(r.reason, "Failed");
         assert!(
-            r.message.contains("is Failed on node n1 (revision 3): ParityExceeded: output y off"),
+            r.message
+                .contains("is Failed on node n1 (revision 3): ParityExceeded: output y off"),
             "{}",
             r.message
         );

@@ -146,19 +146,24 @@ pub fn build(
     s: &Serving,
     node: &str,
 ) -> Result<BuildManifest, BuildError> {
-    let result = build_in(dir, src, p, s, node);
+    let result = build_in(
+        dir,
+        src,
+        |manifest, fixture| info(p, s, manifest, fixture, node),
+        s,
+    );
     if result.is_err() {
         let _ = remove(dir);
     }
     result
 }
 
+/// [`build`]'s steps; `describe` makes `kiln.json` from the manifest and the fixture's sha256.
 fn build_in(
     dir: &Path,
     src: &Sources,
-    p: &Publish,
+    describe: impl FnOnce(&BuildManifest, Option<&str>) -> VolumeInfo,
     s: &Serving,
-    node: &str,
 ) -> Result<BuildManifest, BuildError> {
     let fs_err = |what: &Path| {
         let what = what.display().to_string();
@@ -202,7 +207,7 @@ fn build_in(
         None => None,
     };
     verify(&artifact, &s.digest, manifest.artifact_size)?;
-    let info = info(p, s, &manifest, fixture.as_deref(), node);
+    let info = describe(&manifest, fixture.as_deref());
     let json = serde_json::to_vec_pretty(&info).map_err(|e| BuildError::Io(e.to_string()))?;
     write_read_only(&dir.join(INFO), &json).map_err(fs_err(dir))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555)).map_err(fs_err(dir))?;
@@ -352,7 +357,10 @@ mod tests {
         build(&dir, &src, &publish(), &serving(&digest), "n1").expect("built");
         let ino = |p: &Path| std::fs::metadata(p).expect("meta").ino();
         assert_eq!(ino(&dir.join(ARTIFACT)), ino(&src.artifact), "a hard link");
-        assert_eq!(std::fs::read(dir.join(FIXTURE)).expect("fixture"), b"fixture bytes");
+        assert_eq!(
+            std::fs::read(dir.join(FIXTURE)).expect("fixture"),
+            b"fixture bytes"
+        );
         let info: VolumeInfo =
             serde_json::from_slice(&std::fs::read(dir.join(INFO)).expect("kiln.json"))
                 .expect("parse");
@@ -362,7 +370,10 @@ mod tests {
         assert_eq!(mode(&dir.join(ARTIFACT)), 0o444);
         // The cache evicts its copy: the volume's bytes stay.
         std::fs::remove_dir_all(src.artifact.parent().expect("dir")).expect("evict");
-        assert_eq!(std::fs::read(dir.join(ARTIFACT)).expect("read"), b"engine bytes");
+        assert_eq!(
+            std::fs::read(dir.join(ARTIFACT)).expect("read"),
+            b"engine bytes"
+        );
         remove(&dir).expect("remove");
         assert!(!dir.exists());
         remove(&dir).expect("gone is success");

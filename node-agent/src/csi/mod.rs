@@ -7,7 +7,7 @@
 //!
 //! Two gRPC servers on unix sockets: the CSI Identity and Node services at `--endpoint`
 //! ([`identity`], [`node`]), and the kubelet's plugin registration API at
-//! `<registration dir>/csi.kiln.dev-reg.sock` ([`identity::Registration`]). The decisions are
+//! `<registration dir>/csi.kiln.dev@reg.sock` ([`identity::Registration`], [`Config::registration_socket`]). The decisions are
 //! pure modules: the request ([`request`]), the row ([`decide`]), the volume's layout and
 //! `kiln.json` ([`layout`]); the syscalls are in [`mount`].
 
@@ -44,9 +44,15 @@ pub struct Config {
 }
 
 impl Config {
-    /// The registration socket.
+    /// The registration socket, `csi.kiln.dev@reg.sock` (not the usual `-reg.sock`): the
+    /// kubelet's registration client (Kubernetes 1.34, grpc-go 1.72) dials it with no authority
+    /// override, so grpc-go sends the socket's path, percent-encoded, as `:authority`, which h2
+    /// (tonic's HTTP/2) refuses as malformed (`PROTOCOL_ERROR`): percent-encoding is allowed only
+    /// in an authority's userinfo. With an `@` in the name, everything before it is userinfo and
+    /// `reg.sock` the host, so the request is accepted. (The kubelet's CSI client sets the
+    /// authority `localhost`; the CSI socket needs nothing.)
     pub fn registration_socket(&self) -> PathBuf {
-        self.registration_dir.join(format!("{DRIVER}-reg.sock"))
+        self.registration_dir.join(format!("{DRIVER}@reg.sock"))
     }
 }
 
@@ -64,9 +70,16 @@ pub async fn serve<R: node::Rows>(
     let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let node = node::Node::new(config.node.clone(), &config.cache, &config.kubelet_dir, rows);
+    let node = node::Node::new(
+        config.node.clone(),
+        &config.cache,
+        &config.kubelet_dir,
+        rows,
+    );
     let csi_server = tonic::transport::Server::builder()
-        .add_service(proto::csi::identity_server::IdentityServer::new(identity::Identity))
+        .add_service(proto::csi::identity_server::IdentityServer::new(
+            identity::Identity,
+        ))
         .add_service(proto::csi::node_server::NodeServer::new(node))
         .serve_with_incoming_shutdown(UnixListenerStream::new(csi), until(stopped.clone()));
     let registration = identity::Registration {
@@ -74,9 +87,9 @@ pub async fn serve<R: node::Rows>(
         failed,
     };
     let reg_server = tonic::transport::Server::builder()
-        .add_service(proto::registration::registration_server::RegistrationServer::new(
-            registration,
-        ))
+        .add_service(
+            proto::registration::registration_server::RegistrationServer::new(registration),
+        )
         .serve_with_incoming_shutdown(UnixListenerStream::new(reg), until(stopped));
     tracing::info!(driver = DRIVER, endpoint = %config.endpoint.display(), registration = %config.registration_socket().display(), node = %config.node, "serving");
     let servers = async { tokio::try_join!(csi_server, reg_server) };

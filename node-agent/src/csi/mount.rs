@@ -34,7 +34,7 @@ pub fn parse(mountinfo: &str, target: &Path) -> Option<Mounted> {
                 read_only: options.split(',').any(|o| o == "ro"),
             })
         })
-        .last()
+        .next_back()
 }
 
 fn unescape(s: &str) -> String {
@@ -42,7 +42,9 @@ fn unescape(s: &str) -> String {
     let mut rest = s;
     while let Some(i) = rest.find('\\') {
         out.push_str(&rest[..i]);
-        let code = rest.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(o, 8).ok());
+        let code = rest
+            .get(i + 1..i + 4)
+            .and_then(|o| u8::from_str_radix(o, 8).ok());
         match code {
             Some(c) => {
                 out.push(char::from(c));

@@ -58,16 +58,20 @@ pub fn publish(req: &NodePublishVolumeRequest, pods: &Path) -> Result<Publish, S
     match capability.access_type {
         Some(AccessType::Mount(_)) => {}
         Some(AccessType::Block(_)) => {
-            return Err("csi.kiln.dev serves a read-only directory, not a block device: use \
+            return Err(
+                "csi.kiln.dev serves a read-only directory, not a block device: use \
                  a filesystem volume (volumeMode Filesystem)"
-                .into());
+                    .into(),
+            );
         }
         None => return Err("volume_capability has no access type: want mount".into()),
     }
     if !req.readonly {
-        return Err("csi.kiln.dev volumes are read-only: set readOnly: true on the pod's \
+        return Err(
+            "csi.kiln.dev volumes are read-only: set readOnly: true on the pod's \
              csi volume (volumes[].csi.readOnly)"
-            .into());
+                .into(),
+        );
     }
     let ctx = &req.volume_context;
     if ctx.get(EPHEMERAL).map(String::as_str) != Some("true") {
@@ -76,14 +80,15 @@ pub fn publish(req: &NodePublishVolumeRequest, pods: &Path) -> Result<Publish, S
              PersistentVolumes: {EPHEMERAL} is not \"true\""
         ));
     }
-    let pod_info = |key: &str| {
-        ctx.get(key).filter(|v| !v.is_empty()).cloned().ok_or_else(|| {
+    let pod_info =
+        |key: &str| {
+            ctx.get(key).filter(|v| !v.is_empty()).cloned().ok_or_else(|| {
             format!(
                 "{key} is missing: the CSIDriver csi.kiln.dev must set podInfoOnMount: true \
                  (the chart does)"
             )
         })
-    };
+        };
     let (namespace, pod, pod_uid) = (
         pod_info(POD_NAMESPACE)?,
         pod_info(POD_NAME)?,
@@ -112,7 +117,9 @@ pub fn publish(req: &NodePublishVolumeRequest, pods: &Path) -> Result<Publish, S
         ));
     }
     if !is_dns1123_label(&namespace) {
-        return Err(format!("{POD_NAMESPACE} {namespace:?} is not a namespace name"));
+        return Err(format!(
+            "{POD_NAMESPACE} {namespace:?} is not a namespace name"
+        ));
     }
     Ok(Publish {
         volume_id,
@@ -147,13 +154,16 @@ pub fn volume_id(id: &str) -> Result<String, String> {
 
 fn target_path(path: &str, pods: &Path) -> Result<PathBuf, String> {
     let p = Path::new(path);
+    // Written as it resolves: no '..', and no '.', '//' or trailing '/' that `components` would
+    // hide (mountinfo names the path plainly, and the idempotence check compares with it).
     let plain = p.is_absolute()
         && p.components()
-            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        && p.components().collect::<PathBuf>().as_os_str() == p.as_os_str();
     if !plain || !p.starts_with(pods) || p == pods {
         return Err(format!(
-            "target_path {path:?} is not an absolute path without '..' under the kubelet's pods \
-             directory {} (set --kubelet-dir to the kubelet's --root-dir)",
+            "target_path {path:?} is not a plain absolute path (no '.', '..' or '//') under the \
+             kubelet's pods directory {} (set --kubelet-dir to the kubelet's --root-dir)",
             pods.display()
         ));
     }
@@ -180,8 +190,7 @@ mod tests {
     use crate::csi::proto::csi::{VolumeCapability, volume_capability};
 
     const PODS: &str = "/var/lib/kubelet/pods";
-    const TARGET_PATH: &str =
-        "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~csi/model/mount";
+    const TARGET_PATH: &str = "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~csi/model/mount";
 
     fn good() -> NodePublishVolumeRequest {
         NodePublishVolumeRequest {
@@ -249,18 +258,33 @@ mod tests {
         let typo = refused(|r| {
             r.volume_context.insert("traget".into(), "x".into());
         });
-        assert!(typo.contains("unknown volumeAttributes key \"traget\""), "{typo}");
+        assert!(
+            typo.contains("unknown volumeAttributes key \"traget\""),
+            "{typo}"
+        );
         for bad in ["", "Squeeze", "a/b", "../x", "-a", "a..b", &"a".repeat(254)] {
             let msg = refused(|r| {
                 r.volume_context.insert(TARGET.into(), bad.into());
             });
-            assert!(msg.contains("is not a CompiledTarget name"), "{bad:?}: {msg}");
+            assert!(
+                msg.contains("is not a CompiledTarget name"),
+                "{bad:?}: {msg}"
+            );
         }
     }
 
     #[test]
     fn volume_ids_and_target_paths_cannot_leave_their_directories() {
-        for bad in ["", ".", "..", "../x", "a/b", ".hidden", "a b", &"a".repeat(129)] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "a/b",
+            ".hidden",
+            "a b",
+            &"a".repeat(129),
+        ] {
             let msg = refused(|r| r.volume_id = bad.into());
             assert!(msg.contains("volume_id"), "{bad:?}: {msg}");
         }
@@ -270,6 +294,8 @@ mod tests {
             "/var/lib/kubelet/pods",
             "/var/lib/kubelet/pods/../../../etc",
             "/var/lib/kubelet/pods/uid/./mount",
+            "/var/lib/kubelet/pods//uid/mount",
+            "/var/lib/kubelet/pods/uid/mount/",
             "/var/lib/kubelet/podsx/uid",
         ] {
             let msg = refused(|r| r.target_path = bad.into());
