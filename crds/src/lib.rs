@@ -17,6 +17,7 @@ pub mod labels;
 pub mod llamacpp;
 pub mod manifest;
 pub mod model_artifact;
+pub mod mounted;
 pub mod placement;
 pub mod reason;
 mod schema;

@@ -147,8 +147,8 @@ files=$(in_pod ls /model | sort | tr '\n' ' ')
 [[ $(in_pod sha256sum /model/artifact | cut -d' ' -f1) == "$DIGEST" ]] || die "sha256sum artifact is not the row's $DIGEST"
 info=$(in_pod cat /model/kiln.json)
 jq -e --arg d "$DIGEST" --argjson r "$(jq .revision <<<"$ROW")" --arg n "$REAL" --arg ns "$SERVE" --arg t "$TARGET" \
-  '.digest == $d and .revision == $r and .node == $n and .namespace == $ns and .target == $t and .phase == "Ready"
-   and .pod.name == "serve" and (.fixture.sha256 | length) == 64' <<<"$info" >/dev/null || die "kiln.json: $info"
+  '.digest == $d and .revision == $r and .node == $n and .namespace == $ns and .target == $t
+   and .pod == $ns + "/serve" and (.fixture | length) == 64' <<<"$info" >/dev/null || die "kiln.json: $info"
 fixture_sha=$(kubectl -n "$SERVE" get modelartifact squeezenet -o jsonpath='{.spec.fixtures[0].sha256}')
 [[ $(in_pod sha256sum /model/fixture.safetensors | cut -d' ' -f1) == "$fixture_sha" ]] || die "fixture is not $fixture_sha"
 written=$(in_pod sh -c 'echo x > /model/x; echo x >> /model/artifact' 2>&1 || true)

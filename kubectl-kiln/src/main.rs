@@ -5,13 +5,14 @@
 
 mod render;
 mod report;
+mod serving;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::{CompiledTarget, KilnNode};
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -102,11 +103,11 @@ enum Command {
         /// CompiledTarget name.
         target: String,
     },
-    /// Why a node (KilnNode name) or a CompiledTarget is not ready: reason, message, the failing
-    /// step, the last Events. `node/NAME` or `target/NAME` picks the kind; a bare name is
-    /// looked up as a node first.
+    /// Why a node (KilnNode name), a CompiledTarget or a serving pod is not ready: reason,
+    /// message, the failing step, the last Events. `node/NAME`, `target/NAME` or `pod/NAME`
+    /// picks the kind; a bare name is looked up as a node first, then as a target.
     Why {
-        /// NODE, TARGET, node/NODE or target/TARGET.
+        /// NODE, TARGET, node/NODE, target/TARGET or pod/POD.
         name: String,
     },
 }
@@ -219,12 +220,33 @@ fn ready_code(ready: bool) -> ExitCode {
     }
 }
 
-/// `status`: classes x nodes x revision; exit 1 when not Ready.
+/// `status`: classes x nodes x revision, and the target's serving pods; exit 1 when not Ready.
 async fn status(s: &Session, target: &str) -> anyhow::Result<ExitCode> {
     let t = s.target(target).await?;
-    let status = report::status(&t, &s.nodes().await?);
-    print(s.output, &status, render::status)?;
-    Ok(ready_code(status.ready))
+    let nodes = s.nodes().await?;
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let pods = pods.list(&ListParams::default()).await?.items;
+    let status = StatusWithPods {
+        serving_pods: serving::serving_pods(&s.ns, target, &pods, &nodes),
+        status: report::status(&t, &nodes),
+    };
+    print(s.output, &status, |w| {
+        format!(
+            "{}{}",
+            render::status(&w.status),
+            serving::render(&w.serving_pods)
+        )
+    })?;
+    Ok(ready_code(status.status.ready))
+}
+
+/// `status`'s report: the target's, and its serving pods.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusWithPods {
+    #[serde(flatten)]
+    status: report::Status,
+    serving_pods: Vec<serving::ServingPod>,
 }
 
 /// `history`: revisions, newest first.
@@ -300,7 +322,8 @@ async fn why(s: &Session, name: &str) -> anyhow::Result<ExitCode> {
     let (kind, name) = match name.split_once('/') {
         Some(("node" | "nodes" | "kilnnode" | "kilnnodes", n)) => (Some("node"), n),
         Some(("target" | "compiledtarget" | "compiledtargets", n)) => (Some("target"), n),
-        Some((other, _)) => anyhow::bail!("{other}/: use node/NAME or target/NAME"),
+        Some(("pod" | "pods", n)) => return why_pod(s, n).await,
+        Some((other, _)) => anyhow::bail!("{other}/: use node/NAME, target/NAME or pod/NAME"),
         None => (None, name),
     };
     let node = match kind {
@@ -309,7 +332,7 @@ async fn why(s: &Session, name: &str) -> anyhow::Result<ExitCode> {
     };
     let why = match (node, kind) {
         (Some(node), _) => {
-            let events = events(&s.client, None, name).await?;
+            let events = events(&s.client, None, None, name).await?;
             report::why_node(&node, events)
         }
         (None, Some("node")) => {
@@ -317,10 +340,24 @@ async fn why(s: &Session, name: &str) -> anyhow::Result<ExitCode> {
         }
         (None, _) => {
             let t = s.target(name).await?;
-            let events = events(&s.client, Some(&s.ns), name).await?;
+            let events = events(&s.client, Some(&s.ns), Some("CompiledTarget"), name).await?;
             report::why_target(&t, &s.nodes().await?, events)
         }
     };
+    print(s.output, &why, render::why)?;
+    Ok(ready_code(why.ready))
+}
+
+/// `why pod/NAME`: a serving pod of the namespace, with its last Events (a refused mount among
+/// them); exit 1 when not Ready.
+async fn why_pod(s: &Session, name: &str) -> anyhow::Result<ExitCode> {
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let pod = pods
+        .get_opt(name)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no pod {name} in namespace {} (-n picks another)", s.ns))?;
+    let events = events(&s.client, Some(&s.ns), Some("Pod"), name).await?;
+    let why = serving::why_pod(&pod, &s.nodes().await?, events);
     print(s.output, &why, render::why)?;
     Ok(ready_code(why.ready))
 }
@@ -366,16 +403,19 @@ async fn pin(
 
 /// The newest Events about `name` (a CompiledTarget in `ns`, or with `ns` None a node), newest
 /// first.
-async fn events(client: &Client, ns: Option<&str>, name: &str) -> anyhow::Result<Vec<EventLine>> {
+async fn events(
+    client: &Client,
+    ns: Option<&str>,
+    kind: Option<&str>,
+    name: &str,
+) -> anyhow::Result<Vec<EventLine>> {
     let api: Api<Event> = match ns {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let kind = if ns.is_some() {
-        ",involvedObject.kind=CompiledTarget"
-    } else {
-        ""
-    };
+    let kind = kind
+        .map(|k| format!(",involvedObject.kind={k}"))
+        .unwrap_or_default();
     let list = api
         .list(&ListParams::default().fields(&format!("involvedObject.name={name}{kind}")))
         .await?;

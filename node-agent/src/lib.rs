@@ -33,8 +33,11 @@ pub mod error;
 pub mod golden;
 pub mod host;
 pub mod metrics;
+pub mod oip;
 pub mod pipeline;
 pub mod secrets;
+pub mod server;
+pub mod warmer;
 
 /// What unit tests of several modules share.
 #[cfg(test)]

@@ -65,6 +65,9 @@ enum Command {
     /// Write a fresh ECDSA P-256 key pair for artifact attestations into DIR: `signing.key`
     /// (the compile Jobs' Secret) and `signing.pub` (operator, agents, `--trust-key`).
     Keygen(cmd::keygen::Args),
+    /// Serve the model of a csi.kiln.dev volume over the Open Inference Protocol v2 (REST), with
+    /// the engine and settings the node's agent verified and warmed.
+    Serve(cmd::serve::Args),
     /// Print this machine's hardware facts and class labels as JSON.
     Probe,
     /// Measure a verified pull of a large artifact from a local docker-registry into a cache
@@ -135,6 +138,7 @@ fn main() -> ExitCode {
         Command::Compile(args) => cmd::compile::main(args),
         Command::Install(args) => cmd::install::main(args),
         Command::Keygen(args) => cmd::keygen::main(args),
+        Command::Serve(args) => cmd::serve::main(args),
         Command::Probe => cmd::probe::main(),
         Command::BenchPull(args) => cmd::bench_pull::main(args),
         Command::BenchVerify(args) => cmd::bench_verify::main(args),

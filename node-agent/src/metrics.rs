@@ -30,6 +30,14 @@ impl ReasonLabel {
     }
 }
 
+/// The outcome of a check of a serving pod: `warm` or the gate's reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `warm`, `ServingUnreachable`, `ServingMalformed`, `ServingMismatch`,
+    /// `ServingParityExceeded`.
+    pub result: String,
+}
+
 /// Backend and result of a compile.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CompileLabels {
@@ -144,6 +152,8 @@ struct Inner {
     decode_tokens_per_second: Family<TargetLabels, Gauge<f64, AtomicU64>>,
     served_revision: Family<TargetLabels, Gauge>,
     served_engine: Family<EngineLabels, Gauge>,
+    serving_checks: Family<ResultLabel, Counter>,
+    serving_first_request_ratio: Family<TargetLabels, Gauge<f64, AtomicU64>>,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -189,6 +199,8 @@ impl Inner {
             decode_tokens_per_second: Family::default(),
             served_revision: Family::default(),
             served_engine: Family::default(),
+            serving_checks: Family::default(),
+            serving_first_request_ratio: Family::default(),
         }
     }
 
@@ -469,6 +481,23 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a finished check of a serving pod through its endpoint; a warm one sets the
+    /// target's first-request-after-warm to p50 ratio through the server.
+    pub fn serving_check(&self, labels: &TargetLabels, result: &str, first_to_p50: Option<f64>) {
+        self.inner
+            .serving_checks
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+        if let Some(ratio) = first_to_p50 {
+            self.inner
+                .serving_first_request_ratio
+                .get_or_create(labels)
+                .set(ratio);
+        }
+    }
+
     /// Records the time from first seeing a revision to serving it.
     pub fn revision_ready(&self, seconds: f64) {
         self.inner.revision_ready_seconds.observe(seconds);
@@ -589,6 +618,16 @@ fn register_rollout(r: &mut Registry, inner: &Inner) {
         "fallbacks",
         "Fallbacks taken after the asked-for artifact failed, by reason and policy",
         inner.fallbacks.clone(),
+    );
+    r.register(
+        "serving_checks",
+        "Checks of serving pods through their own endpoint (fixture samples, parity), by result",
+        inner.serving_checks.clone(),
+    );
+    r.register(
+        "serving_first_request_ratio",
+        "The first request through a serving pod's server after it was warmed, over the p50 through it",
+        inner.serving_first_request_ratio.clone(),
     );
     r.register(
         "fail_closed",

@@ -15,6 +15,7 @@ pub mod keygen;
 pub mod local;
 pub mod probe;
 pub mod run;
+pub mod serve;
 
 /// The multi-threaded runtime the pipeline runs on; says why on stderr when it cannot start.
 pub(crate) fn runtime() -> Option<tokio::runtime::Runtime> {

@@ -7,7 +7,7 @@
 //! | `artifact` | the compiled artifact, a hard link to the cached file (same inode: eviction or a newer revision never changes it under a running pod), re-hashed against the row's digest before the mount |
 //! | `manifest.json` | its build manifest (engine, provider settings, precision, profiles), a copy |
 //! | `fixture.safetensors` | the fixture the node's warmup passed with, a hard link to its blob, re-hashed; absent when the pass recorded none |
-//! | `kiln.json` | [`VolumeInfo`]: target, namespace, revision, class, digest, engine, media type, fixture, node, pod; written last |
+//! | `kiln.json` | `kiln_crds::mounted::MountedModel` (the contract with servers): target, namespace, revision, class, digest, engine, media type, fixture, node, pod; written last |
 //!
 //! Files are mode 0444 (the artifact's inode too, which the cache shares: the pod's user, not
 //! root, must read it), the directory 0555; the mount is read-only besides.
@@ -18,100 +18,32 @@ use std::path::{Path, PathBuf};
 
 use kiln_crds::BuildManifest;
 use kiln_store::staged::sha256_file;
-use serde::{Deserialize, Serialize};
 
 use super::decide::Serving;
 use super::request::Publish;
 
-/// The artifact's name in the volume.
-pub const ARTIFACT: &str = "artifact";
-/// The build manifest's name in the volume.
-pub const MANIFEST: &str = "manifest.json";
-/// The fixture's name in the volume.
-pub const FIXTURE: &str = "fixture.safetensors";
-/// The description's name in the volume.
-pub const INFO: &str = "kiln.json";
-/// The version of this layout, `layout` in `kiln.json`.
-pub const LAYOUT_VERSION: u32 = 1;
+pub use kiln_crds::mounted::{ARTIFACT, FIXTURE, KILN_JSON as INFO, MANIFEST, MountedModel};
 
-/// `kiln.json`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeInfo {
-    /// [`LAYOUT_VERSION`].
-    pub layout: u32,
-    /// The CompiledTarget's name.
-    pub target: String,
-    /// Its namespace (the pod's).
-    pub namespace: String,
-    /// The revision mounted.
-    pub revision: i64,
-    /// The class whose artifact it is.
-    pub class: String,
-    /// The node row's phase when mounted: `Ready`, or `Degraded` (a fallback serves).
-    pub phase: String,
-    /// sha256 of `artifact`.
-    pub digest: String,
-    /// The engine that runs it (`tract`, `onnxruntime/cpu`, `llamacpp`, …), from its manifest.
-    pub engine: String,
-    /// The artifact's media type, from its manifest.
-    pub media_type: String,
-    /// The fixture beside it, when the node's pass recorded one.
-    pub fixture: Option<FixtureInfo>,
-    /// The node it was verified on.
-    pub node: String,
-    /// The pod it is mounted into.
-    pub pod: PodInfo,
-}
-
-/// The fixture file of a volume.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FixtureInfo {
-    /// Its name in the volume ([`FIXTURE`]).
-    pub file: String,
-    /// Its sha256.
-    pub sha256: String,
-}
-
-/// The pod a volume is mounted into.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PodInfo {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// uid.
-    pub uid: String,
-}
-
-/// `kiln.json` for a volume (pure).
+/// `kiln.json` for a volume (pure): the row's revision, class, digest and engine (the manifest's
+/// when the row names none), the pod it is mounted for.
 pub fn info(
     p: &Publish,
     s: &Serving,
     manifest: &BuildManifest,
     fixture: Option<&str>,
     node: &str,
-) -> VolumeInfo {
-    VolumeInfo {
-        layout: LAYOUT_VERSION,
-        target: p.target.clone(),
+) -> MountedModel {
+    MountedModel {
         namespace: p.namespace.clone(),
+        target: p.target.clone(),
         revision: s.revision,
         class: s.class.clone(),
-        phase: s.phase.as_str().to_string(),
         digest: s.digest.clone(),
-        engine: manifest.engine(),
+        engine: Some(s.engine.clone().unwrap_or_else(|| manifest.engine())),
         media_type: manifest.media_type.clone(),
-        fixture: fixture.map(|sha256| FixtureInfo {
-            file: FIXTURE.into(),
-            sha256: sha256.to_string(),
-        }),
+        fixture: fixture.map(str::to_string),
         node: node.to_string(),
-        pod: PodInfo {
-            namespace: p.namespace.clone(),
-            name: p.pod.clone(),
-            uid: p.pod_uid.clone(),
-        },
+        pod: format!("{}/{}", p.namespace, p.pod),
     }
 }
 
@@ -162,7 +94,7 @@ pub fn build(
 fn build_in(
     dir: &Path,
     src: &Sources,
-    describe: impl FnOnce(&BuildManifest, Option<&str>) -> VolumeInfo,
+    describe: impl FnOnce(&BuildManifest, Option<&str>) -> MountedModel,
     s: &Serving,
 ) -> Result<BuildManifest, BuildError> {
     let fs_err = |what: &Path| {
@@ -332,16 +264,22 @@ mod tests {
             "backend": "onnxruntime", "backendOptions": {"executionProvider": "cpu"},
             "mediaType": "application/vnd.kiln.ort"
         }));
-        let info = info(&publish(), &serving("d3"), &m, Some("f1"), "n1");
+        let mut s = serving(&"d".repeat(64));
+        s.engine = None;
+        let info = info(&publish(), &s, &m, Some(&"f".repeat(64)), "n1");
         assert_eq!(
             serde_json::to_value(&info).expect("json"),
             serde_json::json!({
-                "layout": 1, "target": "squeezenet", "namespace": "serving", "revision": 3,
-                "class": "cpu-x86", "phase": "Ready", "digest": "d3",
-                "engine": "onnxruntime/cpu", "mediaType": "application/vnd.kiln.ort",
-                "fixture": {"file": "fixture.safetensors", "sha256": "f1"}, "node": "n1",
-                "pod": {"namespace": "serving", "name": "web-0", "uid": "u"}
+                "namespace": "serving", "target": "squeezenet", "revision": 3,
+                "class": "cpu-x86", "digest": "d".repeat(64), "engine": "onnxruntime/cpu",
+                "mediaType": "application/vnd.kiln.ort", "fixture": "f".repeat(64),
+                "node": "n1", "pod": "serving/web-0"
             })
+        );
+        let bytes = serde_json::to_vec(&info).expect("json");
+        assert_eq!(
+            MountedModel::parse(&bytes).expect("what servers read"),
+            info
         );
     }
 
@@ -361,9 +299,8 @@ mod tests {
             std::fs::read(dir.join(FIXTURE)).expect("fixture"),
             b"fixture bytes"
         );
-        let info: VolumeInfo =
-            serde_json::from_slice(&std::fs::read(dir.join(INFO)).expect("kiln.json"))
-                .expect("parse");
+        let info =
+            MountedModel::parse(&std::fs::read(dir.join(INFO)).expect("kiln.json")).expect("parse");
         assert_eq!((info.digest.as_str(), info.revision), (digest.as_str(), 3));
         let mode = |p: &Path| std::fs::metadata(p).expect("meta").mode() & 0o777;
         assert_eq!(mode(&dir), 0o555);

@@ -28,7 +28,7 @@ use super::deadline::within;
 use super::decide::pick::{Next, Pick, after_failure, alternates, wanted};
 use super::decide::rows::{self, Fallback, Prepared, serves};
 use super::decide::{Action, Attempt, State, TargetKey, next_action};
-use super::{gate, target, writes};
+use super::{target, writes};
 use crate::backend;
 use crate::cache::{Cache, KnownGood};
 use crate::error::{Error, Result};
@@ -78,6 +78,9 @@ pub struct Agent {
     /// The verified build manifest of the artifact each target last pulled: where
     /// `fallback.policy: NextCandidate` finds the other engine candidates when it fails.
     pub pulled: BTreeMap<TargetKey, kiln_crds::BuildManifest>,
+    /// Serving pods: the fixture each target's served pass used, the checks through their
+    /// endpoints, and how a finished check wakes the pass loop (`pods.rs`).
+    pub serving: super::serving::Serving,
 }
 
 fn now() -> Time {
@@ -358,6 +361,13 @@ impl Agent {
             crate::pipeline::build::fetch_fixture(&spec, &self.fetcher),
         )
         .await?;
+        self.serving.fixtures.insert(
+            key.clone(),
+            FixtureRef {
+                path: fixture.path.clone(),
+                sha256: fixture.sha256.clone(),
+            },
+        );
         let job = LoadWarm {
             backend: t.spec.backend.clone(),
             manifest: pulled.manifest.clone(),
@@ -553,28 +563,6 @@ impl Agent {
             }
         }
         self.gates(&rows).await;
-    }
-
-    async fn gates(&self, rows: &BTreeMap<TargetKey, NodeTargetStatus>) {
-        for pod in self.pods.state() {
-            let Some(want) = gate::desired(&pod, rows) else {
-                continue;
-            };
-            if !gate::differs(&pod, &want) {
-                continue;
-            }
-            let ns = pod.namespace().unwrap_or_default();
-            let transition = gate::transition_time(&pod, &want, now());
-            let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
-            match writes::patch_gate(&api, &pod.name_any(), &want, transition).await {
-                Ok(()) => {
-                    tracing::info!(pod = %format!("{ns}/{}", pod.name_any()), status = want.status, reason = %want.reason, "set kiln.dev/warm")
-                }
-                Err(e) => {
-                    tracing::warn!(pod = %format!("{ns}/{}", pod.name_any()), error = %e, "cannot set kiln.dev/warm")
-                }
-            }
-        }
     }
 }
 

@@ -8,6 +8,8 @@ pub mod agent;
 pub mod deadline;
 pub mod decide;
 pub mod gate;
+pub mod pods;
+pub mod serving;
 pub mod target;
 pub mod writes;
 
@@ -105,6 +107,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         states: BTreeMap::new(),
         published: None,
         pulled: BTreeMap::new(),
+        serving: serving::Serving::new(changed.clone()),
     };
     resume(&mut agent, &kiln_nodes, &config.node_name).await?;
     agent.publish().await;

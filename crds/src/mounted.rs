@@ -1,0 +1,113 @@
+//! What a serving pod's `csi.kiln.dev` volume holds: the layout the node plugin writes and
+//! `kiln-agent serve` (or any other server) reads. The contract between the two, so it lives
+//! here, below both. Pure.
+//!
+//! ```text
+//! <mount>/
+//!   artifact             the engine, byte for byte the digest the node's agent verified
+//!   manifest.json        its build manifest (engine, provider settings, precision, profiles)
+//!   fixture.safetensors  the warmup fixture the node's pass used (absent when none is recorded)
+//!   kiln.json            this file's `MountedModel`: target, revision, class, digest, engine
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+/// The engine file.
+pub const ARTIFACT: &str = "artifact";
+/// The build manifest.
+pub const MANIFEST: &str = "manifest.json";
+/// The warmup fixture.
+pub const FIXTURE: &str = "fixture.safetensors";
+/// [`MountedModel`] as JSON.
+pub const KILN_JSON: &str = "kiln.json";
+
+/// `kiln.json`: what the volume serves and for whom.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MountedModel {
+    /// The CompiledTarget's namespace (the pod's).
+    pub namespace: String,
+    /// The CompiledTarget's name.
+    pub target: String,
+    /// The revision the node's row serves.
+    pub revision: i64,
+    /// The node class whose artifact it is.
+    pub class: String,
+    /// sha256 of `artifact`, bare hex.
+    pub digest: String,
+    /// The engine (`tract`, `onnxruntime/cpu`, `llamacpp`: the KilnNode row's `engine`).
+    pub engine: Option<String>,
+    /// The artifact's media type.
+    pub media_type: String,
+    /// sha256 of `fixture.safetensors`, bare hex, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fixture: Option<String>,
+    /// The node that verified it.
+    pub node: String,
+    /// The pod it was mounted for (`namespace/name`).
+    pub pod: String,
+}
+
+impl MountedModel {
+    /// Parses `kiln.json`, every field checked: names non-empty, digests 64 hex characters.
+    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
+        let m: Self = serde_json::from_slice(bytes).map_err(|e| format!("{KILN_JSON}: {e}"))?;
+        let hex = |d: &str| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit());
+        if m.target.is_empty() || m.namespace.is_empty() {
+            return Err(format!("{KILN_JSON} names no target"));
+        }
+        if !hex(&m.digest) {
+            return Err(format!(
+                "{KILN_JSON}: digest {:?} is not 64 hex characters",
+                m.digest
+            ));
+        }
+        if let Some(f) = &m.fixture
+            && !hex(f)
+        {
+            return Err(format!(
+                "{KILN_JSON}: fixture digest {f:?} is not 64 hex characters"
+            ));
+        }
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model() -> MountedModel {
+        MountedModel {
+            namespace: "ns".into(),
+            target: "sq".into(),
+            revision: 3,
+            class: "cpu-x86-64-v3".into(),
+            digest: "ab".repeat(32),
+            engine: Some("onnxruntime/cpu".into()),
+            media_type: "application/x-onnx".into(),
+            fixture: Some("cd".repeat(32)),
+            node: "n1".into(),
+            pod: "ns/server-0".into(),
+        }
+    }
+
+    #[test]
+    fn round_trips_and_refuses_what_it_cannot_trust() {
+        let m = model();
+        let bytes = serde_json::to_vec(&m).expect("json");
+        assert_eq!(MountedModel::parse(&bytes).expect("parses"), m);
+        let bad = MountedModel {
+            digest: "../etc".into(),
+            ..m.clone()
+        };
+        let err = MountedModel::parse(&serde_json::to_vec(&bad).expect("json")).expect_err("bad");
+        assert!(err.contains("64 hex"), "{err}");
+        let nameless = MountedModel {
+            target: String::new(),
+            ..m
+        };
+        assert!(MountedModel::parse(&serde_json::to_vec(&nameless).expect("json")).is_err());
+        assert!(MountedModel::parse(b"{").is_err());
+    }
+}

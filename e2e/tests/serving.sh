@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The last mile on the real cluster: the chart (with the csi.kiln.dev node plugin) and the
+# example target; then, in the target's namespace with Pod Security "restricted" enforced, the
+# README's serving Deployment (examples/serving/deployment.yaml: kiln-agent serve on the
+# csi.kiln.dev volume, annotated oip-v2) and its Service. Asserts: the pod is never Ready before
+# the node's row is Ready and the agent has checked its server (the kiln.dev/warm message names the
+# figures through the server); inside the pod the volume is read-only and holds the row's digest;
+# a real v2 client (tritonclient[http] from PyPI) gets the fixture's golden outputs through the
+# Service within tolerance; a killed server container (restart count up) is warmed again before
+# the pod is Ready again; a pod whose volume names a target that does not exist stays
+# ContainerCreating with the plugin's reason in the kubelet's Event; a pod whose server is asked
+# for a model it does not serve stays not Ready with ServingMismatch. Prints apply → first
+# serving pod Ready, and the first request through the Service after Ready against the p50 the
+# agent measured through the server.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/kiln-lib.sh"
+kiln_test serving
+TARGET=squeezenet-cpu
+NETNS=kiln-e2e
+
+PY=$("$REPO/scripts/ensure-v2-client.sh") || skip "no v2 client: scripts/ensure-v2-client.sh needs PyPI once"
+kiln_example_dirs "$WORK"
+kiln_images "$WORK/images" || die "images"
+T0=$(date +%s.%N)
+kiln_up "$REL" "$NS" "$REPOSITORY" "$WORK" || die "kiln did not come up"
+
+echo "== the node plugin registered with the kubelet"
+wait_for "CSINode lists csi.kiln.dev" 60 bash -c \
+  "kubectl get csinode '$REAL' -o json | jq -e '.spec.drivers[]? | select(.name == \"csi.kiln.dev\")' >/dev/null"
+kubectl get csidriver csi.kiln.dev -o json | jq -e '.spec.podInfoOnMount and (.spec.volumeLifecycleModes | index("Ephemeral"))' >/dev/null ||
+  die "CSIDriver csi.kiln.dev: $(kubectl get csidriver csi.kiln.dev -o json | jq -c .spec)"
+
+echo "== the example target; the compile Job runs before the namespace is restricted"
+kubectl -n "$NS" apply -f "$REPO/examples/squeezenet/kiln.yaml" >/dev/null
+wait_for "compile Job done" 300 bash -c \
+  "kubectl -n '$NS' get jobs -o json | jq -e '.items | length > 0 and all(.status.succeeded == 1)' >/dev/null"
+kubectl label namespace "$NS" pod-security.kubernetes.io/enforce=restricted --overwrite >/dev/null 2>&1
+
+AGENT_IMAGE=$(kubectl -n "$NS" get ds kiln-agent -o jsonpath='{.spec.template.spec.containers[?(@.name=="agent")].image}')
+[[ -n $AGENT_IMAGE ]] || AGENT_IMAGE=$(kubectl -n "$NS" get ds kiln-agent -o jsonpath='{.spec.template.spec.containers[0].image}')
+sed -e "s|IMAGE|$AGENT_IMAGE|" -e "s|NAMESPACE|$NS|" -e "s|squeezenet|$TARGET|g" "$REPO/examples/serving/deployment.yaml" |
+  sed 's|^          args: \[serve|          imagePullPolicy: Never\n          args: [serve|' >"$WORK/serving.yaml"
+kubectl -n "$NS" apply -f "$WORK/serving.yaml" >/dev/null || die "the restricted namespace refused the serving Deployment"
+
+echo "== never Ready before the row and the check through the server"
+row() { kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq -r --arg ns "$NS" --arg t "$TARGET" '.status.targets[]? | select(.namespace == $ns and .name == $t) | .phase'; }
+pod() { kubectl -n "$NS" get pods -l "app=$TARGET" -o json | jq '.items[0] // empty'; }
+cond() { jq -r --arg t "$2" '.status.conditions[]? | select(.type == $t) | .'"$3" <<<"$1"; }
+t_row='' t_pod='' seen=()
+for ((i = 0; i < 600; i++)); do
+  p=$(pod)
+  phase=$(row)
+  now=$(date +%s.%N)
+  [[ $phase == Ready && -z $t_row ]] && t_row=$now
+  reason=$(cond "$p" kiln.dev/warm reason)
+  [[ -n $reason && " ${seen[*]} " != *" $reason "* ]] && seen+=("$reason")
+  if [[ -n $p && $(cond "$p" Ready status) == True ]]; then
+    [[ -n $t_row ]] || die "serving pod Ready while the row is ${phase:-absent}"
+    t_pod=$now
+    break
+  fi
+  sleep 0.5
+done
+[[ -n $t_pod ]] || die "serving pod not Ready within 300 s (gate reasons seen: ${seen[*]})"
+message=$(cond "$p" kiln.dev/warm message)
+[[ $message == *"requests through the server within tolerance"* ]] || die "warm without a check through the server: $message"
+[[ " ${seen[*]} " == *" WarmingServer "* || " ${seen[*]} " == *" WaitingForServer "* ]] ||
+  die "the gate never waited for the server (reasons seen: ${seen[*]})"
+printf '   apply → first serving pod Ready: %.1f s (row Ready → pod Ready %.1f s); gate reasons seen: %s\n' \
+  "$(echo "$t_pod - $T0" | bc)" "$(echo "$t_pod - $t_row" | bc)" "${seen[*]}"
+echo "   $message"
+
+echo "== the volume: read-only, the row's digest"
+POD=$(jq -r .metadata.name <<<"$p")
+DIGEST=$(kubectl get kilnnode "$REAL" -o json | jq -r --arg ns "$NS" --arg t "$TARGET" '.status.targets[] | select(.namespace == $ns and .name == $t) | .artifactDigest')
+mnt=$(awk '$5 ~ /volumes\/kubernetes.io~csi\/model\/mount$/ {print $5}' /proc/self/mountinfo | grep "$(jq -r .metadata.uid <<<"$p")" | head -1)
+[[ -n $mnt ]] || mnt=$(ip netns exec "$NETNS" true && find /var/lib/kubelet/pods/"$(jq -r .metadata.uid <<<"$p")" -path '*kubernetes.io~csi/model/mount' -maxdepth 5 2>/dev/null | head -1)
+[[ -n $mnt ]] || die "no csi mount for pod $POD"
+got=$(sha256sum "$mnt/artifact" | cut -d' ' -f1)
+[[ $got == "$DIGEST" ]] || die "mounted artifact sha256 $got, row $DIGEST"
+jq -e --arg d "$DIGEST" '.digest == $d' "$mnt/kiln.json" >/dev/null || die "kiln.json: $(cat "$mnt/kiln.json")"
+grep -E " $(printf '%s' "$mnt" | sed 's/[.[\*^$]/\\&/g') " /proc/self/mountinfo | grep -qE '(^| )ro[, ]' ||
+  die "the volume is not mounted read-only"
+echo "   $mnt: sha256 $DIGEST, read-only"
+
+echo "== a real v2 client through the Service"
+IP=$(kubectl -n "$NS" get svc "$TARGET" -o jsonpath='{.spec.clusterIP}')
+FIX=$WORK/sources/fixture-v1.safetensors
+check=$(ip netns exec "$NETNS" "$PY" "$REPO/e2e/testdata/v2_check.py" "$IP:8000" "$TARGET" "$FIX" 1e-5 1e-4) ||
+  die "tritonclient through the Service: $check"
+first=$(jq -r .seconds <<<"$check")
+p50=$(sed -n 's/.*p50 \([0-9.]*\) ms.*/\1/p' <<<"$message")
+printf '   %s; first request after Ready %.1f ms, p50 through the server %s ms: %.2fx\n' \
+  "$(jq -c '{maxAbsError}' <<<"$check")" "$(echo "$first * 1000" | bc -l)" "$p50" "$(echo "$first * 1000 / $p50" | bc -l)"
+
+echo "== a restarted server is warmed again"
+restarts=$(jq '[.status.containerStatuses[].restartCount] | add' <<<"$p")
+uid=$(jq -r .metadata.uid <<<"$p")
+pid=$(pgrep -f "kiln-agent serve --model-dir /model --port 8000" | while read -r q; do
+  grep -q "$uid" "/proc/$q/cgroup" 2>/dev/null && echo "$q"; done | head -1)
+[[ -n $pid ]] || die "no serve process of pod $POD"
+kill -9 "$pid"
+wait_for "restart counted" 60 bash -c \
+  "[[ \$(kubectl -n '$NS' get pod '$POD' -o json | jq '[.status.containerStatuses[].restartCount] | add') -gt $restarts ]]"
+again=()
+for ((i = 0; i < 240; i++)); do
+  q=$(kubectl -n "$NS" get pod "$POD" -o json)
+  r=$(cond "$q" kiln.dev/warm reason)
+  [[ -n $r && " ${again[*]} " != *" $r "* ]] && again+=("$r")
+  [[ $(cond "$q" kiln.dev/warm status) == True && $(cond "$q" Ready status) == True && ${#again[@]} -gt 1 ]] && break
+  sleep 0.5
+done
+[[ $(cond "$q" Ready status) == True ]] || die "not Ready again after the restart (reasons: ${again[*]})"
+[[ " ${again[*]} " == *" WarmingServer "* || " ${again[*]} " == *" WaitingForServer "* ]] ||
+  die "Ready again without a new check (reasons: ${again[*]})"
+echo "   restart → ${again[*]}"
+
+echo "== refusals: no target, wrong model name"
+nope() {
+  kubectl -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  annotations: {kiln.dev/target: $2, kiln.dev/protocol: oip-v2, kiln.dev/port: "8000", kiln.dev/model-name: $3}
+spec:
+  readinessGates: [{conditionType: kiln.dev/warm}]
+  nodeName: $REAL
+  terminationGracePeriodSeconds: 1
+  securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
+  containers:
+    - name: server
+      image: $AGENT_IMAGE
+      imagePullPolicy: Never
+      args: [serve, --model-dir, /model, --port, "8000"]
+      securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+      readinessProbe: {httpGet: {path: /v2/health/ready, port: 8000}, periodSeconds: 2}
+      volumeMounts: [{name: model, mountPath: /model, readOnly: true}]
+  volumes:
+    - {name: model, csi: {driver: csi.kiln.dev, readOnly: true, volumeAttributes: {target: $4}}}
+YAML
+}
+nope ghost ghost ghost ghost
+wait_for "mount refused with the reason" 90 bash -c \
+  "kubectl -n '$NS' get events --field-selector involvedObject.name=ghost,reason=FailedMount -o json | jq -e '.items[] | select(.message | contains(\"ghost\"))' >/dev/null"
+echo "   $(kubectl -n "$NS" get events --field-selector involvedObject.name=ghost,reason=FailedMount -o json | jq -r '.items[0].message' | cut -c1-200)"
+nope wrongname "$TARGET" other "$TARGET"
+wait_for "wrong model name: ServingMismatch" 120 bash -c \
+  "[[ \$(kubectl -n '$NS' get pod wrongname -o jsonpath='{.status.conditions[?(@.type==\"kiln.dev/warm\")].reason}') == ServingMismatch ]]"
+[[ $(kubectl -n "$NS" get pod wrongname -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') != True ]] ||
+  die "a pod whose server does not serve the model is Ready"
+echo "   wrongname: $(kubectl -n "$NS" get pod wrongname -o jsonpath='{.status.conditions[?(@.type=="kiln.dev/warm")].message}' | cut -c1-160)"
+kubectl -n "$NS" delete pod ghost wrongname --wait=false >/dev/null
+echo "serving: pod Ready only after the row and its own server's check; golden outputs through the Service"

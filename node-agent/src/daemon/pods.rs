@@ -1,0 +1,205 @@
+//! The pods on this node that declare the `kiln.dev/warm` gate: each pass computes each one's
+//! condition ([`gate`] from the node's row; for a pod that names its server, [`serving`] on top)
+//! and patches what changed. Checks of serving pods run as tasks beside the pass loop, one per
+//! pod at a time; each finished one records its verdict and wakes the loop.
+//! Touches the apiserver (pod status patches, through `writes.rs`), the pods' endpoints (through
+//! [`crate::warmer`]) and the fixture blobs in the node cache (read only).
+
+use std::collections::BTreeMap;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kiln_crds::kiln_node::NodeTargetStatus;
+use kiln_crds::labels::TARGET_ANNOTATION;
+use kube::{Api, ResourceExt};
+
+use super::agent::Agent;
+use super::decide::TargetKey;
+use super::serving::{self, Check, CheckKey};
+use super::{gate, writes};
+use crate::metrics::TargetLabels;
+use crate::pipeline::fixtures::FixtureFile;
+use crate::pipeline::isolate::job::FixtureRef;
+use crate::warmer::{self, Cold, Endpoint};
+
+/// The first wait after a failed check of a serving pod, doubling per failure in a row.
+const RETRY_BASE: Duration = Duration::from_secs(5);
+/// The longest wait between checks of a failing serving pod.
+const RETRY_MAX: Duration = Duration::from_secs(300);
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+impl Agent {
+    /// Sets every gated pod's condition where it changed; starts the checks the decisions ask
+    /// for; forgets the checks of pods that left.
+    pub(super) async fn gates(&self, rows: &BTreeMap<TargetKey, NodeTargetStatus>) {
+        let pods = self.pods.state();
+        if let Ok(mut checks) = self.serving.checks.lock() {
+            checks.retain(|uid, _| pods.iter().any(|p| p.metadata.uid.as_deref() == Some(uid)));
+        }
+        for pod in pods {
+            let Some(want) = self.desired(&pod, rows) else {
+                continue;
+            };
+            if !gate::differs(&pod, &want) {
+                continue;
+            }
+            let ns = pod.namespace().unwrap_or_default();
+            let transition = gate::transition_time(&pod, &want, now());
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+            match writes::patch_gate(&api, &pod.name_any(), &want, transition).await {
+                Ok(()) => {
+                    tracing::info!(pod = %format!("{ns}/{}", pod.name_any()), status = want.status, reason = %want.reason, "set kiln.dev/warm")
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{ns}/{}", pod.name_any()), error = %e, "cannot set kiln.dev/warm")
+                }
+            }
+        }
+    }
+
+    /// The pod's condition: the row's ([`gate::desired`]), and for a pod that names its server,
+    /// the check through it ([`serving::decide`]), started here when the decision says so.
+    fn desired(
+        &self,
+        pod: &Pod,
+        rows: &BTreeMap<TargetKey, NodeTargetStatus>,
+    ) -> Option<gate::Warm> {
+        let row_warm = gate::desired(pod, rows)?;
+        let target = pod.annotations().get(TARGET_ANNOTATION)?.clone();
+        let Some(endpoint) = serving::endpoint(pod, &target) else {
+            return Some(row_warm);
+        };
+        let key = TargetKey::new(pod.namespace().unwrap_or_default(), target);
+        let Some(row) = rows.get(&key) else {
+            return Some(row_warm);
+        };
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let check = self
+            .serving
+            .checks
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&uid).cloned());
+        let decision =
+            serving::decide(pod, row, row_warm, endpoint, check.as_ref(), Instant::now());
+        if let Some((endpoint, check_key)) = decision.start {
+            let failures = serving::failures(check.as_ref(), &check_key);
+            if let Err(message) = self.start_check(&key, row, endpoint, check_key, failures) {
+                return Some(gate::Warm {
+                    status: false,
+                    reason: "WarmingServer".into(),
+                    message,
+                });
+            }
+        }
+        Some(decision.warm)
+    }
+
+    /// Starts a check of a serving pod as a task; refuses (saying why) when this node has not
+    /// fetched the target's fixture yet.
+    fn start_check(
+        &self,
+        key: &TargetKey,
+        row: &NodeTargetStatus,
+        endpoint: Endpoint,
+        check_key: CheckKey,
+        failures: u32,
+    ) -> Result<(), String> {
+        let fixture = self.serving.fixtures.get(key).cloned().ok_or_else(|| {
+            format!(
+                "revision {} is served on this node, but its fixture is not fetched here yet (the agent restarted?); the check starts after this node's next warmup",
+                row.revision
+            )
+        })?;
+        let warmup = self
+            .targets
+            .state()
+            .into_iter()
+            .find(|t| TargetKey::of(t) == *key)
+            .map(|t| t.spec.warmup.clone())
+            .ok_or_else(|| format!("CompiledTarget {key} is gone"))?;
+        let uid = check_key.uid.clone();
+        if let Ok(mut checks) = self.serving.checks.lock() {
+            checks.insert(uid.clone(), Check::Running(check_key.clone()));
+        }
+        let labels = TargetLabels {
+            namespace: key.namespace.clone(),
+            target: key.name.clone(),
+            class: row.class.clone(),
+        };
+        let (checks, wake, client, metrics) = (
+            self.serving.checks.clone(),
+            self.serving.wake.clone(),
+            self.serving.client.clone(),
+            self.metrics.clone(),
+        );
+        tracing::info!(target = %key, pod_uid = %uid, server = %endpoint.base, "checking a serving pod through its endpoint");
+        tokio::spawn(async move {
+            let result = match read_fixture(fixture).await {
+                Ok(f) => warmer::warm(&client, &endpoint, &f, &warmup).await,
+                Err(m) => Err(Cold::Mismatch(m)),
+            };
+            let (name, ratio) = match &result {
+                Ok(f) => (
+                    "warm",
+                    (f.p50_seconds > 0.0).then(|| f.after_seconds / f.p50_seconds),
+                ),
+                Err(cold) => (cold.reason(), None),
+            };
+            metrics.serving_check(&labels, name, ratio);
+            match &result {
+                Ok(f) => {
+                    tracing::info!(server = %endpoint.base, figures = %f.describe(), "serving pod warm")
+                }
+                Err(cold) => {
+                    tracing::warn!(server = %endpoint.base, reason = cold.reason(), message = cold.message(), "serving pod cold")
+                }
+            }
+            let verdict = serving::finished(
+                check_key,
+                result,
+                failures,
+                Instant::now(),
+                (RETRY_BASE, RETRY_MAX),
+            );
+            let retry = match &verdict {
+                Check::Cold { retry_at, .. } => {
+                    Some(retry_at.saturating_duration_since(Instant::now()))
+                }
+                _ => None,
+            };
+            if let Ok(mut checks) = checks.lock() {
+                checks.insert(uid, verdict);
+            }
+            wake.notify_one();
+            if let Some(wait) = retry {
+                tokio::time::sleep(wait).await;
+                wake.notify_one();
+            }
+        });
+        Ok(())
+    }
+}
+
+/// The fixture blob, re-hashed against the digest its fetch verified.
+async fn read_fixture(fixture: FixtureRef) -> Result<FixtureFile, String> {
+    tokio::task::spawn_blocking(move || {
+        let (got, _) = kiln_store::staged::sha256_file(&fixture.path)
+            .map_err(|e| format!("fixture {}: {e}", fixture.path.display()))?;
+        if got != fixture.sha256 {
+            return Err(format!(
+                "fixture {} changed in the node cache (sha256 {got}, fetched as {})",
+                fixture.path.display(),
+                fixture.sha256
+            ));
+        }
+        FixtureFile::read(&fixture.path).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| format!("reading the fixture: {e}"))?
+}

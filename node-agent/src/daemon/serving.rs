@@ -1,0 +1,269 @@
+//! The gate of a serving pod that names its server (`kiln.dev/protocol`): the node's row must be
+//! served, the pod's containers ready, and the pod's own server warmed and checked through its
+//! endpoint ([`crate::warmer`]) for this pod, this container restart count and this revision;
+//! only then True. A failed check stays False with its reason and is retried with back-off.
+//! A pod without the annotation keeps the row-only gate ([`super::gate`]). The decisions are
+//! pure; [`Serving`] is the state the agent keeps for them (`pods.rs` runs the checks).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kiln_crds::kiln_node::NodeTargetStatus;
+use tokio::sync::Notify;
+
+use super::decide::TargetKey;
+use super::gate::Warm;
+use crate::pipeline::isolate::job::FixtureRef;
+use crate::warmer::{
+    Cold, Endpoint, Figures, MODEL_NAME_ANNOTATION, PORT_ANNOTATION, PROTOCOL_ANNOTATION, Protocol,
+};
+
+/// How long one request to a serving pod may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What the agent keeps for serving pods.
+pub struct Serving {
+    /// The fixture each target's last prepared artifact was warmed with.
+    pub fixtures: BTreeMap<TargetKey, FixtureRef>,
+    /// Checks by pod uid.
+    pub checks: Arc<Mutex<BTreeMap<String, Check>>>,
+    /// Wakes the pass loop when a check ends.
+    pub wake: Arc<Notify>,
+    /// The HTTP client checks use.
+    pub client: reqwest::Client,
+}
+
+impl Serving {
+    /// Nothing checked yet; `wake` is the pass loop's.
+    pub fn new(wake: Arc<Notify>) -> Self {
+        Self {
+            fixtures: BTreeMap::new(),
+            checks: Arc::default(),
+            wake,
+            client: crate::warmer::client(REQUEST_TIMEOUT),
+        }
+    }
+}
+
+/// What a check is for: a change in any field means warming again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckKey {
+    /// The pod's uid.
+    pub uid: String,
+    /// Restarts of all its containers: a restarted server is cold again.
+    pub restarts: i64,
+    /// The node row's revision and digest it was checked for.
+    pub revision: i64,
+    /// See `revision`.
+    pub digest: String,
+}
+
+/// Where a pod's check stands.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Check {
+    /// Under way since.
+    Running(CheckKey),
+    /// Passed.
+    Warm(CheckKey, Figures),
+    /// Failed (`attempts` in a row); tried again from `retry_at`.
+    Cold {
+        /// For what.
+        key: CheckKey,
+        /// Why.
+        cold: Cold,
+        /// Failures in a row for this key.
+        attempts: u32,
+        /// When to try again.
+        retry_at: Instant,
+    },
+}
+
+impl Check {
+    fn key(&self) -> &CheckKey {
+        match self {
+            Self::Running(k) | Self::Warm(k, _) | Self::Cold { key: k, .. } => k,
+        }
+    }
+}
+
+/// What the pod's gate should be, and whether a check should start now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// The condition.
+    pub warm: Warm,
+    /// Start a check of this endpoint for this key.
+    pub start: Option<(Endpoint, CheckKey)>,
+}
+
+/// The pod's server, when it names one: `None` without `kiln.dev/protocol`; an error message
+/// for annotations that cannot be used.
+pub fn endpoint(pod: &Pod, target: &str) -> Option<Result<Endpoint, String>> {
+    let annotations = pod.metadata.annotations.as_ref()?;
+    let protocol = annotations.get(PROTOCOL_ANNOTATION)?;
+    Some((|| {
+        let protocol = Protocol::parse(protocol)?;
+        let port: u16 = annotations
+            .get(PORT_ANNOTATION)
+            .ok_or_else(|| format!("{PROTOCOL_ANNOTATION} is set but {PORT_ANNOTATION} is not: name the server's port"))?
+            .parse()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("{PORT_ANNOTATION} must be a port number (1–65535)"))?;
+        let model = annotations
+            .get(MODEL_NAME_ANNOTATION)
+            .cloned()
+            .unwrap_or_else(|| target.to_string());
+        if model.is_empty()
+            || !model
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            return Err(format!(
+                "{MODEL_NAME_ANNOTATION} {model:?} must be letters, digits, '-', '_' or '.'"
+            ));
+        }
+        let ip = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .unwrap_or_default();
+        let base = match ip.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V6(v6)) => format!("http://[{v6}]:{port}"),
+            Ok(v4) => format!("http://{v4}:{port}"),
+            Err(_) => String::new(),
+        };
+        Ok(Endpoint {
+            protocol,
+            base,
+            model,
+        })
+    })())
+}
+
+/// Whether every container of the pod is ready (its `ContainersReady` condition).
+pub fn containers_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == "ContainersReady" && c.status == "True")
+        })
+}
+
+/// Restarts of all the pod's containers.
+pub fn restarts(pod: &Pod) -> i64 {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map_or(0, |c| c.iter().map(|c| i64::from(c.restart_count)).sum())
+}
+
+/// The gate of a pod whose row-only gate is `row_warm` (True: the row serves) given its check.
+pub fn decide(
+    pod: &Pod,
+    row: &NodeTargetStatus,
+    row_warm: Warm,
+    endpoint: Result<Endpoint, String>,
+    check: Option<&Check>,
+    now: Instant,
+) -> Decision {
+    let cold = |reason: &str, message: String| Decision {
+        warm: Warm {
+            status: false,
+            reason: reason.into(),
+            message,
+        },
+        start: None,
+    };
+    if !row_warm.status {
+        return Decision {
+            warm: row_warm,
+            start: None,
+        };
+    }
+    let endpoint = match endpoint {
+        Ok(e) => e,
+        Err(m) => return cold("InvalidSpec", m),
+    };
+    let revision = row.revision;
+    if !containers_ready(pod) || endpoint.base.is_empty() {
+        return cold(
+            "WaitingForServer",
+            format!(
+                "revision {revision} is served on this node; waiting for the pod's containers to be ready before its server is checked"
+            ),
+        );
+    }
+    let key = CheckKey {
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        restarts: restarts(pod),
+        revision,
+        digest: row.artifact_digest.clone().unwrap_or_default(),
+    };
+    let warming = format!(
+        "revision {revision} is served on this node; sending the fixture through the pod's server at {}",
+        endpoint.base
+    );
+    match check.filter(|c| c.key() == &key) {
+        None => Decision {
+            start: Some((endpoint, key)),
+            ..cold("WarmingServer", warming)
+        },
+        Some(Check::Running(_)) => cold("WarmingServer", warming),
+        Some(Check::Warm(_, figures)) => Decision {
+            warm: Warm {
+                status: true,
+                reason: row_warm.reason,
+                message: format!("{}; {}", row_warm.message, figures.describe()),
+            },
+            start: None,
+        },
+        Some(Check::Cold {
+            cold: why,
+            retry_at,
+            ..
+        }) => Decision {
+            start: (now >= *retry_at).then(|| (endpoint, key.clone())),
+            ..cold(why.reason(), why.message().to_string())
+        },
+    }
+}
+
+/// Failures in a row of `check` for `key` (0 when it is for another key or not cold).
+pub fn failures(check: Option<&Check>, key: &CheckKey) -> u32 {
+    match check {
+        Some(Check::Cold {
+            key: k, attempts, ..
+        }) if k == key => *attempts,
+        _ => 0,
+    }
+}
+
+/// What a finished check leaves: warm, or cold after `failures_before` + 1 failures in a row,
+/// with the back-off before the next try (`base` doubling per failure, at most `max`).
+pub fn finished(
+    key: CheckKey,
+    result: Result<Figures, Cold>,
+    failures_before: u32,
+    now: Instant,
+    (base, max): (Duration, Duration),
+) -> Check {
+    match result {
+        Ok(figures) => Check::Warm(key, figures),
+        Err(cold) => {
+            let attempts = failures_before + 1;
+            Check::Cold {
+                retry_at: now + kiln_crds::backoff(base, max.max(base), attempts),
+                key,
+                cold,
+                attempts,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

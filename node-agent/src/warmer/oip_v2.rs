@@ -1,0 +1,196 @@
+//! Warming an Open Inference Protocol v2 server over REST: its model must be ready and named as
+//! asked, take the fixture's inputs, and answer each sample within tolerance. Requests are JSON
+//! (every v2 server speaks it; the binary extension is Triton's), answers may use either.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use futures::StreamExt;
+use kiln_crds::compiled_target::Warmup;
+
+use super::verdict::{Cold, Endpoint, Figures, judge, requests, steady_p50};
+use crate::backend::tensor::HostTensor;
+use crate::oip::{self, InferRequest, InferResponse, ModelMetadata, binary};
+use crate::pipeline::fixtures::FixtureFile;
+
+/// The largest answer read from a serving pod.
+const MAX_ANSWER: usize = 256 << 20;
+
+/// See [`super::warm`].
+pub async fn warm(
+    client: &reqwest::Client,
+    endpoint: &Endpoint,
+    fixture: &FixtureFile,
+    warmup: &Warmup,
+) -> Result<Figures, Cold> {
+    let model = format!("{}/v2/models/{}", endpoint.base, endpoint.model);
+    let (status, _, body) = exchange(client.get(format!("{model}/ready"))).await?;
+    match status {
+        200 => {}
+        404 => {
+            return Err(Cold::Mismatch(format!(
+                "GET {model}/ready answered 404: the server does not serve model {:?} ({}); set kiln.dev/model-name to the name it serves",
+                endpoint.model,
+                snippet(&body)
+            )));
+        }
+        _ => {
+            return Err(Cold::Unreachable(format!(
+                "GET {model}/ready answered {status}: not ready ({})",
+                snippet(&body)
+            )));
+        }
+    }
+    check_metadata(client, &model, &endpoint.model, fixture).await?;
+    let samples = fixture.samples();
+    let bodies = samples
+        .iter()
+        .map(|s| request_body(&s.inputs))
+        .collect::<Result<Vec<_>, Cold>>()?;
+    let n = requests(warmup, samples.len());
+    let mut figures = Figures {
+        requests: n,
+        ..Figures::default()
+    };
+    let mut latencies = Vec::with_capacity(n);
+    for i in 0..=n {
+        let k = i % samples.len();
+        let which = if i == n {
+            format!("request {} (after warmup), sample {}", i + 1, k + 1)
+        } else {
+            format!("request {}, sample {}", i + 1, k + 1)
+        };
+        let started = Instant::now();
+        let outputs = infer(client, &model, bodies[k].clone()).await?;
+        let seconds = started.elapsed().as_secs_f64();
+        let error = judge(&outputs, &samples[k], warmup, &which)?;
+        figures.parity_max_abs_error = figures.parity_max_abs_error.max(error);
+        if i == n {
+            figures.after_seconds = seconds;
+        } else {
+            latencies.push(seconds);
+        }
+    }
+    figures.first_seconds = latencies.first().copied().unwrap_or(0.0);
+    figures.p50_seconds = steady_p50(&latencies);
+    Ok(figures)
+}
+
+/// The model's metadata must name it as asked and list the fixture's inputs: a server with
+/// another model mounted is a mismatch before any request.
+async fn check_metadata(
+    client: &reqwest::Client,
+    url: &str,
+    name: &str,
+    fixture: &FixtureFile,
+) -> Result<(), Cold> {
+    let (status, _, body) = exchange(client.get(url)).await?;
+    if status != 200 {
+        return Err(Cold::Malformed(format!(
+            "GET {url} answered {status}: {}",
+            snippet(&body)
+        )));
+    }
+    let meta: ModelMetadata = serde_json::from_slice(&body)
+        .map_err(|e| Cold::Malformed(format!("GET {url}: not v2 model metadata: {e}")))?;
+    if meta.name != name {
+        return Err(Cold::Mismatch(format!(
+            "GET {url} describes model {:?}, not {name:?}",
+            meta.name
+        )));
+    }
+    let served: Vec<&str> = meta.inputs.iter().map(|i| i.name.as_str()).collect();
+    let missing: Vec<&String> = fixture
+        .inputs
+        .keys()
+        .filter(|k| !served.contains(&k.as_str()))
+        .collect();
+    if !meta.inputs.is_empty() && !missing.is_empty() {
+        return Err(Cold::Mismatch(format!(
+            "the server's model takes inputs {served:?}, the fixture's {missing:?} are not among them: another model is mounted"
+        )));
+    }
+    Ok(())
+}
+
+/// A JSON request with every input.
+fn request_body(inputs: &BTreeMap<String, HostTensor>) -> Result<Vec<u8>, Cold> {
+    let inputs = inputs
+        .iter()
+        .map(|(n, t)| oip::from_host(n, t))
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(|m| Cold::Mismatch(format!("fixture input: {m}")))?;
+    let request = InferRequest {
+        inputs,
+        ..InferRequest::default()
+    };
+    serde_json::to_vec(&request).map_err(|e| Cold::Mismatch(format!("fixture input: {e}")))
+}
+
+/// One inference: the outputs, or why the answer cannot be judged.
+async fn infer(
+    client: &reqwest::Client,
+    model: &str,
+    body: Vec<u8>,
+) -> Result<BTreeMap<String, HostTensor>, Cold> {
+    let url = format!("{model}/infer");
+    let (status, header, answer) = exchange(
+        client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body),
+    )
+    .await?;
+    if status != 200 {
+        let cold = if (400..500).contains(&status) {
+            Cold::Mismatch
+        } else {
+            Cold::Malformed
+        };
+        return Err(cold(format!(
+            "POST {url} answered {status}: {}",
+            snippet(&answer)
+        )));
+    }
+    let (json, tail) = binary::split(&answer, header.as_deref())
+        .map_err(|m| Cold::Malformed(format!("POST {url}: {m}")))?;
+    let response: InferResponse = serde_json::from_slice(json)
+        .map_err(|e| Cold::Malformed(format!("POST {url}: not a v2 infer response: {e}")))?;
+    binary::response_outputs(&response, tail)
+        .map_err(|m| Cold::Malformed(format!("POST {url}: {m}")))
+}
+
+/// Sends a request; the status, the binary extension's header length and the body (at most
+/// [`MAX_ANSWER`] bytes).
+async fn exchange(
+    request: reqwest::RequestBuilder,
+) -> Result<(u16, Option<String>, Vec<u8>), Cold> {
+    let response = request
+        .send()
+        .await
+        .map_err(|e| Cold::Unreachable(crate::error::with_causes(&e)))?;
+    let status = response.status().as_u16();
+    let header = response
+        .headers()
+        .get(oip::HEADER_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let mut body = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| Cold::Unreachable(crate::error::with_causes(&e)))?;
+        if body.len() + chunk.len() > MAX_ANSWER {
+            return Err(Cold::Malformed(format!(
+                "the answer is longer than {MAX_ANSWER} bytes"
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((status, header, body))
+}
+
+/// The start of a body, for messages.
+fn snippet(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(300)]).to_string();
+    text.trim().to_string()
+}
