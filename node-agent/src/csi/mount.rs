@@ -60,17 +60,20 @@ fn unescape(s: &str) -> String {
     out
 }
 
-/// Bind-mounts `source` onto `target`, then makes that mount read-only, nosuid and nodev (a
-/// bind mount takes flags only on a remount). When the remount fails the bind is undone, so a
-/// writable mount never stays.
+/// Mounts `source` onto `target` read-only, nosuid and nodev, read-only in every mount namespace
+/// the mount propagates to. A bind mount takes flags only on a remount, and a remount does not
+/// propagate: binding `target` and then remounting it would leave the copies the kubelet and the
+/// host see (target paths are shared mounts) writable. So `source` is bound onto itself (its
+/// mount, the node cache's, propagates nowhere) and made read-only there, then that read-only
+/// mount is bound onto `target` (a bind copies the source mount's flags, and so does every
+/// propagated copy), and the self-bind goes. On any failure nothing stays mounted.
 pub fn bind_read_only(source: &Path, target: &Path) -> io::Result<()> {
-    rustix::mount::mount_bind(source, target)?;
+    rustix::mount::mount_bind(source, source)?;
     let flags = MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV;
-    if let Err(e) = rustix::mount::mount_remount(target, flags, "") {
-        let _ = unmount(target);
-        return Err(e.into());
-    }
-    Ok(())
+    let bound = rustix::mount::mount_remount(source, flags, "")
+        .and_then(|()| rustix::mount::mount_bind(source, target));
+    let _ = unmount(source);
+    bound.map_err(io::Error::from)
 }
 
 /// Unmounts `target`; lazily (detached, gone once the last user lets go) when it is busy.

@@ -129,6 +129,10 @@ impl<R: Rows> Node<R> {
         let started = Instant::now();
         let (volume, revision) = (p.volume_id.clone(), serving.revision);
         blocking(move || {
+            // A self-bind a killed publish left on the volume's directory goes first.
+            while mount::at(&dir).ok().flatten().is_some() {
+                mount::unmount(&dir).map_err(|e| Status::internal(format!("{}: {e}", dir.display())))?;
+            }
             layout::build(&dir, &src, &p, &serving, &node).map_err(|e| match e {
                 BuildError::NotCached(m) => Status::failed_precondition(m),
                 BuildError::HashMismatch(m) => Status::failed_precondition(m),
@@ -172,6 +176,10 @@ impl<R: Rows> Node<R> {
                     )));
                 }
                 _ => {}
+            }
+            while mount::at(&dir).ok().flatten().is_some() {
+                mount::unmount(&dir)
+                    .map_err(|e| Status::internal(format!("{}: {e}", dir.display())))?;
             }
             layout::remove(&dir)
                 .map_err(|e| Status::internal(format!("removing {}: {e}", dir.display())))
