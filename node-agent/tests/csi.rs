@@ -342,12 +342,31 @@ async fn publishes_read_only_and_unpublishes_with_nothing_left() {
     }
     let p = start().await;
     let target = p.target_path();
+    // The kubelet's pods directory is a shared mount (the kubelet makes its root rshared), with a
+    // peer standing for the host's and the kubelet's view of it.
+    let pods = p.config.kubelet_dir.join("pods");
+    let peer = p.config.kubelet_dir.join("peer");
+    std::fs::create_dir_all(&peer).expect("peer");
+    let _pods = Unmount(pods.clone());
+    let _peer = Unmount(peer.clone());
+    rustix::mount::mount_bind(&pods, &pods).expect("self-bind");
+    rustix::mount::mount_change(&pods, rustix::mount::MountPropagationFlags::SHARED)
+        .expect("shared");
+    rustix::mount::mount_bind(&pods, &peer).expect("peer");
     let _guard = Unmount(target.clone());
     std::fs::create_dir_all(target.parent().expect("parent")).expect("kubelet's parent");
     p.rows.set(NodePhase::Ready, &p.digest);
     p.publish(p.publish_request()).await.expect("published");
     let mounted = kiln_agent::csi::mount::at(&target).expect("mountinfo");
     assert_eq!(mounted.map(|m| m.read_only), Some(true));
+    // Read-only in the peer too: the read-only flag travels with the propagated mount.
+    let seen = peer.join(target.strip_prefix(&pods).expect("under pods"));
+    let propagated = kiln_agent::csi::mount::at(&seen).expect("mountinfo");
+    assert_eq!(
+        propagated.map(|m| m.read_only),
+        Some(true),
+        "the propagated copy"
+    );
     let (got, _) = kiln_store::staged::sha256_file(&target.join("artifact")).expect("hash");
     assert_eq!(got, p.digest);
     let info: serde_json::Value =
