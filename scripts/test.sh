@@ -36,6 +36,8 @@ scripts/ensure-packages.sh test
 # at run time for backend.kind onnxruntime; the tests and the e2e agent image use it.
 ORT_DYLIB_PATH=$(scripts/ensure-onnxruntime.sh)
 export ORT_DYLIB_PATH
+echo "== the CSI plugin's generated gRPC code is what the vendored protos generate"
+cargo run -q --locked --manifest-path node-agent/proto/gen/Cargo.toml -- --check
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

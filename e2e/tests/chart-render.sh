@@ -2,7 +2,7 @@
 # charts/kiln without a cluster: the real `helm lint` and `helm template` over the value
 # combinations that change what is rendered; the rendered objects checked for what the chart
 # promises (CRDs byte-equal to crdgen's and kept, flags and mounts per component, GPU access
-# only when asked, RBAC equal to deploy/{operator,agent}-rbac.yaml and without secrets or wildcards, every
+# only when asked, the CSI plugin privileged apart from the unprivileged agent, RBAC equal to deploy/{operator,agent}-rbac.yaml and without secrets or wildcards, every
 # values.yaml key commented); every env var one the binary reads; the alert rules through the real `promtool check rules`, naming
 # only metrics the operator and agent register; the Grafana dashboard ConfigMap when asked.
 source "$(dirname "$0")/lib.sh"
@@ -27,12 +27,15 @@ t --set store.url=oci://10.0.0.1:5000/kiln --set store.insecure=true --set store
 t --set store.url=file:///data/kiln --set crds.enabled=false --set agent.enabled=false \
   --set operator.leaderElection.enabled=false --set metrics.service.enabled=false >"$WORK/min.yaml"
 t --set store.url=/s --set attestation.enabled=false >"$WORK/unsigned.yaml"
+t --set store.url=/s --set csi.enabled=false >"$WORK/nocsi.yaml"
+t --set store.url=/s --set csi.kubeletDir=/data/kubelet >"$WORK/kubeletdir.yaml"
 # One cache directory per node under a shared cacheHostPath.
 t --set store.url=/s --set agent.cachePerNode=true |
   python3 -c 'import sys, yaml
-ds = [d for d in yaml.safe_load_all(sys.stdin) if d and d["kind"] == "DaemonSet"][0]
-m = [v for v in ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] if v["name"] == "cache"][0]
-sys.exit(m.get("subPathExpr") != "$(NODE_NAME)")' || fail "agent.cachePerNode does not mount cacheHostPath/<node name>"
+ds = {d["metadata"]["name"]: d for d in yaml.safe_load_all(sys.stdin) if d and d["kind"] == "DaemonSet"}
+sub = lambda n: [v for v in ds[n]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] if v["name"] == "cache"][0].get("subPathExpr")
+sys.exit(sub("kiln-agent") != "$(NODE_NAME)" or sub("kiln-csi") != "$(KILN_NODE_NAME)")' ||
+  fail "agent.cachePerNode does not mount cacheHostPath/<node name> into the agent and the CSI plugin"
 grep -q subPathExpr "$WORK/fs.yaml" && fail "subPathExpr without agent.cachePerNode"
 t --set store.url=/s --set sourceSignatures.existingSecret=kiln-source-keys --set sourceSignatures.required=true >"$WORK/srcsig.yaml"
 # The GPU split under a user's own required node affinity (two terms) and pull policy.
@@ -104,6 +107,7 @@ def env(container):
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
 
 fs, oci, minimal, unsigned, srcsig, gpuaff = load("fs"), load("oci"), load("min"), load("unsigned"), load("srcsig"), load("gpuaff")
+nocsi, kubeletdir = load("nocsi"), load("kubeletdir")
 
 # CRDs: exactly what crdgen writes, with the keep policy by default and switchable.
 files = {}
@@ -167,7 +171,8 @@ check(c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"
 check(c["securityContext"].get("readOnlyRootFilesystem") is True and c["securityContext"]["capabilities"]["drop"] == ["ALL"], "agent hardening")
 check("runtimeClassName" not in spec and not any(k.startswith("NVIDIA") for k in e), "no GPU access by default")
 check("nvidia.com/gpu" not in str(c.get("resources")), "agent claims no GPU")
-check("affinity" not in spec and [d["metadata"]["name"] for d in get(fs, "DaemonSet")] == ["kiln-agent"], "one agent DaemonSet, no affinity, by default")
+check("affinity" not in spec and [d["metadata"]["name"] for d in get(fs, "DaemonSet")] == ["kiln-agent", "kiln-csi"], "one agent DaemonSet (and the CSI plugin's), no affinity, by default")
+check(c["securityContext"].get("privileged") is not True and c["securityContext"].get("allowPrivilegeEscalation") is False, "the engine-running agent is not privileged")
 check(c["image"] == "kiln/agent:0.1.0", "agent image")
 # agent.gpu.enabled: kiln-agent-gpu with the GPU image and the devices on the nodes labelled
 # nvidia.com/gpu.present=true, kiln-agent with the CPU image and no GPU access everywhere else.
@@ -211,7 +216,28 @@ check(required(g) == [{"matchExpressions": [{"key": "pool", "operator": "Exists"
 check(required(cp)[0]["matchExpressions"][-1] == cpu_expr and required(cp)[1]["matchExpressions"] == [cpu_expr], "CPU agent: NotIn ANDed into every user term")
 check(g["containers"][0]["imagePullPolicy"] == "Never" and g.get("runtimeClassName") == "sandboxed" and cp.get("runtimeClassName") == "sandboxed",
       "GPU agent inherits agent.image.pullPolicy and agent.runtimeClassName when its own are empty")
-check(not get(minimal, "DaemonSet"), "agent.enabled=false")
+check(not get(minimal, "DaemonSet"), "agent.enabled=false (the CSI plugin, which mounts what the agent verified, goes too)")
+
+# The CSI node plugin: its own DaemonSet and account (get KilnNodes, nothing else), privileged
+# for its mounts, the kubelet's directories at their own paths (pods Bidirectional), the agent's
+# cache; the CSIDriver for inline volumes. csi.enabled=false renders none of it.
+csi = one(fs, "DaemonSet", "kiln-csi")["spec"]["template"]["spec"]
+cc, ce = csi["containers"][0], env(csi["containers"][0])
+check(cc["args"] == ["csi"] and csi["serviceAccountName"] == "kiln-csi", "kiln-csi runs `kiln-agent csi` as kiln-csi")
+check(cc["securityContext"].get("privileged") is True, "the CSI plugin is privileged (mounts)")
+mounts = {m["name"]: m for m in cc["volumeMounts"]}
+cvols = {v["name"]: v["hostPath"]["path"] for v in csi["volumes"]}
+check(mounts["pods"]["mountPath"] == cvols["pods"] == "/var/lib/kubelet/pods" and mounts["pods"].get("mountPropagation") == "Bidirectional", f"pods mount: {mounts['pods']}")
+check(mounts["registration"]["mountPath"] == cvols["registration"] == "/var/lib/kubelet/plugins_registry", "registration dir at its own path")
+check(cvols["socket"] == "/var/lib/kubelet/plugins/csi.kiln.dev" and mounts["socket"]["mountPath"] == "/csi", "socket dir")
+check(cvols["cache"] == vols["cache"]["hostPath"]["path"] and mounts["cache"]["mountPath"] == ce["KILN_CACHE"], "the plugin reads the agent's cache")
+check(ce.get("KILN_CSI_KUBELET_ENDPOINT") == "/var/lib/kubelet/plugins/csi.kiln.dev/csi.sock" and ce.get("KILN_KUBELET_DIR") == "/var/lib/kubelet", f"kubelet paths: {ce}")
+check(ce.get("KILN_NODE_NAME") == {"fieldRef": {"fieldPath": "spec.nodeName"}}, "KILN_NODE_NAME from the downward API")
+kd = one(kubeletdir, "DaemonSet", "kiln-csi")["spec"]["template"]["spec"]
+check({v["name"]: v["hostPath"]["path"] for v in kd["volumes"]}["pods"] == "/data/kubelet/pods" and env(kd["containers"][0])["KILN_KUBELET_DIR"] == "/data/kubelet", "csi.kubeletDir")
+check(one(fs, "ClusterRole", "kiln-csi")["rules"] == [{"apiGroups": ["kiln.dev"], "resources": ["kilnnodes"], "verbs": ["get"]}], "kiln-csi may only get KilnNodes")
+check(one(fs, "CSIDriver", "csi.kiln.dev")["spec"] == {"attachRequired": False, "podInfoOnMount": True, "volumeLifecycleModes": ["Ephemeral"], "fsGroupPolicy": "None"}, "CSIDriver spec")
+check(not get(nocsi, "CSIDriver") and [d["metadata"]["name"] for d in get(nocsi, "DaemonSet")] == ["kiln-agent"] and not [s for s in get(nocsi, "ServiceAccount") if s["metadata"]["name"] == "kiln-csi"], "csi.enabled=false")
 
 # Registry settings.
 for obj in (one(oci, "Deployment", "kiln-operator"), one(oci, "DaemonSet", "kiln-agent"), one(oci, "DaemonSet", "kiln-agent-gpu")):
@@ -254,7 +280,7 @@ check(one(fs, "ValidatingAdmissionPolicyBinding", "kiln-agent-node-confinement")
 check(not get(minimal, "ValidatingAdmissionPolicy"), "no agent, no agent policy")
 
 # ServiceAccounts and least-privilege RBAC.
-check(sorted(s["metadata"]["name"] for s in get(fs, "ServiceAccount")) == ["kiln-agent", "kiln-compile", "kiln-operator"], "three ServiceAccounts")
+check(sorted(s["metadata"]["name"] for s in get(fs, "ServiceAccount")) == ["kiln-agent", "kiln-compile", "kiln-csi", "kiln-operator"], "four ServiceAccounts")
 check(one(fs, "ServiceAccount", "kiln-compile").get("automountServiceAccountToken") is False, "compile SA mounts no token")
 subjects = [s["name"] for b in get(fs, "ClusterRoleBinding") + get(fs, "RoleBinding") for s in b["subjects"]]
 check("kiln-compile" not in subjects, "compile SA has no RBAC")
@@ -274,9 +300,10 @@ check(not any(r["resources"] == ["pods"] and set(r["verbs"]) - {"get", "list", "
 
 # Every variable the chart sets is one the binary reads (a typo would be silently ignored); the
 # registry flags both take are declared once, in kiln-store. The agent's global flags are in its
-# main.rs, the flags of `run` (what the DaemonSet runs) in cmd/run.rs.
+# main.rs, the flags of `run` (what the DaemonSet runs) in cmd/run.rs, those of `csi` in cmd/csi.rs.
 agent_srcs = ["node-agent/src/main.rs", "node-agent/src/cmd/run.rs"]
-for srcs, kind, name in ((["operator/src/main.rs"], "Deployment", "kiln-operator"), (agent_srcs, "DaemonSet", "kiln-agent"), (agent_srcs, "DaemonSet", "kiln-agent-gpu")):
+csi_srcs = ["node-agent/src/main.rs", "node-agent/src/cmd/csi.rs"]
+for srcs, kind, name in ((["operator/src/main.rs"], "Deployment", "kiln-operator"), (agent_srcs, "DaemonSet", "kiln-agent"), (agent_srcs, "DaemonSet", "kiln-agent-gpu"), (csi_srcs, "DaemonSet", "kiln-csi")):
     declared = set(re.findall(r'env\s*=\s*"(\w+)"', "".join(open(f"{repo}/{src}").read() for src in srcs + ["store/src/lib.rs"])))
     for docs in (fs, oci) if name != "kiln-agent-gpu" else (oci, gpuaff):
         for var in env(one(docs, kind, name)["spec"]["template"]["spec"]["containers"][0]):

@@ -20,6 +20,12 @@
 #   artifact-corrupt    the served artifact's blob in the registry is flipped (odd trials) or
 #                       truncated (even), the node's cache emptied, the agent restarted: fail
 #                       closed; the blob repaired: served again
+#   csi-plugin          the CSI node plugin (kiln-csi) is SIGKILLed just before (odd trials) or
+#                       just after (even) a pod with the model volume is created, so the kill
+#                       meets its publish before, during or after it (the note says which; a
+#                       publish takes milliseconds); the new plugin registers again, the pod
+#                       mounts the bytes its kiln.json names, and once the pod is deleted
+#                       nothing is left mounted or in the cache's published/
 #
 #   engine-segfault     a second target on the same node whose engine (ONNX Runtime) segfaults
 #   engine-abort        / aborts / spins past its deadline while the agent loads and warms it:
@@ -535,6 +541,51 @@ f_engine_abort() { engine_fault abort EngineCrashed "signal SIGABRT (6)" row; }
 f_engine_spin() { engine_fault spin Timeout "process group was killed" row; }
 f_engine_memory() { engine_fault memory MemoryBudgetExceeded "RLIMIT_DATA" class; }
 
+# f_csi_plugin NAME: a pod with the model volume, the plugin killed just before it is created
+# (odd trials) or just after.
+f_csi_plugin() {
+  revise "$1"
+  local pod=model-$1 old at_kill
+  old=$(kubectl -n "$NS" get pod -l app.kubernetes.io/component=csi -o jsonpath='{.items[0].metadata.name}')
+  if ((N % 2)); then
+    kill -KILL "$(pid_of '/bin/kiln-agent csi')" || { echo "   no plugin process" >&2; return 1; }
+  fi
+  kubectl -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: $pod}
+spec:
+  nodeName: $REAL
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+    - {name: c, image: $BUSYBOX_IMAGE, imagePullPolicy: Never, command: [sleep, "3600"], volumeMounts: [{name: model, mountPath: /model, readOnly: true}]}
+  volumes: [{name: model, csi: {driver: csi.kiln.dev, readOnly: true, volumeAttributes: {target: $TARGET}}}]
+YAML
+  if ((N % 2 == 0)); then
+    kill -KILL "$(pid_of '/bin/kiln-agent csi')" || { echo "   no plugin process" >&2; return 1; }
+  fi
+  at_kill=$(if grep -q "kubernetes.io~csi/model/mount" /proc/self/mountinfo; then echo mounted
+    elif [[ -n $(ls -A "$WORK/cache/published" 2>/dev/null) ]]; then echo "building the volume"; else echo "before the publish"; fi)
+  kubectl -n "$NS" delete pod "$old" --wait=false >/dev/null
+  plugin_back() {
+    kubectl -n "$NS" get pod -l app.kubernetes.io/component=csi -o json |
+      jq -e --arg old "$old" '[.items[] | select(.metadata.name != $old and .status.phase == "Running")] | length == 1' &&
+      kubectl get csinode "$REAL" -o json | jq -e '.spec.drivers // [] | any(.name == "csi.kiln.dev")'
+  }
+  wait_for "the plugin back and registered" 120 plugin_back
+  running() { [[ $(kubectl -n "$NS" get pod "$pod" -o jsonpath='{.status.phase}') == Running ]]; }
+  wait_for "pod $pod mounted and Running" 120 running
+  local sum named
+  sum=$(kubectl -n "$NS" exec "$pod" -- sha256sum /model/artifact | cut -d' ' -f1)
+  named=$(kubectl -n "$NS" exec "$pod" -- cat /model/kiln.json | jq -r .digest)
+  [[ -n $sum && $sum == "$named" ]] || { echo "   /model/artifact hashes to $sum, kiln.json names $named" >&2; return 1; }
+  kubectl -n "$NS" delete pod "$pod" --wait=true --timeout=60s >/dev/null
+  left() { [[ -z $(ls -A "$WORK/cache/published" 2>/dev/null) ]] && ! grep -q "kubernetes.io~csi/model/mount" /proc/self/mountinfo; }
+  wait_for "nothing mounted or published after the pod" 60 left
+  NOTE="(killed $at_kill; mounted ${sum:0:12}… as kiln.json names it, nothing left after the pod)"
+}
+
 run_case() {
   local name=$1 fn=$2 jobs=${3:-} i
   [[ " ${KILN_E2E_FAULT_CASES:-$name} " == *" $name "* ]] || return 0
@@ -550,6 +601,7 @@ run_case registry-down f_registry_down
 run_case apiserver-restart f_apiserver_restart 1
 run_case class-change f_class_change
 run_case artifact-corrupt f_artifact_corrupt 1
+run_case csi-plugin f_csi_plugin 1
 if engine_cases_wanted; then
   engine_sources
   run_case engine-segfault f_engine_segfault

@@ -70,6 +70,10 @@ kiln_fresh_crds() {
   ((${#crds[@]} == 0)) || kubectl delete "${crds[@]}" --wait=true --timeout=120s >/dev/null
 }
 
+# The e2e kubelet's root directory (its --root-dir, e2e/lib/components.sh), where the CSI node
+# plugin finds pods' volumes and registers (chart csi.kubeletDir).
+KUBELET_DIR=$STATE/kubelet/root
+
 # kiln_install RELEASE NAMESPACE [HELM ARGS...]: the chart with the images built here.
 kiln_install() {
   local rel=$1 ns=$2 keys; shift 2
@@ -81,7 +85,8 @@ kiln_install() {
   helm install "$rel" "$REPO/charts/kiln" -n "$ns" \
     --set operator.image.tag=$KILN_TAG --set operator.image.pullPolicy=Never \
     --set agent.image.tag=$KILN_TAG --set agent.image.pullPolicy=Never \
-    --set compile.retryBackoffSeconds=2 --set backends.onnxruntime="$ORT_IDENTITY" "$@"
+    --set compile.retryBackoffSeconds=2 --set backends.onnxruntime="$ORT_IDENTITY" \
+    --set csi.kubeletDir="$KUBELET_DIR" "$@"
 }
 
 # kiln_up RELEASE NAMESPACE REPOSITORY WORK [HELM ARGS...]: kiln_install with the store on the

@@ -49,7 +49,9 @@ kubectl label node "$B" "$POOL=b" --overwrite >/dev/null
 kiln_images "$WORK"
 kiln_example_dirs "$WORK"
 kiln_fresh_crds
-kiln_up "$REL" "$NS" "$REPOSITORY" "$WORK" --set agent.cachePerNode=true || die "kiln did not come up"
+# Both nodes share one host here but not one kubelet directory, which the CSI plugin DaemonSet
+# takes from one value (csi.kubeletDir): off, as this test mounts no model volume.
+kiln_up "$REL" "$NS" "$REPOSITORY" "$WORK" --set agent.cachePerNode=true --set csi.enabled=false || die "kiln did not come up"
 wait_for "an agent on each node" 60 bash -c "kubectl -n $NS get pods -l app.kubernetes.io/component=agent -o json |
   jq -e '[.items[] | select(.status.phase == \"Running\") | .spec.nodeName] | sort == [\"$A\", \"$B\"]'"
 

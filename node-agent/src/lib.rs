@@ -6,6 +6,9 @@
 //!   nothing else.
 //! * [`daemon`] — the node daemon, `kiln-agent run` (the DaemonSet's loop: watches, decisions,
 //!   KilnNode status, pod gates).
+//! * [`csi`] — the CSI node plugin `csi.kiln.dev`, `kiln-agent csi`: mounts what the node cache
+//!   holds verified into serving pods, read-only (never imports `daemon`).
+//! * [`cache`](mod@cache) — the node cache both of them read (the daemon writes it).
 //! * [`golden`], [`bench`](mod@bench) — making a fixture's golden outputs (`fixtures`, and the engine's
 //!   process that runs the reference); what the benchmark subcommands measure.
 //! * [`pipeline`] — the library every subcommand shares: fetch and verify, compile, load, warm
@@ -22,7 +25,9 @@
 
 pub mod backend;
 pub mod bench;
+pub mod cache;
 pub mod cmd;
+pub mod csi;
 pub mod daemon;
 pub mod error;
 pub mod golden;

@@ -1,7 +1,8 @@
-//! kiln-agent: `run` (the DaemonSet), `local` (whole pipeline, no cluster), `compile` (the
-//! compile Job's worker), `install` (its init container for foreign compiler images),
-//! `fixtures`, `probe`, `bench-verify`, `bench-pull`, and the hidden `engine` (an engine's own
-//! process, `kiln_agent::pipeline::isolate`). This file only parses the command line,
+//! kiln-agent: `run` (the DaemonSet), `csi` (the CSI node plugin, a DaemonSet of its own),
+//! `local` (whole pipeline, no cluster), `compile` (the compile Job's worker), `install` (its
+//! init container for foreign compiler images), `fixtures`, `probe`, `bench-verify`,
+//! `bench-pull`, and the hidden `engine` (an engine's own process,
+//! `kiln_agent::pipeline::isolate`). This file only parses the command line,
 //! sets up logging and dispatches; each subcommand lives in `kiln_agent::cmd`.
 
 use std::process::ExitCode;
@@ -18,7 +19,7 @@ use kiln_endpoints::logging::{self, LogFormat};
     about = "kiln node agent: compile, verify, load, warm, report ready"
 )]
 struct Cli {
-    /// Log format on stderr (default: json for `run`, plain otherwise).
+    /// Log format on stderr (default: json for `run` and `csi`, plain otherwise).
     #[arg(long, env = "KILN_LOG_FORMAT", value_enum, global = true)]
     log_format: Option<LogFormat>,
     /// Ceiling on this process's heap (e.g. 3Gi): an allocation past it is refused, so a model
@@ -45,6 +46,9 @@ enum Command {
     /// The node agent (DaemonSet): pull, verify, load and warm the artifact of every
     /// CompiledTarget that selects this node; report on its KilnNode and pod readiness gates.
     Run(cmd::run::Args),
+    /// The CSI node plugin csi.kiln.dev (its own DaemonSet): mounts the artifact this node's
+    /// agent verified, read-only, into serving pods' inline volumes once the node's row is Ready.
+    Csi(cmd::csi::Args),
     /// Run the whole pipeline on this machine for one ModelArtifact + CompiledTarget YAML.
     /// Without FILE, runs the embedded example (SqueezeNet from the ONNX test data).
     Local(cmd::local::Args),
@@ -113,7 +117,7 @@ fn main() -> ExitCode {
         memory::install(&HEAP, limit);
     }
     let default_format = match cli.command {
-        Command::Run(_) => LogFormat::Json,
+        Command::Run(_) | Command::Csi(_) => LogFormat::Json,
         _ => LogFormat::Plain,
     };
     if let Err(e) = logging::init(cli.log_format.unwrap_or(default_format)) {
@@ -128,6 +132,7 @@ fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     match cli.command {
         Command::Run(args) => cmd::run::main(args),
+        Command::Csi(args) => cmd::csi::main(args),
         Command::Local(args) => cmd::local::main(args),
         Command::Fixtures(args) => cmd::fixtures::main(args),
         Command::Compile(args) => cmd::compile::main(args),

@@ -2,11 +2,12 @@
 //! environment variable) and the entry point that runs it and turns the outcome into output and
 //! an exit code. The work itself is in the library ([`crate::pipeline`], [`crate::daemon`],
 //! [`crate::golden`], [`crate::bench`]); no subcommand's module calls another's.
-//! Only `run` talks to a cluster.
+//! Only `run` and `csi` talk to a cluster.
 
 pub mod bench_pull;
 pub mod bench_verify;
 pub mod compile;
+pub mod csi;
 pub mod engine;
 pub mod fixtures;
 pub mod install;

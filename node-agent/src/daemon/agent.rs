@@ -24,13 +24,13 @@ use kiln_store::Store;
 use kube::runtime::reflector::Store as Reader;
 use kube::{Api, Client, ResourceExt};
 
-use super::cache::{Cache, KnownGood};
 use super::deadline::within;
 use super::decide::pick::{Next, Pick, after_failure, alternates, wanted};
 use super::decide::rows::{self, Fallback, Prepared, serves};
 use super::decide::{Action, Attempt, State, TargetKey, next_action};
 use super::{target, writes};
 use crate::backend;
+use crate::cache::{Cache, KnownGood};
 use crate::error::{Error, Result};
 use crate::host::probe;
 use crate::metrics::{Metrics, TargetLabels};
@@ -374,10 +374,11 @@ impl Agent {
             artifact: pulled.path.clone(),
             fixture: FixtureRef {
                 path: fixture.path,
-                sha256: fixture.sha256,
+                sha256: fixture.sha256.clone(),
             },
             warmup: t.spec.warmup.clone(),
         };
+        let fixture_sha256 = fixture.sha256;
         let ready = self.load_warm(key, t, pick, job, &name).await?;
         let (load_seconds, warmup) = (ready.load_seconds, ready.warmup);
         Ok(Prepared {
@@ -387,6 +388,7 @@ impl Agent {
             load_seconds,
             warmup,
             engine: Some(engine),
+            fixture_digest: Some(fixture_sha256),
         })
     }
 
@@ -495,6 +497,7 @@ impl Agent {
                     digest: p.pick.digest.clone(),
                     passed_at: k8s_openapi::jiff::Timestamp::now().as_second(),
                     generation,
+                    fixture_digest: p.fixture_digest.clone(),
                 };
                 if let Err(e) = self.cache.record_pass(&key.to_string(), entry) {
                     tracing::warn!(error = %e, "cannot record the pass in the node cache index");

@@ -5,7 +5,6 @@
 //! (read only) and the metrics endpoint.
 
 pub mod agent;
-pub mod cache;
 pub mod deadline;
 pub mod decide;
 pub mod gate;
@@ -74,7 +73,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     serve_metrics(config.listen, Arc::new(registry), health.clone(), &stop);
 
     let store = kiln_store::open(&config.store, &config.registry)?;
-    let cache = cache::Cache::open(&config.cache)?;
+    let cache = crate::cache::Cache::open(&config.cache)?;
     let fetcher = Fetcher::new(cache.blobs(), metrics.clone(), config.fetch.clone())?;
     let hardware = tokio::task::block_in_place(|| probe::probe(backend::runtimes()));
     tracing::info!(node = %config.node_name, cpu = %hardware.cpu_level, gpus = hardware.accelerators.len(), "probed this node");

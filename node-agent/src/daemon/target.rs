@@ -11,9 +11,9 @@ use kiln_crds::BuildManifest;
 use kiln_crds::class::ClassFacts;
 use kiln_store::{ArtifactRef, Store};
 
-use super::cache::{Cache, Cached};
 use super::decide::pick::Pick;
 use crate::backend::Backend;
+use crate::cache::{Cache, Cached};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::pipeline::ready::{self, check_compatible};

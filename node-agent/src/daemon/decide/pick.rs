@@ -4,7 +4,7 @@
 
 use kiln_crds::compiled_target::{CompiledTargetStatus, Fallback, FallbackPolicy};
 
-use crate::daemon::cache::KnownGood;
+use crate::cache::KnownGood;
 
 /// One class's artifact of one revision: what the agent pulls, verifies, loads and warms.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -212,6 +212,7 @@ revisions:
             digest: digest.into(),
             passed_at,
             generation: Some(1),
+            fixture_digest: None,
         }
     }
 

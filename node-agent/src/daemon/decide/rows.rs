@@ -12,7 +12,7 @@ use kiln_crds::{FailureReason, KilnNodeStatus};
 
 use super::TargetKey;
 use super::pick::Pick;
-use crate::daemon::cache::KnownGood;
+use crate::cache::KnownGood;
 use crate::pipeline::warmup::WarmupReport;
 
 /// What a successful preparation measured.
@@ -30,6 +30,9 @@ pub struct Prepared {
     pub warmup: WarmupReport,
     /// The engine that ran it (`None` for a re-verified artifact: nothing was loaded).
     pub engine: Option<String>,
+    /// sha256 of the fixture it warmed with (a re-verified artifact: the one its pass recorded),
+    /// recorded with the pass for the CSI plugin to mount.
+    pub fixture_digest: Option<String>,
 }
 
 impl Prepared {
@@ -49,6 +52,7 @@ impl Prepared {
             load_seconds: 0.0,
             warmup: WarmupReport::default(),
             engine: None,
+            fixture_digest: entry.fixture_digest.clone(),
         }
     }
 }
@@ -423,6 +427,7 @@ mod tests {
                 ..WarmupReport::default()
             },
             engine: Some("onnxruntime/cpu".into()),
+            fixture_digest: None,
         }
     }
 
@@ -561,6 +566,7 @@ mod tests {
             digest: "d2cpu".into(),
             passed_at: 1,
             generation: Some(1),
+            fixture_digest: None,
         };
         let p = Prepared::reverified(&entry);
         let pkg = fallback(pick(3, "cpu"), FallbackPolicy::PreviousKnownGood);

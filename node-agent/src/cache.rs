@@ -2,6 +2,11 @@
 //! an index of which revisions passed on this node. Nothing is used without re-hashing it first,
 //! a partial file never sits under a final name, and eviction keeps the last K known-good
 //! artifacts per target and whatever is in use. Touches only the cache directory.
+//!
+//! The node daemon (`kiln-agent run`) is its only writer ([`Cache`]); the CSI node plugin reads it
+//! through a [`View`], which creates, sweeps and deletes nothing of the daemon's, and keeps its
+//! own volumes in `published/` (hard links to cached files, so eviction never pulls bytes from
+//! under a running pod).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -55,6 +60,11 @@ pub struct KnownGood {
     /// The target's generation (its warmup spec) the pass was under.
     #[serde(default)]
     pub generation: Option<i64>,
+    /// sha256 of the fixture file the pass warmed with (`blobs/<digest>`): what the CSI plugin
+    /// mounts beside the artifact. `None` in an index written before it was recorded, and for a
+    /// re-verified entry that never recorded one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fixture_digest: Option<String>,
 }
 
 /// A cached artifact that re-verified.
@@ -75,7 +85,8 @@ pub struct Index {
 }
 
 /// The cache directory: `artifacts/<digest>/{artifact,manifest.json}`, `blobs/` (fixtures),
-/// `tmp/` (pulls under way, and what unfinished ones kept for [`RESUME_WINDOW`]), `index.json`.
+/// `tmp/` (pulls under way, and what unfinished ones kept for [`RESUME_WINDOW`]), `index.json`;
+/// and `published/`, the CSI plugin's (never touched here).
 pub struct Cache {
     root: PathBuf,
     index: Index,
@@ -111,12 +122,7 @@ impl Cache {
     }
 
     fn dir(&self, digest: &str) -> Result<PathBuf> {
-        if !is_sha256_hex(digest) {
-            return Err(Error::InvalidSpec(format!(
-                "artifact digest {digest:?} is not 64 hex characters"
-            )));
-        }
-        Ok(self.root.join("artifacts").join(digest))
+        artifact_dir(&self.root, digest)
     }
 
     /// The cached artifact with `digest`, re-hashed now; a copy that no longer matches is
@@ -254,6 +260,70 @@ impl Cache {
     }
 }
 
+/// A read-only look at the cache the daemon writes, for the CSI plugin: nothing is created,
+/// swept or deleted, and the index is read afresh at each call (the daemon records a pass before
+/// its row says Ready).
+#[derive(Clone, Debug)]
+pub struct View {
+    root: PathBuf,
+}
+
+impl View {
+    /// The cache at `root` (the daemon's `--cache`).
+    pub fn new(root: &Path) -> Self {
+        Self {
+            root: root.to_path_buf(),
+        }
+    }
+
+    /// The cache's root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The index as the daemon last wrote it; `None` when there is none or it does not parse.
+    pub fn index(&self) -> Option<Index> {
+        let bytes = std::fs::read(self.root.join(INDEX)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// The entry of `target` (`namespace/name`) that passed with `revision` and `digest`.
+    pub fn known_good(&self, target: &str, revision: i64, digest: &str) -> Option<KnownGood> {
+        let index = self.index()?;
+        let list = index.targets.get(target)?;
+        list.iter()
+            .rev()
+            .find(|k| k.revision == revision && k.digest == digest)
+            .cloned()
+    }
+
+    /// `artifacts/<digest>/artifact` and its `manifest.json`; a digest that is not 64 hex
+    /// characters names no file.
+    pub fn artifact(&self, digest: &str) -> Result<(PathBuf, PathBuf)> {
+        let dir = artifact_dir(&self.root, digest)?;
+        Ok((dir.join(ARTIFACT), dir.join(MANIFEST)))
+    }
+
+    /// `blobs/<digest>` (a fixture, by its sha256).
+    pub fn blob(&self, digest: &str) -> Result<PathBuf> {
+        if !is_sha256_hex(digest) {
+            return Err(Error::InvalidSpec(format!(
+                "blob digest {digest:?} is not 64 hex characters"
+            )));
+        }
+        Ok(self.root.join("blobs").join(digest))
+    }
+}
+
+fn artifact_dir(root: &Path, digest: &str) -> Result<PathBuf> {
+    if !is_sha256_hex(digest) {
+        return Err(Error::InvalidSpec(format!(
+            "artifact digest {digest:?} is not 64 hex characters"
+        )));
+    }
+    Ok(root.join("artifacts").join(digest))
+}
+
 /// Removes from `tmp` everything but the pull directories ([`Cache::pull_dir`]) something was
 /// written in within `window`.
 fn sweep_tmp(tmp: &Path, window: std::time::Duration) {
@@ -340,6 +410,7 @@ mod tests {
             digest: digest.into(),
             passed_at,
             generation: Some(1),
+            fixture_digest: None,
         }
     }
 

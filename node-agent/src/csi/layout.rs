@@ -1,0 +1,350 @@
+//! The directory a serving pod gets, built in `<cache>/published/<volume_id>/` from what the
+//! node cache holds, then re-verified; the contract with whatever serves it (`kiln-agent
+//! serve`, or the user's own server):
+//!
+//! | file | what |
+//! |---|---|
+//! | `artifact` | the compiled artifact, a hard link to the cached file (same inode: eviction or a newer revision never changes it under a running pod), re-hashed against the row's digest before the mount |
+//! | `manifest.json` | its build manifest (engine, provider settings, precision, profiles), a copy |
+//! | `fixture.safetensors` | the fixture the node's warmup passed with, a hard link to its blob, re-hashed; absent when the pass recorded none |
+//! | `kiln.json` | `kiln_crds::mounted::MountedModel` (the contract with servers): target, namespace, revision, class, digest, engine, media type, fixture, node, pod; written last |
+//!
+//! Files are mode 0444 (the artifact's inode too, which the cache shares: the pod's user, not
+//! root, must read it), the directory 0555; the mount is read-only besides.
+
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use kiln_crds::BuildManifest;
+use kiln_store::staged::sha256_file;
+
+use super::decide::Serving;
+use super::request::Publish;
+
+pub use kiln_crds::mounted::{ARTIFACT, FIXTURE, KILN_JSON as INFO, MANIFEST, MountedModel};
+
+/// `kiln.json` for a volume (pure): the row's revision, class, digest and engine (the manifest's
+/// when the row names none), the pod it is mounted for.
+pub fn info(
+    p: &Publish,
+    s: &Serving,
+    manifest: &BuildManifest,
+    fixture: Option<&str>,
+    node: &str,
+) -> MountedModel {
+    MountedModel {
+        namespace: p.namespace.clone(),
+        target: p.target.clone(),
+        revision: s.revision,
+        class: s.class.clone(),
+        digest: s.digest.clone(),
+        engine: Some(s.engine.clone().unwrap_or_else(|| manifest.engine())),
+        media_type: manifest.media_type.clone(),
+        fixture: fixture.map(str::to_string),
+        node: node.to_string(),
+        pod: format!("{}/{}", p.namespace, p.pod),
+    }
+}
+
+/// Where the volume's files come from, in the node cache.
+#[derive(Clone, Debug)]
+pub struct Sources {
+    /// `artifacts/<digest>/artifact`.
+    pub artifact: PathBuf,
+    /// `artifacts/<digest>/manifest.json`.
+    pub manifest: PathBuf,
+    /// `blobs/<sha256>` of the fixture and its sha256, when the pass recorded one.
+    pub fixture: Option<(PathBuf, String)>,
+}
+
+/// Why a volume could not be built; its directory is gone.
+#[derive(Debug)]
+pub enum BuildError {
+    /// The node cache no longer holds the artifact (or its manifest).
+    NotCached(String),
+    /// A file did not hash to its digest, or the manifest names other bytes.
+    HashMismatch(String),
+    /// Anything else the filesystem said.
+    Io(String),
+}
+
+/// Builds the volume in `dir` (removing what an interrupted build left there), re-verifies it,
+/// and returns the manifest; on any failure removes `dir`.
+pub fn build(
+    dir: &Path,
+    src: &Sources,
+    p: &Publish,
+    s: &Serving,
+    node: &str,
+) -> Result<BuildManifest, BuildError> {
+    let result = build_in(
+        dir,
+        src,
+        |manifest, fixture| info(p, s, manifest, fixture, node),
+        s,
+    );
+    if result.is_err() {
+        let _ = remove(dir);
+    }
+    result
+}
+
+/// [`build`]'s steps; `describe` makes `kiln.json` from the manifest and the fixture's sha256.
+fn build_in(
+    dir: &Path,
+    src: &Sources,
+    describe: impl FnOnce(&BuildManifest, Option<&str>) -> MountedModel,
+    s: &Serving,
+) -> Result<BuildManifest, BuildError> {
+    let fs_err = |what: &Path| {
+        let what = what.display().to_string();
+        move |e: io::Error| BuildError::Io(format!("{what}: {e}"))
+    };
+    remove(dir).map_err(fs_err(dir))?;
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(fs_err(parent))?;
+    }
+    std::fs::create_dir(dir).map_err(fs_err(dir))?;
+    let not_cached = |path: &Path, e: io::Error| match e.kind() {
+        io::ErrorKind::NotFound => BuildError::NotCached(format!(
+            "artifact {} of revision {} is not in the node cache ({} is missing): not mounted \
+             until kiln-agent has it verified again",
+            s.digest,
+            s.revision,
+            path.display()
+        )),
+        _ => BuildError::Io(format!("{}: {e}", path.display())),
+    };
+    let bytes = std::fs::read(&src.manifest).map_err(|e| not_cached(&src.manifest, e))?;
+    let manifest: BuildManifest = serde_json::from_slice(&bytes).map_err(|e| {
+        BuildError::HashMismatch(format!(
+            "HashMismatch: the cached build manifest {} does not parse ({e}); not mounted",
+            src.manifest.display()
+        ))
+    })?;
+    if manifest.artifact_digest != s.digest {
+        return Err(BuildError::HashMismatch(format!(
+            "HashMismatch: the cached build manifest names artifact {}, the node's row {}; not \
+             mounted",
+            manifest.artifact_digest, s.digest
+        )));
+    }
+    let artifact = dir.join(ARTIFACT);
+    std::fs::hard_link(&src.artifact, &artifact).map_err(|e| not_cached(&src.artifact, e))?;
+    read_only(&artifact).map_err(fs_err(&artifact))?;
+    write_read_only(&dir.join(MANIFEST), &bytes).map_err(fs_err(dir))?;
+    let fixture = match &src.fixture {
+        Some((blob, sha256)) => link_fixture(dir, blob, sha256)?,
+        None => None,
+    };
+    verify(&artifact, &s.digest, manifest.artifact_size)?;
+    let info = describe(&manifest, fixture.as_deref());
+    let json = serde_json::to_vec_pretty(&info).map_err(|e| BuildError::Io(e.to_string()))?;
+    write_read_only(&dir.join(INFO), &json).map_err(fs_err(dir))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555)).map_err(fs_err(dir))?;
+    Ok(manifest)
+}
+
+/// Links the fixture blob in and re-hashes it; a blob that is gone is left out (the mount still
+/// carries the verified artifact), one that does not hash right refuses the volume.
+fn link_fixture(dir: &Path, blob: &Path, sha256: &str) -> Result<Option<String>, BuildError> {
+    let dest = dir.join(FIXTURE);
+    match std::fs::hard_link(blob, &dest) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            tracing::warn!(blob = %blob.display(), "the fixture blob of the pass is gone; mounting without it");
+            return Ok(None);
+        }
+        Err(e) => return Err(BuildError::Io(format!("{}: {e}", blob.display()))),
+    }
+    read_only(&dest).map_err(|e| BuildError::Io(format!("{}: {e}", dest.display())))?;
+    let (got, _) = sha256_file(&dest).map_err(|e| BuildError::Io(e.to_string()))?;
+    if got != sha256 {
+        return Err(BuildError::HashMismatch(format!(
+            "HashMismatch: fixture blob {} hashes to {got}, the pass recorded {sha256}; not \
+             mounted",
+            blob.display()
+        )));
+    }
+    Ok(Some(sha256.to_string()))
+}
+
+/// Re-hashes the linked artifact: the digest and the manifest's size, or `HashMismatch`.
+fn verify(artifact: &Path, digest: &str, size: u64) -> Result<(), BuildError> {
+    let (got, got_size) = sha256_file(artifact)
+        .map_err(|e| BuildError::Io(format!("{}: {e}", artifact.display())))?;
+    if got != digest || got_size != size {
+        return Err(BuildError::HashMismatch(format!(
+            "HashMismatch: the node cache's artifact hashes to {got} ({got_size} bytes), the \
+             node's row says {digest} ({size} bytes); not mounted"
+        )));
+    }
+    Ok(())
+}
+
+fn read_only(path: &Path) -> io::Result<()> {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o444))
+}
+
+fn write_read_only(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    std::fs::write(path, bytes)?;
+    read_only(path)
+}
+
+/// Removes a volume's directory (made writable first: it is 0555 once built); gone already is
+/// success.
+pub fn remove(dir: &Path) -> io::Result<()> {
+    match std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        _ => {}
+    }
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_crds::kiln_node::NodePhase;
+
+    fn publish() -> Publish {
+        Publish {
+            volume_id: "csi-1".into(),
+            target_path: "/var/lib/kubelet/pods/u/mount".into(),
+            namespace: "serving".into(),
+            pod: "web-0".into(),
+            pod_uid: "u".into(),
+            target: "squeezenet".into(),
+        }
+    }
+
+    fn serving(digest: &str) -> Serving {
+        Serving {
+            revision: 3,
+            class: "cpu-x86".into(),
+            digest: digest.into(),
+            engine: Some("tract".into()),
+            phase: NodePhase::Ready,
+        }
+    }
+
+    /// A cache holding `bytes` as an artifact and `fixture` as a blob.
+    fn cache(root: &Path, bytes: &[u8], fixture: &[u8]) -> (Sources, String) {
+        let digest = kiln_store::staged::sha256_bytes(bytes);
+        let manifest = crate::test_support::manifest(serde_json::json!({
+            "artifactDigest": digest, "artifactSize": bytes.len(),
+            "mediaType": "application/vnd.kiln.tract.nnef.v1.tar"
+        }));
+        let dir = root.join("artifacts").join(&digest);
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("artifact"), bytes).expect("artifact");
+        std::fs::write(
+            dir.join("manifest.json"),
+            serde_json::to_vec(&manifest).expect("json"),
+        )
+        .expect("manifest");
+        let fixture_digest = kiln_store::staged::sha256_bytes(fixture);
+        let blob = root.join("blobs").join(&fixture_digest);
+        std::fs::create_dir_all(root.join("blobs")).expect("blobs");
+        std::fs::write(&blob, fixture).expect("blob");
+        let src = Sources {
+            artifact: dir.join("artifact"),
+            manifest: dir.join("manifest.json"),
+            fixture: Some((blob, fixture_digest)),
+        };
+        (src, digest)
+    }
+
+    #[test]
+    fn kiln_json_names_what_is_mounted() {
+        let m = crate::test_support::manifest(serde_json::json!({
+            "backend": "onnxruntime", "backendOptions": {"executionProvider": "cpu"},
+            "mediaType": "application/vnd.kiln.ort"
+        }));
+        let mut s = serving(&"d".repeat(64));
+        s.engine = None;
+        let info = info(&publish(), &s, &m, Some(&"f".repeat(64)), "n1");
+        assert_eq!(
+            serde_json::to_value(&info).expect("json"),
+            serde_json::json!({
+                "namespace": "serving", "target": "squeezenet", "revision": 3,
+                "class": "cpu-x86", "digest": "d".repeat(64), "engine": "onnxruntime/cpu",
+                "mediaType": "application/vnd.kiln.ort", "fixture": "f".repeat(64),
+                "node": "n1", "pod": "serving/web-0"
+            })
+        );
+        let bytes = serde_json::to_vec(&info).expect("json");
+        assert_eq!(
+            MountedModel::parse(&bytes).expect("what servers read"),
+            info
+        );
+    }
+
+    #[test]
+    fn a_volume_is_the_cached_inode_re_verified_and_read_only() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().expect("tmp");
+        let (src, digest) = cache(tmp.path(), b"engine bytes", b"fixture bytes");
+        let dir = tmp.path().join("published").join("csi-1");
+        // What an interrupted build left is replaced.
+        std::fs::create_dir_all(&dir).expect("leftover");
+        std::fs::write(dir.join("artifact"), b"half").expect("leftover");
+        build(&dir, &src, &publish(), &serving(&digest), "n1").expect("built");
+        let ino = |p: &Path| std::fs::metadata(p).expect("meta").ino();
+        assert_eq!(ino(&dir.join(ARTIFACT)), ino(&src.artifact), "a hard link");
+        assert_eq!(
+            std::fs::read(dir.join(FIXTURE)).expect("fixture"),
+            b"fixture bytes"
+        );
+        let info =
+            MountedModel::parse(&std::fs::read(dir.join(INFO)).expect("kiln.json")).expect("parse");
+        assert_eq!((info.digest.as_str(), info.revision), (digest.as_str(), 3));
+        let mode = |p: &Path| std::fs::metadata(p).expect("meta").mode() & 0o777;
+        assert_eq!(mode(&dir), 0o555);
+        assert_eq!(mode(&dir.join(ARTIFACT)), 0o444);
+        // The cache evicts its copy: the volume's bytes stay.
+        std::fs::remove_dir_all(src.artifact.parent().expect("dir")).expect("evict");
+        assert_eq!(
+            std::fs::read(dir.join(ARTIFACT)).expect("read"),
+            b"engine bytes"
+        );
+        remove(&dir).expect("remove");
+        assert!(!dir.exists());
+        remove(&dir).expect("gone is success");
+    }
+
+    #[test]
+    fn what_does_not_re_verify_is_never_left_to_mount() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let (src, digest) = cache(tmp.path(), b"engine bytes", b"fixture bytes");
+        let dir = tmp.path().join("published").join("csi-1");
+        // The row names other bytes than the cache's manifest.
+        let other = "0".repeat(64);
+        let err = build(&dir, &src, &publish(), &serving(&other), "n1").expect_err("refused");
+        assert!(matches!(err, BuildError::HashMismatch(ref m) if m.contains("names artifact")));
+        assert!(!dir.exists());
+        // A flipped byte in the cached artifact.
+        std::fs::write(&src.artifact, b"engine bytez").expect("flip");
+        let err = build(&dir, &src, &publish(), &serving(&digest), "n1").expect_err("refused");
+        assert!(matches!(err, BuildError::HashMismatch(ref m) if m.starts_with("HashMismatch")));
+        assert!(!dir.exists());
+        // A fixture blob that changed.
+        std::fs::write(&src.artifact, b"engine bytes").expect("restore");
+        let (blob, _) = src.fixture.clone().expect("fixture");
+        std::fs::write(&blob, b"other").expect("flip");
+        let err = build(&dir, &src, &publish(), &serving(&digest), "n1").expect_err("refused");
+        assert!(matches!(err, BuildError::HashMismatch(ref m) if m.contains("fixture blob")));
+        // A fixture that is gone: mounted without it.
+        std::fs::remove_file(&blob).expect("rm");
+        build(&dir, &src, &publish(), &serving(&digest), "n1").expect("built");
+        assert!(!dir.join(FIXTURE).exists());
+        // Evicted: not cached.
+        std::fs::remove_dir_all(src.artifact.parent().expect("dir")).expect("evict");
+        let err = build(&dir, &src, &publish(), &serving(&digest), "n1").expect_err("refused");
+        assert!(matches!(err, BuildError::NotCached(_)), "{err:?}");
+        assert!(!dir.exists());
+    }
+}
