@@ -20,6 +20,7 @@ NETNS=kiln-e2e
 
 PY=$("$REPO/scripts/ensure-v2-client.sh") || skip "no v2 client: scripts/ensure-v2-client.sh needs PyPI once"
 kiln_example_dirs "$WORK"
+kiln_fresh_crds
 kiln_images "$WORK/images" || die "images"
 T0=$(date +%s.%N)
 kiln_up "$REL" "$NS" "$REPOSITORY" "$WORK" || die "kiln did not come up"
