@@ -1,6 +1,7 @@
 //! Warming an Open Inference Protocol v2 server over REST: its model must be ready and named as
-//! asked, take the fixture's inputs, and answer each sample within tolerance. Requests are JSON
-//! (every v2 server speaks it; the binary extension is Triton's), answers may use either.
+//! asked, take the fixture's inputs, and answer each sample within tolerance. Requests use
+//! Triton's binary tensor extension where the server lists it (`GET /v2`: kiln-agent serve,
+//! Triton), JSON otherwise (every v2 server reads it); answers may use either.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -42,10 +43,11 @@ pub async fn warm(
         }
     }
     check_metadata(client, &model, &endpoint.model, fixture).await?;
+    let binary = speaks_binary(client, &endpoint.base).await;
     let samples = fixture.samples();
     let bodies = samples
         .iter()
-        .map(|s| request_body(&s.inputs))
+        .map(|s| request_body(&s.inputs, binary))
         .collect::<Result<Vec<_>, Cold>>()?;
     let n = requests(warmup, samples.len());
     let mut figures = Figures {
@@ -113,34 +115,74 @@ async fn check_metadata(
     Ok(())
 }
 
-/// A JSON request with every input.
-fn request_body(inputs: &BTreeMap<String, HostTensor>) -> Result<Vec<u8>, Cold> {
-    let inputs = inputs
+/// Whether the server lists Triton's binary tensor extension in its metadata (`GET /v2`):
+/// then requests carry their tensors as bytes, as production clients send them, so the
+/// latencies measured are those clients see. Anything else: JSON, which every v2 server reads.
+async fn speaks_binary(client: &reqwest::Client, base: &str) -> bool {
+    let Ok((200, _, body)) = exchange(client.get(format!("{base}/v2"))).await else {
+        return false;
+    };
+    serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("extensions").cloned())
+        .and_then(|e| e.as_array().cloned())
+        .is_some_and(|e| e.iter().any(|x| x == "binary_tensor_data"))
+}
+
+/// A request with every input: JSON, or the binary extension's JSON header and tensor bytes
+/// (outputs asked in binary too); the header's length beside it when binary.
+fn request_body(
+    inputs: &BTreeMap<String, HostTensor>,
+    binary: bool,
+) -> Result<(Vec<u8>, Option<usize>), Cold> {
+    let wire = |(n, t): (&String, &HostTensor)| {
+        if binary {
+            oip::from_host_binary(n, t)
+        } else {
+            oip::from_host(n, t)
+        }
+    };
+    let tensors = inputs
         .iter()
-        .map(|(n, t)| oip::from_host(n, t))
+        .map(wire)
         .collect::<Result<Vec<_>, String>>()
         .map_err(|m| Cold::Mismatch(format!("fixture input: {m}")))?;
-    let request = InferRequest {
-        inputs,
+    let mut request = InferRequest {
+        inputs: tensors,
         ..InferRequest::default()
     };
-    serde_json::to_vec(&request).map_err(|e| Cold::Mismatch(format!("fixture input: {e}")))
+    if binary {
+        request
+            .parameters
+            .insert("binary_data_output".into(), serde_json::Value::Bool(true));
+    }
+    let mut body =
+        serde_json::to_vec(&request).map_err(|e| Cold::Mismatch(format!("fixture input: {e}")))?;
+    if !binary {
+        return Ok((body, None));
+    }
+    let header = body.len();
+    for t in inputs.values() {
+        body.extend_from_slice(&t.data);
+    }
+    Ok((body, Some(header)))
 }
 
 /// One inference: the outputs, or why the answer cannot be judged.
 async fn infer(
     client: &reqwest::Client,
     model: &str,
-    body: Vec<u8>,
+    (body, header_length): (Vec<u8>, Option<usize>),
 ) -> Result<BTreeMap<String, HostTensor>, Cold> {
     let url = format!("{model}/infer");
-    let (status, header, answer) = exchange(
-        client
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(body),
-    )
-    .await?;
+    let mut request = client.post(&url);
+    request = match header_length {
+        Some(n) => request
+            .header("content-type", "application/octet-stream")
+            .header(oip::HEADER_LENGTH, n.to_string()),
+        None => request.header("content-type", "application/json"),
+    };
+    let (status, header, answer) = exchange(request.body(body)).await?;
     if status != 200 {
         let cold = if (400..500).contains(&status) {
             Cold::Mismatch
