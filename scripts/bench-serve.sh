@@ -69,7 +69,8 @@ for m in "${MODELS[@]}"; do
   "$AGENT" serve --model-dir "$d/volume" --host 127.0.0.1 --port "$port" 2>"$d/serve.log" &
   SERVER=$!
   for _ in $(seq 600); do curl -fsS "http://127.0.0.1:$port/v2/health/ready" >/dev/null 2>&1 && break; sleep 0.1; done
-  out=$("$PY" "$REPO/scripts/bench_serve_client.py" "127.0.0.1:$port" m "$FIXTURE" 20 "$REQUESTS") ||
+  # The same client as the e2e test: the golden outputs checked first, then timed.
+  out=$("$PY" "$REPO/e2e/testdata/v2_check.py" "127.0.0.1:$port" m "$FIXTURE" 1e-4 1e-3 20 "$REQUESTS") ||
     { tail -5 "$d/serve.log" >&2; echo "$m: client failed" >&2; kill "$SERVER"; SERVER=; continue; }
   kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; SERVER=
   engine_p50=$(jq -r '.p50Seconds * 1000' "$d/local.json")

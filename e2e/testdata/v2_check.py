@@ -2,11 +2,14 @@
 tritonclient[http] (binary tensor extension, the client's default) and compares every output
 with its golden value within atol + rtol * |golden|. Reads the safetensors fixture itself
 (8-byte header length, JSON header, little-endian data), so it needs only the client and numpy.
-Prints one JSON line: the outputs' max |error| and the request's latency in seconds.
+Prints one JSON line: the outputs' max |error| and the request's latency in seconds. With WARM N
+(scripts/bench-serve.sh), then WARM more requests, the first request after them and the median
+of N more: "first" and "p50", seconds.
 
-    python v2_check.py HOST:PORT MODEL FIXTURE.safetensors ATOL RTOL
+    python v2_check.py HOST:PORT MODEL FIXTURE.safetensors ATOL RTOL [WARM N]
 """
 import json
+import statistics
 import struct
 import sys
 import time
@@ -58,7 +61,20 @@ def main():
         if (err > bound).any():
             sys.exit(f"output {name}: max |error| {err.max():.3e} outside atol {atol} rtol {rtol}")
         worst = max(worst, float(err.max()))
-    print(json.dumps({"maxAbsError": worst, "seconds": seconds}))
+    report = {"maxAbsError": worst, "seconds": seconds}
+    if len(sys.argv) > 7:
+        warm, n = int(sys.argv[6]), int(sys.argv[7])
+
+        def once():
+            t = time.perf_counter()
+            client.infer(model, inputs)
+            return time.perf_counter() - t
+
+        for _ in range(warm):
+            once()
+        report["first"] = once()
+        report["p50"] = statistics.median(once() for _ in range(n))
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":
