@@ -86,7 +86,7 @@ pub struct Index {
 
 /// The cache directory: `artifacts/<digest>/{artifact,manifest.json}`, `blobs/` (fixtures),
 /// `tmp/` (pulls under way, and what unfinished ones kept for [`RESUME_WINDOW`]), `index.json`;
-/// and `published/`, the CSI plugin's (never touched here).
+/// and `published/`, the CSI plugin's (only read here: which revision a pod's volume holds).
 pub struct Cache {
     root: PathBuf,
     index: Index,
@@ -119,6 +119,21 @@ impl Cache {
     /// Directory of verified fixture blobs.
     pub fn blobs(&self) -> PathBuf {
         self.root.join("blobs")
+    }
+
+    /// The revisions the CSI plugin's volumes for pod `namespace/name` hold (their `kiln.json`
+    /// in `published/`, read only; a volume whose `kiln.json` does not parse is skipped).
+    pub fn mounted_revisions(&self, pod: &str) -> Vec<i64> {
+        let Ok(entries) = std::fs::read_dir(self.root.join("published")) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join(kiln_crds::mounted::KILN_JSON)).ok())
+            .filter_map(|bytes| kiln_crds::mounted::MountedModel::parse(&bytes).ok())
+            .filter(|m| m.pod == pod)
+            .map(|m| m.revision)
+            .collect()
     }
 
     fn dir(&self, digest: &str) -> Result<PathBuf> {
@@ -401,6 +416,39 @@ pub fn plan_eviction(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_revision_a_pods_volume_holds_is_read_from_its_kiln_json() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let cache = Cache::open(dir.path()).expect("open");
+        assert!(
+            cache.mounted_revisions("ns/p").is_empty(),
+            "no published/ yet"
+        );
+        let volume = |name: &str, pod: &str, revision: i64| {
+            let d = dir.path().join("published").join(name);
+            std::fs::create_dir_all(&d).expect("dir");
+            let m = kiln_crds::mounted::MountedModel {
+                namespace: "ns".into(),
+                target: "sq".into(),
+                revision,
+                class: "c".into(),
+                digest: "ab".repeat(32),
+                engine: None,
+                media_type: "x".into(),
+                fixture: None,
+                node: "n".into(),
+                pod: pod.into(),
+            };
+            std::fs::write(d.join("kiln.json"), serde_json::to_vec(&m).expect("json"))
+                .expect("write");
+        };
+        volume("csi-1", "ns/p", 1);
+        volume("csi-2", "ns/other", 2);
+        std::fs::create_dir_all(dir.path().join("published/csi-3")).expect("dir");
+        std::fs::write(dir.path().join("published/csi-3/kiln.json"), b"{").expect("bad");
+        assert_eq!(cache.mounted_revisions("ns/p"), vec![1]);
+    }
 
     fn entry(revision: i64, digest: &str, passed_at: i64) -> KnownGood {
         KnownGood {

@@ -85,8 +85,13 @@ impl Agent {
             .lock()
             .ok()
             .and_then(|c| c.get(&uid).cloned());
-        let decision =
-            serving::decide(pod, row, row_warm, endpoint, check.as_ref(), Instant::now());
+        let name = format!("{}/{}", key.namespace, pod.name_any());
+        let seen = serving::Seen {
+            endpoint,
+            check: check.as_ref(),
+            mounted: self.cache.mounted_revisions(&name).into_iter().max(),
+        };
+        let decision = serving::decide(pod, row, row_warm, seen, Instant::now());
         if let Some((endpoint, check_key)) = decision.start {
             let failures = serving::failures(check.as_ref(), &check_key);
             if let Err(message) = self.start_check(&key, row, endpoint, check_key, failures) {

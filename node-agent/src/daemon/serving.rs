@@ -161,15 +161,32 @@ pub fn restarts(pod: &Pod) -> i64 {
         .map_or(0, |c| c.iter().map(|c| i64::from(c.restart_count)).sum())
 }
 
-/// The gate of a pod whose row-only gate is `row_warm` (True: the row serves) given its check.
+/// What the pod holds and where its check stands: its endpoint (or why the annotations cannot
+/// be used), its check, and the revision its csi.kiln.dev volume holds when known.
+pub struct Seen<'a> {
+    /// The pod's server.
+    pub endpoint: Result<Endpoint, String>,
+    /// Its check, if one ran or runs.
+    pub check: Option<&'a Check>,
+    /// The revision its volume holds (`kiln.json`), when it has one.
+    pub mounted: Option<i64>,
+}
+
+/// The gate of a pod whose row-only gate is `row_warm` (True: the row serves) given what is
+/// `seen` of it. A pod whose volume holds another revision than the row's keeps it (a mounted
+/// artifact never changes) and says so.
 pub fn decide(
     pod: &Pod,
     row: &NodeTargetStatus,
     row_warm: Warm,
-    endpoint: Result<Endpoint, String>,
-    check: Option<&Check>,
+    seen: Seen<'_>,
     now: Instant,
 ) -> Decision {
+    let Seen {
+        endpoint,
+        check,
+        mounted,
+    } = seen;
     let cold = |reason: &str, message: String| Decision {
         warm: Warm {
             status: false,
@@ -213,14 +230,22 @@ pub fn decide(
             ..cold("WarmingServer", warming)
         },
         Some(Check::Running(_)) => cold("WarmingServer", warming),
-        Some(Check::Warm(_, figures)) => Decision {
-            warm: Warm {
-                status: true,
-                reason: row_warm.reason,
-                message: format!("{}; {}", row_warm.message, figures.describe()),
-            },
-            start: None,
-        },
+        Some(Check::Warm(_, figures)) => {
+            let served = match mounted.filter(|m| *m != revision) {
+                Some(m) => format!(
+                    "this pod's volume holds revision {m} (a mounted artifact never changes; replace the pod to move it), the node serves revision {revision}"
+                ),
+                None => row_warm.message,
+            };
+            Decision {
+                warm: Warm {
+                    status: true,
+                    reason: row_warm.reason,
+                    message: format!("{served}; {}", figures.describe()),
+                },
+                start: None,
+            }
+        }
         Some(Check::Cold {
             cold: why,
             retry_at,

@@ -51,9 +51,16 @@ fn figures() -> Figures {
     }
 }
 
+fn seen<'a>(p: &Pod, check: Option<&'a Check>) -> Seen<'a> {
+    Seen {
+        endpoint: endpoint(p, "sq").expect("annotated"),
+        check,
+        mounted: None,
+    }
+}
+
 fn decide_now(p: &Pod, check: Option<&Check>, now: Instant) -> Decision {
-    let e = endpoint(p, "sq").expect("annotated");
-    decide(p, &row(), served(), e, check, now)
+    decide(p, &row(), served(), seen(p, check), now)
 }
 
 #[test]
@@ -84,8 +91,7 @@ fn the_row_decides_first_and_containers_must_be_ready() {
         reason: "HashMismatch".into(),
         message: "m".into(),
     };
-    let e = endpoint(&p, "sq").expect("annotated");
-    let d = decide(&p, &row(), failed.clone(), e, None, now);
+    let d = decide(&p, &row(), failed.clone(), seen(&p, None), now);
     assert_eq!((d.warm, d.start), (failed, None));
     let d = decide_now(&pod(OIP, false, 0), None, now);
     assert_eq!(d.warm.reason, "WaitingForServer");
@@ -104,13 +110,27 @@ fn a_restart_or_a_new_revision_warms_again() {
         !d.warm.status && d.start.is_some(),
         "restart count up: cold"
     );
-    let e = endpoint(&p, "sq").expect("annotated");
     let newer = NodeTargetStatus {
         revision: 3,
         ..row()
     };
-    let d = decide(&p, &newer, served(), e, Some(&warm), now);
+    let d = decide(&p, &newer, served(), seen(&p, Some(&warm)), now);
     assert!(!d.warm.status && d.start.is_some(), "new revision: cold");
+    // Checked again under revision 3, its volume still holds revision 2: warm, and it says so.
+    let (_, key3) = d.start.expect("start");
+    let warm3 = Check::Warm(key3, figures());
+    let old_volume = Seen {
+        mounted: Some(2),
+        ..seen(&p, Some(&warm3))
+    };
+    let d = decide(&p, &newer, served(), old_volume, now);
+    assert!(d.warm.status);
+    assert!(
+        d.warm.message.contains("volume holds revision 2")
+            && d.warm.message.contains("node serves revision 3"),
+        "{}",
+        d.warm.message
+    );
 }
 
 #[test]
@@ -160,14 +180,12 @@ fn annotations_are_checked() {
     );
     assert!(endpoint(&pod(r#"{"kiln.dev/target": "sq"}"#, true, 0), "sq").is_none());
     let p = pod(OIP, true, 0);
-    let d = decide(
-        &p,
-        &row(),
-        served(),
-        Err("bad".into()),
-        None,
-        Instant::now(),
-    );
+    let bad = Seen {
+        endpoint: Err("bad".into()),
+        check: None,
+        mounted: None,
+    };
+    let d = decide(&p, &row(), served(), bad, Instant::now());
     assert_eq!(
         (d.warm.status, d.warm.reason.as_str()),
         (false, "InvalidSpec")
