@@ -7,7 +7,9 @@
 # figures through the server); inside the pod the volume is read-only and holds the row's digest;
 # a real v2 client (tritonclient[http] from PyPI) gets the fixture's golden outputs through the
 # Service within tolerance; a killed server container (restart count up) is warmed again before
-# the pod is Ready again; a pod whose volume names a target that does not exist stays
+# the pod is Ready again; after a newer revision turns Ready on the node the running pod stays
+# Ready on its mounted revision 1 and its gate says so, and its replacement mounts revision 2;
+# a pod whose volume names a target that does not exist stays
 # ContainerCreating with the plugin's reason in the kubelet's Event; a pod whose server is asked
 # for a model it does not serve stays not Ready with ServingMismatch. Prints apply → first
 # serving pod Ready, and the first request through the Service after Ready against the p50 the
@@ -115,6 +117,36 @@ done
 [[ " ${again[*]} " == *" WarmingServer "* || " ${again[*]} " == *" WaitingForServer "* ]] ||
   die "Ready again without a new check (reasons: ${again[*]})"
 echo "   restart → ${again[*]}"
+
+echo "== a newer revision: the running pod keeps its volume and says so; a new pod mounts the new one"
+# The compile Job reads the example's sources from a hostPath, which restricted forbids: lifted
+# for the compile, enforced again before any serving pod is made.
+kubectl label namespace "$NS" pod-security.kubernetes.io/enforce- >/dev/null
+kubectl -n "$NS" patch compiledtarget "$TARGET" --type=merge \
+  -p '{"spec":{"profiles":[{"name":"batch1b","dims":{"batch":1}}]}}' >/dev/null
+rev_is() {
+  [[ $(kubectl get kilnnode "$REAL" -o json | jq -r --arg ns "$NS" --arg t "$TARGET" \
+    '.status.targets[]? | select(.namespace == $ns and .name == $t) | "\(.revision) \(.phase)"') == "$1" ]]
+}
+wait_for "revision 2 Ready on the node" 300 rev_is "2 Ready"
+kubectl label namespace "$NS" pod-security.kubernetes.io/enforce=restricted --overwrite >/dev/null 2>&1
+old_msg() { kubectl -n "$NS" get pod "$POD" -o jsonpath='{.status.conditions[?(@.type=="kiln.dev/warm")].message}'; }
+says_old() { old_msg | grep -q 'volume holds revision 1'; }
+wait_for "the running pod says its volume holds revision 1" 120 says_old
+[[ $(kubectl -n "$NS" get pod "$POD" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]] ||
+  die "the pod on revision 1 is not Ready: $(old_msg)"
+echo "   $POD: $(old_msg | cut -c1-170)"
+kubectl -n "$NS" delete pod "$POD" --wait=false >/dev/null
+new_ready() {
+  kubectl -n "$NS" get pods -l "app=$TARGET" -o json | jq -e --arg old "$POD" '[.items[] | select(.metadata.name != $old
+    and .metadata.deletionTimestamp == null) | .status.conditions[]? | select(.type == "Ready" and .status == "True")] | length > 0'
+}
+wait_for "a new pod Ready" 180 new_ready
+NEW=$(kubectl -n "$NS" get pods -l "app=$TARGET" -o json | jq -r --arg old "$POD" '[.items[] | select(.metadata.name != $old)][0].metadata.uid')
+mnt2=$(awk '$5 ~ /volumes\/kubernetes.io~csi\/model\/mount$/ {print $5}' /proc/self/mountinfo | grep "$NEW" | head -1)
+[[ -n $mnt2 ]] && jq -e '.revision == 2' "$mnt2/kiln.json" >/dev/null ||
+  die "the new pod does not mount revision 2: $(cat "$mnt2/kiln.json" 2>/dev/null)"
+echo "   the new pod mounts revision 2"
 
 echo "== refusals: no target, wrong model name"
 nope() {
