@@ -130,7 +130,8 @@ impl Agent {
             .ok_or_else(|| format!("CompiledTarget {key} is gone"))?;
         let uid = check_key.uid.clone();
         if let Ok(mut checks) = self.serving.checks.lock() {
-            checks.insert(uid.clone(), Check::Running(check_key.clone()));
+            let warm = serving::still_warm(checks.get(&uid), &check_key);
+            checks.insert(uid.clone(), Check::Running(check_key.clone(), warm));
         }
         let labels = TargetLabels {
             namespace: key.namespace.clone(),

@@ -63,8 +63,9 @@ pub struct CheckKey {
 /// Where a pod's check stands.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Check {
-    /// Under way since.
-    Running(CheckKey),
+    /// Under way; with the figures of the last check this same server (pod and restart count)
+    /// passed under another revision, when there is one: it stays warm meanwhile.
+    Running(CheckKey, Option<Figures>),
     /// Passed.
     Warm(CheckKey, Figures),
     /// Failed (`attempts` in a row); tried again from `retry_at`.
@@ -83,7 +84,7 @@ pub enum Check {
 impl Check {
     fn key(&self) -> &CheckKey {
         match self {
-            Self::Running(k) | Self::Warm(k, _) | Self::Cold { key: k, .. } => k,
+            Self::Running(k, _) | Self::Warm(k, _) | Self::Cold { key: k, .. } => k,
         }
     }
 }
@@ -224,28 +225,45 @@ pub fn decide(
         "revision {revision} is served on this node; sending the fixture through the pod's server at {}",
         endpoint.base
     );
-    match check.filter(|c| c.key() == &key) {
-        None => Decision {
-            start: Some((endpoint, key)),
-            ..cold("WarmingServer", warming)
-        },
-        Some(Check::Running(_)) => cold("WarmingServer", warming),
-        Some(Check::Warm(_, figures)) => {
-            let served = match mounted.filter(|m| *m != revision) {
-                Some(m) => format!(
-                    "this pod's volume holds revision {m} (a mounted artifact never changes; replace the pod to move it), the node serves revision {revision}"
-                ),
-                None => row_warm.message,
-            };
-            Decision {
-                warm: Warm {
-                    status: true,
-                    reason: row_warm.reason,
-                    message: format!("{served}; {}", figures.describe()),
-                },
-                start: None,
-            }
+    let passed = |figures: &Figures, rechecking: bool| {
+        let served = match mounted.filter(|m| *m != revision) {
+            Some(m) => format!(
+                "this pod's volume holds revision {m} (a mounted artifact never changes; replace the pod to move it), the node serves revision {revision}"
+            ),
+            None => row_warm.message.clone(),
+        };
+        let again = if rechecking {
+            format!("; checking the same server again for revision {revision}, its last check")
+        } else {
+            String::new()
+        };
+        Warm {
+            status: true,
+            reason: row_warm.reason.clone(),
+            message: format!("{served}{again}: {}", figures.describe()),
         }
+    };
+    match check.filter(|c| c.key() == &key) {
+        None => match still_warm(check, &key) {
+            // The same server passed under another revision: warm while it is checked again.
+            Some(figures) => Decision {
+                warm: passed(&figures, true),
+                start: Some((endpoint, key)),
+            },
+            None => Decision {
+                start: Some((endpoint, key)),
+                ..cold("WarmingServer", warming)
+            },
+        },
+        Some(Check::Running(_, Some(figures))) => Decision {
+            warm: passed(figures, true),
+            start: None,
+        },
+        Some(Check::Running(_, None)) => cold("WarmingServer", warming),
+        Some(Check::Warm(_, figures)) => Decision {
+            warm: passed(figures, false),
+            start: None,
+        },
         Some(Check::Cold {
             cold: why,
             retry_at,
@@ -254,6 +272,18 @@ pub fn decide(
             start: (now >= *retry_at).then(|| (endpoint, key.clone())),
             ..cold(why.reason(), why.message().to_string())
         },
+    }
+}
+
+/// The figures of the last check `check` says this same server passed (the same pod and
+/// restart count as `key`, under another revision), which keep it warm while it is checked
+/// again; `None` for a new or restarted server, or one that failed.
+pub fn still_warm(check: Option<&Check>, key: &CheckKey) -> Option<Figures> {
+    let same = |k: &CheckKey| k.uid == key.uid && k.restarts == key.restarts;
+    match check? {
+        Check::Warm(k, f) if same(k) => Some(f.clone()),
+        Check::Running(k, Some(f)) if same(k) => Some(f.clone()),
+        _ => None,
     }
 }
 

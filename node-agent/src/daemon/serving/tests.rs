@@ -73,7 +73,7 @@ fn never_true_before_the_server_answered_within_tolerance() {
     let (e, key) = first.start.clone().expect("a check starts");
     assert_eq!(e.base, "http://10.0.0.7:8000");
     assert_eq!(e.model, "sq", "the target's name by default");
-    let running = Check::Running(key.clone());
+    let running = Check::Running(key.clone(), None);
     let d = decide_now(&p, Some(&running), now);
     assert!(!d.warm.status && d.start.is_none(), "one check at a time");
     let warm = Check::Warm(key, figures());
@@ -115,9 +115,46 @@ fn a_restart_or_a_new_revision_warms_again() {
         ..row()
     };
     let d = decide(&p, &newer, served(), seen(&p, Some(&warm)), now);
-    assert!(!d.warm.status && d.start.is_some(), "new revision: cold");
-    // Checked again under revision 3, its volume still holds revision 2: warm, and it says so.
+    // The same server (pod, restart count) passed before: it stays warm while checked again.
+    assert!(
+        d.warm.status && d.start.is_some(),
+        "new revision: checked again, still warm"
+    );
+    assert!(
+        d.warm
+            .message
+            .contains("checking the same server again for revision 3"),
+        "{}",
+        d.warm.message
+    );
     let (_, key3) = d.start.expect("start");
+    let running = Check::Running(key3.clone(), still_warm(Some(&warm), &key3));
+    let d = decide(&p, &newer, served(), seen(&p, Some(&running)), now);
+    assert!(
+        d.warm.status && d.start.is_none(),
+        "warm while the check runs"
+    );
+    let failed = finished(
+        key3.clone(),
+        Err(Cold::ParityExceeded("x".into())),
+        0,
+        now,
+        (Duration::from_secs(5), Duration::from_secs(60)),
+    );
+    let d = decide(&p, &newer, served(), seen(&p, Some(&failed)), now);
+    assert!(!d.warm.status, "a failed re-check is cold");
+    // A restarted server is never warm on an earlier check.
+    assert!(
+        still_warm(
+            Some(&warm),
+            &CheckKey {
+                restarts: 1,
+                ..key3.clone()
+            }
+        )
+        .is_none()
+    );
+    // Checked again under revision 3, its volume still holds revision 2: warm, and it says so.
     let warm3 = Check::Warm(key3, figures());
     let old_volume = Seen {
         mounted: Some(2),
