@@ -236,3 +236,53 @@ fn snippet(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(&body[..body.len().min(300)]).to_string();
     text.trim().to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::Dtype;
+
+    #[test]
+    fn a_request_carries_the_same_inputs_as_json_or_as_bytes() {
+        let inputs = BTreeMap::from([
+            (
+                "a".to_string(),
+                HostTensor {
+                    dtype: Dtype::F32,
+                    shape: vec![2],
+                    data: [1.5f32, -2.0]
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect(),
+                },
+            ),
+            (
+                "b".to_string(),
+                HostTensor {
+                    dtype: Dtype::I64,
+                    shape: vec![1],
+                    data: 7i64.to_le_bytes().to_vec(),
+                },
+            ),
+        ]);
+        let (json, none) = request_body(&inputs, false).expect("json");
+        assert_eq!(none, None);
+        let parsed: InferRequest = serde_json::from_slice(&json).expect("a JSON request");
+        assert_eq!(
+            binary::request_inputs(&parsed, &[]).expect("inputs"),
+            inputs
+        );
+        let (body, header) = request_body(&inputs, true).expect("binary");
+        let n = header.expect("a header length").to_string();
+        let (head, tail) = binary::split(&body, Some(&n)).expect("split");
+        let parsed: InferRequest = serde_json::from_slice(head).expect("header");
+        assert!(
+            oip::wants_binary(&parsed, "any output"),
+            "outputs asked as bytes too"
+        );
+        assert_eq!(
+            binary::request_inputs(&parsed, tail).expect("inputs"),
+            inputs
+        );
+    }
+}
