@@ -109,6 +109,12 @@ fn keyed_options(
 /// Version of the encoding; bump it when [`CompileKeyInput`] changes meaning.
 const KEY_SCHEME: &str = "kiln.dev/compile-key/v1";
 
+/// Whether `hex` is a bare sha256 (64 hex digits, either case): what a digest or compile key
+/// must be before it names a file, a directory or a tag.
+pub fn is_sha256_hex(hex: &str) -> bool {
+    hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// The compile key: lowercase hex sha256.
 pub fn compile_key(input: &CompileKeyInput) -> String {
     // serde_json writes struct fields in declaration order and BTreeMaps sorted: canonical.

@@ -18,6 +18,7 @@ pub mod llamacpp;
 pub mod manifest;
 pub mod model_artifact;
 pub mod mounted;
+pub mod names;
 pub mod placement;
 pub mod reason;
 mod schema;

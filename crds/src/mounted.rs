@@ -52,7 +52,7 @@ impl MountedModel {
     /// Parses `kiln.json`, every field checked: names non-empty, digests 64 hex characters.
     pub fn parse(bytes: &[u8]) -> Result<Self, String> {
         let m: Self = serde_json::from_slice(bytes).map_err(|e| format!("{KILN_JSON}: {e}"))?;
-        let hex = |d: &str| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit());
+        let hex = crate::compile_key::is_sha256_hex;
         if m.target.is_empty() || m.namespace.is_empty() {
             return Err(format!("{KILN_JSON} names no target"));
         }

@@ -29,11 +29,7 @@ pub struct Expected {
     pub size: Option<u64>,
 }
 
-/// Whether `hex` is a bare sha256 (64 hex digits, either case): what a digest or compile key
-/// must be before it names a file, a directory or a tag.
-pub fn is_sha256_hex(hex: &str) -> bool {
-    hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
-}
+pub use kiln_crds::compile_key::is_sha256_hex;
 
 /// Prefix of the temp files a verified write makes beside its destination.
 pub const PARTIAL_PREFIX: &str = ".kiln-partial-";

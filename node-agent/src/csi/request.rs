@@ -3,6 +3,8 @@
 
 use std::path::{Component, Path, PathBuf};
 
+pub use kiln_crds::names::{is_dns1123_label, is_dns1123_subdomain};
+
 use super::proto::csi::{
     NodePublishVolumeRequest, NodeUnpublishVolumeRequest, volume_capability::AccessType,
 };
@@ -168,20 +170,6 @@ fn target_path(path: &str, pods: &Path) -> Result<PathBuf, String> {
         ));
     }
     Ok(p.to_path_buf())
-}
-
-/// A DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a
-/// letter or digit (a namespace's name).
-pub fn is_dns1123_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    let inner = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-';
-    let edge = |c: Option<&u8>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-    !b.is_empty() && b.len() <= 63 && b.iter().all(inner) && edge(b.first()) && edge(b.last())
-}
-
-/// A DNS-1123 subdomain: dot-separated labels, at most 253 characters (an object's name).
-pub fn is_dns1123_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns1123_label)
 }
 
 #[cfg(test)]

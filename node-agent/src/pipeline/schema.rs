@@ -154,14 +154,7 @@ fn field_path(pointer: &str) -> String {
 /// A Kubernetes object name: a DNS-1123 subdomain.
 fn dns_subdomain(name: Option<&str>) -> std::result::Result<(), String> {
     let name = name.ok_or("required")?;
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if name.len() > 253 || !name.split('.').all(label_ok) {
+    if !kiln_crds::names::is_dns1123_subdomain(name) {
         return Err(format!(
             "{name:?} is not a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', at most 253 characters, starting and ending alphanumeric)"
         ));
