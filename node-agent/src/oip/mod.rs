@@ -343,7 +343,7 @@ fn encode_one(dtype: Dtype, v: &Value, out: &mut Vec<u8>) -> Result<(), String> 
         Dtype::BOOL => match v {
             Value::Bool(b) => out.push(u8::from(*b)),
             _ => match int(v)? {
-                0 | 1 => out.push(int(v)? as u8),
+                i @ (0 | 1) => out.push(i as u8),
                 i => return Err(format!("{i} is not a boolean")),
             },
         },

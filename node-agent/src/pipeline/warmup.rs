@@ -10,6 +10,7 @@ use kiln_crds::compiled_target::Warmup;
 use kiln_crds::kiln_node::WarmupFigures;
 
 use crate::backend::Engine;
+use crate::backend::Shapes;
 use crate::backend::tensor::HostTensor;
 use crate::error::{Error, Result};
 use crate::pipeline::fixtures::FixtureFile;
@@ -72,23 +73,12 @@ impl WarmupReport {
 /// shapes and element types.
 pub fn check_inputs(engine: &dyn Engine, fixture: &FixtureFile) -> Result<()> {
     let profiles = engine.profiles();
-    let fits = profiles.iter().any(|(_, shapes)| {
-        shapes.len() == fixture.inputs.len()
-            && shapes
-                .iter()
-                .all(|(n, s)| fixture.inputs.get(n).is_some_and(|t| &t.shape == s))
-    });
-    if !fits {
-        let got: BTreeMap<&String, &Vec<usize>> =
-            fixture.inputs.iter().map(|(n, t)| (n, &t.shape)).collect();
-        let want: Vec<String> = profiles
-            .iter()
-            .map(|(p, s)| format!("{p}: {s:?}"))
-            .collect();
+    if !fits_a_profile(&profiles, &fixture.inputs) {
         return Err(Error::InvalidSpec(format!(
-            "fixture {} has inputs {got:?}, which match no compiled profile ({}); regenerate the fixture for a profile's shapes or add a profile",
+            "fixture {} has inputs {:?}, which match no compiled profile ({}); regenerate the fixture for a profile's shapes or add a profile",
             fixture.version,
-            want.join("; ")
+            shapes_of(&fixture.inputs),
+            describe_profiles(&profiles)
         )));
     }
     let wrong: Vec<String> = engine
@@ -108,6 +98,34 @@ pub fn check_inputs(engine: &dyn Engine, fixture: &FixtureFile) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Whether `inputs` are exactly one profile's: the same names, each with the profile's shape.
+/// Pure.
+pub fn fits_a_profile(
+    profiles: &[(String, Shapes)],
+    inputs: &BTreeMap<String, HostTensor>,
+) -> bool {
+    profiles.iter().any(|(_, shapes)| {
+        shapes.len() == inputs.len()
+            && shapes
+                .iter()
+                .all(|(n, s)| inputs.get(n).is_some_and(|t| &t.shape == s))
+    })
+}
+
+/// Input name → shape, for messages.
+pub fn shapes_of(inputs: &BTreeMap<String, HostTensor>) -> BTreeMap<&String, &Vec<usize>> {
+    inputs.iter().map(|(n, t)| (n, &t.shape)).collect()
+}
+
+/// The compiled profiles as `name: {input: shape}`, `; `-separated, for messages.
+pub fn describe_profiles(profiles: &[(String, Shapes)]) -> String {
+    profiles
+        .iter()
+        .map(|(p, s)| format!("{p}: {s:?}"))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Refuses NaN or ±Inf in a golden output unless `warmup.outputs[name].allowNonFinite` is set:
@@ -167,14 +185,7 @@ pub fn warm(engine: &dyn Engine, fixture: &FixtureFile, warmup: &Warmup) -> Resu
     report.total_seconds = started.elapsed().as_secs_f64();
     report.placement = engine.placement();
     report.first_seconds = report.latencies.first().copied().unwrap_or(0.0);
-    let mut steady: Vec<f64> = if report.latencies.len() > 1 {
-        report.latencies[1..].to_vec()
-    } else {
-        report.latencies.clone()
-    };
-    steady.sort_by(f64::total_cmp);
-    report.p50_seconds = percentile(&steady, 0.50);
-    report.p99_seconds = percentile(&steady, 0.99);
+    (report.p50_seconds, report.p99_seconds) = steady_percentiles(&report.latencies);
     if let Some(budget_ms) = warmup.latency_budget_p99_ms
         && report.p99_seconds * 1000.0 > budget_ms
     {
@@ -298,6 +309,18 @@ fn within(e: Error, which: &str) -> Error {
         Error::ParityExceeded(m) => Error::ParityExceeded(format!("{which}: {m}")),
         other => other,
     }
+}
+
+/// The p50 and p99 of the steady runs: every latency but the first (the cold one), or the
+/// first when it is the only one; nearest rank. Pure.
+pub fn steady_percentiles(latencies: &[f64]) -> (f64, f64) {
+    let mut steady = latencies
+        .get(1..)
+        .filter(|s| !s.is_empty())
+        .unwrap_or(latencies)
+        .to_vec();
+    steady.sort_by(f64::total_cmp);
+    (percentile(&steady, 0.50), percentile(&steady, 0.99))
 }
 
 /// Nearest-rank percentile of sorted values.

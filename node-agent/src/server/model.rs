@@ -18,6 +18,7 @@ use crate::backend::{self, Engine};
 use crate::error::{Error, Result};
 use crate::oip::{ModelMetadata, TensorMetadata, datatype};
 use crate::pipeline::fixtures::FixtureFile;
+use crate::pipeline::warmup::{describe_profiles, fits_a_profile, shapes_of};
 
 /// A loaded, checked model.
 pub struct Served {
@@ -271,23 +272,13 @@ pub fn check_inputs(
         }
     }
     let profiles = engine.profiles();
-    let fits = profiles.iter().any(|(_, shapes)| {
-        shapes.len() == inputs.len()
-            && shapes
-                .iter()
-                .all(|(n, s)| inputs.get(n).is_some_and(|t| &t.shape == s))
-    });
-    if fits {
+    if fits_a_profile(&profiles, inputs) {
         return Ok(());
     }
-    let given: BTreeMap<&String, &Vec<usize>> = inputs.iter().map(|(n, t)| (n, &t.shape)).collect();
-    let accepted: Vec<String> = profiles
-        .iter()
-        .map(|(p, shapes)| format!("{p}: {shapes:?}"))
-        .collect();
     Err(format!(
-        "inputs {given:?} match none of the compiled profiles ({}); send one profile's shapes",
-        accepted.join("; ")
+        "inputs {:?} match none of the compiled profiles ({}); send one profile's shapes",
+        shapes_of(inputs),
+        describe_profiles(&profiles)
     ))
 }
 

@@ -130,17 +130,10 @@ pub fn judge(
     }
 }
 
-/// Median of the latencies after the first (the first when there is one only). Pure.
+/// Median of the latencies after the first (the first when there is one only), as a node's
+/// warmup reports it ([`crate::pipeline::warmup::steady_percentiles`]). Pure.
 pub fn steady_p50(latencies: &[f64]) -> f64 {
-    let mut steady: Vec<f64> = latencies.iter().skip(1).copied().collect();
-    if steady.is_empty() {
-        steady = latencies.to_vec();
-    }
-    steady.sort_by(f64::total_cmp);
-    steady
-        .get(steady.len().saturating_sub(1) / 2)
-        .copied()
-        .unwrap_or(0.0)
+    crate::pipeline::warmup::steady_percentiles(latencies).0
 }
 
 #[cfg(test)]
