@@ -121,19 +121,22 @@ impl Cache {
         self.root.join("blobs")
     }
 
-    /// The revisions the CSI plugin's volumes for pod `namespace/name` hold (their `kiln.json`
-    /// in `published/`, read only; a volume whose `kiln.json` does not parse is skipped).
-    pub fn mounted_revisions(&self, pod: &str) -> Vec<i64> {
+    /// Pod (`namespace/name`) → the newest revision the CSI plugin's volumes for it hold
+    /// (their `kiln.json` in `published/`, read only; one that does not parse is skipped).
+    pub fn mounted_revisions(&self) -> BTreeMap<String, i64> {
+        let mut by_pod = BTreeMap::new();
         let Ok(entries) = std::fs::read_dir(self.root.join("published")) else {
-            return Vec::new();
+            return by_pod;
         };
-        entries
+        let volumes = entries
             .flatten()
             .filter_map(|e| std::fs::read(e.path().join(kiln_crds::mounted::KILN_JSON)).ok())
-            .filter_map(|bytes| kiln_crds::mounted::MountedModel::parse(&bytes).ok())
-            .filter(|m| m.pod == pod)
-            .map(|m| m.revision)
-            .collect()
+            .filter_map(|bytes| kiln_crds::mounted::MountedModel::parse(&bytes).ok());
+        for m in volumes {
+            let newest = by_pod.entry(m.pod).or_insert(m.revision);
+            *newest = (*newest).max(m.revision);
+        }
+        by_pod
     }
 
     fn dir(&self, digest: &str) -> Result<PathBuf> {
@@ -421,10 +424,7 @@ mod tests {
     fn the_revision_a_pods_volume_holds_is_read_from_its_kiln_json() {
         let dir = tempfile::tempdir().expect("tmp");
         let cache = Cache::open(dir.path()).expect("open");
-        assert!(
-            cache.mounted_revisions("ns/p").is_empty(),
-            "no published/ yet"
-        );
+        assert!(cache.mounted_revisions().is_empty(), "no published/ yet");
         let volume = |name: &str, pod: &str, revision: i64| {
             let d = dir.path().join("published").join(name);
             std::fs::create_dir_all(&d).expect("dir");
@@ -447,7 +447,7 @@ mod tests {
         volume("csi-2", "ns/other", 2);
         std::fs::create_dir_all(dir.path().join("published/csi-3")).expect("dir");
         std::fs::write(dir.path().join("published/csi-3/kiln.json"), b"{").expect("bad");
-        assert_eq!(cache.mounted_revisions("ns/p"), vec![1]);
+        assert_eq!(cache.mounted_revisions().get("ns/p"), Some(&1));
     }
 
     fn entry(revision: i64, digest: &str, passed_at: i64) -> KnownGood {

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::kiln_node::NodeTargetStatus;
 use kiln_crds::labels::TARGET_ANNOTATION;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
 use super::agent::Agent;
@@ -41,8 +42,10 @@ impl Agent {
         if let Ok(mut checks) = self.serving.checks.lock() {
             checks.retain(|uid, _| pods.iter().any(|p| p.metadata.uid.as_deref() == Some(uid)));
         }
+        // What each pod's volume holds: one read of the cache's published/ per pass.
+        let mounted = self.cache.mounted_revisions();
         for pod in pods {
-            let Some(want) = self.desired(&pod, rows) else {
+            let Some(want) = self.desired(&pod, rows, &mounted) else {
                 continue;
             };
             if !gate::differs(&pod, &want) {
@@ -68,6 +71,7 @@ impl Agent {
         &self,
         pod: &Pod,
         rows: &BTreeMap<TargetKey, NodeTargetStatus>,
+        mounted: &BTreeMap<String, i64>,
     ) -> Option<gate::Warm> {
         let row_warm = gate::desired(pod, rows)?;
         let target = pod.annotations().get(TARGET_ANNOTATION)?.clone();
@@ -89,7 +93,7 @@ impl Agent {
         let seen = serving::Seen {
             endpoint,
             check: check.as_ref(),
-            mounted: self.cache.mounted_revisions(&name).into_iter().max(),
+            mounted: mounted.get(&name).copied(),
         };
         let decision = serving::decide(pod, row, row_warm, seen, Instant::now());
         if let Some((endpoint, check_key)) = decision.start {
@@ -123,9 +127,7 @@ impl Agent {
         })?;
         let warmup = self
             .targets
-            .state()
-            .into_iter()
-            .find(|t| TargetKey::of(t) == *key)
+            .get(&ObjectRef::new(&key.name).within(&key.namespace))
             .map(|t| t.spec.warmup.clone())
             .ok_or_else(|| format!("CompiledTarget {key} is gone"))?;
         let uid = check_key.uid.clone();
