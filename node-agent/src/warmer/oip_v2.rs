@@ -6,16 +6,13 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use futures::StreamExt;
 use kiln_crds::compiled_target::Warmup;
 
 use super::verdict::{Cold, Endpoint, Figures, judge, requests, steady_p50};
+use super::wire::{exchange, snippet};
 use crate::backend::tensor::HostTensor;
 use crate::oip::{self, InferRequest, InferResponse, ModelMetadata, binary};
 use crate::pipeline::fixtures::FixtureFile;
-
-/// The largest answer read from a serving pod.
-const MAX_ANSWER: usize = 256 << 20;
 
 /// See [`super::warm`].
 pub async fn warm(
@@ -200,41 +197,6 @@ async fn infer(
         .map_err(|e| Cold::Malformed(format!("POST {url}: not a v2 infer response: {e}")))?;
     binary::response_outputs(&response, tail)
         .map_err(|m| Cold::Malformed(format!("POST {url}: {m}")))
-}
-
-/// Sends a request; the status, the binary extension's header length and the body (at most
-/// [`MAX_ANSWER`] bytes).
-async fn exchange(
-    request: reqwest::RequestBuilder,
-) -> Result<(u16, Option<String>, Vec<u8>), Cold> {
-    let response = request
-        .send()
-        .await
-        .map_err(|e| Cold::Unreachable(crate::error::with_causes(&e)))?;
-    let status = response.status().as_u16();
-    let header = response
-        .headers()
-        .get(oip::HEADER_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let mut body = Vec::new();
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| Cold::Unreachable(crate::error::with_causes(&e)))?;
-        if body.len() + chunk.len() > MAX_ANSWER {
-            return Err(Cold::Malformed(format!(
-                "the answer is longer than {MAX_ANSWER} bytes"
-            )));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok((status, header, body))
-}
-
-/// The start of a body, for messages.
-fn snippet(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(&body[..body.len().min(300)]).to_string();
-    text.trim().to_string()
 }
 
 #[cfg(test)]

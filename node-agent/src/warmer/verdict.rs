@@ -9,7 +9,7 @@ use crate::backend::tensor::HostTensor;
 use crate::error::Error;
 use crate::pipeline::fixtures::FixtureFile;
 
-/// Pod annotation: how kiln talks to the pod's server (`oip-v2`).
+/// Pod annotation: how kiln talks to the pod's server (`oip-v2`, `llama-server`).
 pub const PROTOCOL_ANNOTATION: &str = "kiln.dev/protocol";
 /// Pod annotation: the server's port.
 pub const PORT_ANNOTATION: &str = "kiln.dev/port";
@@ -21,6 +21,8 @@ pub const MODEL_NAME_ANNOTATION: &str = "kiln.dev/model-name";
 pub enum Protocol {
     /// Any Open Inference Protocol v2 server over REST.
     OipV2,
+    /// llama.cpp's own `llama-server`, its native REST API.
+    LlamaServer,
 }
 
 impl Protocol {
@@ -28,8 +30,9 @@ impl Protocol {
     pub fn parse(value: &str) -> Result<Self, String> {
         match value {
             "oip-v2" => Ok(Self::OipV2),
+            "llama-server" => Ok(Self::LlamaServer),
             other => Err(format!(
-                "{PROTOCOL_ANNOTATION}: {other:?} is not a protocol kiln speaks (oip-v2)"
+                "{PROTOCOL_ANNOTATION}: {other:?} is not a protocol kiln speaks (oip-v2, llama-server)"
             )),
         }
     }
@@ -67,6 +70,17 @@ impl Cold {
             Self::Malformed(_) => "ServingMalformed",
             Self::Mismatch(_) => "ServingMismatch",
             Self::ParityExceeded(_) => "ServingParityExceeded",
+        }
+    }
+
+    /// The same, with the request it happened in named first.
+    pub fn within(self, which: &str) -> Self {
+        let named = |m: String| format!("{which}: {m}");
+        match self {
+            Self::Unreachable(m) => Self::Unreachable(named(m)),
+            Self::Malformed(m) => Self::Malformed(named(m)),
+            Self::Mismatch(m) => Self::Mismatch(named(m)),
+            Self::ParityExceeded(m) => Self::ParityExceeded(named(m)),
         }
     }
 
@@ -162,6 +176,7 @@ mod tests {
     #[test]
     fn protocols_are_named_exactly() {
         assert_eq!(Protocol::parse("oip-v2"), Ok(Protocol::OipV2));
+        assert_eq!(Protocol::parse("llama-server"), Ok(Protocol::LlamaServer));
         assert!(
             Protocol::parse("v2")
                 .expect_err("unknown")

@@ -3,6 +3,8 @@
 //! from ([`HttpsServer`]). Each test crate uses part of it.
 #![allow(dead_code)]
 
+pub mod llm;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
