@@ -30,7 +30,7 @@ E2E=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 source "$E2E/lib/common.sh"
 ARTIFACTS=${KILN_E2E_ARTIFACTS:-/tmp/kiln-e2e-test}
 HARNESS_TESTS=(up-idempotent network-isolation node-ready pod-logs dynamic-image job daemonset-token service-clusterip crd registry helm)
-KILN_TESTS=(kiln-crds operator compile-exec operator-nodes agent store-oci chart-render chart kiln onnxruntime llamacpp gpu-image plugin rollback csi serving faults)
+KILN_TESTS=(kiln-crds operator compile-exec operator-nodes agent store-oci chart-render chart kiln onnxruntime llamacpp gpu-image plugin rollback csi serving serving-llama faults)
 MULTINODE_TESTS=(nodes multinode)
 GROUPS_ALL=(harness kiln multinode)
 
