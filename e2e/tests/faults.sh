@@ -26,6 +26,11 @@
 #                       publish takes milliseconds); the new plugin registers again, the pod
 #                       mounts the bytes its kiln.json names, and once the pod is deleted
 #                       nothing is left mounted or in the cache's published/
+#   serving-pod         a serving pod (kiln-agent serve on the model volume, kiln.dev/protocol
+#                       oip-v2, 400 warmup requests) has its server SIGKILLed while the agent
+#                       warms it through the server (gate reason WarmingServer; the note says
+#                       if the kill came later): its gate is never True before the kubelet has
+#                       counted the restart and the restarted server was checked again, then True
 #
 #   engine-segfault     a second target on the same node whose engine (ONNX Runtime) segfaults
 #   engine-abort        / aborts / spins past its deadline while the agent loads and warms it:
@@ -586,6 +591,65 @@ YAML
   NOTE="(killed $at_kill; mounted ${sum:0:12}… as kiln.json names it, nothing left after the pod)"
 }
 
+f_serving_pod() {
+  revise "$1" 400
+  local pod=oip-$1 image r p st rc at_kill seen=() uid pid i t0
+  image=$(kubectl -n "$NS" get ds kiln-agent -o jsonpath='{.spec.template.spec.containers[0].image}')
+  kubectl -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $pod
+  annotations: {kiln.dev/target: $TARGET, kiln.dev/protocol: oip-v2, kiln.dev/port: "8000"}
+spec:
+  readinessGates: [{conditionType: kiln.dev/warm}]
+  nodeName: $REAL
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: server
+      image: $image
+      imagePullPolicy: Never
+      args: [serve, --model-dir, /model, --port, "8000"]
+      readinessProbe: {httpGet: {path: /v2/health/ready, port: 8000}, periodSeconds: 1}
+      volumeMounts: [{name: model, mountPath: /model, readOnly: true}]
+  volumes: [{name: model, csi: {driver: csi.kiln.dev, readOnly: true, volumeAttributes: {target: $TARGET}}}]
+YAML
+  warm_reason() { kubectl -n "$NS" get pod "$pod" -o jsonpath='{.status.conditions[?(@.type=="kiln.dev/warm")].reason}/{.status.conditions[?(@.type=="kiln.dev/warm")].status}'; }
+  for ((i = 0; i < 3000; i++)); do
+    r=$(warm_reason)
+    [[ $r == WarmingServer/* || $r == */True ]] && break
+    sleep 0.1
+  done
+  uid=$(kubectl -n "$NS" get pod "$pod" -o jsonpath='{.metadata.uid}')
+  pid=$(pgrep -f "kiln-agent serve --model-dir /model --port 8000" | while read -r q; do
+    grep -q "$uid" "/proc/$q/cgroup" 2>/dev/null && echo "$q"; done | head -1)
+  [[ -n $pid ]] || { echo "   no server process of $pod (gate $r)" >&2; return 1; }
+  kill -KILL "$pid"
+  at_kill=${r%/*}
+  t0=$SECONDS
+  for ((i = 0; i < 900; i++)); do
+    p=$(kubectl -n "$NS" get pod "$pod" -o json)
+    st=$(jq -r '.status.conditions[]? | select(.type == "kiln.dev/warm") | .status' <<<"$p")
+    r=$(jq -r '.status.conditions[]? | select(.type == "kiln.dev/warm") | .reason' <<<"$p")
+    rc=$(jq '[.status.containerStatuses[]?.restartCount] | add // 0' <<<"$p")
+    [[ -n $r && " ${seen[*]} " != *" $r "* ]] && seen+=("$r")
+    if ((rc == 0)); then
+      # Before the kubelet counts the restart, only a server that passed before the kill may
+      # still show True; one killed while warming must not.
+      [[ $st != True || $at_kill == Ready ]] || { echo "   $pod: gate True after its server was killed mid-warming, no restart counted" >&2; return 1; }
+    elif [[ $st == True ]]; then
+      [[ " ${seen[*]} " == *" WarmingServer "* || " ${seen[*]} " == *" WaitingForServer "* ]] ||
+        { echo "   $pod: True after the restart without a new check (reasons: ${seen[*]})" >&2; return 1; }
+      break
+    fi
+    sleep 0.2
+  done
+  [[ $st == True ]] || { echo "   $pod: not warm again after the restart (reasons: ${seen[*]})" >&2; return 1; }
+  kubectl -n "$NS" delete pod "$pod" --wait=false >/dev/null
+  NOTE="(killed while ${at_kill}; then ${seen[*]}; True again $((SECONDS - t0)) s later, restart counted)"
+}
+
 run_case() {
   local name=$1 fn=$2 jobs=${3:-} i
   [[ " ${KILN_E2E_FAULT_CASES:-$name} " == *" $name "* ]] || return 0
@@ -602,6 +666,7 @@ run_case apiserver-restart f_apiserver_restart 1
 run_case class-change f_class_change
 run_case artifact-corrupt f_artifact_corrupt 1
 run_case csi-plugin f_csi_plugin 1
+run_case serving-pod f_serving_pod 1
 if engine_cases_wanted; then
   engine_sources
   run_case engine-segfault f_engine_segfault

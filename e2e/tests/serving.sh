@@ -9,6 +9,8 @@
 # Service within tolerance; a killed server container (restart count up) is warmed again before
 # the pod is Ready again; after a newer revision turns Ready on the node the running pod stays
 # Ready (polled) on its mounted revision 1 and its gate says so, and its replacement mounts revision 2;
+# after `kubectl kiln rollback --to 1` the pod on revision 2 stays Ready saying so, and a pod made
+# after the rollback mounts revision 1;
 # a pod whose volume names a target that does not exist stays
 # ContainerCreating with the plugin's reason in the kubelet's Event; a pod whose server is asked
 # for a model it does not serve stays not Ready with ServingMismatch. Prints apply → first
@@ -151,6 +153,34 @@ mnt2=$(awk '$5 ~ /volumes\/kubernetes.io~csi\/model\/mount$/ {print $5}' /proc/s
 [[ -n $mnt2 ]] && jq -e '.revision == 2' "$mnt2/kiln.json" >/dev/null ||
   die "the new pod does not mount revision 2: $(cat "$mnt2/kiln.json" 2>/dev/null)"
 echo "   the new pod mounts revision 2"
+
+echo "== kubectl kiln rollback to revision 1: the running pod keeps revision 2 and says so; a new pod mounts 1"
+mkdir -p "$WORK/bin"
+cp "$(bin kubectl-kiln)" "$WORK/bin/kubectl-kiln"
+POD2=$(kubectl -n "$NS" get pods -l "app=$TARGET" -o json | jq -r --arg old "$POD" '[.items[] | select(.metadata.name != $old)][0].metadata.name')
+t_rb=$(date +%s.%N)
+rb=$(PATH=$WORK/bin:$PATH kubectl kiln -n "$NS" rollback "$TARGET" --to 1 --wait --timeout 120 -o json) || die "rollback: $rb"
+wait_for "revision 1 served on the node" 60 rev_is "1 Ready"
+msg2() { kubectl -n "$NS" get pod "$POD2" -o jsonpath='{.status.conditions[?(@.type=="kiln.dev/warm")].message}'; }
+for ((i = 0; i < 240; i++)); do
+  [[ $(kubectl -n "$NS" get pod "$POD2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]] ||
+    die "the pod on revision 2 left Ready after the rollback to 1: $(msg2)"
+  msg2 | grep -q 'volume holds revision 2' && break
+  sleep 0.5
+done
+msg2 | grep -q 'volume holds revision 2' || die "the pod on revision 2 does not say so after the rollback: $(msg2)"
+printf '   rollback served on the node after %s s; %s: %s\n' "$(jq -r .servedAfterSeconds <<<"$rb")" "$POD2" "$(msg2 | cut -c1-150)"
+kubectl -n "$NS" delete pod "$POD2" --wait=false >/dev/null
+rolled_ready() {
+  kubectl -n "$NS" get pods -l "app=$TARGET" -o json | jq -e --arg a "$POD" --arg b "$POD2" '[.items[] | select(.metadata.name != $a
+    and .metadata.name != $b and .metadata.deletionTimestamp == null) | .status.conditions[]? | select(.type == "Ready" and .status == "True")] | length > 0'
+}
+wait_for "a pod Ready after the rollback" 180 rolled_ready
+NEW3=$(kubectl -n "$NS" get pods -l "app=$TARGET" -o json | jq -r --arg a "$POD" --arg b "$POD2" '[.items[] | select(.metadata.name != $a and .metadata.name != $b)][0].metadata.uid')
+mnt3=$(awk '$5 ~ /volumes\/kubernetes.io~csi\/model\/mount$/ {print $5}' /proc/self/mountinfo | grep "$NEW3" | head -1)
+[[ -n $mnt3 ]] && jq -e '.revision == 1' "$mnt3/kiln.json" >/dev/null ||
+  die "the pod made after the rollback does not mount revision 1: $(cat "$mnt3/kiln.json" 2>/dev/null)"
+printf '   the pod made after the rollback mounts revision 1, Ready %.1f s after the rollback began\n' "$(echo "$(date +%s.%N) - $t_rb" | bc)"
 
 echo "== refusals: no target, wrong model name"
 nope() {

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The last mile on a third-party Open Inference Protocol v2 server, on the real cluster: KServe's
+# own ModelServer (`kserve` 0.21.0 from PyPI) wrapping ONNX Runtime 1.31.1 (PyPI) reads the
+# verified artifact of an onnxruntime target from the csi.kiln.dev volume
+# (e2e/testdata/kserve_onnx.py: the optimised graph from kiln's artifact tar, nothing else of
+# kiln's), in an image of Debian's Python and that environment (scripts/ensure-kserve.sh), in a
+# namespace enforcing Pod Security "restricted". Asserts: the pod is never Ready before the node's
+# row is Ready and the agent has checked its server (KServe lists no binary tensor extension, so
+# the agent's requests are JSON tensors); a real v2 client (tritonclient[http]) gets the
+# fixture's golden outputs through the Service within tolerance; the same server asked for a
+# model it does not serve stays not Ready with ServingMismatch.
+#
+# Needs PyPI once (the server's and the client's environments; required under CI).
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/kiln-lib.sh"
+kiln_test serving-kserve
+TARGET=squeezenet-ort
+NETNS=kiln-e2e
+
+needs() {
+  [[ ${CI:-} != true ]] || die "$1 is required under CI=true"
+  skip "$1: it needs PyPI once"
+}
+PY=$("$REPO/scripts/ensure-v2-client.sh") || needs "the v2 client (scripts/ensure-v2-client.sh)"
+KSERVE=$("$REPO/scripts/ensure-kserve.sh") || needs "KServe (scripts/ensure-kserve.sh)"
+kiln_example_dirs "$WORK"
+kiln_fresh_crds
+kiln_images "$WORK/images" || die "images"
+IMAGE=e2e/kserve-onnx:0.21.0
+"$E2E_DIR/build-image" --name "$IMAGE" --out "$WORK/images/kserve.tar" --path /usr/bin/python3.11 \
+  --symlink usr/bin/python3:python3.11 --add-tree /usr/lib/python3.11 --add-tree "$KSERVE" \
+  --add "$REPO/e2e/testdata/kserve_onnx.py:/app/kserve_onnx.py" --env PYTHONDONTWRITEBYTECODE=1 \
+  --entrypoint "$KSERVE/bin/python" --entrypoint /app/kserve_onnx.py /usr/bin/python3.11 >/dev/null ||
+  die "the KServe image"
+"$E2E_DIR/cluster" load-image "$WORK/images/kserve.tar" >/dev/null || die "load the KServe image"
+T0=$(date +%s.%N)
+kiln_up "$REL" "$NS" "$REPOSITORY" "$WORK" || die "kiln did not come up"
+
+echo "== the example on onnxruntime; the compile Job runs before the namespace is restricted"
+{
+  awk '/^kind: CompiledTarget/{exit} {print}' "$REPO/examples/squeezenet/kiln.yaml" | sed '$d'
+  printf -- '---\n'
+  sed -e "s/name: squeezenet-cpu/name: $TARGET/" -e 's/kind: tract/kind: onnxruntime/' \
+    <(awk '/^kind: CompiledTarget/{p=1; print "apiVersion: kiln.dev/v1alpha1"} p' "$REPO/examples/squeezenet/kiln.yaml")
+} | kubectl -n "$NS" apply -f - >/dev/null || die "apply"
+wait_for "compile Job done" 300 bash -c \
+  "kubectl -n '$NS' get jobs -o json | jq -e '.items | length > 0 and all(.status.succeeded == 1)' >/dev/null"
+kubectl label namespace "$NS" pod-security.kubernetes.io/enforce=restricted --overwrite >/dev/null 2>&1
+
+# pod NAME MODEL-NAME: a KServe pod on this node with the target's volume, as a user writes one.
+pod_yaml() {
+  cat <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  labels: {app: $1}
+  annotations: {kiln.dev/target: $TARGET, kiln.dev/protocol: oip-v2, kiln.dev/port: "8080", kiln.dev/model-name: $TARGET}
+spec:
+  readinessGates: [{conditionType: kiln.dev/warm}]
+  nodeName: $REAL
+  terminationGracePeriodSeconds: 1
+  securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
+  containers:
+    - name: server
+      image: $IMAGE
+      imagePullPolicy: Never
+      args: [--model-dir, /model, --model-name, $2, --http_port, "8080", --grpc_port, "8081"]
+      securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+      readinessProbe: {httpGet: {path: "/v2/models/$2/ready", port: 8080}, periodSeconds: 2}
+      volumeMounts: [{name: model, mountPath: /model, readOnly: true}]
+  volumes:
+    - {name: model, csi: {driver: csi.kiln.dev, readOnly: true, volumeAttributes: {target: $TARGET}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: $1}
+spec:
+  selector: {app: $1}
+  ports: [{name: http, port: 8080, targetPort: 8080}]
+YAML
+}
+pod_yaml kserve "$TARGET" | kubectl -n "$NS" apply -f - >/dev/null || die "the restricted namespace refused the KServe pod"
+
+echo "== never Ready before the row and the check through KServe"
+row() { kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq -r --arg ns "$NS" --arg t "$TARGET" '.status.targets[]? | select(.namespace == $ns and .name == $t) | .phase'; }
+cond() { jq -r --arg t "$2" '.status.conditions[]? | select(.type == $t) | .'"$3" <<<"$1"; }
+t_row='' t_pod='' seen=()
+for ((i = 0; i < 600; i++)); do
+  p=$(kubectl -n "$NS" get pod kserve -o json 2>/dev/null)
+  phase=$(row)
+  now=$(date +%s.%N)
+  [[ $phase == Ready && -z $t_row ]] && t_row=$now
+  reason=$(cond "$p" kiln.dev/warm reason)
+  [[ -n $reason && " ${seen[*]} " != *" $reason "* ]] && seen+=("$reason")
+  if [[ -n $p && $(cond "$p" Ready status) == True ]]; then
+    [[ -n $t_row ]] || die "serving pod Ready while the row is ${phase:-absent}"
+    t_pod=$now
+    break
+  fi
+  sleep 0.5
+done
+[[ -n $t_pod ]] || die "KServe pod not Ready within 300 s (gate reasons seen: ${seen[*]}; last: $(cond "$p" kiln.dev/warm message))"
+message=$(cond "$p" kiln.dev/warm message)
+[[ $message == *"requests through the server within tolerance"* ]] || die "warm without a check through the server: $message"
+printf '   apply → KServe pod Ready: %.1f s (row Ready → pod Ready %.1f s); gate reasons seen: %s\n' \
+  "$(echo "$t_pod - $T0" | bc)" "$(echo "$t_pod - $t_row" | bc)" "${seen[*]}"
+echo "   $message"
+kubectl -n "$NS" logs kserve | grep -m1 'kserve_onnx:' | sed 's/^/   /'
+
+echo "== a real v2 client through the Service"
+IP=$(kubectl -n "$NS" get svc kserve -o jsonpath='{.spec.clusterIP}')
+check=$(ip netns exec "$NETNS" "$PY" "$REPO/e2e/testdata/v2_check.py" "$IP:8080" "$TARGET" "$WORK/sources/fixture-v1.safetensors" 1e-5 1e-4) ||
+  die "tritonclient through the Service: $check"
+first=$(jq -r .seconds <<<"$check")
+p50=$(sed -n 's/.*p50 \([0-9.]*\) ms.*/\1/p' <<<"$message")
+printf '   %s; first request after Ready %.1f ms, p50 through the server %s ms: %.2fx\n' \
+  "$(jq -c '{maxAbsError}' <<<"$check")" "$(echo "$first * 1000" | bc -l)" "$p50" "$(echo "$first * 1000 / $p50" | bc -l)"
+
+echo "== KServe serving another model name stays not Ready"
+pod_yaml other other | kubectl -n "$NS" apply -f - >/dev/null || die "apply the other pod"
+wait_for "another model: ServingMismatch" 180 bash -c \
+  "[[ \$(kubectl -n '$NS' get pod other -o jsonpath='{.status.conditions[?(@.type==\"kiln.dev/warm\")].reason}') == ServingMismatch ]]"
+[[ $(kubectl -n "$NS" get pod other -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') != True ]] ||
+  die "a server that does not serve the target's model is Ready"
+echo "   other: $(kubectl -n "$NS" get pod other -o jsonpath='{.status.conditions[?(@.type=="kiln.dev/warm")].message}' | cut -c1-200)"
+kubectl -n "$NS" delete pod kserve other --wait=false >/dev/null
+echo "serving-kserve: a third-party v2 server Ready only after the row and its own check; golden outputs through the Service"

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the third-party Open Inference Protocol v2 server the e2e test serving-kserve puts in
+# front of a kiln-verified ONNX artifact: KServe's ModelServer (`kserve` from PyPI) with ONNX
+# Runtime (`onnxruntime`, the release kiln's agent image carries), pinned, in a virtual
+# environment of Debian's own Python (/usr/bin/python3, so that an image can carry the same
+# interpreter and standard library) kept outside the work tree ($KILN_CACHE_DIR/kserve-<version>,
+# default /var/cache/kiln as root, ~/.cache/kiln otherwise). Prints the environment's directory.
+# Idempotent: the question asked is whether its python imports the pinned versions; only then is
+# nothing installed. About 2 minutes and 520 MB on first use; exit status 1, with the reason on
+# stderr, when PyPI cannot be reached then.
+#
+#   scripts/ensure-kserve.sh        # prints .../kserve-0.21.0
+set -euo pipefail
+
+KSERVE=0.21.0
+ONNXRUNTIME=1.31.1
+PYTHON=/usr/bin/python3
+
+if [[ -z ${KILN_CACHE_DIR:-} ]]; then
+  if [[ $EUID -eq 0 ]]; then KILN_CACHE_DIR=/var/cache/kiln; else KILN_CACHE_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/kiln; fi
+fi
+venv=$KILN_CACHE_DIR/kserve-$KSERVE
+py=$venv/bin/python
+check="import importlib.metadata as m, kserve, onnxruntime; assert m.version('kserve') == '$KSERVE' and onnxruntime.__version__ == '$ONNXRUNTIME'"
+
+if [[ -x $py ]] && "$py" -c "$check" 2>/dev/null; then
+  echo "$venv"
+  exit 0
+fi
+[[ -x $PYTHON ]] || { echo "ensure-kserve: $PYTHON is missing (Debian: python3, python3-venv)" >&2; exit 1; }
+rm -rf "$venv"
+mkdir -p "$KILN_CACHE_DIR"
+"$PYTHON" -m venv "$venv" >&2 || { echo "ensure-kserve: $PYTHON -m venv failed (Debian: python3-venv)" >&2; exit 1; }
+"$py" -m pip install --quiet --disable-pip-version-check "kserve==$KSERVE" "onnxruntime==$ONNXRUNTIME" >&2 ||
+  { echo "ensure-kserve: pip install kserve==$KSERVE onnxruntime==$ONNXRUNTIME failed (PyPI is needed once)" >&2; exit 1; }
+"$py" -c "$check" || { echo "ensure-kserve: the installed server does not import" >&2; exit 1; }
+echo "$venv"
