@@ -29,7 +29,11 @@ pub struct WireTensor {
     /// `FP32`, `INT64`, …
     pub datatype: String,
     /// `binary_data_size` (the binary extension) and others, passed through.
-    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Map::is_empty"
+    )]
     pub parameters: Map<String, Value>,
     /// Elements, row-major, flat or nested; absent when they travel as binary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -42,7 +46,11 @@ pub struct RequestedOutput {
     /// Output name.
     pub name: String,
     /// `binary_data: true` asks for the binary extension.
-    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Map::is_empty"
+    )]
     pub parameters: Map<String, Value>,
 }
 
@@ -53,7 +61,11 @@ pub struct InferRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// `binary_data_output: true` asks for every output in binary.
-    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Map::is_empty"
+    )]
     pub parameters: Map<String, Value>,
     /// Inputs.
     pub inputs: Vec<WireTensor>,
@@ -94,16 +106,27 @@ pub struct ModelMetadata {
     /// Model name.
     pub name: String,
     /// Versions served.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub versions: Vec<String>,
     /// The engine (`onnxruntime/cpu`, `tract`, `llamacpp`).
+    #[serde(default, deserialize_with = "null_as_default")]
     pub platform: String,
     /// Inputs.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub inputs: Vec<TensorMetadata>,
     /// Outputs.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub outputs: Vec<TensorMetadata>,
+}
+
+/// An optional field written as `null` read as absent: KServe's ModelServer writes
+/// `"versions": null` in model metadata and `"parameters": null` on every tensor.
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 /// An error body (`{"error": "..."}`).

@@ -175,3 +175,23 @@ fn binary_is_asked_per_output_or_for_all() {
     }]);
     assert!(!wants_binary(&request, "y"), "the output's own flag wins");
 }
+
+#[test]
+fn kserve_bodies_with_null_optional_fields_are_read() {
+    // As KServe's ModelServer 0.21.0 answers (e2e/testdata/kserve_onnx.py).
+    let meta: ModelMetadata = serde_json::from_str(
+        r#"{"name":"sq","versions":null,"platform":"","inputs":[{"name":"data_0","datatype":"FP32","shape":[-1,3]}],"outputs":null}"#,
+    )
+    .expect("metadata with null versions and outputs");
+    assert!(meta.versions.is_empty() && meta.outputs.is_empty());
+    assert_eq!(meta.inputs[0].name, "data_0");
+    let answer: InferResponse = serde_json::from_str(
+        r#"{"model_name":"sq","model_version":null,"id":"","parameters":null,"outputs":[{"name":"y","shape":[2],"datatype":"FP32","parameters":null,"data":[1.0,2.5]}]}"#,
+    )
+    .expect("a response with null parameters");
+    let outputs = binary::response_outputs(&answer, &[]).expect("outputs");
+    assert_eq!(outputs["y"].shape, vec![2]);
+    // A present field of the wrong type is still refused.
+    serde_json::from_str::<ModelMetadata>(r#"{"name":"sq","versions":7,"platform":""}"#)
+        .expect_err("versions must be a list");
+}
