@@ -58,6 +58,8 @@
 #     every run while warmup alternates two fixture samples (a replay that did not read the new
 #     inputs fails ParityExceeded), and the p50 against torch.compile reduce-overhead as a ratio
 #     (target: at most 1.0);
+#   * kiln-agent serve on each CUDA artifact as a serving pod runs it (OUT/serve/*.json): the
+#     engine it reports, the fixture through its v2 endpoint within 1e-3, first and p50 ms;
 #   * TensorRT without its library: IncompatibleRuntime; an artifact built for compute
 #     capability 10.0, or under a driver one major newer: refused before loading.
 #
@@ -246,10 +248,33 @@ run() {
     done < <(write_specs "$dir")
   done
 
+  echo "== kiln-agent serve on the CUDA artifacts, as a serving pod runs them"
+  serve_rows "$out"
+
   echo "== refused: an artifact built for another compute capability, or under a newer driver"
   refusals "$out"
   table "$out"
   return "$fail"
+}
+
+# serve_rows OUT: every Ready CUDA row of `run` (ONNX Runtime CUDA at fp32 and tf32, CUDA
+# graphs) through `kiln-agent serve` on its stored artifact laid out as a csi.kiln.dev volume
+# (e2e/gpu/serve_check.py): the engine the server reports, its fixture's outputs through the
+# server within 1e-3, first and p50 ms; OUT/serve/ROW.json.
+serve_rows() {
+  local out=$1 f row model entry fixture
+  mkdir -p "$out/serve"
+  for f in "$out"/runs/*.ort-cuda*.json; do
+    [[ -e $f ]] && jq -e .ready "$f" >/dev/null || continue
+    row=$(basename "$f" .json)
+    [[ $row == *.ort-cuda.* || $row == *.ort-cuda-graphs.* ]] || continue
+    model=${row%%.*}
+    entry=$(ls -d "$out/store/${row//./-}"/artifacts/*/ 2>/dev/null | head -1)
+    fixture=$(ls "$out/m/$model"/*.safetensors 2>/dev/null | grep -E 'fixture|-fx' | head -1)
+    [[ -n $entry && -n $fixture ]] || { echo "   $row: no stored artifact or fixture"; continue; }
+    printf '   %-34s ' "$row"
+    python3 "$HERE/serve_check.py" "$AGENT" "$entry" "$fixture" "$out/serve/$row.json" 1e-3 1e-3 20 100 || true
+  done
 }
 
 # variants NAME: the backend variants model NAME runs through: every one, and CUDA graphs for
