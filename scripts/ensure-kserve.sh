@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the third-party Open Inference Protocol v2 server the e2e test serving-kserve puts in
 # front of a kiln-verified ONNX artifact: KServe's ModelServer (`kserve` from PyPI) with ONNX
-# Runtime (`onnxruntime`, the release kiln's agent image carries), pinned, in a virtual
+# Runtime (`onnxruntime`, the release kiln's agent image carries) and `onnx` (to read the graph),
+# pinned, in a virtual
 # environment of Debian's own Python (/usr/bin/python3, so that an image can carry the same
 # interpreter and standard library) kept outside the work tree ($KILN_CACHE_DIR/kserve-<version>,
 # default /var/cache/kiln as root, ~/.cache/kiln otherwise). Prints the environment's directory.
@@ -14,6 +15,7 @@ set -euo pipefail
 
 KSERVE=0.21.0
 ONNXRUNTIME=1.31.1
+ONNX=1.23.2
 PYTHON=/usr/bin/python3
 
 if [[ -z ${KILN_CACHE_DIR:-} ]]; then
@@ -21,7 +23,7 @@ if [[ -z ${KILN_CACHE_DIR:-} ]]; then
 fi
 venv=$KILN_CACHE_DIR/kserve-$KSERVE
 py=$venv/bin/python
-check="import importlib.metadata as m, kserve, onnxruntime; assert m.version('kserve') == '$KSERVE' and onnxruntime.__version__ == '$ONNXRUNTIME'"
+check="import importlib.metadata as m, kserve, onnx, onnxruntime; assert m.version('kserve') == '$KSERVE' and onnxruntime.__version__ == '$ONNXRUNTIME' and onnx.__version__ == '$ONNX'"
 
 if [[ -x $py ]] && "$py" -c "$check" 2>/dev/null; then
   echo "$venv"
@@ -31,7 +33,7 @@ fi
 rm -rf "$venv"
 mkdir -p "$KILN_CACHE_DIR"
 "$PYTHON" -m venv "$venv" >&2 || { echo "ensure-kserve: $PYTHON -m venv failed (Debian: python3-venv)" >&2; exit 1; }
-"$py" -m pip install --quiet --disable-pip-version-check "kserve==$KSERVE" "onnxruntime==$ONNXRUNTIME" >&2 ||
+"$py" -m pip install --quiet --disable-pip-version-check "kserve==$KSERVE" "onnxruntime==$ONNXRUNTIME" "onnx==$ONNX" >&2 ||
   { echo "ensure-kserve: pip install kserve==$KSERVE onnxruntime==$ONNXRUNTIME failed (PyPI is needed once)" >&2; exit 1; }
 "$py" -c "$check" || { echo "ensure-kserve: the installed server does not import" >&2; exit 1; }
 echo "$venv"

@@ -1,6 +1,6 @@
 """A third-party Open Inference Protocol v2 server for kiln's serving e2e test: KServe's own
 ModelServer (the `kserve` package from PyPI: its FastAPI REST server, v2 routes, metadata and
-JSON tensors) wrapping ONNX Runtime (`onnxruntime` from PyPI) on the artifact of a
+JSON tensors) wrapping ONNX Runtime (`onnxruntime` from PyPI; `onnx` reads the graph) on the artifact of a
 `csi.kiln.dev` volume. kiln's ONNX Runtime artifact is a tar holding the optimised graph
 (`model.onnx`) and the session configuration; the graph is read from it by name, never
 extracted. A plain ONNX file is taken as it is. The model's inputs and outputs, for the v2
@@ -15,6 +15,7 @@ import tarfile
 
 import kserve
 import numpy as np
+import onnx
 import onnxruntime as ort
 from kserve import InferOutput, InferResponse, Model, ModelServer
 from importlib.metadata import version
@@ -33,6 +34,23 @@ def graph_bytes(path):
         return f.read()
 
 
+def without_dangling_inputs(graph):
+    """The graph without declared inputs that no node reads. A model of ONNX IR 3 lists its
+    initializers as graph inputs; ONNX Runtime's optimiser folds some away (the example's Reshape
+    shapes) and saves their inputs still declared, read by nothing. ONNX Runtime's C API (kiln's
+    engine) runs without them; its Python binding, like Triton's model configuration, calls every
+    declared input required."""
+    model = onnx.load_from_string(graph)
+    read = {name for node in model.graph.node for name in node.input}
+    read |= {o.name for o in model.graph.output}
+    keep = [i for i in model.graph.input if i.name in read]
+    if len(keep) == len(model.graph.input):
+        return graph
+    del model.graph.input[:]
+    model.graph.input.extend(keep)
+    return model.SerializeToString()
+
+
 class OnnxModel(Model):
     def __init__(self, name, model_dir):
         super().__init__(name)
@@ -43,8 +61,10 @@ class OnnxModel(Model):
         info = json.load(open(os.path.join(self.model_dir, "kiln.json")))
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
-        self.session = ort.InferenceSession(graph_bytes(os.path.join(self.model_dir, "artifact")),
-                                            options, providers=["CPUExecutionProvider"])
+        # kiln optimised the graph at compile: opened as saved, as kiln's engine opens it.
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        graph = without_dangling_inputs(graph_bytes(os.path.join(self.model_dir, "artifact")))
+        self.session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
         print(f"kserve_onnx: {info['namespace']}/{info['target']} revision {info['revision']} "
               f"digest {info['digest']}, onnxruntime {ort.__version__}, kserve {version('kserve')}",
               flush=True)

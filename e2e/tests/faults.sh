@@ -593,7 +593,7 @@ YAML
 
 f_serving_pod() {
   revise "$1" 400
-  local pod=oip-$1 image r p st rc at_kill seen=() uid pid i t0
+  local pod=oip-$1 image r p st rc at_kill seen=() uid pid i t0 rechecked=0
   image=$(kubectl -n "$NS" get ds kiln-agent -o jsonpath='{.spec.template.spec.containers[0].image}')
   kubectl -n "$NS" apply -f - >/dev/null <<YAML
 apiVersion: v1
@@ -639,9 +639,11 @@ YAML
       # still show True; one killed while warming must not.
       [[ $st != True || $at_kill == Ready ]] || { echo "   $pod: gate True after its server was killed mid-warming, no restart counted" >&2; return 1; }
     elif [[ $st == True ]]; then
-      [[ " ${seen[*]} " == *" WarmingServer "* || " ${seen[*]} " == *" WaitingForServer "* ]] ||
-        { echo "   $pod: True after the restart without a new check (reasons: ${seen[*]})" >&2; return 1; }
+      # The restarted server was seen waiting or warming before it was True again.
+      ((rechecked)) || { echo "   $pod: True after the restart without a new check (reasons: ${seen[*]})" >&2; return 1; }
       break
+    elif [[ $r == WarmingServer || $r == WaitingForServer ]]; then
+      rechecked=1
     fi
     sleep 0.2
   done
