@@ -106,7 +106,8 @@ message=$(cond "$p" kiln.dev/warm message)
 printf '   apply → KServe pod Ready: %.1f s (row Ready → pod Ready %.1f s); gate reasons seen: %s\n' \
   "$(echo "$t_pod - $T0" | bc)" "$(echo "$t_pod - $t_row" | bc)" "${seen[*]}"
 echo "   $message"
-kubectl -n "$NS" logs kserve | grep -m1 'kserve_onnx:' | sed 's/^/   /'
+kubectl -n "$NS" logs kserve >"$WORK/kserve.log" 2>&1 || true
+grep -m1 'kserve_onnx:' "$WORK/kserve.log" | sed 's/^/   /'
 
 echo "== a real v2 client through the Service"
 IP=$(kubectl -n "$NS" get svc kserve -o jsonpath='{.spec.clusterIP}')
