@@ -159,6 +159,42 @@ spec:
 YAML
 }
 
+# cond POD-JSON TYPE FIELD: a field of one of the pod's conditions.
+cond() { jq -r --arg t "$2" '.status.conditions[]? | select(.type == $t) | .'"$3" <<<"$1"; }
+
+# serving_ready POD-CMD T0: polls, every 0.5 s for up to 300 s, the serving pod whose JSON
+# POD-CMD prints and the node's row for $TARGET in $NS; dies when the pod is Ready while the row
+# is not, or never Ready, or Ready without a check through its server. Sets P (the pod's JSON),
+# MESSAGE (its kiln.dev/warm message) and SEEN (the gate's reasons, in order), and prints apply
+# (T0) → pod Ready, row Ready → pod Ready and the reasons seen.
+serving_ready() {
+  local t0=$2 t_row='' t_pod='' phase now reason i
+  SEEN=()
+  for ((i = 0; i < 600; i++)); do
+    P=$($1)
+    phase=$(kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq -r --arg ns "$NS" --arg t "$TARGET" \
+      '.status.targets[]? | select(.namespace == $ns and .name == $t) | .phase')
+    now=$(date +%s.%N)
+    [[ $phase == Ready && -z $t_row ]] && t_row=$now
+    reason=$(cond "$P" kiln.dev/warm reason)
+    [[ -n $reason && " ${SEEN[*]} " != *" $reason "* ]] && SEEN+=("$reason")
+    if [[ -n $P && $(cond "$P" Ready status) == True ]]; then
+      [[ -n $t_row ]] || die "serving pod Ready while the row is ${phase:-absent}"
+      t_pod=$now
+      break
+    fi
+    sleep 0.5
+  done
+  [[ -n $t_pod ]] || die "serving pod not Ready within 300 s (gate reasons seen: ${SEEN[*]}; last: $(cond "$P" kiln.dev/warm message))"
+  MESSAGE=$(cond "$P" kiln.dev/warm message)
+  [[ $MESSAGE == *"requests through the server within tolerance"* ]] || die "warm without a check through the server: $MESSAGE"
+  [[ " ${SEEN[*]} " == *" WarmingServer "* || " ${SEEN[*]} " == *" WaitingForServer "* ]] ||
+    die "the gate never waited for the server (reasons seen: ${SEEN[*]})"
+  printf '   apply → serving pod Ready: %.1f s (row Ready → pod Ready %.1f s); gate reasons seen: %s\n' \
+    "$(echo "$t_pod - $t0" | bc)" "$(echo "$t_pod - $t_row" | bc)" "${SEEN[*]}"
+  echo "   $MESSAGE"
+}
+
 # kiln_test NAME: the set-up of a test that installs kiln with its chart: a test namespace NS
 # (also the release REL and the registry repository REPOSITORY=kiln-e2e/NS), a directory WORK,
 # the real node REAL, and an EXIT trap that runs the test's own `teardown` first when it defines

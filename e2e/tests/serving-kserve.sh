@@ -83,29 +83,9 @@ YAML
 pod_yaml kserve "$TARGET" | kubectl -n "$NS" apply -f - >/dev/null || die "the restricted namespace refused the KServe pod"
 
 echo "== never Ready before the row and the check through KServe"
-row() { kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq -r --arg ns "$NS" --arg t "$TARGET" '.status.targets[]? | select(.namespace == $ns and .name == $t) | .phase'; }
-cond() { jq -r --arg t "$2" '.status.conditions[]? | select(.type == $t) | .'"$3" <<<"$1"; }
-t_row='' t_pod='' seen=()
-for ((i = 0; i < 600; i++)); do
-  p=$(kubectl -n "$NS" get pod kserve -o json 2>/dev/null)
-  phase=$(row)
-  now=$(date +%s.%N)
-  [[ $phase == Ready && -z $t_row ]] && t_row=$now
-  reason=$(cond "$p" kiln.dev/warm reason)
-  [[ -n $reason && " ${seen[*]} " != *" $reason "* ]] && seen+=("$reason")
-  if [[ -n $p && $(cond "$p" Ready status) == True ]]; then
-    [[ -n $t_row ]] || die "serving pod Ready while the row is ${phase:-absent}"
-    t_pod=$now
-    break
-  fi
-  sleep 0.5
-done
-[[ -n $t_pod ]] || die "KServe pod not Ready within 300 s (gate reasons seen: ${seen[*]}; last: $(cond "$p" kiln.dev/warm message))"
-message=$(cond "$p" kiln.dev/warm message)
-[[ $message == *"requests through the server within tolerance"* ]] || die "warm without a check through the server: $message"
-printf '   apply → KServe pod Ready: %.1f s (row Ready → pod Ready %.1f s); gate reasons seen: %s\n' \
-  "$(echo "$t_pod - $T0" | bc)" "$(echo "$t_pod - $t_row" | bc)" "${seen[*]}"
-echo "   $message"
+pod() { kubectl -n "$NS" get pod kserve -o json 2>/dev/null; }
+serving_ready pod "$T0"
+p=$P message=$MESSAGE
 kubectl -n "$NS" logs kserve >"$WORK/kserve.log" 2>&1 || true
 grep -m1 'kserve_onnx:' "$WORK/kserve.log" | sed 's/^/   /'
 

@@ -48,32 +48,9 @@ sed -e "s|IMAGE|$AGENT_IMAGE|" -e "s|NAMESPACE|$NS|" -e "s|squeezenet|$TARGET|g"
 kubectl -n "$NS" apply -f "$WORK/serving.yaml" >/dev/null || die "the restricted namespace refused the serving Deployment"
 
 echo "== never Ready before the row and the check through the server"
-row() { kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq -r --arg ns "$NS" --arg t "$TARGET" '.status.targets[]? | select(.namespace == $ns and .name == $t) | .phase'; }
 pod() { kubectl -n "$NS" get pods -l "app=$TARGET" -o json | jq '.items[0] // empty'; }
-cond() { jq -r --arg t "$2" '.status.conditions[]? | select(.type == $t) | .'"$3" <<<"$1"; }
-t_row='' t_pod='' seen=()
-for ((i = 0; i < 600; i++)); do
-  p=$(pod)
-  phase=$(row)
-  now=$(date +%s.%N)
-  [[ $phase == Ready && -z $t_row ]] && t_row=$now
-  reason=$(cond "$p" kiln.dev/warm reason)
-  [[ -n $reason && " ${seen[*]} " != *" $reason "* ]] && seen+=("$reason")
-  if [[ -n $p && $(cond "$p" Ready status) == True ]]; then
-    [[ -n $t_row ]] || die "serving pod Ready while the row is ${phase:-absent}"
-    t_pod=$now
-    break
-  fi
-  sleep 0.5
-done
-[[ -n $t_pod ]] || die "serving pod not Ready within 300 s (gate reasons seen: ${seen[*]})"
-message=$(cond "$p" kiln.dev/warm message)
-[[ $message == *"requests through the server within tolerance"* ]] || die "warm without a check through the server: $message"
-[[ " ${seen[*]} " == *" WarmingServer "* || " ${seen[*]} " == *" WaitingForServer "* ]] ||
-  die "the gate never waited for the server (reasons seen: ${seen[*]})"
-printf '   apply → first serving pod Ready: %.1f s (row Ready → pod Ready %.1f s); gate reasons seen: %s\n' \
-  "$(echo "$t_pod - $T0" | bc)" "$(echo "$t_pod - $t_row" | bc)" "${seen[*]}"
-echo "   $message"
+serving_ready pod "$T0"
+p=$P message=$MESSAGE
 
 echo "== the volume: read-only, the row's digest"
 POD=$(jq -r .metadata.name <<<"$p")

@@ -7,13 +7,11 @@
 //! within the `logits` output's tolerance of the fixture's logits. The figures time the
 //! completions.
 
-use std::time::Instant;
-
 use kiln_crds::compiled_target::Warmup;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::verdict::{Cold, Endpoint, Figures, requests, steady_p50};
+use super::verdict::{Cold, Endpoint, Figures, requests, send_all};
 use super::wire::{exchange, snippet};
 use crate::backend::tensor::HostTensor;
 use crate::pipeline::fixtures::FixtureFile;
@@ -40,32 +38,13 @@ pub async fn warm(
         .map(Sample::of)
         .collect::<Result<Vec<_>, Cold>>()?;
     let n = requests(warmup, samples.len());
-    let mut figures = Figures {
-        requests: n,
-        ..Figures::default()
-    };
-    let mut latencies = Vec::with_capacity(n);
-    for i in 0..=n {
-        let k = i % samples.len();
-        let which = if i == n {
-            format!("request {} (after warmup), sample {}", i + 1, k + 1)
-        } else {
-            format!("request {}, sample {}", i + 1, k + 1)
-        };
-        let started = Instant::now();
-        let answer = complete(client, base, &samples[k]).await?;
-        let seconds = started.elapsed().as_secs_f64();
-        let error = judge(&answer, &samples[k], warmup).map_err(|c| c.within(&which))?;
-        figures.parity_max_abs_error = figures.parity_max_abs_error.max(error);
-        if i == n {
-            figures.after_seconds = seconds;
-        } else {
-            latencies.push(seconds);
-        }
-    }
-    figures.first_seconds = latencies.first().copied().unwrap_or(0.0);
-    figures.p50_seconds = steady_p50(&latencies);
-    Ok(figures)
+    send_all(
+        n,
+        samples.len(),
+        |k| complete(client, base, &samples[k]),
+        |answer, k| judge(answer, &samples[k], warmup),
+    )
+    .await
 }
 
 /// `GET /health`: 200 once the model is loaded (503 while loading).

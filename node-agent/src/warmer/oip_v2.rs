@@ -4,11 +4,10 @@
 //! Triton), JSON otherwise (every v2 server reads it); answers may use either.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 use kiln_crds::compiled_target::Warmup;
 
-use super::verdict::{Cold, Endpoint, Figures, judge, requests, steady_p50};
+use super::verdict::{Cold, Endpoint, Figures, judge, requests, send_all};
 use super::wire::{exchange, snippet};
 use crate::backend::tensor::HostTensor;
 use crate::oip::{self, InferRequest, InferResponse, ModelMetadata, binary};
@@ -47,32 +46,14 @@ pub async fn warm(
         .map(|s| request_body(&s.inputs, binary))
         .collect::<Result<Vec<_>, Cold>>()?;
     let n = requests(warmup, samples.len());
-    let mut figures = Figures {
-        requests: n,
-        ..Figures::default()
-    };
-    let mut latencies = Vec::with_capacity(n);
-    for i in 0..=n {
-        let k = i % samples.len();
-        let which = if i == n {
-            format!("request {} (after warmup), sample {}", i + 1, k + 1)
-        } else {
-            format!("request {}, sample {}", i + 1, k + 1)
-        };
-        let started = Instant::now();
-        let outputs = infer(client, &model, bodies[k].clone()).await?;
-        let seconds = started.elapsed().as_secs_f64();
-        let error = judge(&outputs, &samples[k], warmup, &which)?;
-        figures.parity_max_abs_error = figures.parity_max_abs_error.max(error);
-        if i == n {
-            figures.after_seconds = seconds;
-        } else {
-            latencies.push(seconds);
-        }
-    }
-    figures.first_seconds = latencies.first().copied().unwrap_or(0.0);
-    figures.p50_seconds = steady_p50(&latencies);
-    Ok(figures)
+    let model = &model;
+    send_all(
+        n,
+        samples.len(),
+        |k| infer(client, model, bodies[k].clone()),
+        |outputs, k| judge(outputs, &samples[k], warmup),
+    )
+    .await
 }
 
 /// The model's metadata must name it as asked and list the fixture's inputs: a server with

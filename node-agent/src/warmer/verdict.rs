@@ -130,17 +130,57 @@ pub fn requests(warmup: &Warmup, samples: usize) -> usize {
     (warmup.iterations as usize).max(samples).max(1)
 }
 
+/// Sends `requests` requests, sample `k = i % samples` each, then one more (what the first
+/// request after Ready finds): `send(k)` sends one and gives the answer, timed; `check(answer,
+/// k)` judges it, its largest error. A failure names the request and sample it happened in.
+pub async fn send_all<T, S, Fut, C>(
+    requests: usize,
+    samples: usize,
+    mut send: S,
+    mut check: C,
+) -> Result<Figures, Cold>
+where
+    S: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<T, Cold>>,
+    C: FnMut(&T, usize) -> Result<f64, Cold>,
+{
+    let mut figures = Figures {
+        requests,
+        ..Figures::default()
+    };
+    let mut latencies = Vec::with_capacity(requests);
+    for i in 0..=requests {
+        let k = i % samples.max(1);
+        let named = |cold: Cold| {
+            let after = if i == requests { " (after warmup)" } else { "" };
+            cold.within(&format!("request {}{after}, sample {}", i + 1, k + 1))
+        };
+        let started = std::time::Instant::now();
+        let answer = send(k).await.map_err(named)?;
+        let seconds = started.elapsed().as_secs_f64();
+        let error = check(&answer, k).map_err(named)?;
+        figures.parity_max_abs_error = figures.parity_max_abs_error.max(error);
+        if i == requests {
+            figures.after_seconds = seconds;
+        } else {
+            latencies.push(seconds);
+        }
+    }
+    figures.first_seconds = latencies.first().copied().unwrap_or(0.0);
+    figures.p50_seconds = steady_p50(&latencies);
+    Ok(figures)
+}
+
 /// Judges one answer against its sample's golden outputs with the target's tolerances. Pure.
 pub fn judge(
     outputs: &BTreeMap<String, HostTensor>,
     sample: &FixtureFile,
     warmup: &Warmup,
-    which: &str,
 ) -> Result<f64, Cold> {
     match crate::pipeline::warmup::parity(outputs, sample, warmup) {
         Ok(errors) => Ok(errors.values().copied().fold(0.0, f64::max)),
-        Err(Error::ParityExceeded(m)) => Err(Cold::ParityExceeded(format!("{which}: {m}"))),
-        Err(e) => Err(Cold::Mismatch(format!("{which}: {e}"))),
+        Err(Error::ParityExceeded(m)) => Err(Cold::ParityExceeded(m)),
+        Err(e) => Err(Cold::Mismatch(e.to_string())),
     }
 }
 
