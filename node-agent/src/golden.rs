@@ -247,8 +247,19 @@ pub fn make_file(job: &crate::pipeline::isolate::job::Reference) -> Result<Strin
             job.runtime.as_str()
         )));
     }
-    let reference =
-        crate::backend::for_target(&kiln_crds::compiled_target::Backend::of(job.runtime))?;
+    let spec = kiln_crds::compiled_target::Backend::of(job.runtime);
+    let given = job.text.as_ref().and_then(|t| t.chat_template.clone());
+    let reference: Box<dyn crate::backend::Backend> = match given {
+        Some(template) if job.runtime == BackendKind::Llamacpp => Box::new(
+            crate::backend::llamacpp::Llamacpp::for_spec(&spec).with_chat_template(template),
+        ),
+        Some(_) => {
+            return Err(Error::InvalidSpec(
+                "--chat-template needs a language model (--reference llamacpp)".into(),
+            ));
+        }
+        None => crate::backend::for_target(&spec)?,
+    };
     let bytes = make(reference.as_ref(), &request)?.to_bytes()?;
     std::fs::write(&job.out, &bytes).map_err(|e| Error::store(&job.out, e))?;
     Ok(sha256_bytes(&bytes))

@@ -38,6 +38,8 @@ struct Lm {
     warmup_extra: String,
     /// `spec.warmup.outputs`.
     outputs: String,
+    /// `spec.assets` of the model (YAML), or empty.
+    assets: String,
 }
 
 impl Lm {
@@ -73,6 +75,7 @@ impl Lm {
             outputs:
                 "[{name: logits, atol: 1.0e-3, rtol: 1.0e-3}, {name: tokens, atol: 0, rtol: 0}]"
                     .into(),
+            assets: String::new(),
         }
     }
 
@@ -97,6 +100,15 @@ impl Lm {
             warmup_extra: &self.warmup_extra,
         }
         .yaml();
+        let yaml = if self.assets.is_empty() {
+            yaml
+        } else {
+            yaml.replacen(
+                "  format: gguf\n",
+                &format!("  format: gguf\n  assets: {}\n", self.assets),
+                1,
+            )
+        };
         std::fs::write(self.path("kiln.yaml"), yaml).expect("yaml");
         run_local(
             &self.path("kiln.yaml"),
@@ -322,4 +334,77 @@ fn auto_quantises_a_real_f16_source_to_what_each_budget_holds() {
     }
     // Each type is smaller than the one before: the bytes follow the names.
     assert!(sizes.windows(2).all(|w| w[1] < w[0]), "{sizes:?}");
+}
+
+/// A Gemma-style chat template (llama.cpp knows the format by its turn markers), to give beside
+/// Gemma 3 270M, a base model with no template inside.
+const GEMMA_TEMPLATE: &str = "{% for message in messages %}<start_of_turn>{{ message['role'] }}\n{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
+
+#[test]
+fn a_chat_template_given_beside_the_gguf_renders_and_is_bound() {
+    let Some(dir) = models() else { return };
+    let original = dir.join("gemma3-270m-q4_k_m.gguf");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let chat = chat_file(tmp.path());
+    let chat_arg = chat.to_str().expect("utf-8 path");
+    let template = tmp.path().join("template.jinja");
+    std::fs::write(&template, GEMMA_TEMPLATE).expect("template");
+    let template_arg = template.to_str().expect("utf-8 path");
+    // Without it the base model cannot render chat.
+    let none = fixtures(
+        &original,
+        &tmp.path().join("none.safetensors"),
+        &["--chat", chat_arg],
+    );
+    assert!(!none.status.success(), "a base model rendered chat");
+    assert!(
+        String::from_utf8_lossy(&none.stderr).contains("chat template"),
+        "{}",
+        String::from_utf8_lossy(&none.stderr)
+    );
+    let mut lm = Lm::new(
+        &original,
+        None,
+        &["--chat", chat_arg, "--chat-template", template_arg],
+    );
+    let f = lm.fixture();
+    let rendered = f.text.prompt.clone().expect("rendered prompt");
+    assert!(
+        rendered.contains("<start_of_turn>user\n") && rendered.ends_with("<start_of_turn>model\n"),
+        "{rendered:?}"
+    );
+    let given = sha256_bytes(GEMMA_TEMPLATE.as_bytes());
+    assert_eq!(f.text.chat_template_sha256.as_deref(), Some(given.as_str()));
+    let beside = |lm: &mut Lm, text: &str| {
+        std::fs::write(lm.path("chat_template.jinja"), text).expect("asset");
+        lm.assets = format!(
+            r#"[{{name: chat_template.jinja, kind: chatTemplate, uri: "file://chat_template.jinja", sha256: "{}"}}]"#,
+            sha256_bytes(text.as_bytes())
+        );
+    };
+    beside(&mut lm, GEMMA_TEMPLATE);
+    let run = lm.run();
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    assert_eq!(run.outcome["ready"], true);
+    // Another template beside it (a Jinja comment more: the same rendering, other bytes).
+    beside(&mut lm, &format!("{GEMMA_TEMPLATE}{{# v2 #}}"));
+    lm.run()
+        .fails_with("ChatTemplateMismatch", &[&given, "template changed"]);
+    // Two beside it: which one renders would be a guess.
+    beside(&mut lm, GEMMA_TEMPLATE);
+    lm.assets = lm.assets.replacen(
+        "}]",
+        &format!(
+            r#"}}, {{name: other.jinja, kind: chatTemplate, uri: "file://chat_template.jinja", sha256: "{given}"}}]"#
+        ),
+        1,
+    );
+    lm.run()
+        .fails_with("InvalidSpec", &["2 chat templates", "at most one"]);
+    // None beside it: the model's own, which it lacks.
+    lm.assets.clear();
+    lm.run().fails_with(
+        "ChatTemplateMismatch",
+        &["no chat template", "chatTemplate"],
+    );
 }

@@ -31,6 +31,9 @@ pub struct CompileRequest<'a> {
     pub timeout: Option<std::time::Duration>,
     /// What `llamacpp` quantisation `auto` fits (`None`: nothing, as for `exec`'s inner build).
     pub memory_budget: Option<MemoryFit>,
+    /// The verified chat template given beside a GGUF source (its `chatTemplate` asset), which
+    /// `llamacpp` carries in the artifact in place of the GGUF's own.
+    pub chat_template: Option<&'a Path>,
 }
 
 /// The memory figures a compile for a class knows: what `llamacpp` quantisation `auto` fits

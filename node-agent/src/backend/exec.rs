@@ -483,6 +483,7 @@ impl Backend for Exec {
                 out: req.out,
                 timeout: None,
                 memory_budget: None,
+                chat_template: None,
             })
             .map_err(|e| match e {
                 Error::CompileFailed(m) => Error::CompileFailed(format!(

@@ -129,6 +129,7 @@ pub async fn hand_off(job: &Job, metrics: &Metrics) -> Result<()> {
                 out: &dir.join(crate::backend::exec::HANDOFF_MODEL),
                 timeout: p.spec.compile_timeout(),
                 memory_budget: None,
+                chat_template: None,
             },
             dir,
         )

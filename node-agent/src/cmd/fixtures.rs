@@ -56,6 +56,11 @@ pub struct Args {
     /// model's own chat template, whose sha256 the fixture records.
     #[arg(long, env = "KILN_FIXTURE_CHAT")]
     chat: Option<PathBuf>,
+    /// A chat template (Jinja text) given beside the GGUF, which renders --chat in place of the
+    /// model's own, as a `chatTemplate` asset of the ModelArtifact does; the fixture records
+    /// its sha256.
+    #[arg(long, env = "KILN_FIXTURE_CHAT_TEMPLATE", requires = "chat")]
+    chat_template: Option<PathBuf>,
     /// Tokens to continue greedily from --prompt or --chat.
     #[arg(long, env = "KILN_FIXTURE_GENERATE", default_value_t = 16)]
     generate: u32,
@@ -178,9 +183,17 @@ fn text_request(args: &Args) -> std::result::Result<Option<TextRequest>, String>
         }
         (None, None) => return Ok(None),
     };
+    let chat_template = match &args.chat_template {
+        Some(path) => Some(
+            crate::backend::llamacpp::read_chat_template(path)
+                .map_err(|e| format!("--chat-template: {e}"))?,
+        ),
+        None => None,
+    };
     Ok(Some(TextRequest {
         prompt,
         generate: args.generate,
+        chat_template,
     }))
 }
 

@@ -108,6 +108,7 @@ pub fn compile(
         &spec.model.spec,
         &backend.interface(&inputs.model)?,
     )?;
+    let chat_template = chat_template(spec, &inputs.model)?;
     tracing::info!(compile_key = %key, backend = backend.name(), profiles = profiles.len(), "compiling");
     let compiled = backend.compile(&CompileRequest {
         model: &inputs.model,
@@ -121,6 +122,7 @@ pub fn compile(
             budget: crate::pipeline::ready::memory_budget(&t.warmup)?,
             class: class.clone(),
         }),
+        chat_template: chat_template.as_deref(),
     })?;
     // Parity of the compiled engine against the fixture's golden outputs, before anything is stored.
     let engine = backend.load(&out)?;
@@ -249,4 +251,28 @@ pub fn measure(
         p99_seconds: Some(w.p99_seconds),
         ..EngineCandidate::default()
     })
+}
+
+/// The staged chat template given beside the model (its one `chatTemplate` asset, staged by
+/// name in the model's directory), if any. Two are refused: which one renders would be a guess.
+fn chat_template(spec: &Spec, model: &Path) -> Result<Option<PathBuf>> {
+    let given: Vec<&kiln_crds::model_artifact::Asset> = spec
+        .model
+        .spec
+        .assets
+        .iter()
+        .filter(|a| a.kind == kiln_crds::model_artifact::AssetKind::ChatTemplate)
+        .collect();
+    match given.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(model.parent().map(|d| d.join(&one.name))),
+        more => Err(Error::InvalidSpec(format!(
+            "spec.assets names {} chat templates ({}); give at most one asset of kind chatTemplate",
+            more.len(),
+            more.iter()
+                .map(|a| a.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
 }

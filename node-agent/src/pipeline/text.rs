@@ -21,6 +21,10 @@ pub struct TextRequest {
     pub prompt: TextPrompt,
     /// Tokens to continue greedily.
     pub generate: u32,
+    /// A chat template given beside the model (`--chat-template`), rendering the chat in place
+    /// of the model's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
 }
 
 /// Plain text or chat messages.
@@ -71,7 +75,7 @@ pub fn prompt(tok: &dyn Tokenizer, text: &TextFixture) -> Result<Option<(String,
     };
     let template = tok.chat_template().ok_or_else(|| {
         Error::ChatTemplateMismatch(
-            "the fixture holds chat messages, but this model carries no chat template (tokenizer.chat_template)".into(),
+            "the fixture holds chat messages, but this model carries no chat template (tokenizer.chat_template) and none was given beside it (a spec.assets entry of kind chatTemplate)".into(),
         )
     })?;
     let have = sha256_bytes(template.as_bytes());

@@ -13,7 +13,7 @@ use std::time::Instant;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::llama_batch::LlamaBatch;
-use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
+use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
 use safetensors::Dtype;
 
@@ -52,6 +52,9 @@ pub struct LlamaEngine {
     pub(super) context_length: u32,
     pub(super) threads: i32,
     pub(super) profiles: Vec<(String, Shapes)>,
+    /// The chat template given beside the GGUF (a `chatTemplate` asset), which replaces the
+    /// one inside it (`tokenizer.chat_template`).
+    pub(super) chat_template: Option<String>,
     /// Serialises runs (llama.cpp may not create two contexts of one model at once) and keeps
     /// the last run's timings.
     pub(super) last: Mutex<Option<Generation>>,
@@ -175,6 +178,22 @@ impl LlamaEngine {
     }
 }
 
+impl LlamaEngine {
+    /// The chat template: the one given beside the GGUF, else the GGUF's own.
+    fn template(&self) -> Result<LlamaChatTemplate> {
+        match &self.chat_template {
+            Some(given) => LlamaChatTemplate::new(given).map_err(|e| {
+                Error::InvalidSpec(format!("the chatTemplate asset holds a NUL byte: {e}"))
+            }),
+            None => self.model().chat_template(None).map_err(|e| {
+                Error::ChatTemplateMismatch(format!(
+                    "the model has no chat template (give one beside it: a spec.assets entry of kind chatTemplate): {e}"
+                ))
+            }),
+        }
+    }
+}
+
 impl Engine for LlamaEngine {
     fn run(&self, inputs: &BTreeMap<String, HostTensor>) -> Result<BTreeMap<String, HostTensor>> {
         let (prompt, n) = self.read_inputs(inputs)?;
@@ -274,10 +293,7 @@ impl Tokenizer for LlamaEngine {
     }
 
     fn chat_template(&self) -> Option<String> {
-        self.model()
-            .chat_template(None)
-            .ok()
-            .and_then(|t| t.to_string().ok())
+        self.template().ok().and_then(|t| t.to_string().ok())
     }
 
     fn render(&self, messages: &[(String, String)]) -> Result<String> {
@@ -286,9 +302,7 @@ impl Tokenizer for LlamaEngine {
                 "rendering the chat messages with the model's chat template: {e}"
             ))
         };
-        let template = self.model().chat_template(None).map_err(|e| {
-            Error::ChatTemplateMismatch(format!("the model has no chat template: {e}"))
-        })?;
+        let template = self.template()?;
         let chat = messages
             .iter()
             .map(|(role, content)| LlamaChatMessage::new(role.clone(), content.clone()))

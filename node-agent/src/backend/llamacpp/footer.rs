@@ -27,6 +27,10 @@ pub struct Index {
     pub quantization: String,
     /// Size of the GGUF part, in bytes.
     pub gguf_bytes: u64,
+    /// The chat template given beside the source (a `chatTemplate` asset), which replaces the
+    /// GGUF's own; absent when none was given (the artifact's bytes then stay as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
 }
 
 /// Appends `index` to the GGUF file at `path`.
@@ -92,6 +96,7 @@ mod tests {
             context_length: 512,
             quantization: "Q8_0".into(),
             gguf_bytes: 9,
+            chat_template: None,
         };
         append(&path, &index).expect("append");
         assert_eq!(read(&path).expect("read"), index);

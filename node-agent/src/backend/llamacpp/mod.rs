@@ -37,14 +37,27 @@ const MEDIA_TYPE: &str = "application/vnd.kiln.llamacpp.gguf.v1";
 /// The llama.cpp backend with a target's settings.
 pub struct Llamacpp {
     settings: LlamacppSettings,
+    /// The chat template a reference run renders with in place of the GGUF's own
+    /// (`kiln-agent fixtures --chat-template`).
+    chat_template: Option<String>,
 }
+
+/// The largest chat template given beside a GGUF (templates are a few KB).
+const MAX_CHAT_TEMPLATE: u64 = 256 << 10;
 
 impl Llamacpp {
     /// The backend for a target's `backend` section.
     pub fn for_spec(spec: &kiln_crds::compiled_target::Backend) -> Self {
         Self {
             settings: spec.llamacpp.clone().unwrap_or_default(),
+            chat_template: None,
         }
+    }
+
+    /// The same, its reference runs rendering chat with `template` in place of the GGUF's own.
+    pub fn with_chat_template(mut self, template: String) -> Self {
+        self.chat_template = Some(template);
+        self
     }
 
     /// The weight type to compile to (`None`: the source's own) and why: as named, or for
@@ -217,6 +230,7 @@ impl Backend for Llamacpp {
             context_length: context,
             quantization: chosen.to_string(),
             gguf_bytes,
+            chat_template: req.chat_template.map(read_chat_template).transpose()?,
         };
         footer::append(req.out, &index).map_err(Error::CompileFailed)?;
         let source_bytes = std::fs::metadata(req.model).map_or(0, |m| m.len());
@@ -250,9 +264,9 @@ impl Backend for Llamacpp {
         // Threads are the target's: not in the compile key, so not in the artifact either.
         engine_for(
             load_model(artifact)?,
-            index.context_length,
-            self.threads(),
+            (index.context_length, self.threads()),
             index.profiles,
+            index.chat_template,
         )
     }
 
@@ -261,7 +275,12 @@ impl Backend for Llamacpp {
         let profiles = vec![("reference".to_string(), shapes.clone())];
         let context = self.settings.context_length();
         fits_here(&header, model, context)?;
-        engine_for(load_model(model)?, context, self.threads(), profiles)
+        engine_for(
+            load_model(model)?,
+            (context, self.threads()),
+            profiles,
+            self.chat_template.clone(),
+        )
     }
 
     fn inputs(&self, model: &Path) -> Result<Vec<InputInfo>> {
@@ -325,20 +344,45 @@ fn refuse_settings(req: &CompileRequest<'_>) -> Result<()> {
     Ok(())
 }
 
+/// An engine of `model` with (context length, threads), its profiles and the chat template
+/// given beside it.
 fn engine_for(
     model: LlamaModel,
-    context_length: u32,
-    threads: i32,
+    (context_length, threads): (u32, i32),
     profiles: Vec<(String, Shapes)>,
+    chat_template: Option<String>,
 ) -> Result<Box<dyn Engine>> {
     let engine = engine::LlamaEngine {
         loaded: engine::Loaded::of(model),
         context_length,
         threads,
         profiles,
+        chat_template,
         last: Mutex::new(None),
     };
     Ok(Box::new(engine))
+}
+
+/// A chat template file given beside a GGUF: UTF-8 text without NUL, at most
+/// [`MAX_CHAT_TEMPLATE`] bytes.
+pub fn read_chat_template(path: &Path) -> Result<String> {
+    let bad = |m: String| Error::InvalidSpec(format!("chat template {}: {m}", path.display()));
+    let size = std::fs::metadata(path)
+        .map_err(|e| Error::store(path, e))?
+        .len();
+    if size > MAX_CHAT_TEMPLATE {
+        return Err(bad(format!(
+            "{size} bytes, over the {MAX_CHAT_TEMPLATE} a chat template may have"
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|e| Error::store(path, e))?;
+    let text = String::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8: {e}")))?;
+    if text.contains('\0') || text.trim().is_empty() {
+        return Err(bad(
+            "empty or holding a NUL byte; give the Jinja template's text".into(),
+        ));
+    }
+    Ok(text)
 }
 
 #[cfg(test)]
