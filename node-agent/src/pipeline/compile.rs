@@ -108,7 +108,6 @@ pub fn compile(
         &spec.model.spec,
         &backend.interface(&inputs.model)?,
     )?;
-    let chat_template = chat_template(spec, &inputs.model)?;
     tracing::info!(compile_key = %key, backend = backend.name(), profiles = profiles.len(), "compiling");
     let compiled = backend.compile(&CompileRequest {
         model: &inputs.model,
@@ -122,7 +121,7 @@ pub fn compile(
             budget: crate::pipeline::ready::memory_budget(&t.warmup)?,
             class: class.clone(),
         }),
-        chat_template: chat_template.as_deref(),
+        chat_template: chat_template(spec, &inputs.model)?.as_deref(),
     })?;
     // Parity of the compiled engine against the fixture's golden outputs, before anything is stored.
     let engine = backend.load(&out)?;
