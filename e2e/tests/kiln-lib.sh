@@ -195,6 +195,17 @@ serving_ready() {
   echo "   $MESSAGE"
 }
 
+# first_after_ready CHECK FIELDS: a client's check through the Service (CHECK, its JSON line),
+# summarised by the jq filter FIELDS, and its request's latency (.seconds), the first after
+# Ready, against the p50 the agent measured through the server ($MESSAGE of serving_ready).
+first_after_ready() {
+  local first p50
+  first=$(jq -r .seconds <<<"$1")
+  p50=$(sed -n 's/.*p50 \([0-9.]*\) ms.*/\1/p' <<<"$MESSAGE")
+  printf '   %s; first request after Ready %.1f ms, p50 through the server %s ms: %.2fx\n' \
+    "$(jq -c "$2" <<<"$1")" "$(echo "$first * 1000" | bc -l)" "$p50" "$(echo "$first * 1000 / $p50" | bc -l)"
+}
+
 # kiln_test NAME: the set-up of a test that installs kiln with its chart: a test namespace NS
 # (also the release REL and the registry repository REPOSITORY=kiln-e2e/NS), a directory WORK,
 # the real node REAL, and an EXIT trap that runs the test's own `teardown` first when it defines

@@ -93,10 +93,7 @@ echo "== a real v2 client through the Service"
 IP=$(kubectl -n "$NS" get svc kserve -o jsonpath='{.spec.clusterIP}')
 check=$(ip netns exec "$NETNS" "$PY" "$REPO/e2e/testdata/v2_check.py" "$IP:8080" "$TARGET" "$WORK/sources/fixture-v1.safetensors" 1e-5 1e-4) ||
   die "tritonclient through the Service: $check"
-first=$(jq -r .seconds <<<"$check")
-p50=$(sed -n 's/.*p50 \([0-9.]*\) ms.*/\1/p' <<<"$message")
-printf '   %s; first request after Ready %.1f ms, p50 through the server %s ms: %.2fx\n' \
-  "$(jq -c '{maxAbsError}' <<<"$check")" "$(echo "$first * 1000" | bc -l)" "$p50" "$(echo "$first * 1000 / $p50" | bc -l)"
+first_after_ready "$check" '{maxAbsError}'
 
 echo "== KServe serving another model name stays not Ready"
 pod_yaml other other | kubectl -n "$NS" apply -f - >/dev/null || die "apply the other pod"

@@ -98,10 +98,7 @@ echo "== a client through the Service gets the fixture's greedy tokens"
 IP=$(kubectl -n "$NS" get svc "$TARGET" -o jsonpath='{.spec.clusterIP}')
 check=$(ip netns exec "$NETNS" python3 "$REPO/e2e/testdata/llama_check.py" "$IP:8080" "$FIX" 8) ||
   die "llama-server through the Service: $check"
-first=$(jq -r .seconds <<<"$check")
-p50=$(sed -n 's/.*p50 \([0-9.]*\) ms.*/\1/p' <<<"$message")
-printf '   %s; first completion after Ready %.1f ms, p50 through the server %s ms: %.2fx\n' \
-  "$(jq -c '{compared, match, text}' <<<"$check")" "$(echo "$first * 1000" | bc -l)" "$p50" "$(echo "$first * 1000 / $p50" | bc -l)"
+first_after_ready "$check" '{compared, match, text}'
 
 echo "== a llama-server with another chat template stays not Ready"
 kubectl -n "$NS" apply -f - >/dev/null <<YAML || die "apply the chatml pod"
