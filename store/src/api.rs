@@ -14,8 +14,8 @@ use crate::staged;
 /// Default cap on one artifact's size (a pull refuses anything larger before writing a byte).
 pub const DEFAULT_MAX_ARTIFACT_BYTES: u64 = 256 << 30;
 
-/// How to reach a registry (from [`RegistryArgs`]). Ignored by the filesystem store except for
-/// the size cap.
+/// How to reach a registry (from [`crate::RegistryArgs`]). Ignored by the filesystem store
+/// except for the size cap.
 #[derive(Clone, Debug)]
 pub struct RegistryOptions {
     /// Plain HTTP instead of HTTPS.
@@ -104,7 +104,7 @@ pub trait Store: Send + Sync {
         let staged = self.stage(artifact, manifest).await?;
         self.tag(&staged, replace).await
     }
-    /// Keeps `envelope` (a DSSE envelope, see [`attest`]) as the attestation of the entry of
+    /// Keeps `envelope` (a DSSE envelope, see [`crate::attest`]) as the attestation of the entry of
     /// `key` stored under `manifest_digest`, replacing any earlier one.
     async fn put_attestation(
         &self,

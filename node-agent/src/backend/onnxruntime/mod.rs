@@ -8,7 +8,8 @@
 //! the session configuration that produced it (`kiln-onnxruntime.json`). Load opens that graph
 //! with the same provider and fallback policy and no further optimisation. The first run of every
 //! engine is profiled: ONNX Runtime's profile names the provider of every node it ran, which is
-//! the partition evidence ([`Placement`]). Reads the model and the artifact, writes (fsynced) only
+//! the partition evidence ([`kiln_crds::placement::Placement`]). Reads the model and the
+//! artifact, writes (fsynced) only the artifact.
 
 mod artifact;
 mod engine;
