@@ -9,7 +9,8 @@
 //! with the same provider and fallback policy and no further optimisation. The first run of every
 //! engine is profiled: ONNX Runtime's profile names the provider of every node it ran, which is
 //! the partition evidence ([`kiln_crds::placement::Placement`]). Reads the model and the
-//! artifact, writes (fsynced) only the artifact.
+//! artifact, writes (fsynced) only the artifact path it is given and a private profile
+//! directory beside the artifact.
 
 mod artifact;
 mod engine;
