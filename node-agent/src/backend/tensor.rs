@@ -40,6 +40,11 @@ impl HostTensor {
         self.len() == 0
     }
 
+    /// Elements as i32 (token ids), or `None` for a tensor of another type.
+    pub fn i32s(&self) -> Option<Vec<i32>> {
+        (self.dtype == Dtype::I32).then(|| le_vec!(&self.data, i32))
+    }
+
     /// Elements as f64, for parity.
     pub fn to_f64(&self) -> Result<Vec<f64>> {
         let d = &self.data;

@@ -137,17 +137,11 @@ fn ids(
     what: &str,
     name: &str,
 ) -> Result<Vec<i32>> {
-    let t = tensor
-        .filter(|t| t.dtype == safetensors::Dtype::I32)
-        .ok_or_else(|| {
-            Error::InvalidSpec(format!(
-                "a fixture with text needs {what} {name} as i32 token ids"
-            ))
-        })?;
-    Ok(t.data
-        .chunks_exact(4)
-        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect())
+    tensor.and_then(|t| t.i32s()).ok_or_else(|| {
+        Error::InvalidSpec(format!(
+            "a fixture with text needs {what} {name} as i32 token ids"
+        ))
+    })
 }
 
 /// Where two token sequences first differ, with both tokens as this model's vocabulary spells

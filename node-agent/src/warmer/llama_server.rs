@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::verdict::{Cold, Endpoint, Figures, requests, send_all};
-use super::wire::{exchange, snippet};
+use super::wire::{exchange, refused, snippet};
 use crate::backend::tensor::HostTensor;
 use crate::pipeline::fixtures::FixtureFile;
 
@@ -193,14 +193,7 @@ fn json_of<T: serde::de::DeserializeOwned>(
                 snippet(&body)
             ))
         }),
-        400..=499 => Err(Cold::Mismatch(format!(
-            "{url} answered {status}: {}",
-            snippet(&body)
-        ))),
-        _ => Err(Cold::Malformed(format!(
-            "{url} answered {status}: {}",
-            snippet(&body)
-        ))),
+        _ => Err(refused(url, status, &body)),
     }
 }
 
@@ -276,17 +269,11 @@ fn log_sum_exp(values: &[f64]) -> f64 {
 
 /// A fixture tensor as i32 ids.
 fn ids(t: Option<&HostTensor>, name: &str) -> Result<Vec<i32>, Cold> {
-    let t = t
-        .filter(|t| t.dtype == safetensors::Dtype::I32)
-        .ok_or_else(|| {
-            Cold::Mismatch(format!(
-                "the fixture has no i32 tensor {name}: a llama-server pod serves a language model's fixture (prompt, generate, tokens)"
-            ))
-        })?;
-    Ok(t.data
-        .chunks_exact(4)
-        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect())
+    t.and_then(HostTensor::i32s).ok_or_else(|| {
+        Cold::Mismatch(format!(
+            "the fixture has no i32 tensor {name}: a llama-server pod serves a language model's fixture (prompt, generate, tokens)"
+        ))
+    })
 }
 
 /// Where two id lists first differ, for messages. Pure.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use kiln_crds::compiled_target::Warmup;
 
 use super::verdict::{Cold, Endpoint, Figures, judge, requests, send_all};
-use super::wire::{exchange, snippet};
+use super::wire::{exchange, refused, snippet};
 use crate::backend::tensor::HostTensor;
 use crate::oip::{self, InferRequest, InferResponse, ModelMetadata, binary};
 use crate::pipeline::fixtures::FixtureFile;
@@ -162,15 +162,7 @@ async fn infer(
     };
     let (status, header, answer) = exchange(request.body(body)).await?;
     if status != 200 {
-        let cold = if (400..500).contains(&status) {
-            Cold::Mismatch
-        } else {
-            Cold::Malformed
-        };
-        return Err(cold(format!(
-            "POST {url} answered {status}: {}",
-            snippet(&answer)
-        )));
+        return Err(refused(&format!("POST {url}"), status, &answer));
     }
     let (json, tail) = binary::split(&answer, header.as_deref())
         .map_err(|m| Cold::Malformed(format!("POST {url}: {m}")))?;

@@ -43,3 +43,15 @@ pub fn snippet(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(&body[..body.len().min(300)]).to_string();
     text.trim().to_string()
 }
+
+/// A request the server answered with another status than 200: a 4xx refuses this request (the
+/// server takes other inputs or serves another model: `Mismatch`), anything else is outside the
+/// protocol (`Malformed`).
+pub fn refused(what: &str, status: u16, body: &[u8]) -> Cold {
+    let message = format!("{what} answered {status}: {}", snippet(body));
+    if (400..500).contains(&status) {
+        Cold::Mismatch(message)
+    } else {
+        Cold::Malformed(message)
+    }
+}
