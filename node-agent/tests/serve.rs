@@ -8,9 +8,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::servers::{Server, free_port, runtime};
 use common::{AGENT, Case, data};
 use kiln_agent::oip;
 use kiln_agent::pipeline::fixtures::FixtureFile;
@@ -57,27 +58,6 @@ fn volume(stored: &Path, fixture: &Path, dir: &Path) -> PathBuf {
     dir.to_path_buf()
 }
 
-/// A running `kiln-agent serve`, killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 fn spawn(dir: &Path, extra: &[&str]) -> Server {
     let port = free_port();
     let child = Command::new(AGENT)
@@ -90,12 +70,6 @@ fn spawn(dir: &Path, extra: &[&str]) -> Server {
         .spawn()
         .expect("spawn serve");
     Server { child, port }
-}
-
-/// reqwest is built without a default crypto provider; kiln uses ring.
-fn runtime() -> tokio::runtime::Runtime {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    tokio::runtime::Runtime::new().expect("rt")
 }
 
 fn get(url: &str) -> Option<(u16, String)> {

@@ -16,10 +16,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::llm::{CHAT, PROMPT, fixtures, models};
+use common::servers::{Server, free_port, runtime};
 use kiln_agent::pipeline::fixtures::FixtureFile;
 use kiln_agent::warmer::{self, Cold, Endpoint, Figures, Protocol};
 use kiln_crds::compiled_target::Warmup;
@@ -42,25 +43,9 @@ fn llama_server() -> Option<PathBuf> {
     Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
-/// A running llama-server, killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// llama-server on `model` (one slot, one thread, a 256-token context), once healthy.
 fn start(bin: &Path, model: &Path, extra: &[&str]) -> Server {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = free_port();
     let child = Command::new(bin)
         .arg("-m")
         .arg(model)
@@ -111,12 +96,6 @@ fn warmup() -> Warmup {
                     {"name": "tokens", "atol": 0, "rtol": 0}]
     }))
     .expect("warmup")
-}
-
-/// reqwest is built without a default crypto provider; kiln uses ring.
-fn runtime() -> tokio::runtime::Runtime {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    tokio::runtime::Runtime::new().expect("runtime")
 }
 
 fn warm(server: &Server, fixture: &FixtureFile) -> Result<Figures, Cold> {

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod llm;
+pub mod servers;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
