@@ -409,4 +409,34 @@ mod tests {
         // The development and CI machines are x86-64-v3 or newer (or not x86 at all).
         cpu_supported().expect("supported CPU");
     }
+
+    #[test]
+    fn a_chat_template_file_must_be_bounded_utf8_text() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = |name: &str, bytes: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, bytes).expect("write");
+            p
+        };
+        let ok = file(
+            "ok.jinja",
+            b"{% for m in messages %}{{ m.content }}{% endfor %}",
+        );
+        assert!(
+            read_chat_template(&ok)
+                .expect("a template")
+                .contains("messages")
+        );
+        let refused = |path: &Path, needle: &str| {
+            let e = read_chat_template(path).expect_err("refused");
+            assert!(matches!(e, Error::InvalidSpec(_)), "{e}");
+            assert!(e.to_string().contains(needle), "{e}");
+        };
+        let big = vec![b'x'; (MAX_CHAT_TEMPLATE + 1) as usize];
+        refused(&file("big.jinja", &big), "over the");
+        refused(&file("latin1.jinja", b"caf\xe9"), "not UTF-8");
+        refused(&file("nul.jinja", b"a\0b"), "NUL");
+        refused(&file("blank.jinja", b"  \n"), "empty");
+        assert!(read_chat_template(&dir.path().join("absent")).is_err());
+    }
 }
