@@ -159,6 +159,37 @@ spec:
 YAML
 }
 
+# gated_pod NAME TARGET ANNOTATIONS IMAGE ARGS PROBE-PATH PORT: the YAML of a pod on $REAL that
+# a namespace enforcing Pod Security "restricted" admits, gated on kiln.dev/warm, labelled
+# app=NAME, with TARGET's csi.kiln.dev volume at /model: ANNOTATIONS are the flow-map entries
+# after kiln.dev/target (the protocol, port, model name), ARGS the server's flow list, and its
+# readiness probe GETs PROBE-PATH on PORT.
+gated_pod() {
+  cat <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  labels: {app: $1}
+  annotations: {kiln.dev/target: $2, $3}
+spec:
+  readinessGates: [{conditionType: kiln.dev/warm}]
+  nodeName: $REAL
+  terminationGracePeriodSeconds: 1
+  securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
+  containers:
+    - name: server
+      image: $4
+      imagePullPolicy: Never
+      args: $5
+      securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+      readinessProbe: {httpGet: {path: "$6", port: $7}, periodSeconds: 2}
+      volumeMounts: [{name: model, mountPath: /model, readOnly: true}]
+  volumes:
+    - {name: model, csi: {driver: csi.kiln.dev, readOnly: true, volumeAttributes: {target: $2}}}
+YAML
+}
+
 # cond POD-JSON TYPE FIELD: a field of one of the pod's conditions.
 cond() { jq -r --arg t "$2" '.status.conditions[]? | select(.type == $t) | .'"$3" <<<"$1"; }
 

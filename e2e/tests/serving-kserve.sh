@@ -56,30 +56,12 @@ wait_for "compile Job done" 300 bash -c \
   "kubectl -n '$NS' get jobs -o json | jq -e '.items | length > 0 and all(.status.succeeded == 1)' >/dev/null"
 kubectl label namespace "$NS" pod-security.kubernetes.io/enforce=restricted --overwrite >/dev/null 2>&1
 
-# pod NAME MODEL-NAME: a KServe pod on this node with the target's volume, as a user writes one.
+# pod_yaml NAME MODEL-NAME: a KServe pod serving MODEL-NAME on this node with the target's
+# volume, as a user writes one, and its Service.
 pod_yaml() {
+  gated_pod "$1" "$TARGET" "kiln.dev/protocol: oip-v2, kiln.dev/port: \"8080\", kiln.dev/model-name: $TARGET" "$IMAGE" \
+    "[--model-dir, /model, --model-name, $2, --http_port, \"8080\", --grpc_port, \"8081\"]" "/v2/models/$2/ready" 8080
   cat <<YAML
-apiVersion: v1
-kind: Pod
-metadata:
-  name: $1
-  labels: {app: $1}
-  annotations: {kiln.dev/target: $TARGET, kiln.dev/protocol: oip-v2, kiln.dev/port: "8080", kiln.dev/model-name: $TARGET}
-spec:
-  readinessGates: [{conditionType: kiln.dev/warm}]
-  nodeName: $REAL
-  terminationGracePeriodSeconds: 1
-  securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
-  containers:
-    - name: server
-      image: $IMAGE
-      imagePullPolicy: Never
-      args: [--model-dir, /model, --model-name, $2, --http_port, "8080", --grpc_port, "8081"]
-      securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
-      readinessProbe: {httpGet: {path: "/v2/models/$2/ready", port: 8080}, periodSeconds: 2}
-      volumeMounts: [{name: model, mountPath: /model, readOnly: true}]
-  volumes:
-    - {name: model, csi: {driver: csi.kiln.dev, readOnly: true, volumeAttributes: {target: $TARGET}}}
 ---
 apiVersion: v1
 kind: Service

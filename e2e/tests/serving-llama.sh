@@ -101,28 +101,9 @@ check=$(ip netns exec "$NETNS" python3 "$REPO/e2e/testdata/llama_check.py" "$IP:
 first_after_ready "$check" '{compared, match, text}'
 
 echo "== a llama-server with another chat template stays not Ready"
-kubectl -n "$NS" apply -f - >/dev/null <<YAML || die "apply the chatml pod"
-apiVersion: v1
-kind: Pod
-metadata:
-  name: chatml
-  annotations: {kiln.dev/target: $TARGET, kiln.dev/protocol: llama-server, kiln.dev/port: "8080"}
-spec:
-  readinessGates: [{conditionType: kiln.dev/warm}]
-  nodeName: $REAL
-  terminationGracePeriodSeconds: 1
-  securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
-  containers:
-    - name: server
-      image: $LLAMA_IMAGE
-      imagePullPolicy: Never
-      args: [-m, /model/artifact, --host, 0.0.0.0, --port, "8080", -c, "128", -np, "1", --no-webui, --chat-template, chatml]
-      securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
-      readinessProbe: {httpGet: {path: /health, port: 8080}, periodSeconds: 2}
-      volumeMounts: [{name: model, mountPath: /model, readOnly: true}]
-  volumes:
-    - {name: model, csi: {driver: csi.kiln.dev, readOnly: true, volumeAttributes: {target: $TARGET}}}
-YAML
+gated_pod chatml "$TARGET" 'kiln.dev/protocol: llama-server, kiln.dev/port: "8080"' "$LLAMA_IMAGE" \
+  '[-m, /model/artifact, --host, 0.0.0.0, --port, "8080", -c, "128", -np, "1", --no-webui, --chat-template, chatml]' \
+  /health 8080 | kubectl -n "$NS" apply -f - >/dev/null || die "apply the chatml pod"
 wait_for "another chat template: ServingMismatch" 180 bash -c \
   "[[ \$(kubectl -n '$NS' get pod chatml -o jsonpath='{.status.conditions[?(@.type==\"kiln.dev/warm\")].reason}') == ServingMismatch ]]"
 msg=$(kubectl -n "$NS" get pod chatml -o jsonpath='{.status.conditions[?(@.type=="kiln.dev/warm")].message}')

@@ -106,27 +106,39 @@ rev_is() {
 }
 wait_for "revision 2 Ready on the node" 300 rev_is "2 Ready"
 kubectl label namespace "$NS" pod-security.kubernetes.io/enforce=restricted --overwrite >/dev/null 2>&1
-old_msg() { kubectl -n "$NS" get pod "$POD" -o jsonpath='{.status.conditions[?(@.type=="kiln.dev/warm")].message}'; }
-# The same server passed before: it stays Ready while it is checked again under revision 2.
-for ((i = 0; i < 240; i++)); do
-  [[ $(kubectl -n "$NS" get pod "$POD" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]] ||
-    die "the pod on revision 1 left Ready while the node moved to revision 2: $(old_msg)"
-  old_msg | grep -q 'volume holds revision 1' && break
-  sleep 0.5
-done
-old_msg | grep -q 'volume holds revision 1' || die "the running pod's gate does not say it holds revision 1: $(old_msg)"
-echo "   $POD: $(old_msg | cut -c1-170)"
-kubectl -n "$NS" delete pod "$POD" --wait=false >/dev/null
-new_ready() {
-  kubectl -n "$NS" get pods -l "app=$TARGET" -o json | jq -e --arg old "$POD" '[.items[] | select(.metadata.name != $old
-    and .metadata.deletionTimestamp == null) | .status.conditions[]? | select(.type == "Ready" and .status == "True")] | length > 0'
+# keeps N POD: POD stays Ready (polled) until its gate says its volume holds revision N.
+keeps() {
+  local msg i
+  for ((i = 0; i < 240; i++)); do
+    msg=$(kubectl -n "$NS" get pod "$2" -o jsonpath='{.status.conditions[?(@.type=="kiln.dev/warm")].message}')
+    [[ $(kubectl -n "$NS" get pod "$2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]] ||
+      die "the pod on revision $1 left Ready while the node moved to another: $msg"
+    grep -q "volume holds revision $1" <<<"$msg" && { echo "   $2: $(cut -c1-170 <<<"$msg")"; return; }
+    sleep 0.5
+  done
+  die "the pod on revision $1 does not say it holds revision $1: $msg"
 }
-wait_for "a new pod Ready" 180 new_ready
-NEW=$(kubectl -n "$NS" get pods -l "app=$TARGET" -o json | jq -r --arg old "$POD" '[.items[] | select(.metadata.name != $old)][0].metadata.uid')
-mnt2=$(awk '$5 ~ /volumes\/kubernetes.io~csi\/model\/mount$/ {print $5}' /proc/self/mountinfo | grep "$NEW" | head -1)
-[[ -n $mnt2 ]] && jq -e '.revision == 2' "$mnt2/kiln.json" >/dev/null ||
-  die "the new pod does not mount revision 2: $(cat "$mnt2/kiln.json" 2>/dev/null)"
-echo "   the new pod mounts revision 2"
+# replaced N OLD...: the OLD pods deleted, a new pod is Ready and its volume holds revision N.
+replaced() {
+  local n=$1 old uid mnt
+  shift
+  kubectl -n "$NS" delete pod "$@" --ignore-not-found --wait=false >/dev/null
+  old=$(printf '%s\n' "$@" | jq -R . | jq -cs .)
+  others() { jq --argjson old "$old" '[.items[] | select(.metadata.name as $n | $old | index($n) | not)]'; }
+  new_ready() {
+    kubectl -n "$NS" get pods -l "app=$TARGET" -o json | others | jq -e '[.[] | select(.metadata.deletionTimestamp == null)
+      | .status.conditions[]? | select(.type == "Ready" and .status == "True")] | length > 0'
+  }
+  wait_for "a new pod Ready" 180 new_ready
+  uid=$(kubectl -n "$NS" get pods -l "app=$TARGET" -o json | others | jq -r '.[0].metadata.uid')
+  mnt=$(awk '$5 ~ /volumes\/kubernetes.io~csi\/model\/mount$/ {print $5}' /proc/self/mountinfo | grep "$uid" | head -1)
+  [[ -n $mnt ]] && jq -e --argjson n "$n" '.revision == $n' "$mnt/kiln.json" >/dev/null ||
+    die "the new pod does not mount revision $n: $(cat "$mnt/kiln.json" 2>/dev/null)"
+  echo "   the new pod mounts revision $n"
+}
+# The same server passed before: it stays Ready while it is checked again under revision 2.
+keeps 1 "$POD"
+replaced 2 "$POD"
 
 echo "== kubectl kiln rollback to revision 1: the running pod keeps revision 2 and says so; a new pod mounts 1"
 mkdir -p "$WORK/bin"
@@ -135,57 +147,22 @@ POD2=$(kubectl -n "$NS" get pods -l "app=$TARGET" -o json | jq -r --arg old "$PO
 t_rb=$(date +%s.%N)
 rb=$(PATH=$WORK/bin:$PATH kubectl kiln -n "$NS" rollback "$TARGET" --to 1 --wait --timeout 120 -o json) || die "rollback: $rb"
 wait_for "revision 1 served on the node" 60 rev_is "1 Ready"
-msg2() { kubectl -n "$NS" get pod "$POD2" -o jsonpath='{.status.conditions[?(@.type=="kiln.dev/warm")].message}'; }
-for ((i = 0; i < 240; i++)); do
-  [[ $(kubectl -n "$NS" get pod "$POD2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]] ||
-    die "the pod on revision 2 left Ready after the rollback to 1: $(msg2)"
-  msg2 | grep -q 'volume holds revision 2' && break
-  sleep 0.5
-done
-msg2 | grep -q 'volume holds revision 2' || die "the pod on revision 2 does not say so after the rollback: $(msg2)"
-printf '   rollback served on the node after %s s; %s: %s\n' "$(jq -r .servedAfterSeconds <<<"$rb")" "$POD2" "$(msg2 | cut -c1-150)"
-kubectl -n "$NS" delete pod "$POD2" --wait=false >/dev/null
-rolled_ready() {
-  kubectl -n "$NS" get pods -l "app=$TARGET" -o json | jq -e --arg a "$POD" --arg b "$POD2" '[.items[] | select(.metadata.name != $a
-    and .metadata.name != $b and .metadata.deletionTimestamp == null) | .status.conditions[]? | select(.type == "Ready" and .status == "True")] | length > 0'
-}
-wait_for "a pod Ready after the rollback" 180 rolled_ready
-NEW3=$(kubectl -n "$NS" get pods -l "app=$TARGET" -o json | jq -r --arg a "$POD" --arg b "$POD2" '[.items[] | select(.metadata.name != $a and .metadata.name != $b)][0].metadata.uid')
-mnt3=$(awk '$5 ~ /volumes\/kubernetes.io~csi\/model\/mount$/ {print $5}' /proc/self/mountinfo | grep "$NEW3" | head -1)
-[[ -n $mnt3 ]] && jq -e '.revision == 1' "$mnt3/kiln.json" >/dev/null ||
-  die "the pod made after the rollback does not mount revision 1: $(cat "$mnt3/kiln.json" 2>/dev/null)"
-printf '   the pod made after the rollback mounts revision 1, Ready %.1f s after the rollback began\n' "$(echo "$(date +%s.%N) - $t_rb" | bc)"
+keeps 2 "$POD2"
+printf '   rollback served on the node after %s s\n' "$(jq -r .servedAfterSeconds <<<"$rb")"
+replaced 1 "$POD" "$POD2"
+printf '   Ready %.1f s after the rollback began\n' "$(echo "$(date +%s.%N) - $t_rb" | bc)"
 
 echo "== refusals: no target, wrong model name"
+# nope NAME TARGET MODEL-NAME: a kiln-agent serve pod that must stay not Ready.
 nope() {
-  kubectl -n "$NS" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata:
-  name: $1
-  annotations: {kiln.dev/target: $2, kiln.dev/protocol: oip-v2, kiln.dev/port: "8000", kiln.dev/model-name: $3}
-spec:
-  readinessGates: [{conditionType: kiln.dev/warm}]
-  nodeName: $REAL
-  terminationGracePeriodSeconds: 1
-  securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
-  containers:
-    - name: server
-      image: $AGENT_IMAGE
-      imagePullPolicy: Never
-      args: [serve, --model-dir, /model, --port, "8000"]
-      securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
-      readinessProbe: {httpGet: {path: /v2/health/ready, port: 8000}, periodSeconds: 2}
-      volumeMounts: [{name: model, mountPath: /model, readOnly: true}]
-  volumes:
-    - {name: model, csi: {driver: csi.kiln.dev, readOnly: true, volumeAttributes: {target: $4}}}
-YAML
+  gated_pod "$1" "$2" "kiln.dev/protocol: oip-v2, kiln.dev/port: \"8000\", kiln.dev/model-name: $3" "$AGENT_IMAGE" \
+    '[serve, --model-dir, /model, --port, "8000"]' /v2/health/ready 8000 | kubectl -n "$NS" apply -f - >/dev/null
 }
-nope ghost ghost ghost ghost
+nope ghost ghost ghost
 wait_for "mount refused with the reason" 90 bash -c \
   "kubectl -n '$NS' get events --field-selector involvedObject.name=ghost,reason=FailedMount -o json | jq -e '.items[] | select(.message | contains(\"ghost\"))' >/dev/null"
 echo "   $(kubectl -n "$NS" get events --field-selector involvedObject.name=ghost,reason=FailedMount -o json | jq -r '.items[0].message' | cut -c1-200)"
-nope wrongname "$TARGET" other "$TARGET"
+nope wrongname "$TARGET" other
 wait_for "wrong model name: ServingMismatch" 120 bash -c \
   "[[ \$(kubectl -n '$NS' get pod wrongname -o jsonpath='{.status.conditions[?(@.type==\"kiln.dev/warm\")].reason}') == ServingMismatch ]]"
 [[ $(kubectl -n "$NS" get pod wrongname -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') != True ]] ||
