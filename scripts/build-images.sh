@@ -3,7 +3,8 @@
 # scripts/push-images.sh and the Containerfile all build them here, with e2e/build-image.
 #
 #   scripts/build-images.sh [--images LIST] [--name-prefix PREFIX] [--tag TAG]
-#                           [--operator-bin FILE] [--agent-bin FILE] [--rootfs] OUTDIR
+#                           [--operator-bin FILE] [--agent-bin FILE] [--cuda-agent DIR]
+#                           [--rootfs] OUTDIR
 #
 # LIST: comma-separated, of
 #   operator   kiln-operator (stripped) and the libraries it links, CA certificates
@@ -13,7 +14,11 @@
 #   agent-gpu  kiln-agent with the onnxruntime-gpu library, its CUDA provider and the CUDA 13 /
 #              cuDNN 9 libraries of scripts/ensure-onnxruntime-gpu.sh in a layer of their own at
 #              /usr/lib/onnxruntime (LD_LIBRARY_PATH), libcuda.so.1 left to the NVIDIA container
-#              runtime (fetches 1.2 GB on first use)
+#              runtime (fetches 1.2 GB on first use). With --cuda-agent DIR (what
+#              scripts/build-agent-cuda.sh prints), its kiln-agent is DIR's, whose llama.cpp has
+#              the CUDA backend, and llama.cpp's libraries of DIR are in a layer at /usr/lib/llama
+#              (also on LD_LIBRARY_PATH); without, it is --agent-bin, whose llama.cpp runs on the
+#              CPU only (GGUF targets on GPU classes are refused as IncompatibleRuntime)
 # (default: operator,agent,agent-gpu). Binaries: target/release/kiln-{operator,agent} unless
 # given. Each image is written as OUTDIR/kiln-NAME.tar (an OCI archive named PREFIX/NAME:TAG;
 # default kiln/NAME:latest), or with --rootfs as the directory OUTDIR/kiln-NAME/ (one directory
@@ -24,9 +29,9 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 
-usage() { sed -n '2,23s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+usage() { sed -n '2,29s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 images=operator,agent,agent-gpu prefix=kiln tag=latest rootfs=0 out=
-operator_bin=$REPO/target/release/kiln-operator agent_bin=$REPO/target/release/kiln-agent
+operator_bin=$REPO/target/release/kiln-operator agent_bin=$REPO/target/release/kiln-agent cuda_agent=
 while (($#)); do
   case $1 in
     --images) images=${2:?--images needs a list}; shift ;;
@@ -34,6 +39,7 @@ while (($#)); do
     --tag) tag=${2:?--tag needs a value}; shift ;;
     --operator-bin) operator_bin=${2:?--operator-bin needs a file}; shift ;;
     --agent-bin) agent_bin=${2:?--agent-bin needs a file}; shift ;;
+    --cuda-agent) cuda_agent=${2:?--cuda-agent needs a directory}; shift ;;
     --rootfs) rootfs=1 ;;
     -h | --help) usage ;;
     -*) echo "build-images: unknown option $1" >&2; usage ;;
@@ -42,16 +48,26 @@ while (($#)); do
   shift
 done
 [[ -n $out ]] || usage
+# The libraries a CUDA build of kiln-agent links (llama-cpp-sys-2's shared build).
+LLAMA_LIBS=(libllama.so libggml.so libggml-base.so libggml-cpu.so libggml-cuda.so)
+cuda_agent_complete() {
+  local f
+  for f in kiln-agent "${LLAMA_LIBS[@]}"; do
+    [[ -f $cuda_agent/$f ]] || { echo "build-images: no $f in --cuda-agent $cuda_agent (scripts/build-agent-cuda.sh prints the directory)" >&2; return 1; }
+  done
+}
 IFS=, read -ra wanted <<<"$images"
 ((${#wanted[@]})) || { echo "build-images: --images is empty; name operator, agent or agent-gpu" >&2; exit 2; }
 for image in "${wanted[@]}"; do
   case $image in
     operator) [[ -x $operator_bin ]] || { echo "build-images: no kiln-operator at $operator_bin (cargo build --release -p kiln-operator, or --operator-bin)" >&2; exit 1; } ;;
+    agent-gpu) [[ -z $cuda_agent ]] || cuda_agent_complete || exit 1 ;;&
     agent | agent-gpu) [[ -x $agent_bin ]] || { echo "build-images: no kiln-agent at $agent_bin (cargo build --release -p kiln-agent, or --agent-bin)" >&2; exit 1; } ;;
     *) echo "build-images: unknown image '$image' in --images; use operator, agent, agent-gpu" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out/bin"
+LLAMA_DIR=/usr/lib/llama
 
 # identity LIB: VERSION@sha256:<hex> of an ONNX Runtime library, what the operator keys on.
 identity() { echo "${1##*libonnxruntime.so.}@sha256:$(sha256sum "$1" | cut -d' ' -f1)"; }
@@ -89,9 +105,15 @@ for image in "${wanted[@]}"; do
     agent-gpu)
       libs=$("$REPO/scripts/ensure-onnxruntime-gpu.sh")
       lib=$(echo "$libs"/libonnxruntime.so.1.*)
-      build agent-gpu "$agent_bin" --add-dir "$libs:$ORT_DIR" --allow-missing libcuda.so.1 \
-        --env "ORT_DYLIB_PATH=$ORT_DIR/$(basename "$lib")" --env "LD_LIBRARY_PATH=$ORT_DIR" \
-        --env ORT_DISABLE_TELEMETRY=1
+      set -- "$agent_bin" --env "LD_LIBRARY_PATH=$ORT_DIR"
+      if [[ -n $cuda_agent ]]; then
+        llama=$out/llama-cuda
+        rm -rf "$llama" && mkdir -p "$llama"
+        for f in "${LLAMA_LIBS[@]}"; do strip -o "$llama/$f" "$cuda_agent/$f"; done
+        set -- "$cuda_agent/kiln-agent" --add-dir "$llama:$LLAMA_DIR" --env "LD_LIBRARY_PATH=$ORT_DIR:$LLAMA_DIR"
+      fi
+      build agent-gpu "$1" --add-dir "$libs:$ORT_DIR" --allow-missing libcuda.so.1 \
+        --env "ORT_DYLIB_PATH=$ORT_DIR/$(basename "$lib")" --env ORT_DISABLE_TELEMETRY=1 "${@:2}"
       printf 'agent-gpu\t%s\tonnxruntimeGpu=%s\n' "$BUILT" "$(identity "$lib")" ;;
   esac
 done

@@ -18,6 +18,9 @@
 #                         then ${XDG_RUNTIME_DIR}/containers/auth.json, then ~/.docker/config.json)
 #   --operator-bin FILE   use this kiln-operator instead of building it (cargo build --release)
 #   --agent-bin FILE      use this kiln-agent instead of building it
+#   --cuda-agent DIR      the GPU agent image runs this CUDA build of kiln-agent (what
+#                         scripts/build-agent-cuda.sh prints): GGUF models on the GPU; without
+#                         it the GPU image's llama.cpp runs on the CPU only
 #
 # Credentials can also come from the environment: KILN_REGISTRY_USERNAME and
 # KILN_REGISTRY_PASSWORD (the names kiln's components read) go into a private auth file for the
@@ -28,9 +31,10 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 
-usage() { sed -n '2,29s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+usage() { sed -n '2,32s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 die() { echo "push-images: $*" >&2; exit 1; }
 images=operator,agent,agent-gpu tag= values= plain=0 authfile= operator_bin= agent_bin= target=
+cuda_agent=()
 while (($#)); do
   case $1 in
     --images) images=${2:?--images needs a list}; shift ;;
@@ -40,6 +44,7 @@ while (($#)); do
     --authfile) authfile=${2:?--authfile needs a file}; shift ;;
     --operator-bin) operator_bin=${2:?--operator-bin needs a file}; shift ;;
     --agent-bin) agent_bin=${2:?--agent-bin needs a file}; shift ;;
+    --cuda-agent) cuda_agent=(--cuda-agent "${2:?--cuda-agent needs a directory}"); shift ;;
     -h | --help) usage ;;
     -*) echo "push-images: unknown option $1" >&2; usage ;;
     *) [[ -z $target ]] || die "one REGISTRY[/PREFIX] only, got '$target' and '$1'"; target=$1 ;;
@@ -93,7 +98,7 @@ since() { awk -v t="$1" -v n="$(date +%s.%N)" 'BEGIN {printf "%.2f", n - t}'; }
 t0=$(date +%s.%N)
 built=$("$REPO/scripts/build-images.sh" --images "$images" --name-prefix "$target" --tag "$tag" \
   --operator-bin "${operator_bin:-$REPO/target/release/kiln-operator}" \
-  --agent-bin "${agent_bin:-$REPO/target/release/kiln-agent}" "$work")
+  --agent-bin "${agent_bin:-$REPO/target/release/kiln-agent}" "${cuda_agent[@]}" "$work")
 echo "push-images: built in $(since "$t0")s" >&2
 
 skopeo_args=(--quiet --dest-tls-verify="$( ((plain)) && echo false || echo true)")

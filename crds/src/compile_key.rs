@@ -358,6 +358,32 @@ assetDigests: {pre: cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
     }
 
     #[test]
+    fn llamacpp_keys_name_the_gpu_only_on_gpu_classes() {
+        use crate::compiled_target::{Backend, BackendKind, ExecutionProvider};
+        let cpu = BTreeMap::from([("kubernetes.io/arch".to_string(), "amd64".to_string())]);
+        let mut gpu = cpu.clone();
+        gpu.insert("nvidia.com/gpu.product".into(), "NVIDIA-H200".into());
+        let implicit = Backend::of(BackendKind::Llamacpp);
+        let mut cpu_named = implicit.clone();
+        cpu_named.execution_provider = Some(ExecutionProvider::Cpu);
+        // The keys CPU targets had before GPU engines existed, named or not.
+        let before = BTreeMap::from([
+            ("llamacpp.contextLength".to_string(), "512".to_string()),
+            ("llamacpp.quantization".to_string(), "source".to_string()),
+        ]);
+        assert_eq!(implicit.options(&cpu), before);
+        assert_eq!(cpu_named.options(&cpu), before);
+        assert_eq!(
+            cpu_named.options(&gpu),
+            before,
+            "named cpu: kept on a GPU class"
+        );
+        assert_eq!(implicit.provider_for(&gpu), ExecutionProvider::Cuda);
+        assert_eq!(implicit.options(&gpu)["executionProvider"], "cuda");
+        assert_ne!(implicit.options(&gpu), before);
+    }
+
+    #[test]
     fn cuda_graphs_key_only_cuda_classes_and_only_when_on() {
         use crate::compiled_target::{Backend, BackendKind, CudaSettings};
         let cpu = BTreeMap::from([("kubernetes.io/arch".to_string(), "amd64".to_string())]);

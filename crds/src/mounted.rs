@@ -7,6 +7,9 @@
 //!   artifact             the engine, byte for byte the digest the node's agent verified
 //!   manifest.json        its build manifest (engine, provider settings, precision, profiles)
 //!   fixture.safetensors  the warmup fixture the node's pass used (absent when none is recorded)
+//!   chat-template.jinja  a GGUF target's chat template given beside the model (a `chatTemplate`
+//!                        asset, carried in the artifact), for a server that takes it as a file
+//!                        (llama-server's --chat-template-file); absent otherwise
 //!   kiln.json            this file's `MountedModel`: target, revision, class, digest, engine
 //! ```
 
@@ -18,6 +21,8 @@ pub const ARTIFACT: &str = "artifact";
 pub const MANIFEST: &str = "manifest.json";
 /// The warmup fixture.
 pub const FIXTURE: &str = "fixture.safetensors";
+/// The chat template given beside a GGUF model.
+pub const CHAT_TEMPLATE: &str = "chat-template.jinja";
 /// [`MountedModel`] as JSON.
 pub const KILN_JSON: &str = "kiln.json";
 
@@ -42,6 +47,9 @@ pub struct MountedModel {
     /// sha256 of `fixture.safetensors`, bare hex, when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fixture: Option<String>,
+    /// sha256 of `chat-template.jinja`, bare hex, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
     /// The node that verified it.
     pub node: String,
     /// The pod it was mounted for (`namespace/name`).
@@ -62,12 +70,14 @@ impl MountedModel {
                 m.digest
             ));
         }
-        if let Some(f) = &m.fixture
-            && !hex(f)
-        {
-            return Err(format!(
-                "{KILN_JSON}: fixture digest {f:?} is not 64 hex characters"
-            ));
+        for (what, digest) in [("fixture", &m.fixture), ("chat template", &m.chat_template)] {
+            if let Some(d) = digest
+                && !hex(d)
+            {
+                return Err(format!(
+                    "{KILN_JSON}: {what} digest {d:?} is not 64 hex characters"
+                ));
+            }
         }
         Ok(m)
     }
@@ -87,6 +97,7 @@ mod tests {
             engine: Some("onnxruntime/cpu".into()),
             media_type: "application/x-onnx".into(),
             fixture: Some("cd".repeat(32)),
+            chat_template: None,
             node: "n1".into(),
             pod: "ns/server-0".into(),
         }
@@ -103,6 +114,13 @@ mod tests {
         };
         let err = MountedModel::parse(&serde_json::to_vec(&bad).expect("json")).expect_err("bad");
         assert!(err.contains("64 hex"), "{err}");
+        let bad_template = MountedModel {
+            chat_template: Some("x".into()),
+            ..m.clone()
+        };
+        let err = MountedModel::parse(&serde_json::to_vec(&bad_template).expect("json"))
+            .expect_err("bad template digest");
+        assert!(err.contains("chat template digest"), "{err}");
         let nameless = MountedModel {
             target: String::new(),
             ..m

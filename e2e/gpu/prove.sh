@@ -41,6 +41,12 @@
 #                                BERT-base on ONNX Runtime CUDA (fp32 and tf32) and with CUDA graphs
 #                                (fp32, cpuFallback Forbidden), then the PyTorch anchor in the same
 #                                call, and the fp32 p50 ratio of each to torch.compile reduce-overhead
+#   e2e/gpu/prove.sh llama [OUT]  there, in its own call carrying gpu-carry/llama (`pack` writes it
+#                                when scripts/build-agent-cuda.sh has built llama.cpp with CUDA):
+#                                examples/tiny-llama as written (on this GPU class its provider
+#                                resolves to CUDA: every layer on the GPU) and on the CPU, into
+#                                OUT/llama/: Ready with parity, the compile key's provider, the
+#                                layers llama.cpp offloaded, device memory, prefill and decode
 #   e2e/gpu/prove.sh table [OUT] prints the table of what OUT holds (run, anchor and graphs end
 #                                with it), and the p50 ratios to torch.compile reduce-overhead
 #   e2e/gpu/prove.sh specs OUT   anywhere, no GPU: writes the documents `run` and `graphs` would
@@ -83,8 +89,26 @@ pack() {
     i=$((i + 1))
   done
   echo "   carry [\"gpu-carry/base\"]  command: e2e/gpu/prove.sh run \$OUT/proof"
+  pack_llama
   echo "   command: e2e/gpu/prove.sh anchor \$OUT/proof   (OUT of the previous call is fresh each call:"
   echo "   run both in one command, or keep /tmp/kiln-gpu-proof: e2e/gpu/prove.sh run /tmp/kiln-gpu-proof)"
+}
+
+# The CUDA build of kiln-agent and the llama.cpp libraries it links.
+LLAMA_FILES=(kiln-agent libllama.so libggml.so libggml-base.so libggml-cpu.so libggml-cuda.so)
+
+# pack_llama: gpu-carry/llama/, LLAMA_FILES stripped and xz-compressed, from KILN_CUDA_AGENT
+# (default target/cuda/release) when scripts/build-agent-cuda.sh has built it there.
+pack_llama() {
+  local d=${KILN_CUDA_AGENT:-$ROOT/target/cuda/release} f
+  rm -rf "$CARRY/llama"
+  [[ -f $d/libggml-cuda.so ]] ||
+    { echo "   (no CUDA build of llama.cpp in $d, so no llama call: scripts/build-agent-cuda.sh)"; return 0; }
+  mkdir -p "$CARRY/llama"
+  for f in "${LLAMA_FILES[@]}"; do
+    strip -o "$CARRY/llama/$f" "$d/$f" && xz -6 -T0 -f "$CARRY/llama/$f"
+  done
+  echo "   carry [\"gpu-carry/llama\"]  command: e2e/gpu/prove.sh llama \$OUT/proof   ($(du -sh "$CARRY/llama" | cut -f1))"
 }
 
 stash() {
@@ -362,6 +386,35 @@ refusals() {
   done
 }
 
+# llama [OUT]: the tiny GGUF llama through the CUDA build of kiln-agent, on this GPU class as
+# written (CUDA) and with executionProvider cpu; OUT/llama/runs/*.json. Fails when the CUDA row
+# is not Ready on CUDA with the model on the GPU.
+llama() {
+  local out=${1:-${OUT:-$ROOT/gpu-proof}}/llama dir=$STASH/llama f row fail=0
+  [[ -d $CARRY/llama ]] || { echo "no $CARRY/llama: run 'e2e/gpu/prove.sh pack' after scripts/build-agent-cuda.sh and carry gpu-carry/llama" >&2; exit 2; }
+  mkdir -p "$out/m" "$dir"
+  for f in "${LLAMA_FILES[@]}"; do xz -dc "$CARRY/llama/$f.xz" >"$dir/$f"; done
+  chmod +x "$dir/kiln-agent"
+  export LD_LIBRARY_PATH=$dir:$(cuda_libs) RUST_LOG=${RUST_LOG:-info}
+  AGENT=$dir/kiln-agent
+  "$AGENT" probe >"$out/probe.json"
+  cp "$ROOT"/examples/tiny-llama/{model.gguf,fixture-v1.safetensors} "$out/m/"
+  cp "$ROOT/examples/tiny-llama/kiln.yaml" "$out/m/cuda.yaml"
+  sed 's/kind: llamacpp/kind: llamacpp\n    executionProvider: cpu/' "$ROOT/examples/tiny-llama/kiln.yaml" >"$out/m/cpu.yaml"
+  echo "== the tiny llama on the CUDA build: as written (CUDA on this class) and on the CPU"
+  for row in cuda cpu; do
+    local_run "tiny-llama.$row" "$out/m/$row.yaml" "$out/store-$row" "$out"
+    grep -ho 'offloaded [0-9]*/[0-9]* layers to GPU' "$out/logs/tiny-llama.$row.err" | sort -u | sed 's/^/     /' || true
+    jq -c '{generation, parityMaxAbsError, deviceMemoryMiB}' "$out/runs/tiny-llama.$row.json" | sed 's/^/     /'
+  done
+  jq -e '.ready and .deviceMemoryMiB > 0' "$out/runs/tiny-llama.cuda.json" >/dev/null ||
+    { echo "FAIL: the tiny llama is not Ready on the GPU: $(jq -c '{ready, reason, message, deviceMemoryMiB}' "$out/runs/tiny-llama.cuda.json")"; fail=1; }
+  f=$(ls "$out"/store-cuda/artifacts/*/manifest.json 2>/dev/null | head -1)
+  [[ -n $f ]] && jq -e '.backendOptions.executionProvider == "cuda"' "$f" >/dev/null ||
+    { echo "FAIL: the compile key of the class does not name CUDA (${f:-no manifest})"; fail=1; }
+  return "$fail"
+}
+
 anchor() {
   local out=${1:-${OUT:-$ROOT/gpu-proof}}
   mkdir -p "$out"
@@ -380,6 +433,7 @@ case ${1:-} in
   run) shift; run "$@" ;;
   anchor) shift; anchor "$@" ;;
   table) shift; table "$@" ;;
+  llama) shift; llama "$@" ;;
   graphs) shift; graphs "$@" ;;
   specs) shift; specs "$@" ;;
   *) awk 'NR > 1 && /^#/ {print} /^set -euo/ {exit}' "$0" >&2; exit 2 ;;

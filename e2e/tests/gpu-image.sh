@@ -14,6 +14,11 @@
 #     GPU build's CPU provider and refuses a CUDA target with IncompatibleRuntime, not a crash and
 #     not the CPU instead, because ONNX Runtime's own load of the CUDA provider found everything
 #     but libcuda.so.1 (no driver here).
+#   * GGUF on llama.cpp in the image: the tiny llama on the CPU is Ready; on CUDA it is refused
+#     with the reason that fits the image: with the CUDA build of llama.cpp (kiln_cuda_agent:
+#     its libraries at /usr/lib/llama, checked above like the rest, and the check fails without
+#     libggml-cuda.so) IncompatibleHardware, as there is no GPU here; without it
+#     IncompatibleRuntime naming the GPU agent's build. Which one ran is printed.
 # Prints the image's size, compressed and not, and how long the fetch and the build took.
 # KILN_E2E_GPU_IMAGE_TAR=FILE checks that image (built elsewhere) instead of building one.
 source "$(dirname "$0")/lib.sh"
@@ -50,7 +55,11 @@ echo "   $(jq '.layers | length' "$manifest") layers, $((packed / 1048576)) MiB 
 IMAGE_ENV=$(jq -r '.config.Env[]' "$config")
 grep -qx "ORT_DYLIB_PATH=$ORT_GPU_IN_IMAGE/libonnxruntime.so.1.31.1" <<<"$IMAGE_ENV" || fail "image Env: $IMAGE_ENV"
 LIBPATH=$(sed -n 's/^LD_LIBRARY_PATH=//p' <<<"$IMAGE_ENV")
-[[ $LIBPATH == "$ORT_GPU_IN_IMAGE" ]] || fail "image LD_LIBRARY_PATH: $LIBPATH"
+# The CUDA build of llama.cpp, when the image has it: its libraries on the search path too.
+CUDA_LLAMA=0 want=$ORT_GPU_IN_IMAGE
+[[ -e $ROOT$LLAMA_IN_IMAGE/libggml-cuda.so ]] && CUDA_LLAMA=1 want=$ORT_GPU_IN_IMAGE:$LLAMA_IN_IMAGE
+[[ $LIBPATH == "$want" ]] || fail "image LD_LIBRARY_PATH: $LIBPATH, not $want"
+echo "   llama.cpp in the image: $( ((CUDA_LLAMA)) && echo "the CUDA build ($(ls "$ROOT$LLAMA_IN_IMAGE" | tr '\n' ' '))" || echo "the CPU build (no KILN_E2E_CUDA_AGENT, no target/cuda/release)")"
 LOADER=/lib64/ld-linux-x86-64.so.2
 [[ -e $ROOT$LOADER ]] || fail "no $LOADER in the image"
 
@@ -108,12 +117,15 @@ in_image "$LOADER" --library-path "$LIBPATH:$STUB" --list "$ORT_GPU_IN_IMAGE/lib
   sed "s/ (0x.*//; s|$STUB/libcuda.so.1|(the node's driver)|; s/^/   /"
 
 echo "== and the check fails when one is missing"
-for lib in libcublasLt.so.13 libcudnn_engines_precompiled.so.9; do
-  mv "$ROOT$ORT_GPU_IN_IMAGE/$lib" "$WORK/removed"
+removable=("$ORT_GPU_IN_IMAGE/libcublasLt.so.13" "$ORT_GPU_IN_IMAGE/libcudnn_engines_precompiled.so.9")
+((CUDA_LLAMA)) && removable+=("$LLAMA_IN_IMAGE/libggml-cuda.so")
+for path in "${removable[@]}"; do
+  lib=${path##*/}
+  mv "$ROOT$path" "$WORK/removed"
   out=$(check_libraries 2>&1) && fail "check passed without $lib"
   grep -q "$lib" <<<"$out" || fail "check without $lib does not name it: $out"
   echo "   without $lib: $(grep -c "$lib" <<<"$out") unresolved, e.g. $(grep -m1 "$lib" <<<"$out")"
-  mv "$WORK/removed" "$ROOT$ORT_GPU_IN_IMAGE/$lib"
+  mv "$WORK/removed" "$ROOT$path"
 done
 rm -r "${ROOT:?}$STUB"
 
@@ -166,4 +178,28 @@ tail -1 "$WORK/cuda.json" | jq -e '(.ready | not) and .reason == "IncompatibleRu
 tail -1 "$WORK/cuda.json" | jq -e '.message | test("libcuda\\.so\\.1: cannot open")' >/dev/null ||
   fail "the CUDA provider failed to load for another reason than the missing driver: $(tail -1 "$WORK/cuda.json" | jq -r .message)"
 echo "   cuda: $(tail -1 "$WORK/cuda.json" | jq -r '.reason + ": " + (.message | sub(".*with error: "; "") | gsub("\\n"; " ") | .[0:120])')"
+echo "== GGUF on llama.cpp in the image: the CPU Ready, CUDA refused for this image's reason"
+cp "$REPO/examples/tiny-llama/model.gguf" "$REPO/examples/tiny-llama/fixture-v1.safetensors" "$W/"
+llama_target() { # llama_target NAME PROVIDER: the tiny llama's example with that provider
+  sed -n '/^---/q;p' "$REPO/examples/tiny-llama/kiln.yaml"
+  sed -n '/^---/,$p' "$REPO/examples/tiny-llama/kiln.yaml" |
+    sed "s/name: tiny-llama-q8/name: $1/; s/kind: llamacpp/kind: llamacpp\n    executionProvider: $2/"
+}
+llama_target llama-cpu cpu >"$W/llama-cpu.yaml"
+llama_target llama-cuda cuda >"$W/llama-cuda.yaml"
+in_image_proc /bin/kiln-agent local /tmp/w/llama-cpu.yaml --store /tmp/w/store --output json >"$WORK/lcpu.json" 2>"$WORK/lcpu.err" ||
+  { tail -5 "$WORK/lcpu.err" >&2; fail "tiny llama on the CPU: $(tail -1 "$WORK/lcpu.json")"; }
+tail -1 "$WORK/lcpu.json" | jq -e .ready >/dev/null || fail "tiny llama on the CPU: $(tail -1 "$WORK/lcpu.json")"
+echo "   cpu: $(tail -1 "$WORK/lcpu.json" | jq -c '{ready, parityMaxAbsError, p50Seconds}')"
+rc=0
+in_image_proc /bin/kiln-agent local /tmp/w/llama-cuda.yaml --store /tmp/w/store --output json >"$WORK/lcuda.json" 2>"$WORK/lcuda.err" || rc=$?
+((rc != 0)) || fail "a CUDA GGUF target was ready without a GPU: $(tail -1 "$WORK/lcuda.json")"
+if ((CUDA_LLAMA)); then
+  want='(.ready | not) and .reason == "IncompatibleHardware" and (.message | test("needs an NVIDIA GPU"))'
+else
+  want='(.ready | not) and .reason == "IncompatibleRuntime" and (.message | test("no CUDA backend"))'
+fi
+tail -1 "$WORK/lcuda.json" | jq -e "$want" >/dev/null ||
+  { tail -5 "$WORK/lcuda.err" >&2; fail "CUDA GGUF target: exit $rc, $(tail -1 "$WORK/lcuda.json")"; }
+echo "   cuda: $(tail -1 "$WORK/lcuda.json" | jq -r '.reason + ": " + (.message | .[0:140])')"
 echo "image: $((packed / 1048576)) MiB compressed, $((unpacked / 1048576)) MiB unpacked; fetch $((t1 - t0))s, build $((t2 - t1))s"

@@ -437,6 +437,7 @@ mod tests {
                 engine: None,
                 media_type: "x".into(),
                 fixture: None,
+                chat_template: None,
                 node: "n".into(),
                 pod: pod.into(),
             };

@@ -22,6 +22,8 @@
 //! * [`metrics`], [`error`], [`secrets`] — shared by all: the agent's metrics, its error and
 //!   failure reasons, credentials out of the environment and command line before any child
 //!   starts.
+//! * [`gguf_index`] — the frame of kiln's index at the end of a llamacpp artifact, which the
+//!   llama.cpp backend writes and the CSI plugin reads (its chat template) without engine code.
 
 pub mod backend;
 pub mod bench;
@@ -30,6 +32,7 @@ pub mod cmd;
 pub mod csi;
 pub mod daemon;
 pub mod error;
+pub mod gguf_index;
 pub mod golden;
 pub mod host;
 pub mod metrics;

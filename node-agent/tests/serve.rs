@@ -47,6 +47,7 @@ fn volume(stored: &Path, fixture: &Path, dir: &Path) -> PathBuf {
         engine: None,
         media_type: "x".into(),
         fixture: Some(fixture_sha),
+        chat_template: None,
         node: "n".into(),
         pod: "ns/p".into(),
     };

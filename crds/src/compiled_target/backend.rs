@@ -91,15 +91,17 @@ impl Backend {
     }
 
     /// The execution provider a class's engine runs on: the one the target names; otherwise,
-    /// for kind `onnxruntime`, CUDA on a class with an NVIDIA GPU (its class facts name a
-    /// `nvidia.com/gpu.product`) and the CPU elsewhere, so one target gets a GPU engine on GPU
-    /// classes and a CPU engine on CPU classes; the CPU for other kinds.
+    /// for kinds `onnxruntime` and `llamacpp`, CUDA on a class with an NVIDIA GPU (its class
+    /// facts name a `nvidia.com/gpu.product`) and the CPU elsewhere, so one target gets a GPU
+    /// engine on GPU classes and a CPU engine on CPU classes; the CPU for other kinds.
     pub fn provider_for(&self, class: &ClassFacts) -> ExecutionProvider {
         self.execution_provider.unwrap_or_else(|| {
             let gpu = class
                 .get(crate::labels::GPU_PRODUCT)
                 .is_some_and(|p| !p.is_empty());
-            if self.kind == BackendKind::Onnxruntime && gpu {
+            let has_gpu_engine =
+                matches!(self.kind, BackendKind::Onnxruntime | BackendKind::Llamacpp);
+            if has_gpu_engine && gpu {
                 ExecutionProvider::Cuda
             } else {
                 ExecutionProvider::Cpu
@@ -116,7 +118,13 @@ impl Backend {
             return self.auto_options(class);
         }
         if self.kind == BackendKind::Llamacpp {
-            return self.llamacpp.clone().unwrap_or_default().options();
+            let mut options = self.llamacpp.clone().unwrap_or_default().options();
+            // Only off the CPU, so the keys of CPU targets stay as they were.
+            let provider = self.provider_for(class);
+            if provider != ExecutionProvider::Cpu {
+                options.insert("executionProvider".into(), provider.as_str().into());
+            }
+            return options;
         }
         let ort = self.kind == BackendKind::Onnxruntime;
         let mut options = BTreeMap::new();

@@ -7,6 +7,7 @@
 //! | `artifact` | the compiled artifact, a hard link to the cached file (same inode: eviction or a newer revision never changes it under a running pod), re-hashed against the row's digest before the mount |
 //! | `manifest.json` | its build manifest (engine, provider settings, precision, profiles), a copy |
 //! | `fixture.safetensors` | the fixture the node's warmup passed with, a hard link to its blob, re-hashed; absent when the pass recorded none |
+//! | `chat-template.jinja` | a GGUF target's chat template given beside the model, as its verified artifact carries it (read after the re-hash); absent otherwise |
 //! | `kiln.json` | `kiln_crds::mounted::MountedModel` (the contract with servers): target, namespace, revision, class, digest, engine, media type, fixture, node, pod; written last |
 //!
 //! Files are mode 0444 (the artifact's inode too, which the cache shares: the pod's user, not
@@ -22,7 +23,9 @@ use kiln_store::staged::sha256_file;
 use super::decide::Serving;
 use super::request::Publish;
 
-pub use kiln_crds::mounted::{ARTIFACT, FIXTURE, KILN_JSON as INFO, MANIFEST, MountedModel};
+pub use kiln_crds::mounted::{
+    ARTIFACT, CHAT_TEMPLATE, FIXTURE, KILN_JSON as INFO, MANIFEST, MountedModel,
+};
 
 /// `kiln.json` for a volume (pure): the row's revision, class, digest and engine (the manifest's
 /// when the row names none), the pod it is mounted for.
@@ -42,6 +45,7 @@ pub fn info(
         engine: Some(s.engine.clone().unwrap_or_else(|| manifest.engine())),
         media_type: manifest.media_type.clone(),
         fixture: fixture.map(str::to_string),
+        chat_template: None,
         node: node.to_string(),
         pod: format!("{}/{}", p.namespace, p.pod),
     }
@@ -139,7 +143,8 @@ fn build_in(
         None => None,
     };
     verify(&artifact, &s.digest, manifest.artifact_size)?;
-    let info = describe(&manifest, fixture.as_deref());
+    let mut info = describe(&manifest, fixture.as_deref());
+    info.chat_template = write_chat_template(dir, &artifact, &manifest)?;
     let json = serde_json::to_vec_pretty(&info).map_err(|e| BuildError::Io(e.to_string()))?;
     write_read_only(&dir.join(INFO), &json).map_err(fs_err(dir))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555)).map_err(fs_err(dir))?;
@@ -168,6 +173,31 @@ fn link_fixture(dir: &Path, blob: &Path, sha256: &str) -> Result<Option<String>,
         )));
     }
     Ok(Some(sha256.to_string()))
+}
+
+/// Writes `chat-template.jinja` from a llamacpp artifact's index, when it carries a template
+/// given beside the model, and returns its sha256. The artifact has just been re-hashed, so what
+/// is read is what the node verified.
+fn write_chat_template(
+    dir: &Path,
+    artifact: &Path,
+    manifest: &BuildManifest,
+) -> Result<Option<String>, BuildError> {
+    if manifest.media_type != crate::gguf_index::MEDIA_TYPE {
+        return Ok(None);
+    }
+    let template = crate::gguf_index::chat_template(artifact).map_err(|e| {
+        BuildError::HashMismatch(format!(
+            "HashMismatch: the verified llamacpp artifact's index does not read ({e}); not mounted"
+        ))
+    })?;
+    let Some(template) = template else {
+        return Ok(None);
+    };
+    let path = dir.join(CHAT_TEMPLATE);
+    write_read_only(&path, template.as_bytes())
+        .map_err(|e| BuildError::Io(format!("{}: {e}", path.display())))?;
+    Ok(Some(kiln_store::staged::sha256_bytes(template.as_bytes())))
 }
 
 /// Re-hashes the linked artifact: the digest and the manifest's size, or `HashMismatch`.
@@ -231,12 +261,21 @@ mod tests {
         }
     }
 
-    /// A cache holding `bytes` as an artifact and `fixture` as a blob.
+    /// A cache holding `bytes` as a tract artifact and `fixture` as a blob.
     fn cache(root: &Path, bytes: &[u8], fixture: &[u8]) -> (Sources, String) {
+        cache_as(
+            root,
+            bytes,
+            fixture,
+            "application/vnd.kiln.tract.nnef.v1.tar",
+        )
+    }
+
+    /// The same with the artifact's media type.
+    fn cache_as(root: &Path, bytes: &[u8], fixture: &[u8], media: &str) -> (Sources, String) {
         let digest = kiln_store::staged::sha256_bytes(bytes);
         let manifest = crate::test_support::manifest(serde_json::json!({
-            "artifactDigest": digest, "artifactSize": bytes.len(),
-            "mediaType": "application/vnd.kiln.tract.nnef.v1.tar"
+            "artifactDigest": digest, "artifactSize": bytes.len(), "mediaType": media
         }));
         let dir = root.join("artifacts").join(&digest);
         std::fs::create_dir_all(&dir).expect("dir");
@@ -281,6 +320,46 @@ mod tests {
             MountedModel::parse(&bytes).expect("what servers read"),
             info
         );
+    }
+
+    /// A llamacpp artifact's bytes: a GGUF part and kiln's index `json`.
+    fn gguf_artifact(json: &str) -> Vec<u8> {
+        let tmp = tempfile::NamedTempFile::new().expect("tmp");
+        std::fs::write(tmp.path(), b"GGUF-part").expect("write");
+        crate::gguf_index::append(tmp.path(), json.as_bytes()).expect("frame");
+        std::fs::read(tmp.path()).expect("read")
+    }
+
+    #[test]
+    fn a_chat_template_the_gguf_artifact_carries_is_a_file_of_the_volume() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let media = crate::gguf_index::MEDIA_TYPE;
+        let template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}";
+        let json = serde_json::json!({"chatTemplate": template}).to_string();
+        let (src, digest) = cache_as(tmp.path(), &gguf_artifact(&json), b"fx", media);
+        let dir = tmp.path().join("published").join("csi-1");
+        build(&dir, &src, &publish(), &serving(&digest), "n1").expect("built");
+        let file = dir.join(CHAT_TEMPLATE);
+        assert_eq!(std::fs::read_to_string(&file).expect("template"), template);
+        let mode = std::fs::metadata(&file).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o444);
+        let info = MountedModel::parse(&std::fs::read(dir.join(INFO)).expect("kiln.json"))
+            .expect("parses");
+        let sha = kiln_store::staged::sha256_bytes(template.as_bytes());
+        assert_eq!(info.chat_template.as_deref(), Some(sha.as_str()));
+        // Without a template beside the model (the GGUF's own is inside it): no file.
+        let (src, digest) = cache_as(tmp.path(), &gguf_artifact("{}"), b"fx", media);
+        let dir = tmp.path().join("published").join("csi-2");
+        build(&dir, &src, &publish(), &serving(&digest), "n1").expect("built");
+        assert!(!dir.join(CHAT_TEMPLATE).exists());
+        // An artifact whose index does not read is not mounted.
+        let (src, digest) = cache_as(tmp.path(), b"GGUF, no index", b"fx", media);
+        let dir = tmp.path().join("published").join("csi-3");
+        match build(&dir, &src, &publish(), &serving(&digest), "n1") {
+            Err(BuildError::HashMismatch(m)) => assert!(m.contains("index"), "{m}"),
+            other => panic!("an unreadable index was mounted: {other:?}"),
+        }
+        assert!(!dir.exists(), "nothing left of it");
     }
 
     #[test]

@@ -160,6 +160,16 @@ fn nvidia() -> Result<Gpus, String> {
     read_nvml().map(|r| normalise(&r))
 }
 
+/// The compute capability of the first GPU NVML lists (the device llama.cpp's CUDA backend
+/// calls 0 where the container sees one GPU); why there is none.
+pub fn first_gpu_compute() -> Result<(u32, u32), String> {
+    let reading = read_nvml()?;
+    let d = reading.devices.first().ok_or("NVML lists no GPU")?;
+    let part =
+        |v: i32| u32::try_from(v).map_err(|_| format!("NVML: compute capability {:?}", d.compute));
+    Ok((part(d.compute.0)?, part(d.compute.1)?))
+}
+
 /// Reads NVML.
 fn read_nvml() -> Result<NvmlReading, String> {
     use nvml_wrapper::Nvml;

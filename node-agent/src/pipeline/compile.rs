@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kiln_crds::class::ClassFacts;
-use kiln_crds::compiled_target::ExecutionProvider;
+use kiln_crds::compiled_target::{BackendKind, ExecutionProvider};
 use kiln_crds::engine::EngineCandidate;
 use kiln_crds::kiln_node::HardwareFacts;
 use kiln_crds::manifest::MANIFEST_VERSION;
@@ -148,8 +148,10 @@ pub fn compile(
     }
     let mut backend_options = t.backend.options(class);
     backend_options.extend(compiled.resolved);
-    if t.backend.provider_for(class) == ExecutionProvider::Cuda {
-        // What the precision means to the provider, recorded beside the settings it follows from.
+    let llama = t.backend.kind == BackendKind::Llamacpp;
+    if t.backend.provider_for(class) == ExecutionProvider::Cuda && !llama {
+        // What the precision means to ONNX Runtime's CUDA provider (llama.cpp's engine computes
+        // fp32), recorded beside the settings it follows from.
         let tf32 = t.precision == kiln_crds::compiled_target::Precision::Tf32;
         backend_options.insert("cuda.useTf32".into(), tf32.to_string());
     }

@@ -185,6 +185,10 @@ mod tests {
         };
         let ort = serde_json::json!({"kind": "onnxruntime"});
         assert!(claims(ort.clone(), none.clone(), &gpu, &bounds));
+        // llama.cpp: its compile checks parity on the engine it built, all layers on the GPU.
+        let llama = serde_json::json!({"kind": "llamacpp"});
+        assert!(claims(llama.clone(), none.clone(), &gpu, &bounds));
+        assert!(!claims(llama, none.clone(), &facts(None), &bounds));
         assert!(claims(
             serde_json::json!({"kind": "auto"}),
             none.clone(),
@@ -195,6 +199,7 @@ mod tests {
         for cpu_engine in [
             serde_json::json!({"kind": "tract"}),
             serde_json::json!({"kind": "onnxruntime", "executionProvider": "cpu"}),
+            serde_json::json!({"kind": "llamacpp", "executionProvider": "cpu"}),
         ] {
             assert!(!claims(cpu_engine, none.clone(), &gpu, &bounds));
         }

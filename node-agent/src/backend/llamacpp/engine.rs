@@ -51,6 +51,8 @@ pub struct LlamaEngine {
     pub(super) loaded: Loaded,
     pub(super) context_length: u32,
     pub(super) threads: i32,
+    /// Where its layers, KV cache and operations are.
+    pub(super) device: super::device::Device,
     pub(super) profiles: Vec<(String, Shapes)>,
     /// The chat template given beside the GGUF (a `chatTemplate` asset), which replaces the
     /// one inside it (`tokenizer.chat_template`).
@@ -122,11 +124,12 @@ impl LlamaEngine {
     /// KV cache and compute buffers for `context_length` tokens, so making one per request
     /// would cost every request their allocation.
     fn params(&self) -> LlamaContextParams {
-        LlamaContextParams::default()
+        let base = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(self.context_length))
             .with_n_batch(self.context_length)
             .with_n_threads(self.threads)
-            .with_n_threads_batch(self.threads)
+            .with_n_threads_batch(self.threads);
+        super::offload::context_params(self.device, base)
     }
 
     /// Prefill and greedy decode on `ctx`, whose KV cache is cleared first: every run starts

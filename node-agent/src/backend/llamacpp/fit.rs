@@ -24,9 +24,8 @@ pub struct Budget {
 
 /// The smallest of `warmup.memoryBudget`, [`HEADROOM`] of the class's host memory
 /// (`kiln.dev/memory-gib`) and, for an engine on the GPU (`on_gpu`), [`HEADROOM`] of one GPU's
-/// memory (`nvidia.com/gpu.memory`, MiB). This build's llama.cpp runs on the CPU only, so
-/// `on_gpu` is false today; a CUDA build passes true. With none of them, or a class fact that is
-/// no whole number (a hand-set label), why not.
+/// memory (`nvidia.com/gpu.memory`, MiB; the CUDA provider's every layer is on one GPU). With
+/// none of them, or a class fact that is no whole number (a hand-set label), why not.
 pub fn auto_budget(fit: &MemoryFit, on_gpu: bool) -> Result<Budget, String> {
     let class_share = |key: &str, unit_shift: u32, unit: &str| -> Result<Option<Budget>, String> {
         let Some(value) = fit.class.get(key) else {

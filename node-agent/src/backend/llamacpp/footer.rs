@@ -1,19 +1,14 @@
 //! The llamacpp artifact: the compiled GGUF file, then kiln's index (profiles, context length,
-//! weight type: only what the compile key decides, so one key gives one digest) as JSON, its length (u64 LE) and the magic `KILNGGUF`. llama.cpp reads tensors
-//! at the offsets the GGUF header names and ignores bytes after them, so the one file is both
-//! what llama.cpp maps and what kiln needs to run it, and the artifact stays a single blob the
+//! weight type, provider, chat template: only what the compile key decides, so one key gives
+//! one digest) in the frame of [`crate::gguf_index`], so the artifact stays a single blob the
 //! store and the node cache verify by digest. Pure apart from reading and appending the file.
 
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Shapes;
-
-const MAGIC: &[u8; 8] = b"KILNGGUF";
-/// The largest index read back (profiles of a few inputs each are a few KB).
-const MAX_INDEX: u64 = 1 << 20;
+use crate::gguf_index;
 
 /// What kiln appends to a compiled GGUF.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -31,52 +26,26 @@ pub struct Index {
     /// GGUF's own; absent when none was given (the artifact's bytes then stay as before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<String>,
+    /// Where the engine runs when not on the CPU (`cuda`: every layer on the GPU); absent for
+    /// the CPU, so the CPU artifacts' bytes stay as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<kiln_crds::compiled_target::ExecutionProvider>,
 }
 
 /// Appends `index` to the GGUF file at `path`.
 pub fn append(path: &Path, index: &Index) -> Result<(), String> {
     let json = serde_json::to_vec(index).map_err(|e| e.to_string())?;
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    f.write_all(&json)
-        .and_then(|()| f.write_all(&(json.len() as u64).to_le_bytes()))
-        .and_then(|()| f.write_all(MAGIC))
-        .and_then(|()| f.sync_all())
-        .map_err(|e| format!("{}: {e}", path.display()))
+    gguf_index::append(path, &json)
 }
 
 /// Reads the index back, refusing a file that does not end in one.
 pub fn read(path: &Path) -> Result<Index, String> {
-    let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let len = f.metadata().map_err(|e| e.to_string())?.len();
-    if len < 16 {
-        return Err("too short for a kiln llamacpp artifact".into());
-    }
-    let mut tail = [0u8; 16];
-    f.seek(SeekFrom::Start(len - 16))
-        .and_then(|_| f.read_exact(&mut tail))
-        .map_err(|e| e.to_string())?;
-    if &tail[8..] != MAGIC {
-        return Err("no kiln index at its end: not a kiln llamacpp artifact".into());
-    }
-    let n = u64::from_le_bytes(tail[..8].try_into().map_err(|_| "short tail".to_string())?);
-    if n > MAX_INDEX || n > len - 16 {
-        return Err(format!(
-            "kiln index of {n} bytes in a file of {len}: corrupt"
-        ));
-    }
-    let mut json = vec![0u8; usize::try_from(n).map_err(|e| e.to_string())?];
-    f.seek(SeekFrom::Start(len - 16 - n))
-        .and_then(|_| f.read_exact(&mut json))
-        .map_err(|e| e.to_string())?;
+    let (json, gguf_bytes) = gguf_index::read(path)?;
     let index: Index = serde_json::from_slice(&json).map_err(|e| format!("kiln index: {e}"))?;
-    if index.gguf_bytes != len - 16 - n {
+    if index.gguf_bytes != gguf_bytes {
         return Err(format!(
-            "kiln index says the GGUF part is {} bytes, the file holds {}: corrupt",
-            index.gguf_bytes,
-            len - 16 - n
+            "kiln index says the GGUF part is {} bytes, the file holds {gguf_bytes}: corrupt",
+            index.gguf_bytes
         ));
     }
     Ok(index)
@@ -97,9 +66,26 @@ mod tests {
             quantization: "Q8_0".into(),
             gguf_bytes: 9,
             chat_template: None,
+            provider: None,
         };
         append(&path, &index).expect("append");
         assert_eq!(read(&path).expect("read"), index);
+        // A CPU index writes no provider (its bytes are as before GPU engines); a GPU one does.
+        let json = |i: &Index| serde_json::to_string(i).expect("json");
+        assert!(!json(&index).contains("provider"));
+        let gpu = Index {
+            provider: Some(kiln_crds::compiled_target::ExecutionProvider::Cuda),
+            ..index.clone()
+        };
+        assert!(
+            json(&gpu).contains(r#""provider":"cuda""#),
+            "{}",
+            json(&gpu)
+        );
+        let gpu_path = dir.path().join("g.gguf");
+        std::fs::write(&gpu_path, b"GGUF-part").expect("write");
+        append(&gpu_path, &gpu).expect("append");
+        assert_eq!(read(&gpu_path).expect("read"), gpu);
         // Bytes before the index change the GGUF size it records.
         let mut bytes = std::fs::read(&path).expect("read");
         bytes.insert(0, b'x');
@@ -109,10 +95,5 @@ mod tests {
         std::fs::write(&path, b"GGUF and nothing else").expect("write");
         assert!(read(&path).expect_err("plain").contains("not a kiln"));
         // A length past the file.
-        let mut bad = b"{}".to_vec();
-        bad.extend_from_slice(&u64::MAX.to_le_bytes());
-        bad.extend_from_slice(MAGIC);
-        std::fs::write(&path, &bad).expect("write");
-        assert!(read(&path).expect_err("length").contains("corrupt"));
     }
 }

@@ -1,8 +1,10 @@
 //! `backend.kind: llamacpp`: GGUF language models on llama.cpp (the `llama-cpp-2` crate, built
-//! from source for the CPU). Compile = requantise the verified source through llama.cpp's own
-//! quantiser to the target's weight type (`auto`: the largest that fits `warmup.memoryBudget`
-//! and the class's host memory, `fit.rs`; unset or the source's own type: a copy), with kiln's
-//! index appended (`footer.rs`); the reference is the unquantised source. Every file is read by
+//! from source: for the CPU, and with feature `cuda` its CUDA backend too, `device.rs`).
+//! Compile = requantise the verified source through llama.cpp's own quantiser to the target's
+//! weight type (`auto`: the largest that fits `warmup.memoryBudget`, the class's host memory and,
+//! on a GPU, one GPU's memory, `fit.rs`; unset or the source's own type: a copy), with kiln's
+//! index appended (`footer.rs`, which names the provider); an engine on CUDA has every layer
+//! on the GPU (`offload.rs`); the reference is the unquantised source, on the CPU. Every file is read by
 //! `gguf.rs` before llama.cpp opens it, and an architecture llama.cpp does not know is refused
 //! (`UnsupportedOperator`).
 
@@ -12,19 +14,21 @@ use std::sync::Mutex;
 use kiln_crds::compiled_target::{ExecutionProvider, Precision};
 use kiln_crds::llamacpp::{LlamacppSettings, Quantization};
 use llama_cpp_2::model::LlamaModel;
-use llama_cpp_2::model::params::LlamaModelParams;
 use safetensors::Dtype;
 
+use self::device::Device;
 use super::TensorInfo;
 use super::{Backend, CompileRequest, Compiled, Engine, GraphInterface, InputInfo, Shapes};
 use crate::error::{Error, Result};
 
 mod architectures;
+mod device;
 mod engine;
 mod ffi;
 mod fit;
 mod footer;
 pub mod gguf;
+mod offload;
 mod runtime;
 
 pub use engine::{GENERATE, LOGITS, PROMPT, TOKENS};
@@ -32,7 +36,7 @@ pub use engine::{GENERATE, LOGITS, PROMPT, TOKENS};
 /// The llama.cpp kiln-agent links: the version of `llama-cpp-sys-2`, which vendors it (pinned
 /// exactly in node-agent/Cargo.toml). The backend version in the compile key.
 pub const VERSION: &str = "0.1.160";
-const MEDIA_TYPE: &str = "application/vnd.kiln.llamacpp.gguf.v1";
+const MEDIA_TYPE: &str = crate::gguf_index::MEDIA_TYPE;
 
 /// The llama.cpp backend with a target's settings.
 pub struct Llamacpp {
@@ -76,7 +80,6 @@ impl Llamacpp {
                 "the source's own types (no quantization set)".to_string(),
             )),
             Some(Quantization::Auto) => {
-                // Always false today: `refuse_settings` keeps this CPU-only llama.cpp off GPUs.
                 let on_gpu = req.provider != ExecutionProvider::Cpu;
                 let fit = req.memory_budget.clone().unwrap_or_default();
                 let budget = fit::auto_budget(&fit, on_gpu).map_err(Error::InvalidSpec)?;
@@ -171,18 +174,25 @@ fn source_error(m: String) -> Error {
     ))
 }
 
-/// Refuses an engine this process has not the memory for (`IncompatibleHardware`).
-fn fits_here(header: &gguf::Header, path: &Path, context: u32) -> Result<()> {
+/// Loads the model at `path` with `context` tokens onto `device`, refusing an engine the
+/// device has not the memory for (`IncompatibleHardware`): this machine's memory for the CPU,
+/// the GPU's free memory for CUDA.
+fn load_model(
+    path: &Path,
+    header: &gguf::Header,
+    context: u32,
+    device: Device,
+) -> Result<LlamaModel> {
+    cpu_supported()?;
     let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
     let need = fit::engine_bytes(header, bytes, context);
-    fit::fits_machine(need, crate::host::memory::available(), context)
-        .map_err(Error::IncompatibleHardware)
-}
-
-fn load_model(path: &Path) -> Result<LlamaModel> {
-    cpu_supported()?;
+    if device == Device::Cpu {
+        fit::fits_machine(need, crate::host::memory::available(), context)
+            .map_err(Error::IncompatibleHardware)?;
+    }
+    let params = offload::model_params(device, need)?;
     let backend = runtime::backend().map_err(Error::LoadFailed)?;
-    LlamaModel::load_from_file(backend, path, &LlamaModelParams::default()).map_err(|e| {
+    LlamaModel::load_from_file(backend, path, &params).map_err(|e| {
         Error::LoadFailed(format!(
             "llama.cpp could not load {}: {e} (its log says why)",
             path.display()
@@ -205,6 +215,7 @@ impl Backend for Llamacpp {
 
     fn compile(&self, req: &CompileRequest<'_>) -> Result<Compiled> {
         refuse_settings(req)?;
+        let device = device_for(req.provider)?;
         cpu_supported()?;
         let header = checked(req.model, source_error)?;
         let context = self.settings.context_length();
@@ -231,6 +242,7 @@ impl Backend for Llamacpp {
             quantization: chosen.to_string(),
             gguf_bytes,
             chat_template: req.chat_template.map(read_chat_template).transpose()?,
+            provider: (device != Device::Cpu).then(|| device.provider()),
         };
         footer::append(req.out, &index).map_err(Error::CompileFailed)?;
         let source_bytes = std::fs::metadata(req.model).map_or(0, |m| m.len());
@@ -260,11 +272,13 @@ impl Backend for Llamacpp {
         let index = footer::read(artifact)
             .map_err(|e| Error::LoadFailed(format!("{}: {e}", artifact.display())))?;
         let header = checked(artifact, Error::LoadFailed)?;
-        fits_here(&header, artifact, index.context_length)?;
+        // The provider is the artifact's (the compile key binds it to the class).
+        let device = device_for(index.provider.unwrap_or_default())?;
+        let model = load_model(artifact, &header, index.context_length, device)?;
         // Threads are the target's: not in the compile key, so not in the artifact either.
         engine_for(
-            load_model(artifact)?,
-            (index.context_length, self.threads()),
+            model,
+            (index.context_length, self.threads(), device),
             index.profiles,
             index.chat_template,
         )
@@ -274,10 +288,10 @@ impl Backend for Llamacpp {
         let header = checked(model, source_error)?;
         let profiles = vec![("reference".to_string(), shapes.clone())];
         let context = self.settings.context_length();
-        fits_here(&header, model, context)?;
+        // The reference is the source on the CPU, whatever device the target's engine uses.
         engine_for(
-            load_model(model)?,
-            (context, self.threads()),
+            load_model(model, &header, context, Device::Cpu)?,
+            (context, self.threads(), Device::Cpu),
             profiles,
             self.chat_template.clone(),
         )
@@ -321,8 +335,7 @@ impl Backend for Llamacpp {
 }
 
 /// What a llamacpp compile refuses: another precision (the weight type is
-/// `backend.llamacpp.quantization`), flags, a provider other than the CPU (this build of
-/// llama.cpp has only its CPU backend).
+/// `backend.llamacpp.quantization`), flags.
 fn refuse_settings(req: &CompileRequest<'_>) -> Result<()> {
     if req.precision != Precision::Fp32 {
         return Err(Error::InvalidSpec(format!(
@@ -335,20 +348,27 @@ fn refuse_settings(req: &CompileRequest<'_>) -> Result<()> {
             "the llamacpp backend takes no flags; remove backend.flags.{flag} (its settings are backend.llamacpp)"
         )));
     }
-    if req.provider != ExecutionProvider::Cpu {
-        return Err(Error::InvalidSpec(format!(
-            "this kiln-agent's llama.cpp runs on the CPU, not {}; set backend.executionProvider: cpu",
-            req.provider.as_str()
-        )));
-    }
     Ok(())
 }
 
-/// An engine of `model` with (context length, threads), its profiles and the chat template
-/// given beside it.
+/// The device of an engine on `provider` in this build ([`device::for_provider`]): TensorRT
+/// is the spec's fault (`InvalidSpec`), CUDA in a build without it the image's
+/// (`IncompatibleRuntime`).
+fn device_for(provider: ExecutionProvider) -> Result<Device> {
+    device::for_provider(provider, device::CUDA_ARCHITECTURES).map_err(|m| {
+        if provider == ExecutionProvider::Tensorrt {
+            Error::InvalidSpec(m)
+        } else {
+            Error::IncompatibleRuntime(m)
+        }
+    })
+}
+
+/// An engine of `model` with (context length, threads, device), its profiles and the chat
+/// template given beside it.
 fn engine_for(
     model: LlamaModel,
-    (context_length, threads): (u32, i32),
+    (context_length, threads, device): (u32, i32, Device),
     profiles: Vec<(String, Shapes)>,
     chat_template: Option<String>,
 ) -> Result<Box<dyn Engine>> {
@@ -356,6 +376,7 @@ fn engine_for(
         loaded: engine::Loaded::of(model),
         context_length,
         threads,
+        device,
         profiles,
         chat_template,
         last: Mutex::new(None),
