@@ -4,10 +4,11 @@
 # architectures in KILN_CUDA_ARCHITECTURES. Release profile, in its own target directory
 # (target/cuda), so the CPU build in target/release is never replaced by this one.
 #
-#   scripts/build-agent-cuda.sh            # prints the directory holding kiln-agent and the
-#                                          # llama.cpp libraries it links (libllama.so,
-#                                          # libggml.so, libggml-base.so, libggml-cpu.so,
-#                                          # libggml-cuda.so)
+#   scripts/build-agent-cuda.sh            # prints target/cuda/agent: kiln-agent and, by the
+#                                          # names it asks for, the llama.cpp libraries it links
+#                                          # (libllama.so.0, libggml.so.0, libggml-base.so.0,
+#                                          # libggml-cpu.so.0, libggml-cuda.so.0); the CUDA
+#                                          # runtime and cuBLAS are the GPU image's already
 #
 # KILN_CUDA_ARCHITECTURES: CMake's CUDA_ARCHITECTURES list (default 90-real: H100 and H200).
 # Each architecture costs about 55 CPU-minutes of nvcc (ggml's kernels); add 80-real (A100),
@@ -22,7 +23,7 @@ archs=${KILN_CUDA_ARCHITECTURES:-90-real}
 [[ $archs =~ ^[0-9]+[af]?(-real|-virtual)?(\;[0-9]+[af]?(-real|-virtual)?)*$ ]] ||
   { echo "build-agent-cuda: KILN_CUDA_ARCHITECTURES=$archs is not a list like 80-real;90-real" >&2; exit 2; }
 toolkit=$("$REPO/scripts/ensure-cuda-toolkit.sh")
-out=$REPO/target/cuda/release
+out=$REPO/target/cuda/agent
 
 # The llama.cpp build reads CMAKE_* from the environment (llama-cpp-sys-2's build script passes
 # them to CMake); CUDAToolkit_ROOT is CMake's own. PATH: nvcc finds cicc through its profile.
@@ -35,10 +36,23 @@ built=$REPO/target/cuda/cuda-architectures.txt
 if [[ -f $built && $(cat "$built") != "$archs" ]]; then
   cargo clean --release --target-dir "$REPO/target/cuda" -p llama-cpp-sys-2 >&2
 fi
-cargo build --release --locked -p kiln-agent --features cuda --target-dir "$REPO/target/cuda" >&2
+# The llama.cpp libraries are in llama-cpp-sys-2's OUT_DIR (what Cargo hard-links beside the
+# binary are their unversioned links, dangling there), which Cargo's messages name.
+messages=$(cargo build --release --locked -p kiln-agent --features cuda --target-dir "$REPO/target/cuda" \
+  --message-format json-render-diagnostics)
+lib=$(jq -r 'select(.reason == "build-script-executed" and (.package_id | test("llama-cpp-sys-2"))) | .out_dir' <<<"$messages" | head -1)/lib
+[[ -e $lib/libggml-cuda.so ]] || { echo "build-agent-cuda: no libggml-cuda.so in $lib: llama.cpp was not built with CUDA" >&2; exit 1; }
 
-for lib in libllama.so libggml.so libggml-base.so libggml-cpu.so libggml-cuda.so; do
-  [[ -f $out/$lib ]] || { echo "build-agent-cuda: the build left no $out/$lib" >&2; exit 1; }
-done
+rm -rf "$out" && mkdir -p "$out"
+cp "$REPO/target/cuda/release/kiln-agent" "$out/"
+# Every library of llama.cpp's build the binary loads (ldd lists them all, transitively), under
+# the name it asks for.
+LD_LIBRARY_PATH=$lib:$toolkit/lib ldd "$out/kiln-agent" | awk -v d="$lib/" 'index($3, d) == 1 {print $1, $3}' |
+  while read -r soname path; do cp -L "$path" "$out/$soname"; done
+compgen -G "$out/libggml-cuda.so*" >/dev/null ||
+  { echo "build-agent-cuda: kiln-agent does not load libggml-cuda.so: $(ls "$out")" >&2; exit 1; }
+if LD_LIBRARY_PATH=$out:$toolkit/lib ldd "$out/kiln-agent" | grep -q 'libcuda\.so'; then
+  echo "build-agent-cuda: kiln-agent links the driver (libcuda.so); it must not (GGML_CUDA_NO_VMM)" >&2; exit 1
+fi
 echo "$archs" >"$built"
 echo "$out"

@@ -48,13 +48,10 @@ while (($#)); do
   shift
 done
 [[ -n $out ]] || usage
-# The libraries a CUDA build of kiln-agent links (llama-cpp-sys-2's shared build).
-LLAMA_LIBS=(libllama.so libggml.so libggml-base.so libggml-cpu.so libggml-cuda.so)
+# A CUDA build of kiln-agent: the binary and the llama.cpp libraries it links, by soname.
 cuda_agent_complete() {
-  local f
-  for f in kiln-agent "${LLAMA_LIBS[@]}"; do
-    [[ -f $cuda_agent/$f ]] || { echo "build-images: no $f in --cuda-agent $cuda_agent (scripts/build-agent-cuda.sh prints the directory)" >&2; return 1; }
-  done
+  [[ -x $cuda_agent/kiln-agent ]] && compgen -G "$cuda_agent/libggml-cuda.so*" >/dev/null ||
+    { echo "build-images: --cuda-agent $cuda_agent holds no kiln-agent with libggml-cuda.so (scripts/build-agent-cuda.sh prints the directory)" >&2; return 1; }
 }
 IFS=, read -ra wanted <<<"$images"
 ((${#wanted[@]})) || { echo "build-images: --images is empty; name operator, agent or agent-gpu" >&2; exit 2; }
@@ -109,7 +106,7 @@ for image in "${wanted[@]}"; do
       if [[ -n $cuda_agent ]]; then
         llama=$out/llama-cuda
         rm -rf "$llama" && mkdir -p "$llama"
-        for f in "${LLAMA_LIBS[@]}"; do strip -o "$llama/$f" "$cuda_agent/$f"; done
+        for f in "$cuda_agent"/lib*.so*; do strip -o "$llama/${f##*/}" "$f"; done
         set -- "$cuda_agent/kiln-agent" --add-dir "$llama:$LLAMA_DIR" --env "LD_LIBRARY_PATH=$ORT_DIR:$LLAMA_DIR"
       fi
       build agent-gpu "$1" --add-dir "$libs:$ORT_DIR" --allow-missing libcuda.so.1 \

@@ -94,19 +94,17 @@ pack() {
   echo "   run both in one command, or keep /tmp/kiln-gpu-proof: e2e/gpu/prove.sh run /tmp/kiln-gpu-proof)"
 }
 
-# The CUDA build of kiln-agent and the llama.cpp libraries it links.
-LLAMA_FILES=(kiln-agent libllama.so libggml.so libggml-base.so libggml-cpu.so libggml-cuda.so)
-
-# pack_llama: gpu-carry/llama/, LLAMA_FILES stripped and xz-compressed, from KILN_CUDA_AGENT
-# (default target/cuda/release) when scripts/build-agent-cuda.sh has built it there.
+# pack_llama: gpu-carry/llama/, the CUDA build of kiln-agent and the llama.cpp libraries it
+# links, stripped and xz-compressed, from KILN_CUDA_AGENT (default target/cuda/agent, what
+# scripts/build-agent-cuda.sh prints) when there is one.
 pack_llama() {
-  local d=${KILN_CUDA_AGENT:-$ROOT/target/cuda/release} f
+  local d=${KILN_CUDA_AGENT:-$ROOT/target/cuda/agent} f
   rm -rf "$CARRY/llama"
-  [[ -f $d/libggml-cuda.so ]] ||
+  compgen -G "$d/libggml-cuda.so*" >/dev/null ||
     { echo "   (no CUDA build of llama.cpp in $d, so no llama call: scripts/build-agent-cuda.sh)"; return 0; }
   mkdir -p "$CARRY/llama"
-  for f in "${LLAMA_FILES[@]}"; do
-    strip -o "$CARRY/llama/$f" "$d/$f" && xz -6 -T0 -f "$CARRY/llama/$f"
+  for f in "$d/kiln-agent" "$d"/lib*.so*; do
+    strip -o "$CARRY/llama/${f##*/}" "$f" && xz -6 -T0 -f "$CARRY/llama/${f##*/}"
   done
   echo "   carry [\"gpu-carry/llama\"]  command: e2e/gpu/prove.sh llama \$OUT/proof   ($(du -sh "$CARRY/llama" | cut -f1))"
 }
@@ -393,7 +391,7 @@ llama() {
   local out=${1:-${OUT:-$ROOT/gpu-proof}}/llama dir=$STASH/llama f row fail=0
   [[ -d $CARRY/llama ]] || { echo "no $CARRY/llama: run 'e2e/gpu/prove.sh pack' after scripts/build-agent-cuda.sh and carry gpu-carry/llama" >&2; exit 2; }
   mkdir -p "$out/m" "$dir"
-  for f in "${LLAMA_FILES[@]}"; do xz -dc "$CARRY/llama/$f.xz" >"$dir/$f"; done
+  for f in "$CARRY"/llama/*.xz; do f=${f##*/}; xz -dc "$CARRY/llama/$f" >"$dir/${f%.xz}"; done
   chmod +x "$dir/kiln-agent"
   export LD_LIBRARY_PATH=$dir:$(cuda_libs) RUST_LOG=${RUST_LOG:-info}
   AGENT=$dir/kiln-agent

@@ -57,9 +57,9 @@ grep -qx "ORT_DYLIB_PATH=$ORT_GPU_IN_IMAGE/libonnxruntime.so.1.31.1" <<<"$IMAGE_
 LIBPATH=$(sed -n 's/^LD_LIBRARY_PATH=//p' <<<"$IMAGE_ENV")
 # The CUDA build of llama.cpp, when the image has it: its libraries on the search path too.
 CUDA_LLAMA=0 want=$ORT_GPU_IN_IMAGE
-[[ -e $ROOT$LLAMA_IN_IMAGE/libggml-cuda.so ]] && CUDA_LLAMA=1 want=$ORT_GPU_IN_IMAGE:$LLAMA_IN_IMAGE
+compgen -G "$ROOT$LLAMA_IN_IMAGE/libggml-cuda.so*" >/dev/null && CUDA_LLAMA=1 want=$ORT_GPU_IN_IMAGE:$LLAMA_IN_IMAGE
 [[ $LIBPATH == "$want" ]] || fail "image LD_LIBRARY_PATH: $LIBPATH, not $want"
-echo "   llama.cpp in the image: $( ((CUDA_LLAMA)) && echo "the CUDA build ($(ls "$ROOT$LLAMA_IN_IMAGE" | tr '\n' ' '))" || echo "the CPU build (no KILN_E2E_CUDA_AGENT, no target/cuda/release)")"
+echo "   llama.cpp in the image: $( ((CUDA_LLAMA)) && echo "the CUDA build ($(ls "$ROOT$LLAMA_IN_IMAGE" | tr '\n' ' '))" || echo "the CPU build (no KILN_E2E_CUDA_AGENT, no target/cuda/agent)")"
 LOADER=/lib64/ld-linux-x86-64.so.2
 [[ -e $ROOT$LOADER ]] || fail "no $LOADER in the image"
 
@@ -118,7 +118,7 @@ in_image "$LOADER" --library-path "$LIBPATH:$STUB" --list "$ORT_GPU_IN_IMAGE/lib
 
 echo "== and the check fails when one is missing"
 removable=("$ORT_GPU_IN_IMAGE/libcublasLt.so.13" "$ORT_GPU_IN_IMAGE/libcudnn_engines_precompiled.so.9")
-((CUDA_LLAMA)) && removable+=("$LLAMA_IN_IMAGE/libggml-cuda.so")
+((CUDA_LLAMA)) && removable+=("$(cd "$ROOT" && compgen -G "${LLAMA_IN_IMAGE#/}/libggml-cuda.so*" | sed 's|^|/|;q')")
 for path in "${removable[@]}"; do
   lib=${path##*/}
   mv "$ROOT$path" "$WORK/removed"

@@ -39,13 +39,13 @@ kiln_build_images() {
 # libcuda.so.1 is left to the NVIDIA container runtime, which mounts the node's driver. The
 # chart runs it on GPU nodes (agent.gpu). Fetches 1.2 GB on first use; builds in about a minute.
 # Its kiln-agent is the CUDA build of llama.cpp in $KILN_E2E_CUDA_AGENT (what
-# scripts/build-agent-cuda.sh prints; default target/cuda/release when it holds one), with
+# scripts/build-agent-cuda.sh prints; default target/cuda/agent when it holds one), with
 # llama.cpp's libraries at $LLAMA_IN_IMAGE; without one, the CPU build (see bin), whose
 # llama.cpp runs on the CPU only. kiln_cuda_agent prints that directory, or fails.
 ORT_GPU_IN_IMAGE=/usr/lib/onnxruntime LLAMA_IN_IMAGE=/usr/lib/llama
 kiln_cuda_agent() {
-  local d=${KILN_E2E_CUDA_AGENT:-$REPO/target/cuda/release}
-  [[ -x $d/kiln-agent && -f $d/libggml-cuda.so ]] && echo "$d"
+  local d=${KILN_E2E_CUDA_AGENT:-$REPO/target/cuda/agent}
+  [[ -x $d/kiln-agent ]] && compgen -G "$d/libggml-cuda.so*" >/dev/null && echo "$d"
 }
 kiln_gpu_image_tar() {
   local cuda

@@ -432,7 +432,7 @@ fn one_compile_key_gives_one_artifact_whatever_the_threads() {
 
 /// The CPU build's llama.cpp has no CUDA backend: a target that asks for CUDA is refused as the
 /// runtime's shortcoming (not the spec's), naming the build that has one; TensorRT, which no
-/// llama.cpp has, is the spec's fault. (The CUDA build's own refusals, with no GPU or with
+/// llama.cpp has, is the spec's fault (the CRD's rule, which local mode applies too). (The CUDA build's own refusals, with no GPU or with
 /// kernels for another GPU, are `e2e/tests/gpu-image.sh` and `device.rs`'s unit tests.)
 #[test]
 fn a_cuda_target_is_refused_by_the_cpu_build_saying_which_build_runs_it() {
@@ -444,5 +444,5 @@ fn a_cuda_target_is_refused_by_the_cpu_build_saying_which_build_runs_it() {
     let lm =
         Lm::new("{kind: llamacpp, executionProvider: tensorrt, llamacpp: {contextLength: 64}}");
     lm.run()
-        .fails_with("InvalidSpec", &["no TensorRT backend", "executionProvider"]);
+        .fails_with("InvalidSpec", &["tensorrt kind onnxruntime", "executionProvider"]);
 }
