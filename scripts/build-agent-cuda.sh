@@ -11,9 +11,9 @@
 #                                          # runtime and cuBLAS are the GPU image's already
 #
 # KILN_CUDA_ARCHITECTURES: CMake's CUDA_ARCHITECTURES list (default 90-real: H100 and H200).
-# Each architecture costs about 55 CPU-minutes of nvcc (ggml's kernels); add 80-real (A100),
-# 89-real (L4, L40S) or 120a-real (Blackwell) for the fleet's GPUs, or 80-virtual for PTX that
-# newer GPUs compile when they first load it. The agent refuses a GPU whose compute capability
+# Each architecture compiles ggml's 144 CUDA files again (77 minutes for one on 2 busy cores);
+# add 80-real (A100), 89-real (L4, L40S) or 120a-real (Blackwell) for the fleet's GPUs, or
+# 80-virtual for PTX that newer GPUs compile when they first load it. The agent refuses a GPU whose compute capability
 # the build has no kernels for: the list is compiled into it (KILN_CUDA_ARCHITECTURES).
 #
 # Needs what a CPU build needs (scripts/ensure-packages.sh) plus g++ as nvcc's host compiler.
