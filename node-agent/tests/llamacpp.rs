@@ -443,6 +443,8 @@ fn a_cuda_target_is_refused_by_the_cpu_build_saying_which_build_runs_it() {
     );
     let lm =
         Lm::new("{kind: llamacpp, executionProvider: tensorrt, llamacpp: {contextLength: 64}}");
-    lm.run()
-        .fails_with("InvalidSpec", &["tensorrt kind onnxruntime", "executionProvider"]);
+    lm.run().fails_with(
+        "InvalidSpec",
+        &["tensorrt kind onnxruntime", "executionProvider"],
+    );
 }

@@ -146,15 +146,7 @@ pub fn compile(
     for a in &spec.model.spec.assets {
         input_digests.insert(format!("asset/{}", a.name), a.sha256.clone());
     }
-    let mut backend_options = t.backend.options(class);
-    backend_options.extend(compiled.resolved);
-    let llama = t.backend.kind == BackendKind::Llamacpp;
-    if t.backend.provider_for(class) == ExecutionProvider::Cuda && !llama {
-        // What the precision means to ONNX Runtime's CUDA provider (llama.cpp's engine computes
-        // fp32), recorded beside the settings it follows from.
-        let tf32 = t.precision == kiln_crds::compiled_target::Precision::Tf32;
-        backend_options.insert("cuda.useTf32".into(), tf32.to_string());
-    }
+    let backend_options = backend_options(&spec.target.spec, class, compiled.resolved);
     let manifest = BuildManifest {
         manifest_version: MANIFEST_VERSION,
         compile_key: key.to_string(),
@@ -189,6 +181,24 @@ pub fn compile(
     };
     tracing::info!(compile_key = %key, digest = %manifest.artifact_digest, parity_max_abs_error = parity_max, "compiled; parity within tolerance");
     Ok(manifest)
+}
+
+/// The manifest's backend options: the target's settings for the class, what the compile
+/// resolved, and for ONNX Runtime's CUDA provider what the precision means to it (llama.cpp's
+/// engine computes fp32 whatever the device).
+fn backend_options(
+    t: &kiln_crds::compiled_target::CompiledTargetSpec,
+    class: &ClassFacts,
+    resolved: BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut options = t.backend.options(class);
+    options.extend(resolved);
+    let llama = t.backend.kind == BackendKind::Llamacpp;
+    if t.backend.provider_for(class) == ExecutionProvider::Cuda && !llama {
+        let tf32 = t.precision == kiln_crds::compiled_target::Precision::Tf32;
+        options.insert("cuda.useTf32".into(), tf32.to_string());
+    }
+    options
 }
 
 /// How long a compile may run when the target sets no `compile.activeDeadlineSeconds`.
