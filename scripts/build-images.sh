@@ -64,7 +64,6 @@ for image in "${wanted[@]}"; do
   esac
 done
 mkdir -p "$out/bin"
-LLAMA_DIR=/usr/lib/llama
 
 # identity LIB: VERSION@sha256:<hex> of an ONNX Runtime library, what the operator keys on.
 identity() { echo "${1##*libonnxruntime.so.}@sha256:$(sha256sum "$1" | cut -d' ' -f1)"; }
@@ -88,7 +87,7 @@ build() {
   BUILT=$dest
 }
 
-ORT_DIR=/usr/lib/onnxruntime
+ORT_DIR=/usr/lib/onnxruntime LLAMA_DIR=/usr/lib/llama
 for image in "${wanted[@]}"; do
   case $image in
     operator)
@@ -102,15 +101,16 @@ for image in "${wanted[@]}"; do
     agent-gpu)
       libs=$("$REPO/scripts/ensure-onnxruntime-gpu.sh")
       lib=$(echo "$libs"/libonnxruntime.so.1.*)
-      set -- "$agent_bin" --env "LD_LIBRARY_PATH=$ORT_DIR"
+      binary=$agent_bin libpath=$ORT_DIR llama=()
       if [[ -n $cuda_agent ]]; then
-        llama=$out/llama-cuda
-        rm -rf "$llama" && mkdir -p "$llama"
-        for f in "$cuda_agent"/lib*.so*; do strip -o "$llama/${f##*/}" "$f"; done
-        set -- "$cuda_agent/kiln-agent" --add-dir "$llama:$LLAMA_DIR" --env "LD_LIBRARY_PATH=$ORT_DIR:$LLAMA_DIR"
+        binary=$cuda_agent/kiln-agent libpath=$ORT_DIR:$LLAMA_DIR
+        rm -rf "$out/llama-cuda" && mkdir -p "$out/llama-cuda"
+        for f in "$cuda_agent"/lib*.so*; do strip -o "$out/llama-cuda/${f##*/}" "$f"; done
+        llama=(--add-dir "$out/llama-cuda:$LLAMA_DIR")
       fi
-      build agent-gpu "$1" --add-dir "$libs:$ORT_DIR" --allow-missing libcuda.so.1 \
-        --env "ORT_DYLIB_PATH=$ORT_DIR/$(basename "$lib")" --env ORT_DISABLE_TELEMETRY=1 "${@:2}"
+      build agent-gpu "$binary" --add-dir "$libs:$ORT_DIR" "${llama[@]}" --allow-missing libcuda.so.1 \
+        --env "ORT_DYLIB_PATH=$ORT_DIR/$(basename "$lib")" --env "LD_LIBRARY_PATH=$libpath" \
+        --env ORT_DISABLE_TELEMETRY=1
       printf 'agent-gpu\t%s\tonnxruntimeGpu=%s\n' "$BUILT" "$(identity "$lib")" ;;
   esac
 done

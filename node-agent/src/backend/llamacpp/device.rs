@@ -29,8 +29,9 @@ const fn built_for() -> Option<&'static str> {
 pub enum Device {
     /// Every layer, the KV cache and every operation on the CPU.
     Cpu,
-    /// Every layer and the KV cache on the first CUDA GPU llama.cpp sees.
-    Cuda,
+    /// Every layer and the KV cache on the first CUDA GPU llama.cpp sees, in a build with
+    /// kernels for these CUDA architectures ([`CUDA_ARCHITECTURES`]).
+    Cuda(&'static str),
 }
 
 impl Device {
@@ -38,17 +39,20 @@ impl Device {
     pub fn provider(self) -> ExecutionProvider {
         match self {
             Self::Cpu => ExecutionProvider::Cpu,
-            Self::Cuda => ExecutionProvider::Cuda,
+            Self::Cuda(_) => ExecutionProvider::Cuda,
         }
     }
 }
 
 /// The device for `provider` in a build with the CUDA kernels `built` (`None`: no CUDA
 /// backend); why not, in words that say what to change.
-pub fn for_provider(provider: ExecutionProvider, built: Option<&str>) -> Result<Device, String> {
+pub fn for_provider(
+    provider: ExecutionProvider,
+    built: Option<&'static str>,
+) -> Result<Device, String> {
     match (provider, built) {
         (ExecutionProvider::Cpu, _) => Ok(Device::Cpu),
-        (ExecutionProvider::Cuda, Some(_)) => Ok(Device::Cuda),
+        (ExecutionProvider::Cuda, Some(list)) => Ok(Device::Cuda(list)),
         (ExecutionProvider::Cuda, None) => Err("this kiln-agent's llama.cpp has no CUDA backend: a GPU class's engines run in the GPU agent image (built by scripts/build-agent-cuda.sh; the chart's agent.gpu), or set backend.executionProvider: cpu".into()),
         (ExecutionProvider::Tensorrt, _) => Err("llama.cpp has no TensorRT backend: set backend.executionProvider to cuda or cpu".into()),
     }
@@ -173,13 +177,16 @@ mod tests {
         use ExecutionProvider::{Cpu, Cuda, Tensorrt};
         assert_eq!(for_provider(Cpu, None), Ok(Device::Cpu));
         assert_eq!(for_provider(Cpu, Some("90-real")), Ok(Device::Cpu));
-        assert_eq!(for_provider(Cuda, Some("90-real")), Ok(Device::Cuda));
+        assert_eq!(
+            for_provider(Cuda, Some("90-real")),
+            Ok(Device::Cuda("90-real"))
+        );
         let e = for_provider(Cuda, None).expect_err("CPU build");
         assert!(
             e.contains("GPU agent image") && e.contains("executionProvider: cpu"),
             "{e}"
         );
         assert!(for_provider(Tensorrt, Some("90-real")).is_err());
-        assert_eq!(Device::Cuda.provider(), Cuda);
+        assert_eq!(Device::Cuda("90-real").provider(), Cuda);
     }
 }

@@ -13,8 +13,8 @@ use crate::error::{Error, Result};
 pub fn model_params(device: Device, need: u64) -> Result<LlamaModelParams> {
     match device {
         Device::Cpu => Ok(LlamaModelParams::default().with_n_gpu_layers(0)),
-        Device::Cuda => {
-            let index = cuda_device(need)?;
+        Device::Cuda(architectures) => {
+            let index = cuda_device(architectures, need)?;
             let params = LlamaModelParams::default()
                 .with_devices(&[index])
                 .map_err(|e| {
@@ -32,25 +32,19 @@ pub fn model_params(device: Device, need: u64) -> Result<LlamaModelParams> {
 pub fn context_params(device: Device, base: LlamaContextParams) -> LlamaContextParams {
     match device {
         Device::Cpu => base.with_offload_kqv(false).with_op_offload(false),
-        Device::Cuda => base.with_offload_kqv(true),
+        Device::Cuda(_) => base.with_offload_kqv(true),
     }
 }
 
-/// The llama.cpp device index of the GPU an engine of `need` bytes goes on, once this build is
-/// known to have kernels for it (NVML's compute capability of the first GPU), llama.cpp lists a
-/// CUDA device, and that device has `need` bytes free. Every refusal is
+/// The llama.cpp device index of the GPU an engine of `need` bytes goes on, once the build's
+/// `architectures` are known to run on it (NVML's compute capability of the first GPU),
+/// llama.cpp lists a CUDA device, and that device has `need` bytes free. Every refusal is
 /// `IncompatibleHardware`, naming what was found.
-fn cuda_device(need: u64) -> Result<usize> {
-    let Some(built) = device::CUDA_ARCHITECTURES else {
-        let why = device::for_provider(kiln_crds::compiled_target::ExecutionProvider::Cuda, None)
-            .err()
-            .unwrap_or_default();
-        return Err(Error::IncompatibleRuntime(why));
-    };
+fn cuda_device(architectures: &str, need: u64) -> Result<usize> {
     let compute = crate::host::probe::first_gpu_compute().map_err(|e| {
         Error::IncompatibleHardware(format!("a CUDA engine needs an NVIDIA GPU: {e}"))
     })?;
-    device::has_kernels(built, compute).map_err(Error::IncompatibleHardware)?;
+    device::has_kernels(architectures, compute).map_err(Error::IncompatibleHardware)?;
     super::runtime::backend().map_err(Error::LoadFailed)?;
     let devices = llama_cpp_2::list_llama_ggml_backend_devices();
     let Some(gpu) = devices.iter().find(|d| d.backend == "CUDA") else {
