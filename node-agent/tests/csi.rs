@@ -337,7 +337,9 @@ impl Drop for Unmount {
 #[tokio::test]
 async fn publishes_read_only_and_unpublishes_with_nothing_left() {
     if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: mounting needs root (CAP_SYS_ADMIN); run as root to test the mounts");
+        kiln_endpoints::test_support::skip(
+            "mounting needs root (CAP_SYS_ADMIN); run as root to test the mounts",
+        );
         return;
     }
     let p = start().await;

@@ -11,7 +11,23 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Case, Run};
+use common::{AGENT, Case, Run};
+
+/// The hook's marker is in the binary exactly when the feature built the hook in: what
+/// scripts/product-bins.sh greps for to refuse a test build as an image's kiln-agent. Without
+/// the feature this is the proof that the product carries no hook; with it, that the grep
+/// would see one.
+#[test]
+fn the_fault_hook_is_in_the_binary_exactly_with_the_feature() {
+    let marker = b"kiln-fault-inject:";
+    let bytes = std::fs::read(AGENT).expect("read kiln-agent");
+    let has = bytes.windows(marker.len()).any(|w| w == marker);
+    assert_eq!(
+        has,
+        cfg!(feature = "fault-injection"),
+        "{AGENT}: marker present {has}"
+    );
+}
 
 /// The pinned ONNX Runtime library, fetched once by the project's script.
 fn library() -> PathBuf {
@@ -26,17 +42,6 @@ fn library() -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
-/// Whether the fault hook is compiled in; says so when it is not.
-fn faults_available() -> bool {
-    if !cfg!(feature = "fault-injection") {
-        eprintln!(
-            "skipped: the crash cases need the test-only hook; run cargo test -p kiln-agent --features fault-injection --test isolation"
-        );
-        return false;
-    }
-    true
 }
 
 /// The MLP test model on ONNX Runtime with `doc` appended as the model's `doc_string` (field 6
@@ -102,10 +107,11 @@ fn healthy_is_ready() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "fault-injection"),
+    ignore = "needs the test-only hook: cargo test -p kiln-agent --features fault-injection --test isolation"
+)]
 fn a_crashing_engine_fails_its_target_and_the_agent_reports_it() {
-    if !faults_available() {
-        return;
-    }
     healthy_is_ready();
     for (marker, needle) in [
         ("compile:segfault", "killed by signal SIGSEGV (11)"),
@@ -136,10 +142,11 @@ fn a_crashing_engine_fails_its_target_and_the_agent_reports_it() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "fault-injection"),
+    ignore = "needs the test-only hook: cargo test -p kiln-agent --features fault-injection --test isolation"
+)]
 fn an_engine_past_its_deadline_is_killed_with_its_process_group() {
-    if !faults_available() {
-        return;
-    }
     let case = mlp_with_doc("kiln-fault-inject:load:spin");
     let started = Instant::now();
     let r = run(&case, &["--warmup-deadline-seconds", "2"]);
@@ -324,6 +331,10 @@ fn fixtures(model: &Path, out: &Path) -> (Option<i32>, String) {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "fault-injection"),
+    ignore = "needs the test-only hook: cargo test -p kiln-agent --features fault-injection --test isolation"
+)]
 fn the_reference_run_of_fixtures_is_contained_too() {
     // The issue's own case: the 212-byte model made `fixtures --reference onnxruntime` hold
     // gigabytes; now its process stops at the limit.
@@ -339,9 +350,6 @@ fn the_reference_run_of_fixtures_is_contained_too() {
         assert!(stderr.contains(needle), "{stderr} lacks {needle:?}");
     }
     assert!(!out.exists());
-    if !faults_available() {
-        return;
-    }
     let case = mlp_with_doc("kiln-fault-inject:reference:segfault");
     let (code, stderr) = fixtures(&case.path("model.onnx"), &out);
     assert_eq!(code, Some(1), "{stderr}");

@@ -133,8 +133,8 @@ fn check(lines: &[String], stderr: &str, kiln_agent_denied: bool) {
 #[test]
 fn a_compiler_cannot_read_credentials_from_kiln_agent() {
     if !python3() {
-        eprintln!(
-            "SKIPPED: the compiler of this test is a python3 script, and there is no python3"
+        kiln_endpoints::test_support::skip(
+            "the compiler of this test is a python3 script, and there is no python3",
         );
         return;
     }
@@ -145,10 +145,10 @@ fn a_compiler_cannot_read_credentials_from_kiln_agent() {
     check(&lines, &stderr, false);
     eprintln!("as uid {}: {lines:?}", rustix::process::geteuid().as_raw());
     if !root {
-        eprintln!(
-            "SKIPPED the run as another user: only root can start kiln-agent as one (this is uid {})",
+        kiln_endpoints::test_support::skip(&format!(
+            "the run as another user: only root can start kiln-agent as one (this is uid {})",
             rustix::process::geteuid().as_raw()
-        );
+        ));
         return;
     }
     // As an ordinary user (nobody's uid, which needs no account): kiln-agent and the case's

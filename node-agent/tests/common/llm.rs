@@ -36,11 +36,8 @@ pub fn models() -> Option<&'static Path> {
     });
     match got {
         Ok(dir) => Some(dir),
-        Err(why) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("the real language models are required under CI=true: {why}")
-        }
         Err(why) => {
-            eprintln!("real language model test skipped: {why}");
+            kiln_endpoints::test_support::skip(&format!("the real language models: {why}"));
             None
         }
     }

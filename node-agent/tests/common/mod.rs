@@ -456,11 +456,7 @@ impl HttpsServer {
         if !made {
             return None;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
-            .port();
+        let port = servers::free_port();
         let child = server(port)
             .current_dir(dir)
             .stdin(std::process::Stdio::null())
@@ -468,12 +464,17 @@ impl HttpsServer {
             .stderr(std::process::Stdio::null())
             .spawn()
             .ok()?;
-        let server = Self {
+        let mut server = Self {
             child,
             port,
             ca: dir.join("ca.pem"),
         };
-        for _ in 0..100 {
+        // Wall time, not a count of polls: python's start takes seconds on a loaded machine.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = server.child.try_wait() {
+                return None;
+            }
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return Some(server);
             }
