@@ -24,6 +24,7 @@
 # Prints the time of each step.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/kiln-lib.sh"
+source "$(dirname "$0")/observe-lib.sh"
 mapfile -t NODES < <(kubectl get nodes -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}' | sort)
 ((${#NODES[@]} >= 2)) || skip "one node; run e2e/cluster up --nodes 2"
 A=${NODES[0]} B=${NODES[1]}
@@ -32,9 +33,8 @@ kiln_test multinode
 T=sq
 POOL=example.com/pool
 BLOB=
-WATCH_PID=
 teardown() {
-  [[ -z $WATCH_PID ]] || kill "$WATCH_PID" 2>/dev/null
+  watch_stop
   [[ -z $BLOB ]] || flip "$BLOB"
   # A node taken away by the test comes back for the next one.
   kubectl get node "$B" >/dev/null 2>&1 || "$E2E_DIR/cluster" start-node "$B" >/dev/null 2>&1 || true
@@ -61,6 +61,16 @@ row() { kubectl get kilnnode "$1" -o json 2>/dev/null | jq -c --arg ns "$NS" --a
 rowq() { local n=$1; shift; row "$n" | jq -e "$@" >/dev/null; }
 pod_ready() { kubectl -n "$NS" get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].lastTransitionTime}'; }
 jobs_created() { event_count "$NS" CompileJobCreated; }
+# ready_or_stalled SECS: waits until the target $T is Ready; fails at once when it is Stalled.
+ready_or_stalled() {
+  local end=$((SECONDS + $1))
+  until ctq '.status.conditions[]? | select(.type == "Ready" and .status == "True")'; do
+    ctq '.status.conditions[]? | select(.type == "Stalled" and .status == "True")' &&
+      die "$T Stalled: $(ct | jq -r '.status.conditions[] | select(.type == "Stalled") | .message')"
+    ((SECONDS < end)) || die "$T not Ready after $1 s"
+    sleep 0.5
+  done
+}
 
 echo "== one target over two classes: a Job per class, each on its own node"
 t0=$(now)
@@ -78,14 +88,7 @@ spec:
 YAML
 serving_pod "$NS" "$T" "$A" serve-a
 serving_pod "$NS" "$T" "$B" serve-b
-# Ready, or fail at once when Stalled.
-for ((i = 0; ; i++)); do
-  ctq '.status.conditions[]? | select(.type == "Ready" and .status == "True")' && break
-  ctq '.status.conditions[]? | select(.type == "Stalled" and .status == "True")' &&
-    die "Stalled: $(ct | jq -r '.status.conditions[] | select(.type == "Stalled") | .message')"
-  ((i < 600)) || die "not Ready after 300 s"
-  sleep 0.5
-done
+ready_or_stalled 300
 echo "   applied -> both classes Ready: $(since "$t0") s"
 ctq '.status.classCount == 2 and (.status.classes | length) == 2 and
   all(.status.classes[]; .phase == "Ready" and .nodes == 1 and .readyNodes == 1 and .failedNodes == 0)' ||
@@ -125,8 +128,8 @@ for p in serve-a serve-b; do
   wait_for "$p Ready" 60 bash -c "[[ \$(kubectl -n $NS get pod $p -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}') == True ]]"
 done
 READY_A=$(pod_ready serve-a)
-kubectl -n "$NS" get pod serve-a -w -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}{"\n"}' >"$WORK/ready-a.log" 2>/dev/null &
-WATCH_PID=$!
+# serve-a's readiness from here until the node's return: a watch that begins with its state.
+watch_object "$WORK/serve-a.watch" "/api/v1/namespaces/$NS/pods" serve-a
 
 echo "== failure isolation: $B's artifact corrupted in the registry, its cache wiped"
 # Both classes compiled to the same engine bytes, so their artifacts are one blob: $A serves it
@@ -205,8 +208,7 @@ wait_for "both classes Ready" 60 ctq '.status.classCount == 2 and all(.status.cl
 (($(jobs_created) == 3)) || die "the node's return compiled again: $(jobs_created) CompileJobCreated events"
 kubectl get kilnnode "$B" -o json | jq -e --arg n "$B" '.metadata.ownerReferences[0] | .kind == "Node" and .name == $n' >/dev/null ||
   die "KilnNode $B is not owned by its Node: $(kubectl get kilnnode "$B" -o json | jq -c .metadata.ownerReferences)"
-kill "$WATCH_PID" 2>/dev/null; WATCH_PID=
-grep -q False "$WORK/ready-a.log" && die "serve-a lost readiness at some point: $(tr '\n' ' ' <"$WORK/ready-a.log")"
+ready_never_false "$WORK/serve-a.watch" "/api/v1/namespaces/$NS/pods" serve-a
 echo "   serve-a on $A stayed Ready throughout"
 
 echo "== a GGUF language model quantised per class: a Q8_0 artifact for each class, each node its own"
@@ -218,13 +220,7 @@ sed -e 's|file://model.gguf|file://tiny-llama.gguf|' -e 's|file://fixture-v1.saf
   -e "s|^  profiles:|  classLabelKeys: [kubernetes.io/arch, kiln.dev/cpu-level, $POOL]\n  profiles:|" \
   "$REPO/examples/tiny-llama/kiln.yaml" | kubectl -n "$NS" apply -f - >/dev/null || die "apply the GGUF example"
 T=tiny-llama-q8
-for ((i = 0; ; i++)); do
-  ctq '.status.conditions[]? | select(.type == "Ready" and .status == "True")' && break
-  ctq '.status.conditions[]? | select(.type == "Stalled" and .status == "True")' &&
-    die "$T Stalled: $(ct | jq -r '.status.conditions[] | select(.type == "Stalled") | .message')"
-  ((i < 600)) || die "$T not Ready after 300 s"
-  sleep 0.5
-done
+ready_or_stalled 300
 echo "   apply -> $T Ready on both classes: $(since "$t0") s"
 ctq '.status.classCount == 2 and all(.status.classes[]; .phase == "Ready" and .engine == "llamacpp") and
   ([.status.classes[].compileKey] | unique | length) == 2' ||

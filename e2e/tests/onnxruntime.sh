@@ -14,6 +14,7 @@
 # class row and the registry's build manifest say which it kept and why, and the node serves it.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/kiln-lib.sh"
+source "$(dirname "$0")/observe-lib.sh"
 kiln_test ort
 teardown() { kubectl label node "$REAL" example.com/unrelated- >/dev/null 2>&1 || true; }
 
@@ -100,18 +101,23 @@ jq -e '.status.classes[0] | .phase == "Failed" and .reason == "IncompatibleRunti
 echo "   $(jq -r '.status.classes[0].reason + ": " + (.status.classes[0].message | .[0:160])' <<<"$CUDA")"
 
 echo "== no redundant node work: each engine was loaded once, and unrelated events load none again"
-loads() {
-  kubectl get --raw "/api/v1/namespaces/$NS/services/kiln-agent-metrics:metrics/proxy/metrics" |
-    awk '/^kiln_agent_load_seconds_count/ {s += $NF} END {print s + 0}'
-}
+# loads VAR: the agent's engine loads (a counter bumped at each load), read through its Service; a
+# scrape that fails or lacks the metric fails the test instead of reading 0.
+loads() { metric_sum "$1" kiln_agent_load_seconds_count kubectl get --raw "/api/v1/namespaces/$NS/services/kiln-agent-metrics:metrics/proxy/metrics"; }
 since() { row "$1" | jq -r .readySince; }
-before=$(loads) ort_since=$(since squeezenet-ort) tract_since=$(since squeezenet-cpu)
+loads before
+ort_since=$(since squeezenet-ort) tract_since=$(since squeezenet-cpu)
+# shellcheck disable=SC2154 # before: set by loads
 [[ $before == 2 ]] || die "$before loads for two targets (the cuda one never had an artifact)"
 kubectl -n "$NS" annotate compiledtarget squeezenet-ort example.com/note=unrelated >/dev/null
 kubectl -n "$NS" annotate modelartifact squeezenet example.com/note=unrelated >/dev/null
 kubectl label node "$REAL" example.com/unrelated=1 >/dev/null
+# The counter covers the whole window; the agent has no count of its looks, so the window's
+# length is what gives it time to load again by mistake.
 sleep 10
-[[ $(loads) == "$before" ]] || die "unrelated events reloaded an engine: $before -> $(loads) loads"
+loads after
+# shellcheck disable=SC2154 # after: set by loads
+[[ $after == "$before" ]] || die "unrelated events reloaded an engine: $before -> $after loads"
 [[ $(since squeezenet-ort) == "$ort_since" && $(since squeezenet-cpu) == "$tract_since" ]] ||
   die "readySince moved: $(row squeezenet-ort)"
 echo "   $before loads for 2 served targets after a new target, 2 annotations and a node label"

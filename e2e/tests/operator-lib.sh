@@ -6,8 +6,8 @@
 # relative file:// URIs resolve against; the store is a hostPath shared by the Jobs and the operator.
 # No agent runs here, so a node is classified by its labels alone only when it carries every
 # class key; `report_hardware` writes a node's KilnNode hardware the way its agent would.
-# Sourced after lib.sh; sets REPO, NS, WORK, OPERATOR, REAL (the real node; `bin`:
-# KILN_E2E_OPERATOR_BIN and KILN_E2E_AGENT_BIN override the binaries) and the helpers below.
+# Sourced after lib.sh and observe-lib.sh; sets REPO, NS, WORK, OPERATOR, REAL (the real node;
+# `bin`: KILN_E2E_OPERATOR_BIN and KILN_E2E_AGENT_BIN override the binaries) and the helpers below.
 REPO=$(cd "$E2E_DIR/.." && pwd)
 test_namespace
 NS=$TEST_NS
@@ -96,4 +96,16 @@ jobs_of() { kubectl -n "$NS" get jobs -l app.kubernetes.io/managed-by=kiln-opera
 count_is() { [[ $(jobs_of "$1") == "$2" ]]; }
 cond() { kubectl -n "$NS" get compiledtarget "$1" -o jsonpath="{.status.conditions[?(@.type==\"$2\")].$3}"; }
 cond_is() { [[ $(cond "$1" "$2" status) == "$3" && $(cond "$1" "$2" reason) == "$4" ]]; }
-writes() { curl -fsS "http://127.0.0.1:1808$1/metrics" | awk '/^kiln_operator_api_writes_total/ {s += $2} END {print s + 0}'; }
+# writes VAR N: VAR set to the API writes replica N has sent (a counter bumped by every write in
+# operator/src/writes.rs); fails, rather than reading 0, when the replica does not answer.
+writes() { metric_sum "$1" kiln_operator_api_writes_total curl -fsS "http://127.0.0.1:1808$2/metrics"; }
+# no_writes_for SECS WHAT N...: replicas N... send no API write over SECS seconds: their counters,
+# read at both ends, cover the whole window (a replica that died in it fails the second read).
+no_writes_for() {
+  local secs=$1 what=$2 n w before=() after=()
+  shift 2
+  for n in "$@"; do writes w "$n"; before+=("$w"); done
+  sleep "$secs"
+  for n in "$@"; do writes w "$n"; after+=("$w"); done
+  [[ ${before[*]} == "${after[*]}" ]] || die "writes $what (replicas $*): ${before[*]} -> ${after[*]}"
+}

@@ -7,6 +7,7 @@
 # target is deleted. The artifact comes from a real compile on the real node: a second target
 # with the same model, profile and class facts on the fake nodes finds its key in the store.
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/observe-lib.sh"
 source "$(dirname "$0")/operator-lib.sh"
 FAKES=("fake-a-$NS" "fake-b-$NS" "fake-c-$NS")
 # shellcheck disable=SC2034 # read by cleanup (operator-lib.sh)
@@ -118,8 +119,7 @@ wait_for "Degraded=True" 30 cond_is "$FLEET" Degraded True Fallback
 wait_for "label back on ${FAKES[0]}" 30 label_is "${FAKES[0]}" 1
 
 echo "== steady state: no writes"
-w1=$(writes 1); sleep 8; w2=$(writes 1)
-[[ $w1 == "$w2" ]] || die "writes at steady state: $w1 -> $w2"
+no_writes_for 8 "at steady state" 1
 
 echo "== metrics"
 m=$(curl -fsS http://127.0.0.1:18081/metrics)

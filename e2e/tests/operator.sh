@@ -5,6 +5,7 @@
 # compile Job runs the real `kiln-agent compile`; Jobs, status, restarts, two replicas, bad input,
 # deletion, metrics.
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/observe-lib.sh"
 source "$(dirname "$0")/operator-lib.sh"
 # shellcheck disable=SC2034 # read by cleanup (operator-lib.sh)
 CLEANUP_NODES=("fake-h100-$NS" "fake-l4-$NS")
@@ -45,12 +46,18 @@ kubectl delete kilnnode "$REAL" --ignore-not-found >/dev/null
 
 start_operator 1
 wait_for "operator /readyz" 60 curl -fsS http://127.0.0.1:18081/readyz
+# Absences below are watches of the namespace's Jobs from a resourceVersion: every Job created
+# since then is seen. ADDED_BY matches a Job created for the target $t.
+JOBS=/apis/batch/v1/namespaces/$NS/jobs
+# shellcheck disable=SC2016 # $t is jq's
+ADDED_BY='.type == "ADDED" and .object.metadata.ownerReferences[0].name == $t'
 
 echo "== the example: the labelled GPU classes compile; the real node waits for its hardware report"
 kubectl -n "$NS" apply -f "$REPO/examples/squeezenet/kiln.yaml" >/dev/null
 wait_for "2 compile Jobs" 60 count_is squeezenet-cpu 2
-sleep 2
+collection_rv rv "$JOBS"
 count_is squeezenet-cpu 2 || die "$(jobs_of squeezenet-cpu) Jobs before $REAL reported its hardware"
+assert_no_events_since "$JOBS" "$rv" 2 "Jobs created before $REAL reported its hardware" "$ADDED_BY" --arg t squeezenet-cpu
 [[ -z $(kubectl get node "$REAL" -o jsonpath='{.metadata.labels.kiln\.dev/class}') ]] ||
   die "$REAL keeps a class label while its hardware is unknown"
 msg=$(cond squeezenet-cpu Ready message)
@@ -89,9 +96,12 @@ kubectl -n "$NS" get events --field-selector involvedObject.name=squeezenet-cpu 
   jq -e '[.items[].reason] | index("CompileJobCreated") and index("ClassCompiled")' >/dev/null || die "missing Events"
 
 echo "== re-apply, restart, two replicas: no duplicate Job"
+collection_rv rv "$JOBS"
 kubectl -n "$NS" apply -f "$REPO/examples/squeezenet/kiln.yaml" >/dev/null
-sleep 3
+assert_no_events_since "$JOBS" "$rv" 3 "Jobs created by the re-apply" "$ADDED_BY" --arg t squeezenet-cpu
 count_is squeezenet-cpu 3 || die "re-apply: $(jobs_of squeezenet-cpu) Jobs"
+# From before the restart to 3 s after the second target's Jobs: its 3 Jobs and no other.
+collection_rv rv "$JOBS"
 kill "$OP_1"; wait "$OP_1" 2>/dev/null || true
 start_operator 1
 start_operator 2
@@ -110,7 +120,9 @@ spec:
   compile: {maxAttempts: 1}
 YAML
 wait_for "3 Jobs for the second target" 60 count_is second 3
-sleep 5
+events_since "$JOBS" "$rv" 3 "$WORK/jobs.events"
+expect_count "$WORK/jobs.events" 3 "Jobs created for second by two replicas" "$ADDED_BY" --arg t second
+expect_count "$WORK/jobs.events" 0 "Jobs created for squeezenet-cpu by the restart" "$ADDED_BY" --arg t squeezenet-cpu
 count_is second 3 || die "two replicas: $(jobs_of second) Jobs for second"
 count_is squeezenet-cpu 3 || die "restart: $(jobs_of squeezenet-cpu) Jobs"
 echo "   lease held by $(holder); 3 + 3 Jobs"
@@ -139,12 +151,15 @@ spec:
   compile: {activeDeadlineSeconds: $((600 + i))}
 YAML
 done | kubectl -n "$NS" apply -f - >/dev/null
+collection_rv rv "$JOBS"
 LIMIT=5 start_operator 1
 rows() { kubectl -n "$NS" get compiledtargets -o json | jq -r '[.items[] | select(.metadata.name | startswith("q-")) | .status.classes[]?.phase] | group_by(.) | map("\(.[0])=\(length)") | join(" ")'; }
 q_rows() { kubectl -n "$NS" get compiledtargets -o json | jq '[.items[] | select(.metadata.name | startswith("q-")) | .status.classes[]?] | length'; }
 q_rows_are() { [[ $(q_rows) == "$1" ]]; }
 wait_for "24 class rows of the 12 targets" 60 q_rows_are 24
-sleep 3
+# Every Job created from the operator's start to 3 s after the rows: 3, so never over the limit.
+events_since "$JOBS" "$rv" 3 "$WORK/jobs.events"
+expect_count "$WORK/jobs.events" 3 "Jobs created at limit 5 with 2 running" '.type == "ADDED"'
 [[ $(rows) == "Compiling=3 Queued=21" ]] || die "limit 5 with 2 running: rows $(rows), want Compiling=3 Queued=21"
 [[ $(active) == 5 ]] || die "limit 5: $(active) compile Jobs running"
 msg=$(kubectl -n "$NS" get compiledtargets -o json | jq -r '[.items[].status.classes[]? | select(.phase == "Queued") | .message][0]')
@@ -165,8 +180,7 @@ wait_for "the GPU classes' Jobs deleted" 60 count_is squeezenet-cpu 1
 kubectl -n "$NS" get compiledtarget squeezenet-cpu
 
 echo "== steady state: no writes"
-w1=$(( $(writes 1) + $(writes 2) )); sleep 10; w2=$(( $(writes 1) + $(writes 2) ))
-[[ $w1 == "$w2" ]] || die "writes at steady state: $w1 -> $w2"
+no_writes_for 10 "at steady state" 1 2
 
 echo "== a failing compile is classified, retried, then Stalled"
 kubectl -n "$NS" apply -f - >/dev/null <<YAML
@@ -222,8 +236,7 @@ if out=$(bad bad-backend squeezenet "" "" 2>&1 && kubectl -n "$NS" patch compile
   die "an unknown backend was admitted: $out"
 fi
 [[ $out == *Unsupported* ]] || die "unknown backend refused for another reason: $out"
-w1=$(( $(writes 1) + $(writes 2) )); sleep 5; w2=$(( $(writes 1) + $(writes 2) ))
-[[ $w1 == "$w2" ]] || die "bad input hot-loops: writes $w1 -> $w2"
+no_writes_for 5 "on bad input (a hot loop)" 1 2
 { kill -0 "$OP_1" && kill -0 "$OP_2"; } || die "an operator replica died"
 
 echo "== deleting the target removes its Jobs and keeps the stored artifact"

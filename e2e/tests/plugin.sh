@@ -12,10 +12,11 @@
 # served (its model missing) makes `status` exit 1 and `why` name the Stalled condition.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/kiln-lib.sh"
+source "$(dirname "$0")/observe-lib.sh"
 ensure_busybox
 kiln_test plugin
 TARGET=squeezenet-cpu
-teardown() { [[ -z ${WATCH_PID:-} ]] || kill "$WATCH_PID" 2>/dev/null; }
+teardown() { watch_stop; }
 
 # Installed the krew way: the binary on PATH, found by kubectl as `kubectl kiln`.
 mkdir -p "$WORK/bin"
@@ -81,11 +82,10 @@ err=$(kubectl kiln -n "$NS" rollback "$TARGET" --to 7 2>&1) && die "rollback to 
 grep -q "not in the target's history" <<<"$err" || die "rollback --to 7: $err"
 
 echo "== rollback --wait (artifact in the node cache)"
-jobs_before=$(kubectl -n "$NS" get jobs --no-headers 2>/dev/null | wc -l)
-# The serving pod's readiness through the rollback, from a watch.
-kubectl -n "$NS" get pod serve -w -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}{"\n"}' >"$WORK/ready.log" 2>/dev/null &
-WATCH_PID=$!
-sleep 1
+JOBS=/apis/batch/v1/namespaces/$NS/jobs
+collection_rv jobs_rv "$JOBS"
+# The serving pod's readiness through the rollback: a watch that begins with its state.
+watch_object "$WORK/serve.watch" "/api/v1/namespaces/$NS/pods" serve
 rb=$(kubectl kiln -n "$NS" rollback "$TARGET" --wait -o json) || die "rollback: $rb"
 jq -e '.pinnedRevision == 1 and .servedAfterSeconds > 0' <<<"$rb" >/dev/null || die "rollback -o json: $rb"
 echo "   every node serves revision 1, Ready, $(jq -r '.servedAfterSeconds * 1000 | round' <<<"$rb") ms after the pin"
@@ -94,11 +94,12 @@ kubectl -n "$NS" get compiledtarget "$TARGET" -o json --show-managed-fields |
   jq -e '[.metadata.managedFields[] | select(.manager == "kubectl-kiln") | .fieldsV1."f:spec"."f:rollout"."f:pinnedRevision"] | length == 1' >/dev/null ||
   die "the pin is not owned by field manager kubectl-kiln"
 [[ $(kubectl kiln -n "$NS" status "$TARGET" -o json | jq -r '.nodes[0].revision') == 1 ]] || die "status does not show revision 1 served"
-sleep 1
-kill "$WATCH_PID" 2>/dev/null; WATCH_PID=
-grep -q False "$WORK/ready.log" && die "the serving pod lost readiness during the rollback: $(tr '\n' ' ' <"$WORK/ready.log")"
+# Every state of the pod from before the pin to now: Ready True in each.
+ready_never_false "$WORK/serve.watch" "/api/v1/namespaces/$NS/pods" serve
 [[ $(gate) == True ]] || die "gate $(gate) after the rollback"
-(($(kubectl -n "$NS" get jobs --no-headers 2>/dev/null | wc -l) == jobs_before)) || die "the rollback created a Job"
+# Every Job created since before the pin, and for 1 s more: none.
+# shellcheck disable=SC2154 # jobs_rv: set by collection_rv
+assert_no_events_since "$JOBS" "$jobs_rv" 1 "Jobs created by the rollback" '.type == "ADDED"'
 
 echo "== unpin"
 kubectl kiln -n "$NS" unpin "$TARGET" >/dev/null || die "unpin"
