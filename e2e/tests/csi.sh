@@ -119,7 +119,8 @@ echo "== a serving pod in the restricted namespace waits for the row, then mount
 model_pod serve "$TARGET"
 model_pod nothing absent
 seen_refusal='' t_row='' t_run=''
-for ((i = 0; i < 900; i++)); do
+end=$((SECONDS + 450))
+while ((SECONDS < end)); do
   running=$(phase_of serve)
   phase=$(row | jq -r '.phase // empty')
   now=$(date +%s.%N)

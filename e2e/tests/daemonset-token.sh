@@ -47,7 +47,8 @@ spec:
           exec sleep 3600
 YAML
 kubectl -n "$TEST_NS" rollout status ds/prober --timeout=90s || { dump "$TEST_NS"; fail "daemonset not ready"; }
-for ((i = 0; i < 60; i++)); do
+end=$((SECONDS + 60))
+while ((SECONDS < end)); do
   out=$(kubectl -n "$TEST_NS" logs ds/prober 2>/dev/null || true)
   [[ $out == *anonymous-* || $out == *ANONYMOUS-* ]] && break
   sleep 1

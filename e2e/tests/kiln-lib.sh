@@ -212,9 +212,9 @@ cond() { jq -r --arg t "$2" '.status.conditions[]? | select(.type == $t) | .'"$3
 # MESSAGE (its kiln.dev/warm message) and SEEN (the gate's reasons, in order), and prints apply
 # (T0) → pod Ready, row Ready → pod Ready and the reasons seen.
 serving_ready() {
-  local t0=$2 t_row='' t_pod='' phase now reason i
+  local t0=$2 t_row='' t_pod='' phase now reason end=$((SECONDS + 300))
   SEEN=()
-  for ((i = 0; i < 600; i++)); do
+  while ((SECONDS < end)); do
     P=$($1)
     phase=$(kubectl get kilnnode "$REAL" -o json 2>/dev/null | jq -r --arg ns "$NS" --arg t "$TARGET" \
       '.status.targets[]? | select(.namespace == $ns and .name == $t) | .phase')

@@ -69,7 +69,8 @@ pod_ready() { kubectl -n "$NS" get pod serve -o jsonpath='{.status.conditions[?(
 # read first: the row turns Ready before the gate, so a row read after a Ready pod must be Ready
 # (read the other way round, the row could turn Ready and the gate True between the two reads).
 seen_not_ready=0 t_row='' t_pod=''
-for ((i = 0; i < 600; i++)); do
+end=$((SECONDS + 300))
+while ((SECONDS < end)); do
   ready=$(pod_ready)
   phase=$(row | jq -r '.phase // empty')
   now=$(date +%s.%N)

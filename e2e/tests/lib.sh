@@ -12,7 +12,16 @@ BUSYBOX_IMAGE=kiln-e2e/busybox:test
 BUSYBOX_TAR=${TMPDIR:-/tmp}/kiln-e2e-busybox.tar
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
-skip() { echo "SKIP: $*" >&2; exit 77; }
+# skip REASON: exit 77, which e2e/test.sh counts and names as skipped. Under CI (`CI=true`)
+# nothing may skip but what no CI machine can run: a missing prerequisite there is a failure,
+# because the suite installs every prerequisite itself (scripts/test.sh).
+skip() {
+  [[ ${CI:-} != true ]] || fail "required under CI=true, but: $*"
+  echo "SKIP: $*" >&2
+  exit 77
+}
+# skip_no_gpu REASON: the one skip allowed under CI, for work that needs a GPU.
+skip_no_gpu() { echo "SKIP: no GPU: $*" >&2; exit 77; }
 
 # ensure_busybox: Debian's static busybox, packaged by build-image and loaded
 # into the node (idempotent: import of the same digest is a no-op).
@@ -27,8 +36,8 @@ test_namespace() {
   kubectl create namespace "$TEST_NS" >/dev/null
   trap 'kubectl delete namespace "$TEST_NS" --wait=false >/dev/null 2>&1 || true' EXIT
   # The namespace's default serviceaccount comes from the controller manager.
-  local i
-  for ((i = 0; i < 60; i++)); do
+  local end=$((SECONDS + 30))
+  while ((SECONDS < end)); do
     kubectl -n "$TEST_NS" get serviceaccount default >/dev/null 2>&1 && return 0
     sleep 0.5
   done
@@ -41,20 +50,25 @@ dump() {
   kubectl -n "$1" get events --sort-by=.lastTimestamp 2>&1 | tail -20 || true
 }
 
-# wait_for DESC SECONDS CMD...: polls CMD every 0.2 s until it succeeds; otherwise calls the
-# test's `die` (which shows its own logs).
+# wait_for DESC SECONDS CMD...: polls CMD every 0.2 s until it succeeds or SECONDS of wall time
+# have passed (however long each poll takes under load); then calls the test's `die` (which shows
+# its own logs). CMD is tried once more at the deadline, so a slow last poll still counts.
 wait_for() {
-  local desc=$1 secs=$2 i; shift 2
-  for ((i = 0; i < secs * 5; i++)); do
+  local desc=$1 secs=$2 end; shift 2
+  end=$((SECONDS + secs))
+  while ((SECONDS < end)); do
     "$@" >/dev/null 2>&1 && return 0
     sleep 0.2
   done
+  "$@" >/dev/null 2>&1 && return 0
   die "timed out after ${secs}s: $desc"
 }
 
 # bin NAME: $KILN_E2E_OPERATOR_BIN / $KILN_E2E_AGENT_BIN for kiln-operator / kiln-agent when set
-# (a shared target directory may hold another checkout's build), else the newer of
-# target/release/NAME and target/debug/NAME (REPO set by the test).
+# (faults.sh's agent with the test-only hook), else NAME from $KILN_E2E_BIN_DIR: the product
+# binaries e2e/test.sh builds once per run with scripts/product-bins.sh, never whatever a test
+# build left in target/. A test run alone builds them (a no-op build after the first, then a copy)
+# into $KILN_E2E_ARTIFACTS/bin, as the runner does.
 bin() {
   local override=
   case $1 in
@@ -62,12 +76,13 @@ bin() {
     kiln-agent) override=${KILN_E2E_AGENT_BIN:-} ;;
   esac
   [[ -z $override ]] || { echo "$override"; return; }
-  local b newest=
-  for b in "$REPO/target/release/$1" "$REPO/target/debug/$1"; do
-    [[ -x $b && ( -z $newest || $b -nt $newest ) ]] && newest=$b
-  done
-  [[ -n $newest ]] || fail "$1 not built; run cargo build --bins"
-  echo "$newest"
+  local dir=${KILN_E2E_BIN_DIR:-}
+  if [[ -z $dir ]]; then
+    dir=${KILN_E2E_ARTIFACTS:-/tmp/kiln-e2e-test}/bin
+    "$REPO/scripts/product-bins.sh" "$dir" >/dev/null || fail "cannot build the product binaries"
+  fi
+  [[ -x $dir/$1 ]] || fail "$1 is not in KILN_E2E_BIN_DIR ($dir)"
+  echo "$dir/$1"
 }
 
 # kiln_image NAME IMAGE DIR [BUILD-IMAGE ARGS...]: the stripped binary NAME (see bin) at
@@ -77,6 +92,9 @@ kiln_image() {
   local name=$1 image=$2 dir=$3
   shift 3
   strip -o "$dir/$name" "$(bin "$name")"
+  # Only faults.sh builds an image of the agent with the test-only hook, and says so.
+  [[ ${KILN_E2E_FAULT_AGENT:-} == 1 && $name == kiln-agent ]] ||
+    "$REPO/scripts/product-bins.sh" --check "$dir/$name" || fail "the $image image would carry the fault-injection hook"
   "$E2E_DIR/build-image" --name "$image" --out "$dir/$name.tar" \
     --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt "$@" "$dir/$name" >/dev/null
   "$E2E_DIR/cluster" load-image "$dir/$name.tar" >/dev/null

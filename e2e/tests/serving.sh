@@ -82,7 +82,8 @@ kill -9 "$pid"
 wait_for "restart counted" 60 bash -c \
   "[[ \$(kubectl -n '$NS' get pod '$POD' -o json | jq '[.status.containerStatuses[].restartCount] | add') -gt $restarts ]]"
 again=()
-for ((i = 0; i < 240; i++)); do
+end=$((SECONDS + 120))
+while ((SECONDS < end)); do
   q=$(kubectl -n "$NS" get pod "$POD" -o json)
   r=$(cond "$q" kiln.dev/warm reason)
   [[ -n $r && " ${again[*]} " != *" $r "* ]] && again+=("$r")
@@ -108,8 +109,8 @@ wait_for "revision 2 Ready on the node" 300 rev_is "2 Ready"
 kubectl label namespace "$NS" pod-security.kubernetes.io/enforce=restricted --overwrite >/dev/null 2>&1
 # keeps N POD: POD stays Ready (polled) until its gate says its volume holds revision N.
 keeps() {
-  local msg i
-  for ((i = 0; i < 240; i++)); do
+  local msg end=$((SECONDS + 120))
+  while ((SECONDS < end)); do
     msg=$(kubectl -n "$NS" get pod "$2" -o jsonpath='{.status.conditions[?(@.type=="kiln.dev/warm")].message}')
     [[ $(kubectl -n "$NS" get pod "$2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]] ||
       die "the pod on revision $1 left Ready while the node moved to another: $msg"
