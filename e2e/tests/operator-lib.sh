@@ -101,10 +101,13 @@ cond_is() { [[ $(cond "$1" "$2" status) == "$3" && $(cond "$1" "$2" reason) == "
 writes() { metric_sum "$1" kiln_operator_api_writes_total curl -fsS "http://127.0.0.1:1808$2/metrics"; }
 # no_writes_for SECS WHAT N...: replicas N... send no API write over SECS seconds: their counters,
 # read at both ends, cover the whole window (a replica that died in it fails the second read).
+# The replicas must have counted writes before (the leader has): a counter that reads 0
+# everywhere could be one that counts nothing, and would show no write either way.
 no_writes_for() {
-  local secs=$1 what=$2 n w before=() after=()
+  local secs=$1 what=$2 n w before=() after=() total=0
   shift 2
-  for n in "$@"; do writes w "$n"; before+=("$w"); done
+  for n in "$@"; do writes w "$n"; before+=("$w"); total=$((total + w)); done
+  ((total > 0)) || die "no API write counted by replicas $* before the window: the counter cannot show an absence"
   sleep "$secs"
   for n in "$@"; do writes w "$n"; after+=("$w"); done
   [[ ${before[*]} == "${after[*]}" ]] || die "writes $what (replicas $*): ${before[*]} -> ${after[*]}"
