@@ -34,7 +34,11 @@ pub fn free_port() -> u16 {
     // A start that differs between the test processes cargo runs side by side.
     let mut port = first + (std::process::id() as u16).wrapping_mul(7919) % span;
     for _ in 0..span {
-        port = if port + 1 >= first + span { first } else { port + 1 };
+        port = if port + 1 >= first + span {
+            first
+        } else {
+            port + 1
+        };
         if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             given.push(port);
             return port;
