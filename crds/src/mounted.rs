@@ -10,8 +10,16 @@
 //!   chat-template.jinja  a GGUF target's chat template given beside the model (a `chatTemplate`
 //!                        asset, carried in the artifact), for a server that takes it as a file
 //!                        (llama-server's --chat-template-file); absent otherwise
-//!   kiln.json            this file's `MountedModel`: target, revision, class, digest, engine
+//!   kiln.json            this file's `MountedModel`: target, revision, class, digest, engine,
+//!                        and the artifact's seal
 //! ```
+//!
+//! The seal is how `artifact`'s inode stood when the plugin last proved its bytes (its inode
+//! number, size and modification time). A server that finds the volume mounted read-only and the
+//! artifact still standing so may take the plugin's hash instead of reading the whole file again:
+//! nothing can write through a read-only mount, and a write on the host moves the modification
+//! time (resetting it takes the file's owner or root, and the plugin's own check at the next
+//! mount compares the change time too, which nobody can set).
 
 use serde::{Deserialize, Serialize};
 
@@ -54,6 +62,22 @@ pub struct MountedModel {
     pub node: String,
     /// The pod it was mounted for (`namespace/name`).
     pub pod: String,
+    /// How `artifact` stood when the plugin proved it (absent in volumes from before seals:
+    /// a server hashes those).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal: Option<Seal>,
+}
+
+/// An artifact's inode as the plugin proved it: what a server compares with its own `stat`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Seal {
+    /// The inode number.
+    pub inode: u64,
+    /// The size in bytes.
+    pub size: u64,
+    /// The modification time, nanoseconds since the epoch.
+    pub mtime_ns: i64,
 }
 
 impl MountedModel {
@@ -100,6 +124,11 @@ mod tests {
             chat_template: None,
             node: "n1".into(),
             pod: "ns/server-0".into(),
+            seal: Some(Seal {
+                inode: 42,
+                size: 9,
+                mtime_ns: 1_795_000_000_123_456_789,
+            }),
         }
     }
 
@@ -127,5 +156,19 @@ mod tests {
         };
         assert!(MountedModel::parse(&serde_json::to_vec(&nameless).expect("json")).is_err());
         assert!(MountedModel::parse(b"{").is_err());
+    }
+
+    #[test]
+    fn a_volume_from_before_seals_parses_without_one() {
+        let mut m = model();
+        m.seal = None;
+        let bytes = serde_json::to_vec(&m).expect("json");
+        assert!(!String::from_utf8_lossy(&bytes).contains("seal"));
+        assert_eq!(MountedModel::parse(&bytes).expect("parses").seal, None);
+        let sealed = serde_json::to_string(&model()).expect("json");
+        assert!(
+            sealed.contains(r#""seal":{"inode":42,"size":9,"mtimeNs":1795000000123456789}"#),
+            "{sealed}"
+        );
     }
 }

@@ -440,6 +440,7 @@ mod tests {
                 chat_template: None,
                 node: "n".into(),
                 pod: pod.into(),
+                seal: None,
             };
             std::fs::write(d.join("kiln.json"), serde_json::to_vec(&m).expect("json"))
                 .expect("write");

@@ -2,7 +2,8 @@
 //! kubelet drives them: identity and registration, invalid requests, publish refused before the
 //! node's row is Ready and for a target not on the node, unpublish idempotent. As root it also
 //! mounts: published read-only with the verified bytes, idempotent, a corrupt cache refused, a
-//! writable mount left by a killed publish replaced, unpublished with nothing left. The rows come
+//! writable mount left by a killed publish replaced, unpublished with nothing left; an artifact
+//! hashed once for the node's pods (bytes read, from /proc/self/io) and a write to it caught. The rows come
 //! from a fixed list here; the e2e test (`e2e/tests/csi.sh`) reads them from a real apiserver.
 
 use std::path::{Path, PathBuf};
@@ -60,10 +61,14 @@ struct Plugin {
 
 /// A cache holding one artifact whose pass recorded a fixture, and the plugin serving it.
 async fn start() -> Plugin {
+    start_with(b"the compiled engine").await
+}
+
+/// [`start`] with the artifact's bytes.
+async fn start_with(bytes: &[u8]) -> Plugin {
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path();
     let cache = root.join("cache");
-    let bytes = b"the compiled engine".as_slice();
     let digest = kiln_store::staged::sha256_bytes(bytes);
     let fixture = b"fixture bytes".as_slice();
     let fixture_digest = kiln_store::staged::sha256_bytes(fixture);
@@ -165,9 +170,26 @@ impl Plugin {
     }
 
     fn publish_request(&self) -> NodePublishVolumeRequest {
+        self.publish_request_for(VOLUME, &self.target_path())
+    }
+
+    /// Pod `uid`'s volume `volume`: its target path and the request.
+    fn second_pod(&self, volume: &str, uid: &str) -> (PathBuf, NodePublishVolumeRequest) {
+        let path = self
+            .config
+            .kubelet_dir
+            .join(format!("pods/{uid}/volumes/kubernetes.io~csi/model/mount"));
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("kubelet's parent");
+        let mut req = self.publish_request_for(volume, &path);
+        req.volume_context
+            .insert("csi.storage.k8s.io/pod.uid".into(), uid.into());
+        (path, req)
+    }
+
+    fn publish_request_for(&self, volume: &str, target: &Path) -> NodePublishVolumeRequest {
         NodePublishVolumeRequest {
-            volume_id: VOLUME.into(),
-            target_path: self.target_path().display().to_string(),
+            volume_id: volume.into(),
+            target_path: target.display().to_string(),
             volume_capability: Some(VolumeCapability {
                 access_type: Some(volume_capability::AccessType::Mount(Default::default())),
                 access_mode: None,
@@ -196,9 +218,13 @@ impl Plugin {
     }
 
     async fn unpublish(&self) -> Result<(), tonic::Status> {
+        self.unpublish_of(VOLUME, &self.target_path()).await
+    }
+
+    async fn unpublish_of(&self, volume: &str, target: &Path) -> Result<(), tonic::Status> {
         let req = NodeUnpublishVolumeRequest {
-            volume_id: VOLUME.into(),
-            target_path: self.target_path().display().to_string(),
+            volume_id: volume.into(),
+            target_path: target.display().to_string(),
         };
         self.node()
             .await
@@ -434,5 +460,105 @@ async fn publishes_read_only_and_unpublishes_with_nothing_left() {
             .is_none()
     );
     assert!(!p.published().exists());
+    p.stop().await.expect("clean stop");
+}
+
+/// Bytes this process has read through `read(2)` and the like so far (`rchar`, page cache
+/// included): what a hash of the artifact cannot avoid.
+fn bytes_read() -> u64 {
+    let io = std::fs::read_to_string("/proc/self/io").expect("/proc/self/io");
+    io.lines()
+        .find_map(|l| l.strip_prefix("rchar: "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("rchar")
+}
+
+#[tokio::test]
+async fn an_artifact_is_hashed_once_per_node_and_any_write_is_caught() {
+    if !rustix::process::geteuid().is_root() {
+        kiln_endpoints::test_support::skip(
+            "mounting needs root (CAP_SYS_ADMIN); run as root to test the mounts",
+        );
+        return;
+    }
+    const SIZE: usize = 64 << 20;
+    let bytes: Vec<u8> = (0..SIZE).map(|i| (i % 251) as u8).collect();
+    let p = start_with(&bytes).await;
+    p.rows.set(NodePhase::Ready, &p.digest);
+    let (first, second) = (
+        p.second_pod("csi-first", "uid-a"),
+        p.second_pod("csi-second", "uid-b"),
+    );
+    let _guards = (Unmount(first.0.clone()), Unmount(second.0.clone()));
+    // The first pod's volume: the artifact hashed, every byte read.
+    let before = bytes_read();
+    p.publish(first.1.clone()).await.expect("first");
+    let hashed = bytes_read() - before;
+    assert!(hashed >= SIZE as u64, "the first mount read {hashed} bytes");
+    // The second pod's: the plugin's proof holds, the artifact is not read again.
+    let before = bytes_read();
+    p.publish(second.1.clone()).await.expect("second");
+    let again = bytes_read() - before;
+    assert!(
+        again < SIZE as u64 / 4,
+        "the second mount read {again} bytes"
+    );
+    let (got, _) = kiln_store::staged::sha256_file(&second.0.join("artifact")).expect("hash");
+    assert_eq!(got, p.digest, "the same verified bytes");
+    // The plugin's own unlink of the first volume keeps the proof.
+    p.unpublish_of("csi-first", &first.0)
+        .await
+        .expect("unpublished");
+    let before = bytes_read();
+    p.publish(first.1.clone()).await.expect("first again");
+    assert!(
+        bytes_read() - before < SIZE as u64 / 4,
+        "re-read after its own unlink"
+    );
+    // A byte flipped in the cache with its modification time set back: the change time moved,
+    // so the next mount hashes and refuses it.
+    let cached = p
+        .config
+        .cache
+        .join("artifacts")
+        .join(&p.digest)
+        .join("artifact");
+    let stamp = kiln_store::staged::Stamp::of(&cached).expect("stat");
+    {
+        use std::io::{Seek, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&cached)
+            .expect("open");
+        f.seek(std::io::SeekFrom::Start(SIZE as u64 / 2))
+            .expect("seek");
+        f.write_all(&[bytes[SIZE / 2] ^ 1]).expect("flip");
+    }
+    let mtime = rustix::fs::Timespec {
+        tv_sec: stamp.mtime_ns / 1_000_000_000,
+        tv_nsec: stamp.mtime_ns % 1_000_000_000,
+    };
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
+        &cached,
+        &rustix::fs::Timestamps {
+            last_access: mtime,
+            last_modification: mtime,
+        },
+        rustix::fs::AtFlags::empty(),
+    )
+    .expect("set the time back");
+    let third = p.second_pod("csi-third", "uid-c");
+    let _third = Unmount(third.0.clone());
+    let e = p.publish(third.1).await.expect_err("corrupt");
+    assert!(e.message().starts_with("HashMismatch"), "{}", e.message());
+    assert!(
+        kiln_agent::csi::mount::at(&third.0)
+            .expect("mountinfo")
+            .is_none()
+    );
+    for (volume, path) in [("csi-first", &first.0), ("csi-second", &second.0)] {
+        p.unpublish_of(volume, path).await.expect("unpublished");
+    }
     p.stop().await.expect("clean stop");
 }

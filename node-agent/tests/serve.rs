@@ -50,6 +50,7 @@ fn volume(stored: &Path, fixture: &Path, dir: &Path) -> PathBuf {
         chat_template: None,
         node: "n".into(),
         pod: "ns/p".into(),
+        seal: None,
     };
     std::fs::write(
         dir.join(mounted::KILN_JSON),
@@ -191,6 +192,68 @@ fn the_warmer_passes_the_served_model_and_refuses_another() {
     drop(server);
     let err = warm(free_port(), "mlp", &case.fixture()).expect_err("nobody there");
     assert_eq!(err.reason(), "ServingUnreachable", "{err:?}");
+}
+
+/// Writes the seal the node plugin would into `dir`'s kiln.json: the artifact's inode, size and
+/// modification time now.
+fn seal(dir: &Path) {
+    let now = kiln_store::staged::Stamp::of(&dir.join(mounted::ARTIFACT)).expect("stat");
+    let path = dir.join(mounted::KILN_JSON);
+    let mut m = MountedModel::parse(&std::fs::read(&path).expect("read")).expect("parse");
+    m.seal = Some(mounted::Seal {
+        inode: now.ino,
+        size: now.size,
+        mtime_ns: now.mtime_ns,
+    });
+    std::fs::write(&path, serde_json::to_vec(&m).expect("json")).expect("write");
+}
+
+/// Serves `dir` until ready, and returns its log.
+fn served_log(dir: &Path) -> String {
+    let mut server = spawn(dir, &[]);
+    ready(&mut server);
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    stderr_of(&mut server)
+}
+
+#[test]
+fn a_sealed_read_only_volume_is_served_without_a_second_hash() {
+    if !rustix::process::geteuid().is_root() {
+        kiln_endpoints::test_support::skip("a read-only bind mount needs root");
+        return;
+    }
+    let case = Case::mlp(4);
+    let dir = model_dir(&case, "model");
+    seal(&dir);
+    // Writable: the seal proves nothing, the artifact is hashed.
+    assert!(served_log(&dir).contains("hashed=true"));
+    // Mounted read-only, as the plugin mounts it: taken on the seal.
+    let ro = case.path("ro");
+    std::fs::create_dir_all(&ro).expect("mount point");
+    kiln_agent::csi::mount::bind_read_only(&dir, &ro).expect("bind read-only");
+    let sealed = served_log(&ro);
+    // A seal that does not stand (the artifact's modification time moved): hashed again.
+    let mut m = MountedModel::parse(&std::fs::read(dir.join(mounted::KILN_JSON)).expect("read"))
+        .expect("parse");
+    if let Some(s) = m.seal.as_mut() {
+        s.mtime_ns += 1;
+    }
+    for d in [&ro, &dir] {
+        let _ = kiln_agent::csi::mount::unmount(d);
+    }
+    std::fs::write(
+        dir.join(mounted::KILN_JSON),
+        serde_json::to_vec(&m).expect("json"),
+    )
+    .expect("write");
+    kiln_agent::csi::mount::bind_read_only(&dir, &ro).expect("bind read-only");
+    let stale = served_log(&ro);
+    for d in [&ro, &dir] {
+        let _ = kiln_agent::csi::mount::unmount(d);
+    }
+    assert!(sealed.contains("hashed=false"), "{sealed}");
+    assert!(stale.contains("hashed=true"), "{stale}");
 }
 
 #[test]

@@ -541,6 +541,51 @@ pub fn sha256_file(path: &Path) -> std::io::Result<(String, u64)> {
     Ok((hex::encode(hasher.finalize()), total))
 }
 
+/// How a file's inode stands: what a later `stat` compares to tell whether the bytes under it
+/// may have changed since they were hashed, without reading them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    /// The filesystem's device number.
+    pub dev: u64,
+    /// The inode number.
+    pub ino: u64,
+    /// The size in bytes.
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch: moved by every write (the file's owner
+    /// or root can set it back).
+    pub mtime_ns: i64,
+    /// Change time, nanoseconds since the epoch: moved by every write, chmod, link and unlink;
+    /// only the kernel sets it.
+    pub ctime_ns: i64,
+}
+
+impl Stamp {
+    /// `path`'s stamp now (the file itself, not a symlink's).
+    pub fn of(path: &Path) -> std::io::Result<Self> {
+        Ok(Self::from_metadata(&std::fs::metadata(path)?))
+    }
+
+    /// The stamp in `meta`.
+    pub fn from_metadata(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// The same inode, size and modification time: no write since, unless its owner or root set
+    /// the time back. The change time may differ (a link or unlink moves it).
+    pub fn same_content(&self, other: &Self) -> bool {
+        (self.dev, self.ino, self.size, self.mtime_ns)
+            == (other.dev, other.ino, other.size, other.mtime_ns)
+    }
+}
+
 /// sha256 of `bytes`, bare lowercase hex.
 pub fn sha256_bytes(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -636,6 +681,37 @@ mod tests {
         let path = dir.path().join("abc");
         write_synced(&path, b"abc").unwrap();
         assert_eq!(sha256_file(&path).unwrap(), (abc.to_string(), 3));
+    }
+
+    #[test]
+    fn a_stamp_moves_with_every_write_and_a_link_moves_only_its_change_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        write_synced(&path, b"abc").unwrap();
+        let first = Stamp::of(&path).unwrap();
+        assert_eq!(first.size, 3);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::hard_link(&path, dir.path().join("g")).unwrap();
+        let linked = Stamp::of(&path).unwrap();
+        assert!(first.same_content(&linked), "a link writes nothing");
+        assert_ne!(
+            first.ctime_ns, linked.ctime_ns,
+            "a link moves the change time"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // One byte flipped in place, same size.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(b"x"))
+            .unwrap();
+        let written = Stamp::of(&path).unwrap();
+        assert_eq!(written.size, 3);
+        assert!(
+            !linked.same_content(&written),
+            "a write moves the modification time"
+        );
+        assert_ne!(linked.ctime_ns, written.ctime_ns);
     }
 
     #[test]

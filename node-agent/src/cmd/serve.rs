@@ -47,7 +47,7 @@ pub fn main(args: Args) -> ExitCode {
         let loaded = tokio::task::spawn_blocking(move || crate::server::model::open(&dir, name))
             .await
             .map_err(|e| anyhow::anyhow!("loading failed: {e}"))??;
-        tracing::info!(model = %loaded.name, target = %format!("{}/{}", loaded.mounted.namespace, loaded.mounted.target), revision = loaded.mounted.revision, digest = %loaded.mounted.digest, engine = %loaded.metadata.platform, load_seconds = loaded.load_seconds, "model loaded; ready");
+        tracing::info!(model = %loaded.name, target = %format!("{}/{}", loaded.mounted.namespace, loaded.mounted.target), revision = loaded.mounted.revision, digest = %loaded.mounted.digest, engine = %loaded.metadata.platform, load_seconds = loaded.load_seconds, hashed = loaded.hashed, "model loaded; ready");
         let _ = state.served.set(Arc::new(loaded));
         server.await.map_err(|e| anyhow::anyhow!("server task: {e}"))??;
         anyhow::Ok(())

@@ -4,11 +4,11 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `artifact` | the compiled artifact, a hard link to the cached file (same inode: eviction or a newer revision never changes it under a running pod), re-hashed against the row's digest before the mount |
+//! | `artifact` | the compiled artifact, a hard link to the cached file (same inode: eviction or a newer revision never changes it under a running pod), hashed against the row's digest before the mount unless the plugin's proof of that inode still holds ([`Check::Sealed`], `seals.rs`) |
 //! | `manifest.json` | its build manifest (engine, provider settings, precision, profiles), a copy |
 //! | `fixture.safetensors` | the fixture the node's warmup passed with, a hard link to its blob, re-hashed; absent when the pass recorded none |
 //! | `chat-template.jinja` | a GGUF target's chat template given beside the model, as its verified artifact carries it (read after the re-hash); absent otherwise |
-//! | `kiln.json` | `kiln_crds::mounted::MountedModel` (the contract with servers): target, namespace, revision, class, digest, engine, media type, fixture, node, pod; written last |
+//! | `kiln.json` | `kiln_crds::mounted::MountedModel` (the contract with servers): target, namespace, revision, class, digest, engine, media type, fixture, node, pod, and the artifact's seal (inode, size, modification time as proved); written last |
 //!
 //! Files are mode 0444 (the artifact's inode too, which the cache shares: the pod's user, not
 //! root, must read it), the directory 0555; the mount is read-only besides.
@@ -18,7 +18,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use kiln_crds::BuildManifest;
-use kiln_store::staged::sha256_file;
+use kiln_crds::mounted::Seal;
+use kiln_store::staged::{Stamp, sha256_file};
 
 use super::decide::Serving;
 use super::request::Publish;
@@ -48,7 +49,30 @@ pub fn info(
         chat_template: None,
         node: node.to_string(),
         pod: format!("{}/{}", p.namespace, p.pod),
+        seal: None,
     }
+}
+
+/// How the linked artifact's bytes are proved.
+#[derive(Clone, Copy, Debug)]
+pub enum Check {
+    /// Hash them.
+    Hash,
+    /// The plugin's proof vouched for the digest in the inode standing at this stamp before the
+    /// link: no hash when the linked inode still has the same content (the link moves only its
+    /// change time); a hash otherwise.
+    Sealed(Stamp),
+}
+
+/// A built volume: the manifest, and the artifact's stamp as proved (after the link).
+#[derive(Debug)]
+pub struct Built {
+    /// The artifact's build manifest.
+    pub manifest: BuildManifest,
+    /// The artifact inode's stamp once linked, read-only and proved.
+    pub stamp: Stamp,
+    /// Whether its bytes were hashed for this volume (false: taken on the proof).
+    pub hashed: bool,
 }
 
 /// Where the volume's files come from, in the node cache.
@@ -73,20 +97,22 @@ pub enum BuildError {
     Io(String),
 }
 
-/// Builds the volume in `dir` (removing what an interrupted build left there), re-verifies it,
-/// and returns the manifest; on any failure removes `dir`.
+/// Builds the volume in `dir` (removing what an interrupted build left there), proves it as
+/// `check` says, and returns what was built; on any failure removes `dir`.
 pub fn build(
     dir: &Path,
     src: &Sources,
     p: &Publish,
     s: &Serving,
     node: &str,
-) -> Result<BuildManifest, BuildError> {
+    check: Check,
+) -> Result<Built, BuildError> {
     let result = build_in(
         dir,
         src,
         |manifest, fixture| info(p, s, manifest, fixture, node),
         s,
+        check,
     );
     if result.is_err() {
         let _ = remove(dir);
@@ -100,7 +126,8 @@ fn build_in(
     src: &Sources,
     describe: impl FnOnce(&BuildManifest, Option<&str>) -> MountedModel,
     s: &Serving,
-) -> Result<BuildManifest, BuildError> {
+    check: Check,
+) -> Result<Built, BuildError> {
     let fs_err = |what: &Path| {
         let what = what.display().to_string();
         move |e: io::Error| BuildError::Io(format!("{what}: {e}"))
@@ -142,13 +169,50 @@ fn build_in(
         Some((blob, sha256)) => link_fixture(dir, blob, sha256)?,
         None => None,
     };
-    verify(&artifact, &s.digest, manifest.artifact_size)?;
+    let (stamp, hashed) = prove(&artifact, &s.digest, manifest.artifact_size, check)?;
     let mut info = describe(&manifest, fixture.as_deref());
     info.chat_template = write_chat_template(dir, &artifact, &manifest)?;
+    info.seal = Some(Seal {
+        inode: stamp.ino,
+        size: stamp.size,
+        mtime_ns: stamp.mtime_ns,
+    });
     let json = serde_json::to_vec_pretty(&info).map_err(|e| BuildError::Io(e.to_string()))?;
     write_read_only(&dir.join(INFO), &json).map_err(fs_err(dir))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555)).map_err(fs_err(dir))?;
-    Ok(manifest)
+    Ok(Built {
+        manifest,
+        stamp,
+        hashed,
+    })
+}
+
+/// Proves the linked artifact as `check` says, and returns its stamp and whether it was
+/// hashed. A hash is bracketed by two stamps: bytes written while they were read are refused.
+fn prove(
+    artifact: &Path,
+    digest: &str,
+    size: u64,
+    check: Check,
+) -> Result<(Stamp, bool), BuildError> {
+    let stat = |p: &Path| Stamp::of(p).map_err(|e| BuildError::Io(format!("{}: {e}", p.display())));
+    let before = stat(artifact)?;
+    if let Check::Sealed(proved) = check
+        && proved.same_content(&before)
+        && before.size == size
+    {
+        return Ok((before, false));
+    }
+    verify(artifact, digest, size)?;
+    let after = stat(artifact)?;
+    if !before.same_content(&after) {
+        return Err(BuildError::HashMismatch(format!(
+            "HashMismatch: the node cache's artifact {} was written while it was hashed; not \
+             mounted",
+            artifact.display()
+        )));
+    }
+    Ok((after, true))
 }
 
 /// Links the fixture blob in and re-hashes it; a blob that is gone is left out (the mount still
@@ -213,7 +277,12 @@ fn verify(artifact: &Path, digest: &str, size: u64) -> Result<(), BuildError> {
     Ok(())
 }
 
+/// Mode 0444, left alone when it is already (a chmod would move the change time of the inode
+/// the cache shares, and with it the plugin's proof).
 fn read_only(path: &Path) -> io::Result<()> {
+    if std::fs::metadata(path)?.permissions().mode() & 0o7777 == 0o444 {
+        return Ok(());
+    }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o444))
 }
 
@@ -338,7 +407,7 @@ mod tests {
         let json = serde_json::json!({"chatTemplate": template}).to_string();
         let (src, digest) = cache_as(tmp.path(), &gguf_artifact(&json), b"fx", media);
         let dir = tmp.path().join("published").join("csi-1");
-        build(&dir, &src, &publish(), &serving(&digest), "n1").expect("built");
+        build(&dir, &src, &publish(), &serving(&digest), "n1", Check::Hash).expect("built");
         let file = dir.join(CHAT_TEMPLATE);
         assert_eq!(std::fs::read_to_string(&file).expect("template"), template);
         let mode = std::fs::metadata(&file).expect("meta").permissions().mode() & 0o777;
@@ -350,12 +419,12 @@ mod tests {
         // Without a template beside the model (the GGUF's own is inside it): no file.
         let (src, digest) = cache_as(tmp.path(), &gguf_artifact("{}"), b"fx", media);
         let dir = tmp.path().join("published").join("csi-2");
-        build(&dir, &src, &publish(), &serving(&digest), "n1").expect("built");
+        build(&dir, &src, &publish(), &serving(&digest), "n1", Check::Hash).expect("built");
         assert!(!dir.join(CHAT_TEMPLATE).exists());
         // An artifact whose index does not read is not mounted.
         let (src, digest) = cache_as(tmp.path(), b"GGUF, no index", b"fx", media);
         let dir = tmp.path().join("published").join("csi-3");
-        match build(&dir, &src, &publish(), &serving(&digest), "n1") {
+        match build(&dir, &src, &publish(), &serving(&digest), "n1", Check::Hash) {
             Err(BuildError::HashMismatch(m)) => assert!(m.contains("index"), "{m}"),
             other => panic!("an unreadable index was mounted: {other:?}"),
         }
@@ -371,7 +440,7 @@ mod tests {
         // What an interrupted build left is replaced.
         std::fs::create_dir_all(&dir).expect("leftover");
         std::fs::write(dir.join("artifact"), b"half").expect("leftover");
-        build(&dir, &src, &publish(), &serving(&digest), "n1").expect("built");
+        build(&dir, &src, &publish(), &serving(&digest), "n1", Check::Hash).expect("built");
         let ino = |p: &Path| std::fs::metadata(p).expect("meta").ino();
         assert_eq!(ino(&dir.join(ARTIFACT)), ino(&src.artifact), "a hard link");
         assert_eq!(
@@ -396,33 +465,92 @@ mod tests {
     }
 
     #[test]
+    fn a_proved_inode_is_mounted_without_a_hash_a_written_one_is_hashed_and_refused() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let (src, digest) = cache(tmp.path(), b"engine bytes", b"fixture bytes");
+        let first = tmp.path().join("published").join("csi-1");
+        let built = build(
+            &first,
+            &src,
+            &publish(),
+            &serving(&digest),
+            "n1",
+            Check::Hash,
+        )
+        .expect("built");
+        assert!(built.hashed);
+        let info = MountedModel::parse(&std::fs::read(first.join(INFO)).expect("kiln.json"))
+            .expect("parses");
+        let seal = info.seal.expect("sealed");
+        let now = Stamp::of(&first.join(ARTIFACT)).expect("stat");
+        assert_eq!(
+            (seal.inode, seal.size, seal.mtime_ns),
+            (now.ino, 12, now.mtime_ns)
+        );
+        // The second pod: the proof holds, no hash, the same seal.
+        let proved = Stamp::of(&src.artifact).expect("stat");
+        let second = tmp.path().join("published").join("csi-2");
+        let again = build(
+            &second,
+            &src,
+            &publish(),
+            &serving(&digest),
+            "n1",
+            Check::Sealed(proved),
+        )
+        .expect("built");
+        assert!(!again.hashed, "taken on the proof");
+        // A byte flipped in the cache after the proof: hashed, refused, nothing left.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::set_permissions(&src.artifact, std::fs::Permissions::from_mode(0o644))
+            .expect("chmod");
+        std::fs::write(&src.artifact, b"engine bytez").expect("flip");
+        let third = tmp.path().join("published").join("csi-3");
+        let err = build(
+            &third,
+            &src,
+            &publish(),
+            &serving(&digest),
+            "n1",
+            Check::Sealed(proved),
+        )
+        .expect_err("refused");
+        assert!(matches!(err, BuildError::HashMismatch(ref m) if m.starts_with("HashMismatch")));
+        assert!(!third.exists());
+    }
+
+    #[test]
     fn what_does_not_re_verify_is_never_left_to_mount() {
         let tmp = tempfile::tempdir().expect("tmp");
         let (src, digest) = cache(tmp.path(), b"engine bytes", b"fixture bytes");
         let dir = tmp.path().join("published").join("csi-1");
         // The row names other bytes than the cache's manifest.
         let other = "0".repeat(64);
-        let err = build(&dir, &src, &publish(), &serving(&other), "n1").expect_err("refused");
+        let err = build(&dir, &src, &publish(), &serving(&other), "n1", Check::Hash)
+            .expect_err("refused");
         assert!(matches!(err, BuildError::HashMismatch(ref m) if m.contains("names artifact")));
         assert!(!dir.exists());
         // A flipped byte in the cached artifact.
         std::fs::write(&src.artifact, b"engine bytez").expect("flip");
-        let err = build(&dir, &src, &publish(), &serving(&digest), "n1").expect_err("refused");
+        let err = build(&dir, &src, &publish(), &serving(&digest), "n1", Check::Hash)
+            .expect_err("refused");
         assert!(matches!(err, BuildError::HashMismatch(ref m) if m.starts_with("HashMismatch")));
         assert!(!dir.exists());
         // A fixture blob that changed.
         std::fs::write(&src.artifact, b"engine bytes").expect("restore");
         let (blob, _) = src.fixture.clone().expect("fixture");
         std::fs::write(&blob, b"other").expect("flip");
-        let err = build(&dir, &src, &publish(), &serving(&digest), "n1").expect_err("refused");
+        let err = build(&dir, &src, &publish(), &serving(&digest), "n1", Check::Hash)
+            .expect_err("refused");
         assert!(matches!(err, BuildError::HashMismatch(ref m) if m.contains("fixture blob")));
         // A fixture that is gone: mounted without it.
         std::fs::remove_file(&blob).expect("rm");
-        build(&dir, &src, &publish(), &serving(&digest), "n1").expect("built");
+        build(&dir, &src, &publish(), &serving(&digest), "n1", Check::Hash).expect("built");
         assert!(!dir.join(FIXTURE).exists());
         // Evicted: not cached.
         std::fs::remove_dir_all(src.artifact.parent().expect("dir")).expect("evict");
-        let err = build(&dir, &src, &publish(), &serving(&digest), "n1").expect_err("refused");
+        let err = build(&dir, &src, &publish(), &serving(&digest), "n1", Check::Hash)
+            .expect_err("refused");
         assert!(matches!(err, BuildError::NotCached(_)), "{err:?}");
         assert!(!dir.exists());
     }

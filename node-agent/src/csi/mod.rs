@@ -18,6 +18,7 @@ pub mod mount;
 pub mod node;
 pub mod proto;
 pub mod request;
+pub mod seals;
 
 use std::path::{Path, PathBuf};
 

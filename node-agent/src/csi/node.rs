@@ -1,6 +1,7 @@
 //! The CSI Node service: `NodePublishVolume` checks the request ([`super::request`]), reads
-//! the node's row ([`Rows`]), decides ([`super::decide`]), builds and re-verifies the volume
-//! ([`super::layout`]) and bind-mounts it read-only ([`super::mount`]); `NodeUnpublishVolume`
+//! the node's row ([`Rows`]), decides ([`super::decide`]), builds the volume and proves its
+//! artifact ([`super::layout`]: hashed, unless the plugin's proof of that inode still holds,
+//! [`super::seals`]) and bind-mounts it read-only ([`super::mount`]); `NodeUnpublishVolume`
 //! undoes that. Both are idempotent, and one volume has one operation at a time (another gets
 //! `ABORTED`, which the kubelet retries).
 
@@ -14,7 +15,7 @@ use kiln_crds::kiln_node::NodeTargetStatus;
 use tonic::{Request, Response, Status};
 
 use super::decide::{Verdict, decide};
-use super::layout::{self, BuildError, Sources};
+use super::layout::{self, BuildError, Check, Sources};
 use super::mount;
 use super::proto::csi::{
     NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse, NodeGetInfoRequest,
@@ -22,6 +23,7 @@ use super::proto::csi::{
     NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse, node_server,
 };
 use super::request::{self, Publish};
+use super::seals::{self, Proof, Seals};
 use crate::cache::View;
 
 /// Where the plugin reads a node's KilnNode rows.
@@ -58,6 +60,8 @@ pub struct Node<R> {
     rows: R,
     /// Volumes with an operation under way.
     busy: Arc<Mutex<BTreeSet<String>>>,
+    /// What the plugin proved of each cached artifact.
+    seals: Arc<Seals>,
 }
 
 impl<R: Rows> Node<R> {
@@ -70,6 +74,7 @@ impl<R: Rows> Node<R> {
             pods: kubelet_dir.join("pods"),
             rows,
             busy: Arc::default(),
+            seals: Arc::default(),
         }
     }
 
@@ -128,16 +133,27 @@ impl<R: Rows> Node<R> {
         let node = self.node.clone();
         let started = Instant::now();
         let (volume, revision) = (p.volume_id.clone(), serving.revision);
-        blocking(move || {
+        let slot = self.seals.slot(&src.artifact);
+        let hashed = blocking(move || {
             // A self-bind a killed publish left on the volume's directory goes first.
             while mount::at(&dir).ok().flatten().is_some() {
                 mount::unmount(&dir).map_err(|e| Status::internal(format!("{}: {e}", dir.display())))?;
             }
-            layout::build(&dir, &src, &p, &serving, &node).map_err(|e| match e {
-                BuildError::NotCached(m) => Status::failed_precondition(m),
-                BuildError::HashMismatch(m) => Status::failed_precondition(m),
-                BuildError::Io(m) => Status::internal(m),
+            let mut proof = seals::lock(&slot);
+            let check = match kiln_store::staged::Stamp::of(&src.artifact) {
+                Ok(now) if seals::vouches(proof.as_ref(), &serving.digest, &now) => Check::Sealed(now),
+                _ => Check::Hash,
+            };
+            let built = layout::build(&dir, &src, &p, &serving, &node, check).map_err(|e| {
+                *proof = None;
+                match e {
+                    BuildError::NotCached(m) => Status::failed_precondition(m),
+                    BuildError::HashMismatch(m) => Status::failed_precondition(m),
+                    BuildError::Io(m) => Status::internal(m),
+                }
             })?;
+            *proof = Some(Proof { digest: serving.digest.clone(), stamp: built.stamp });
+            drop(proof);
             let mounted = std::fs::create_dir_all(&p.target_path)
                 .and_then(|()| mount::bind_read_only(&dir, &p.target_path));
             mounted.map_err(|e| {
@@ -147,16 +163,18 @@ impl<R: Rows> Node<R> {
                     dir.display(),
                     p.target_path.display()
                 ))
-            })
+            })?;
+            Ok(built.hashed)
         })
         .await
         .inspect_err(|s| tracing::warn!(volume = %volume, target = %key, message = %s.message(), "not published"))?;
-        tracing::info!(volume = %volume, target = %key, revision, seconds = started.elapsed().as_secs_f64(), "published read-only");
+        tracing::info!(volume = %volume, target = %key, revision, hashed, seconds = started.elapsed().as_secs_f64(), "published read-only");
         Ok(())
     }
 
     async fn unpublish(&self, volume_id: String, target_path: PathBuf) -> Result<(), Status> {
         let dir = self.published(&volume_id);
+        let seals = self.seals.clone();
         blocking(move || {
             // A mount over a mount (a retried publish that raced) goes too; bounded.
             for _ in 0..8 {
@@ -181,8 +199,14 @@ impl<R: Rows> Node<R> {
                 mount::unmount(&dir)
                     .map_err(|e| Status::internal(format!("{}: {e}", dir.display())))?;
             }
+            let linked = std::fs::metadata(dir.join(layout::ARTIFACT)).ok();
             layout::remove(&dir)
-                .map_err(|e| Status::internal(format!("removing {}: {e}", dir.display())))
+                .map_err(|e| Status::internal(format!("removing {}: {e}", dir.display())))?;
+            if let Some(meta) = linked {
+                use std::os::unix::fs::MetadataExt;
+                seals.unlinked(meta.dev(), meta.ino());
+            }
+            Ok(())
         })
         .await?;
         tracing::info!(volume = %volume_id, "unpublished");

@@ -1,5 +1,7 @@
 //! The model `kiln-agent serve` serves: the mounted directory ([`kiln_crds::mounted`]) read and
-//! checked (kiln.json, the build manifest, the artifact re-hashed against both, the fixture
+//! checked (kiln.json, the build manifest, the artifact against both: taken on the plugin's seal
+//! when the volume is mounted read-only and the artifact's inode, size and modification time are
+//! the seal's, re-hashed otherwise; the fixture
 //! against its digest, the artifact's class against this machine's probed hardware), loaded with
 //! the backend its manifest names and the settings it records, as the node's warmup loaded it.
 //! Then one request at a time through the engine, every input checked against its profiles.
@@ -32,13 +34,15 @@ pub struct Served {
     pub metadata: ModelMetadata,
     /// Seconds the load took.
     pub load_seconds: f64,
+    /// Whether the artifact was re-hashed here (false: taken on the plugin's seal).
+    pub hashed: bool,
     /// One run at a time: engines hold one context (llama.cpp) or tune per run.
     engine: Mutex<Box<dyn Engine>>,
 }
 
 /// Reads, checks and loads the model in `dir`, served as `name` (default: the target's name).
 pub fn open(dir: &Path, name: Option<String>) -> Result<Served> {
-    let (mounted, manifest) = read_checked(dir)?;
+    let (mounted, manifest, hashed) = read_checked(dir)?;
     let fixture = read_fixture(dir, &mounted)?;
     let backend = backend::for_artifact(&settings_of(&manifest), &manifest)?;
     let probed = crate::host::probe::labels(&crate::host::probe::probe(backend::runtimes()));
@@ -62,6 +66,7 @@ pub fn open(dir: &Path, name: Option<String>) -> Result<Served> {
         manifest,
         metadata,
         load_seconds,
+        hashed,
         engine: Mutex::new(engine),
     })
 }
@@ -97,9 +102,9 @@ pub fn settings_of(manifest: &BuildManifest) -> BackendSpec {
     spec
 }
 
-/// kiln.json and the manifest, and the artifact re-hashed: its sha256 and size must be what
-/// both say.
-fn read_checked(dir: &Path) -> Result<(MountedModel, BuildManifest)> {
+/// kiln.json and the manifest, and the artifact proved ([`sealed`], else re-hashed: the flag):
+/// its sha256 and size must be what both say.
+fn read_checked(dir: &Path) -> Result<(MountedModel, BuildManifest, bool)> {
     let read = |file: &str| {
         let path = dir.join(file);
         std::fs::read(&path).map_err(|e| {
@@ -113,7 +118,11 @@ fn read_checked(dir: &Path) -> Result<(MountedModel, BuildManifest)> {
     let manifest: BuildManifest = serde_json::from_slice(&read(mounted::MANIFEST)?)
         .map_err(|e| Error::InvalidSpec(format!("{}: {e}", mounted::MANIFEST)))?;
     let path = dir.join(mounted::ARTIFACT);
-    let (digest, size) = sha256_file(&path).map_err(|e| Error::store(&path, e))?;
+    let sealed = sealed(dir, &mounted, manifest.artifact_size);
+    let (digest, size) = match sealed {
+        Some(size) => (mounted.digest.clone(), size),
+        None => sha256_file(&path).map_err(|e| Error::store(&path, e))?,
+    };
     if digest != mounted.digest
         || manifest.artifact_digest != mounted.digest
         || size != manifest.artifact_size
@@ -127,7 +136,21 @@ fn read_checked(dir: &Path) -> Result<(MountedModel, BuildManifest)> {
             source: None,
         });
     }
-    Ok((mounted, manifest))
+    Ok((mounted, manifest, sealed.is_none()))
+}
+
+/// The artifact's size when the plugin's seal stands: `dir` is mounted read-only (nothing writes
+/// through it) and the artifact's inode, size (the manifest's too) and modification time are
+/// what the plugin proved. `None`: hash it.
+fn sealed(dir: &Path, mounted: &MountedModel, size: u64) -> Option<u64> {
+    let seal = mounted.seal?;
+    let read_only = rustix::fs::statvfs(dir)
+        .ok()?
+        .f_flag
+        .contains(rustix::fs::StatVfsMountFlags::RDONLY);
+    let now = kiln_store::staged::Stamp::of(&dir.join(mounted::ARTIFACT)).ok()?;
+    let stands = (now.ino, now.size, now.mtime_ns) == (seal.inode, seal.size, seal.mtime_ns);
+    (read_only && stands && now.size == size).then_some(now.size)
 }
 
 /// The fixture, when kiln.json names one, checked against its digest.
