@@ -47,13 +47,16 @@ pub enum FailureReason {
     EngineCrashed,
     /// The artifact store could not be read or written.
     StoreUnavailable,
+    /// The node cache's filesystem has too little free space for the artifact, even after
+    /// evicting what may go (the bytes needed and free are in the message).
+    InsufficientStorage,
     /// The spec cannot be acted on as written.
     InvalidSpec,
 }
 
 impl FailureReason {
     /// Every reason, for pre-registering metric label values.
-    pub const ALL: [FailureReason; 18] = [
+    pub const ALL: [FailureReason; 19] = [
         Self::SourceUnavailable,
         Self::HashMismatch,
         Self::SignatureInvalid,
@@ -71,6 +74,7 @@ impl FailureReason {
         Self::Timeout,
         Self::EngineCrashed,
         Self::StoreUnavailable,
+        Self::InsufficientStorage,
         Self::InvalidSpec,
     ];
 
@@ -94,6 +98,7 @@ impl FailureReason {
             Self::Timeout => "Timeout",
             Self::EngineCrashed => "EngineCrashed",
             Self::StoreUnavailable => "StoreUnavailable",
+            Self::InsufficientStorage => "InsufficientStorage",
             Self::InvalidSpec => "InvalidSpec",
         }
     }

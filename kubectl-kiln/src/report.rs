@@ -375,6 +375,7 @@ pub fn step(reason: Option<FailureReason>, phase: &str) -> String {
         Some(R::HashMismatch) => "verify the bytes (sha256)",
         Some(R::SignatureInvalid) => "verify the signature",
         Some(R::StoreUnavailable) => "read or write the artifact store",
+        Some(R::InsufficientStorage) => "pull into the node cache (disk space)",
         Some(R::IncompatibleHardware | R::IncompatibleRuntime) => {
             "check the artifact against this node"
         }

@@ -278,6 +278,106 @@ impl Cache {
     }
 }
 
+impl Cache {
+    /// Makes room for `needed` bytes on the cache's filesystem by deleting cached artifacts, the
+    /// least recently passed first (the newest `passedAt` of any target's entry for it; never
+    /// passed: first of all), never one in `serving` nor one a pod's volume links (deleting it
+    /// would free nothing and it serves). Deletes nothing when even all of them would not make
+    /// the room. Returns the digests deleted.
+    pub fn make_room(&mut self, needed: u64, serving: &BTreeSet<String>) -> Result<Vec<String>> {
+        let free =
+            kiln_store::staged::free_bytes(&self.root).map_err(|e| Error::store(&self.root, e))?;
+        self.evict_for(needed, free, serving)
+    }
+
+    /// [`Cache::make_room`] with `free` bytes free now.
+    fn evict_for(
+        &mut self,
+        needed: u64,
+        free: u64,
+        serving: &BTreeSet<String>,
+    ) -> Result<Vec<String>> {
+        use std::os::unix::fs::MetadataExt;
+        let dir = self.root.join("artifacts");
+        let entries = std::fs::read_dir(&dir).map_err(|e| Error::store(&dir, e))?;
+        let mut candidates = Vec::new();
+        for entry in entries.flatten() {
+            let Ok(digest) = entry.file_name().into_string() else {
+                continue;
+            };
+            let Ok(meta) = std::fs::metadata(entry.path().join(ARTIFACT)) else {
+                continue;
+            };
+            if serving.contains(&digest) || meta.nlink() > 1 {
+                continue;
+            }
+            let last = last_passed(&self.index, &digest);
+            candidates.push(Candidate {
+                digest,
+                bytes: meta.len(),
+                last_passed: last,
+            });
+        }
+        let delete = plan_room(candidates, needed, free);
+        for digest in &delete {
+            let d = dir.join(digest);
+            std::fs::remove_dir_all(&d).map_err(|e| Error::store(&d, e))?;
+        }
+        if !delete.is_empty() {
+            for list in self.index.targets.values_mut() {
+                list.retain(|k| !delete.contains(&k.digest));
+            }
+            self.save()?;
+        }
+        Ok(delete)
+    }
+}
+
+/// The newest pass of any target with `digest` (Unix seconds), 0 when none.
+fn last_passed(index: &Index, digest: &str) -> i64 {
+    index
+        .targets
+        .values()
+        .flatten()
+        .filter(|k| k.digest == digest)
+        .map(|k| k.passed_at)
+        .max()
+        .unwrap_or(0)
+}
+
+/// A cached artifact that may go to make room.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// Its digest.
+    pub digest: String,
+    /// Bytes it holds.
+    pub bytes: u64,
+    /// When it last passed on this node (Unix seconds; 0: never).
+    pub last_passed: i64,
+}
+
+/// Which candidates to delete so that `free` grows to `needed` (pure): the least recently
+/// passed first, as few as that takes; none when all of them would not be enough.
+pub fn plan_room(mut candidates: Vec<Candidate>, needed: u64, free: u64) -> Vec<String> {
+    if free >= needed {
+        return Vec::new();
+    }
+    candidates.sort_by(|a, b| (a.last_passed, &a.digest).cmp(&(b.last_passed, &b.digest)));
+    let mut freed = free;
+    let mut delete = Vec::new();
+    for c in candidates {
+        if freed >= needed {
+            break;
+        }
+        freed = freed.saturating_add(c.bytes);
+        delete.push(c.digest);
+    }
+    if freed < needed {
+        return Vec::new();
+    }
+    delete
+}
+
 /// A read-only look at the cache the daemon writes, for the CSI plugin: nothing is created,
 /// swept or deleted, and the index is read afresh at each call (the daemon records a pass before
 /// its row says Ready).
@@ -419,6 +519,54 @@ pub fn plan_eviction(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn room_is_made_from_the_least_recently_passed_and_only_when_it_suffices() {
+        let c = |d: &str, bytes: u64, last: i64| Candidate {
+            digest: d.into(),
+            bytes,
+            last_passed: last,
+        };
+        let all = vec![c("new", 5, 300), c("old", 3, 100), c("never", 2, 0)];
+        assert!(
+            plan_room(all.clone(), 4, 4).is_empty(),
+            "room enough already"
+        );
+        assert_eq!(plan_room(all.clone(), 5, 1), vec!["never", "old"]);
+        assert_eq!(plan_room(all.clone(), 3, 1), vec!["never"]);
+        assert_eq!(plan_room(all.clone(), 11, 1), vec!["never", "old", "new"]);
+        assert!(
+            plan_room(all, 12, 1).is_empty(),
+            "not enough even with all: keep them"
+        );
+    }
+
+    #[test]
+    fn making_room_spares_what_serves_and_what_a_pod_links() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut cache = Cache::open(dir.path()).expect("open");
+        let (_, a) = insert(&cache, b"artifact a");
+        let (linked, b) = insert(&cache, b"artifact b");
+        let (_, c) = insert(&cache, b"artifact c");
+        std::fs::hard_link(&linked, dir.path().join("volume-artifact")).expect("a pod's link");
+        cache
+            .record_pass("ns/t", entry(1, &a.artifact_digest, 10))
+            .expect("pass");
+        let serving = BTreeSet::from([c.artifact_digest.clone()]);
+        // More than the filesystem could ever free: nothing deleted.
+        let none = cache.make_room(u64::MAX, &serving).expect("room");
+        assert!(none.is_empty());
+        // Ten bytes short, none free: only the artifact nobody serves or links goes.
+        let deleted = cache.evict_for(10, 0, &serving).expect("room");
+        assert_eq!(deleted, vec![a.artifact_digest.clone()]);
+        assert!(
+            cache.known_good("ns/t").is_empty(),
+            "its index entries go with it"
+        );
+        for kept in [&b, &c] {
+            assert!(cache.verified(&kept.artifact_digest).expect("ok").is_some());
+        }
+    }
 
     #[test]
     fn the_revision_a_pods_volume_holds_is_read_from_its_kiln_json() {

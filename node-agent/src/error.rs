@@ -126,6 +126,15 @@ pub enum Error {
         #[source]
         source: Option<Cause>,
     },
+    /// The node cache's filesystem cannot take the artifact (the store's message says where).
+    #[error("InsufficientStorage: {message}")]
+    InsufficientStorage {
+        /// Bytes still to be written.
+        needed: u64,
+        /// Bytes free.
+        free: u64,
+        message: String,
+    },
     /// `backend.kind: auto`: no engine candidate passed; the reason is the one most candidates
     /// failed with, the message names every candidate's.
     #[error("no engine candidate passed: {message}")]
@@ -160,6 +169,7 @@ impl Error {
             }
             Self::InEngine { reason, .. } => *reason,
             Self::StoreUnavailable { .. } => FailureReason::StoreUnavailable,
+            Self::InsufficientStorage { .. } => FailureReason::InsufficientStorage,
             Self::NoCandidate { reason, .. } => *reason,
         }
     }
@@ -269,6 +279,13 @@ impl From<kiln_store::Error> for Error {
                 source: Some(Box::new(err)),
             },
             kiln_store::Error::InvalidUrl { .. } => Error::InvalidSpec(err.to_string()),
+            kiln_store::Error::InsufficientStorage { needed, free, .. } => {
+                Error::InsufficientStorage {
+                    needed: *needed,
+                    free: *free,
+                    message: err.to_string(),
+                }
+            }
             kiln_store::Error::SignatureInvalid { what, message } => Error::SignatureInvalid {
                 what: what.clone(),
                 message: message.clone(),

@@ -39,6 +39,18 @@ pub enum Error {
     /// An entry's attestation is missing, not signed by a trusted key, or about something else.
     #[error("{what}: {message}")]
     SignatureInvalid { what: String, message: String },
+    /// The destination's filesystem has too little free space for the bytes still to come;
+    /// nothing was written (or what was is removed).
+    #[error(
+        "{what}: needs {needed} more bytes, {free} free on the filesystem of {}: free space there (or let the node cache evict)",
+        .dir.display()
+    )]
+    InsufficientStorage {
+        what: String,
+        dir: std::path::PathBuf,
+        needed: u64,
+        free: u64,
+    },
     /// The store URL cannot be used.
     #[error("store URL {url:?}: {message}")]
     InvalidUrl { url: String, message: String },
@@ -111,6 +123,7 @@ impl Error {
             Self::HashMismatch { .. } | Self::Refused { .. } => FailureReason::HashMismatch,
             Self::InvalidUrl { .. } => FailureReason::InvalidSpec,
             Self::SignatureInvalid { .. } => FailureReason::SignatureInvalid,
+            Self::InsufficientStorage { .. } => FailureReason::InsufficientStorage,
         }
     }
 }

@@ -116,6 +116,7 @@ impl VerifiedWrite {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(|e| Error::store(dir, e))?;
+        room_for(dir, &expected, 0)?;
         let file = tempfile::Builder::new()
             .prefix(PARTIAL_PREFIX)
             .tempfile_in(dir)
@@ -167,6 +168,11 @@ impl VerifiedWrite {
         if expected.size.is_some_and(|size| have > size) {
             have = 0;
         }
+        if let Err(e) = room_for(dir, &expected, have) {
+            drop(file);
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
         let mut buf = vec![0u8; CHUNK];
         let mut read = 0u64;
         while read < have {
@@ -213,9 +219,9 @@ impl VerifiedWrite {
             return Err(self.refuse(Mismatch::TooLarge { expected }));
         }
         self.hasher.update(chunk);
-        self.out
-            .write_all(chunk)
-            .map_err(|e| Error::store(self.out.get_ref().path(), e))?;
+        if let Err(e) = self.out.write_all(chunk) {
+            return Err(self.failed(e));
+        }
         self.written = total;
         Ok(())
     }
@@ -232,7 +238,7 @@ impl VerifiedWrite {
 
     /// Checks size and digest, fsyncs, renames into place and fsyncs the directory. On any
     /// mismatch the temp file is removed and `dest` is untouched.
-    pub fn finish(self) -> Result<()> {
+    pub fn finish(mut self) -> Result<()> {
         if let Some(expected) = self.expected.size
             && self.written != expected
         {
@@ -246,9 +252,10 @@ impl VerifiedWrite {
             let expected = self.expected.digest.clone();
             return Err(self.refuse(Mismatch::Digest { got, expected }));
         }
-        let Self { mut out, dest, .. } = self;
-        out.flush()
-            .map_err(|e| Error::store(out.get_ref().path(), e))?;
+        if let Err(e) = self.out.flush() {
+            return Err(self.failed(e));
+        }
+        let Self { out, dest, .. } = self;
         let partial = out
             .into_inner()
             .map_err(|e| Error::store(&dest, e.into_error()))?;
@@ -271,6 +278,29 @@ impl VerifiedWrite {
         Ok(())
     }
 
+    /// A write that failed: a full filesystem is [`Error::InsufficientStorage`] (its partial
+    /// file removed, so nothing half-written holds the space), anything else the store's error.
+    fn failed(&self, e: std::io::Error) -> Error {
+        let path = self.out.get_ref().path().to_path_buf();
+        if e.kind() != std::io::ErrorKind::StorageFull {
+            return Error::store(&path, e);
+        }
+        if let Partial::Kept(_, kept) = self.out.get_ref() {
+            let _ = std::fs::remove_file(kept);
+        }
+        let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        Error::InsufficientStorage {
+            what: self.expected.what.clone(),
+            needed: self
+                .expected
+                .size
+                .unwrap_or(self.written)
+                .saturating_sub(self.resumed),
+            free: free_bytes(&dir).unwrap_or(0),
+            dir,
+        }
+    }
+
     fn refuse(&self, mismatch: Mismatch) -> Error {
         // Refused bytes are not worth resuming (a temp file goes with the write).
         if let Partial::Kept(_, path) = self.out.get_ref() {
@@ -282,6 +312,31 @@ impl VerifiedWrite {
             dest: self.dest.clone(),
         }
     }
+}
+
+/// Bytes an unprivileged writer may still put on the filesystem of `dir`.
+pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+    let s = rustix::fs::statvfs(dir)?;
+    Ok(s.f_bavail.saturating_mul(s.f_frsize))
+}
+
+/// Refuses, before a byte is written, an object of known size whose remaining bytes (beyond the
+/// `have` already on disk) do not fit the free space of `dir`.
+fn room_for(dir: &Path, expected: &Expected, have: u64) -> Result<()> {
+    let Some(size) = expected.size else {
+        return Ok(());
+    };
+    let needed = size.saturating_sub(have);
+    let free = free_bytes(dir).map_err(|e| Error::store(dir, e))?;
+    if needed > free {
+        return Err(Error::InsufficientStorage {
+            what: expected.what.clone(),
+            dir: dir.to_path_buf(),
+            needed,
+            free,
+        });
+    }
+    Ok(())
 }
 
 /// A byte stream of an artifact, and the offset of the object its first byte is at.
@@ -681,6 +736,39 @@ mod tests {
         let path = dir.path().join("abc");
         write_synced(&path, b"abc").unwrap();
         assert_eq!(sha256_file(&path).unwrap(), (abc.to_string(), 3));
+    }
+
+    #[test]
+    fn an_object_larger_than_the_free_space_is_refused_before_a_byte_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("artifact");
+        let huge = Expected {
+            size: Some(u64::MAX / 2),
+            ..expected(b"abc")
+        };
+        for resumable in [false, true] {
+            let opened = if resumable {
+                VerifiedWrite::resumable(&dest, huge.clone())
+            } else {
+                VerifiedWrite::create(&dest, huge.clone())
+            };
+            let Err(err) = opened else {
+                panic!("a write larger than the disk was started")
+            };
+            assert_eq!(err.reason(), kiln_crds::FailureReason::InsufficientStorage);
+            let message = err.to_string();
+            assert!(
+                message.contains(&format!("needs {} more bytes", u64::MAX / 2))
+                    && message.contains("free on the filesystem"),
+                "{message}"
+            );
+            let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+            assert!(left.is_empty(), "nothing half-written: {left:?}");
+        }
+        // What fits is written as before.
+        let mut w = VerifiedWrite::create(&dest, expected(b"abc")).unwrap();
+        w.write(b"abc").unwrap();
+        w.finish().unwrap();
     }
 
     #[test]

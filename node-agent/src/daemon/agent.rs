@@ -323,6 +323,12 @@ impl Agent {
     ) -> Result<Prepared> {
         self.phase(key, pick, NodePhase::Pulling).await;
         let name = format!("target {}/{}", key.namespace, key.name);
+        let serving: BTreeSet<String> = self
+            .states
+            .values()
+            .filter(|s| serves(&s.row))
+            .filter_map(|s| s.row.artifact_digest.clone())
+            .collect();
         let pulled = within(
             self.deadlines.pull,
             &format!("pulling the artifact of {name}"),
@@ -330,8 +336,9 @@ impl Agent {
             target::pull(
                 self.store.as_ref(),
                 &self.trust,
-                &self.cache,
+                &mut self.cache,
                 pick,
+                &serving,
                 &self.metrics,
             ),
         )

@@ -3,7 +3,7 @@
 //! warm with `pipeline::ready::{load_warm_isolated, judge_warmed}`, the code `local` runs too.
 //! Touches the store (read only) and the node cache; counts in the metrics.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -33,11 +33,14 @@ pub struct Pulled {
 /// Puts `pick`'s artifact into the cache, verified. A cached copy is re-hashed first and used
 /// when intact; a corrupt one is deleted, counted, and pulled again. The pull itself is the
 /// store's: by manifest digest, hashing while streaming, renamed into place only when it matches.
+/// A cache filesystem too full for it (`InsufficientStorage`, nothing of it left on disk) makes
+/// room ([`Cache::make_room`]: never what `serving` names or a pod links) and pulls once more.
 pub async fn pull(
     store: &dyn Store,
     trust: &kiln_store::attest::Trust,
-    cache: &Cache,
+    cache: &mut Cache,
     pick: &Pick,
+    serving: &BTreeSet<String>,
     metrics: &Metrics,
 ) -> Result<Pulled> {
     let started = Instant::now();
@@ -63,12 +66,33 @@ pub async fn pull(
         artifact_digest: pick.digest.clone(),
         size: None,
     };
-    let manifest = match ready::pull_verified(store, trust, &r, &staging.artifact(), metrics).await
-    {
-        Ok(manifest) => manifest,
-        Err(e) => {
-            staging.tidy();
-            return Err(e);
+    let mut made_room = false;
+    let manifest = loop {
+        match ready::pull_verified(store, trust, &r, &staging.artifact(), metrics).await {
+            Ok(manifest) => break manifest,
+            Err(Error::InsufficientStorage {
+                needed,
+                free,
+                message,
+            }) if !made_room => {
+                made_room = true;
+                let freed = tokio::task::block_in_place(|| cache.make_room(needed, serving))?;
+                tracing::warn!(digest = %pick.digest, needed, evicted = ?freed, "node cache full; evicting the least recently passed artifacts to make room");
+                if freed.is_empty() {
+                    staging.tidy();
+                    return Err(Error::InsufficientStorage {
+                        needed,
+                        free,
+                        message: format!(
+                            "{message}; evicting every cached artifact that neither serves nor is mounted by a pod would not free enough"
+                        ),
+                    });
+                }
+            }
+            Err(e) => {
+                staging.tidy();
+                return Err(e);
+            }
         }
     };
     let path = tokio::task::block_in_place(|| cache.install(staging, &manifest))

@@ -195,7 +195,8 @@ impl Wiring {
             mounts: Vec::new(),
             volumes: Vec::new(),
         };
-        wiring.mount("tmp", "/tmp", false, empty_dir("1Gi"));
+        let scratch = scratch_limit(model.spec.source.size);
+        wiring.mount("tmp", "/tmp", false, empty_dir(&scratch));
         wiring
     }
 
@@ -449,6 +450,18 @@ fn resources(requests: (&str, &str), memory_limit: &str) -> ResourceRequirements
     }
 }
 
+/// The compile's scratch space (`/tmp`, an emptyDir the kubelet evicts the pod for exceeding)
+/// for a source of `source_size` bytes, as a quantity in bytes (pure): 1 GiB for the worker's own
+/// files, plus four times the source: its verified copy, the compiled artifact (a tract NNEF
+/// archive or an optimised ONNX is about the source's size; a quantised GGUF smaller), and room
+/// for the other engine candidates `auto` keeps. A fixed 1 GiB evicted every compile of a source
+/// near or above 1 GB.
+pub fn scratch_limit(source_size: i64) -> String {
+    const GIB: u64 = 1 << 30;
+    let source = u64::try_from(source_size).unwrap_or(0);
+    GIB.saturating_add(source.saturating_mul(4)).to_string()
+}
+
 /// An emptyDir volume of at most `size` (the name is set by [`Wiring::mount`]).
 fn empty_dir(size: &str) -> Volume {
     Volume {
@@ -522,4 +535,20 @@ pub fn spec_json(target: &CompiledTarget, model: &ModelArtifact) -> String {
     target.metadata = strip(target.metadata);
     target.status = None;
     serde_json::json!({"model": model, "target": target}).to_string()
+}
+
+#[cfg(test)]
+mod scratch_tests {
+    use super::scratch_limit;
+
+    #[test]
+    fn the_compile_scratch_grows_with_the_source() {
+        assert_eq!(scratch_limit(1), (1u64 << 30).saturating_add(4).to_string());
+        // A 4 GB F16 source: its copy, the artifact and a candidate's fit.
+        let four_gb = 4_000_000_000i64;
+        let limit: u64 = scratch_limit(four_gb).parse().expect("bytes");
+        assert!(limit >= 3 * four_gb as u64 + (1 << 30), "{limit}");
+        assert_eq!(scratch_limit(i64::MAX), u64::MAX.to_string(), "saturates");
+        assert_eq!(scratch_limit(-1), (1u64 << 30).to_string());
+    }
 }
