@@ -294,29 +294,40 @@ def main_report(d):
     check = B["check_warm"]
     iters = T["warmup_runs"]
 
+    # Compile attempts: every Job of the target; the failed ones' reasons from the Events.
+    jobs = json.load(open(os.path.join(d, "jobs.json")))["items"] if os.path.exists(os.path.join(d, "jobs.json")) else [job]
+    t_job0 = min(ts(j["metadata"]["creationTimestamp"]) for j in jobs)
+    failed = [j["metadata"]["name"] for j in jobs if j["status"].get("failed")]
+    why = []
+    if os.path.exists(os.path.join(d, "events.json")):
+        for e in json.load(open(os.path.join(d, "events.json")))["items"]:
+            if e.get("reason") in ("Evicted", "BackoffLimitExceeded", "OOMKilled", "Failed") or e.get("type") == "Warning" and e.get("reason") != "MissingClusterDNS":
+                why.append(f"{e['involvedObject']['name']}: {e.get('reason')}: {e.get('message', '')[:120]}")
     stages = [
+        (f"compile: failed attempts ({len(failed)}: first Job created → the succeeded Job created)",
+         t_job0, t_job, None, ""),
         ("compile: Job created → source fetched + verified (pod start, stream-hash)", t_job, t_fetched,
-         B["src_sha_cold"], "sha256 of the source, cold"),
+         B["src_sha_cold"], "openssl sha256 of the source, cold"),
         ("compile: → engine child compiling", t_fetched, t_compiling, None, ""),
         ("compile: quantise" if t_quant else "compile: (copy, no quantiser)", t_compiling, t_quant or t_compiling, None, ""),
         ("compile: parity + push to the registry", t_quant or t_compiling, t_stored, None, ""),
         ("compile: stored → Job done", t_stored, t_cdone, None, ""),
         ("Job done → agent preparing (operator, agent)", t_cdone, t_prep, None, ""),
         ("agent: pull + verify", t_prep, t_pulled, max(B["curl_warm"], B["sha_warm"]),
-         "max(curl blob, sha256 cached), warm"),
+         "max(curl blob, openssl sha256 cached), warm"),
         ("agent: load (engine child)", t_pulled, t_loaded, B["load_warm"], "llama-server load, warm"),
         ("agent: warm (engine child)", t_loaded, t_ready, iters * check,
          f"{iters} x one completion, warm"),
         ("agent ready → node labelled (operator)", t_ready, t_label, None, ""),
         ("labelled → pod 1 scheduled (scheduler)", t_label, t_sched1, None, ""),
         ("CSI NodePublishVolume, pod 1 (scheduled → published)", t_sched1, t_pub1, B["sha_warm"],
-         "sha256 cached, warm"),
+         "openssl sha256 cached, warm"),
         ("serving pod 1: published → Ready (server load, agent's check)", t_pub1, t_ready1,
          B["load_warm"] + check, "load + one completion, warm"),
         ("first answer through the Service (pod Ready → answer)", t_ready1, t_answer, check,
          "one completion, warm"),
         ("pod 2: scale → scheduled", T["scale"], t_sched2, None, ""),
-        ("pod 2: scheduled → CSI published", t_sched2, t_pub2, B["sha_warm"], "sha256 cached, warm"),
+        ("pod 2: scheduled → CSI published", t_sched2, t_pub2, B["sha_warm"], "openssl sha256 cached, warm"),
         ("pod 2: published → Ready", t_pub2, t_ready2, B["load_warm"] + check,
          "load + one completion, warm"),
     ]
@@ -346,10 +357,10 @@ def main_report(d):
     pub_s = ", ".join(f"{f.get('seconds', 0):.2f}" for _, f in pubs)
     print()
     print(f"bounds measured after kiln's run on this node: curl of the artifact blob from the registry "
-          f"{B['curl_cold']:.2f} s cold / {B['curl_warm']:.2f} s warm; sha256sum of the cached artifact "
+          f"{B['curl_cold']:.2f} s cold / {B['curl_warm']:.2f} s warm; sha256 (openssl dgst, SHA-NI) of the cached artifact "
           f"{B['sha_cold']:.2f} s cold / {B['sha_warm']:.2f} s warm; llama-server start → /health 200 on it "
           f"{B['load_cold']:.2f} s cold / {B['load_warm']:.2f} s warm (peak RSS {mib(B.get('load_rss'))}); "
-          f"one completion of the fixture {check:.3f} s; sha256sum of the source {B['src_sha_cold']:.2f} s cold "
+          f"one completion of the fixture {check:.3f} s; sha256 of the source {B['src_sha_cold']:.2f} s cold "
           f"(cold: after sync; echo 3 > /proc/sys/vm/drop_caches; warm: the same read again at once)")
     print(f"kiln's own figures: pull {pf.get('seconds', 0) if pf else 0:.2f} s for {gb(pf.get('bytes') if pf else None)}; "
           f"engine load {rf.get('load_seconds', 0) if rf else 0:.2f} s, warmup {rf.get('warmup_seconds', 0) if rf else 0:.2f} s; "
@@ -359,6 +370,8 @@ def main_report(d):
     if phases:
         print("KilnNode row phases first seen, s after apply: " +
               ", ".join(f"{ph} {t - t_apply:.2f}" for ph, t in sorted(phases.items(), key=lambda x: x[1])))
+    if failed or why:
+        print(f"compile attempts that failed: {', '.join(failed) or 'none'}; warnings: " + "; ".join(why))
     print(f"first answer: the client's request took {T['answer_end'] - T['answer_start']:.3f} s")
     hw = T.get("hwm", {})
     if hw:
@@ -373,11 +386,11 @@ def main_report(d):
     if pod2:
         print(f"**2nd pod scale → Ready: {pod2:.1f} s** vs its own load + check {b2:.2f} s warm ({pod2 / b2:.1f}x)")
     g = lambda n: walls.get(n, 0.0)
-    comp_t = sum(g(s[0]) for s in stages[:5])
-    st = {n: stages[i][0] for n, i in (("pull", 6), ("load", 7), ("warm", 8), ("csi", 11), ("pod", 12), ("answer", 13))}
+    comp_t = sum(g(s[0]) for s in stages[:6])
+    st = {n: stages[i][0] for n, i in (("pull", 7), ("load", 8), ("warm", 9), ("csi", 12), ("pod", 13), ("answer", 14))}
     r_all = resources(samples, t_apply, t_ready2 or t_answer or t_apply)
     kv = {
-        "size": T["size"], "variant": T["variant"], "artifact_mb": round(T["artifact_bytes"] / 1e6),
+        "size": T["size"], "variant": T["variant"], "compile_failures": len(failed), "artifact_mb": round(T["artifact_bytes"] / 1e6),
         "total": f"{total:.1f}" if total else "nan", "bound": f"{bsum:.2f}",
         "ratio": f"{total / bsum:.1f}" if total else "nan",
         "compile": f"{comp_t:.1f}", "pull": f"{g(st['pull']):.2f}", "load": f"{g(st['load']):.2f}",

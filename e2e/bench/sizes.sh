@@ -15,13 +15,17 @@
 # tokenizer and chat template), once per size, type and seed, in $KILN_BENCH_CACHE (default
 # /var/cache/kiln/sizes), with their chat fixture (`kiln-agent fixtures --reference llamacpp`).
 #
-# Stages, from real signals (no sleeps): the compile Job's creation time and its pod's log lines
-# (compiling / compiled / stored artifact / compile done); the agent's (preparing, artifact
-# pulled and verified, engine loaded, ready); the pod's PodScheduled and Ready transition times;
+# Stages, from real signals (no sleeps): the compile Jobs (a failed attempt, e.g. evicted, is
+# counted and its Events shown) and the succeeded one's log lines (the model source fetched 100%,
+# the engine child's `compiling`, llama.cpp's `quant size`, `stored artifact`, `compile done`);
+# the agent's (preparing, artifact pulled and verified, engine loaded, ready); the node's ready
+# label and the pods' nodeName and Ready as three kubectl watches see them (each line stamped when
+# read, sizes-lib.py watch; the API's own times are whole seconds); the KilnNode row's phases;
 # the CSI plugin's "published read-only" line per volume; the bench's own clock around the
 # check through the Service and the scale. Per stage: wall time; its bound, measured in the same
-# run right after kiln's (curl of the artifact blob from the registry, sha256sum of the cached
-# artifact, llama-server's own load of it from start to /health 200, one completion of the
+# run right after kiln's (curl of the artifact blob from the registry, the sha256 of the cached
+# artifact by `openssl dgst -sha256` (SHA-NI: as fast as kiln's own hashing; coreutils' sha256sum
+# is 4x slower here), llama-server's own load of it from start to /health 200, one completion of the
 # fixture against that server; each cold (after sync; echo 3 > /proc/sys/vm/drop_caches) and
 # warm (the same again at once), the table's ratio against the warm figure, which is what kiln's
 # stages find: what the compile pushed and the agent wrote is still in the page cache); bytes
@@ -309,8 +313,10 @@ YAML
   local end=$((SECONDS + limit)) got_compile= pj
   t_ready1=
   while ((SECONDS < end)); do
-    if [[ -z $got_compile ]] && kubectl -n "$NS" get jobs -o json | jq -e '.items | length > 0 and all(.status.succeeded == 1)' >/dev/null 2>&1; then
-      kubectl -n "$NS" get jobs -o json | jq '.items[0]' >"$D/job.json"
+    # (a compile retried after a failed attempt has more than one Job: the one that succeeded)
+    if [[ -z $got_compile ]] && kubectl -n "$NS" get jobs -o json | jq -e 'any(.items[]; .status.succeeded == 1)' >/dev/null 2>&1; then
+      kubectl -n "$NS" get jobs -o json >"$D/jobs.json"
+      jq '[.items[] | select(.status.succeeded == 1)][0]' "$D/jobs.json" >"$D/job.json"
       kubectl -n "$NS" logs "job/$(jq -r .metadata.name "$D/job.json")" --all-containers >"$D/compile.log" 2>&1 || true
       got_compile=1
     fi
@@ -339,6 +345,7 @@ YAML
   kill "${WATCHERS[@]}" 2>/dev/null || true
   WATCHERS=()
   kubectl -n "$NS" get pods -l "app=$TARGET" -o json >"$D/pods.json"
+  kubectl -n "$NS" get events -o json >"$D/events.json"
   kubectl -n "$NS" logs ds/kiln-agent --tail=-1 >"$D/agent.log" 2>&1 || true
   kubectl -n "$NS" logs ds/kiln-csi --all-containers --tail=-1 >"$D/csi.log" 2>&1 || true
   kubectl get kilnnode "$REAL" -o json | jq --arg ns "$NS" --arg t "$TARGET" \
@@ -358,10 +365,10 @@ YAML
   curl_c=$(timed curl -fsS -o /dev/null "$blob") || die "curl $blob"
   curl_w=$(timed curl -fsS -o /dev/null "$blob")
   drop_caches
-  sha_c=$(timed sha256sum "$art")
-  sha_w=$(timed sha256sum "$art")
+  sha_c=$(timed openssl dgst -sha256 "$art")
+  sha_w=$(timed openssl dgst -sha256 "$art")
   drop_caches
-  src_c=$(timed sha256sum "$WORK/sources/model.gguf")
+  src_c=$(timed openssl dgst -sha256 "$WORK/sources/model.gguf")
   drop_caches
   host_server_load "$art" 18181
   load_c=$LOAD_S
