@@ -127,7 +127,7 @@ pub enum Error {
         source: Option<Cause>,
     },
     /// The node cache's filesystem cannot take the artifact (the store's message says where).
-    #[error("InsufficientStorage: {message}")]
+    #[error("{message}")]
     InsufficientStorage {
         /// Bytes still to be written.
         needed: u64,

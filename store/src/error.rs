@@ -42,7 +42,7 @@ pub enum Error {
     /// The destination's filesystem has too little free space for the bytes still to come;
     /// nothing was written (or what was is removed).
     #[error(
-        "{what}: needs {needed} more bytes, {free} free on the filesystem of {}: free space there (or let the node cache evict)",
+        "{what}: needs {needed} more bytes, {free} free on the filesystem of {}",
         .dir.display()
     )]
     InsufficientStorage {

@@ -77,17 +77,18 @@ pub async fn pull(
             }) if !made_room => {
                 made_room = true;
                 let freed = tokio::task::block_in_place(|| cache.make_room(needed, serving))?;
-                tracing::warn!(digest = %pick.digest, needed, evicted = ?freed, "node cache full; evicting the least recently passed artifacts to make room");
                 if freed.is_empty() {
+                    tracing::warn!(digest = %pick.digest, needed, free, "node cache full; nothing that may go would make the room");
                     staging.tidy();
                     return Err(Error::InsufficientStorage {
                         needed,
                         free,
                         message: format!(
-                            "{message}; evicting every cached artifact that neither serves nor is mounted by a pod would not free enough"
+                            "{message}; evicting every cached artifact that neither serves nor is mounted by a pod would not free enough: free space on the node cache's disk, or give it a larger one"
                         ),
                     });
                 }
+                tracing::warn!(digest = %pick.digest, needed, evicted = ?freed, "node cache full; evicted the least recently passed artifacts to make room");
             }
             Err(e) => {
                 staging.tidy();
