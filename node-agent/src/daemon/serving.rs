@@ -175,8 +175,25 @@ pub struct Seen<'a> {
 
 /// The gate of a pod whose row-only gate is `row_warm` (True: the row serves) given what is
 /// `seen` of it. A pod whose volume holds another revision than the row's keeps it (a mounted
-/// artifact never changes) and says so.
+/// artifact never changes) and says so. A pod being deleted starts no check: it leaves its
+/// Service's endpoints anyway, and on a node busy loading a model a check of it delays its
+/// replacement's.
 pub fn decide(
+    pod: &Pod,
+    row: &NodeTargetStatus,
+    row_warm: Warm,
+    seen: Seen<'_>,
+    now: Instant,
+) -> Decision {
+    let mut decision = decide_live(pod, row, row_warm, seen, now);
+    if pod.metadata.deletion_timestamp.is_some() {
+        decision.start = None;
+    }
+    decision
+}
+
+/// [`decide`] for a pod that is not being deleted.
+fn decide_live(
     pod: &Pod,
     row: &NodeTargetStatus,
     row_warm: Warm,

@@ -228,3 +228,18 @@ fn annotations_are_checked() {
         (false, "InvalidSpec")
     );
 }
+
+#[test]
+fn a_pod_being_deleted_is_never_checked() {
+    let mut p = pod(OIP, true, 0);
+    let now = Instant::now();
+    assert!(
+        decide_now(&p, None, now).start.is_some(),
+        "a live pod is checked"
+    );
+    p.metadata.deletion_timestamp =
+        Some(serde_json::from_value(serde_json::json!("2026-11-29T11:21:10Z")).expect("time"));
+    let d = decide_now(&p, None, now);
+    assert!(d.start.is_none(), "a terminating pod started a check");
+    assert!(!d.warm.status, "and it is not warm without one");
+}
