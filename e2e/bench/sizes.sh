@@ -5,8 +5,9 @@
 #   f16-q8_0    an F16 source, quantised by kiln's compile to Q8_0 (backend.llamacpp.quantization)
 #   f16-q4_k_m  the same F16 source, quantised to Q4_K_M
 #   q4_0        a Q4_0 source served as is (no quantization: the compile copies it)
-# it installs kiln with the chart (kiln_up of tests/kiln-lib.sh: store on the cluster's registry,
-# sources and node cache under a work directory), drops the page cache, applies the ModelArtifact,
+# it installs kiln with the chart (sizes-common.sh, shared with sizes-faults.sh; kiln_up of
+# tests/kiln-lib.sh: store on the cluster's registry, sources and node cache under a work
+# directory), drops the page cache, applies the ModelArtifact,
 # the CompiledTarget (contextLength 128, 3 warmup iterations, the 8 greedy tokens exact) and the
 # README's llama-server Deployment with its Service (examples/serving/llama-server.yaml) at once,
 # waits for the first answer through the Service (e2e/testdata/llama_check.py: the fixture's
@@ -53,7 +54,8 @@
 # 3 x the largest artifact (the chart's 4Gi cannot hold a 4 GB engine plus its page cache);
 # KILN_BENCH_HELM_ARGS adds helm options. Results in $KILN_BENCH_OUT (default a new
 # /tmp/kiln-bench-sizes.XXXXXX): per variant its logs, API objects, samples and table. Each
-# variant's last line is `RESULT key=value ...`.
+# variant's last line is `RESULT key=value ...`. KILN_BENCH_SHARE_PODS=N scales each variant to N
+# serving pods on the node after the second and prints how they share one copy (share_pods).
 set -euo pipefail
 REPO=$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)
 BENCH=$REPO/e2e/bench
@@ -92,53 +94,13 @@ source "$REPO/e2e/tests/lib.sh"
 source "$REPO/e2e/tests/kiln-lib.sh"
 IFS=, read -r -a SIZES <<<"${1:-0.1,1,4}"
 IFS=, read -r -a VARIANTS <<<"${2:-f16-q8_0,f16-q4_k_m,q4_0}"
-CACHE=${KILN_BENCH_CACHE:-/var/cache/kiln/sizes}
-SEED=${KILN_BENCH_SEED:-1}
-MAX_DISK=${KILN_BENCH_MAX_DISK_PCT:-70}
 OUT=${KILN_BENCH_OUT:-$(mktemp -d /tmp/kiln-bench-sizes.XXXXXX)}
+source "$BENCH/sizes-common.sh"
 mkdir -p "$OUT" "$CACHE"
-NETNS=kiln-e2e
-LLAMA_SERVER=$("$REPO/scripts/ensure-llama-tools.sh" --cached llama-server) ||
-  { echo "llama-server is not built: scripts/ensure-llama-tools.sh llama-server builds it once" >&2; exit 1; }
-REAL=$(kubectl get nodes -o jsonpath='{.items[0].metadata.name}')
-NS= REL= WORK= SAMPLER= HOSTSRV=
-say() { echo "$*" >&2; }
+SAMPLER= HOSTSRV=
 die() {
   [[ -z $NS ]] || kiln_diagnose "$NS" "$REAL"
   fail "$*"
-}
-disk_pct() { df --output=pcent / | tail -1 | tr -dc '0-9'; }
-disk_ok() {
-  local p
-  p=$(disk_pct)
-  ((p < MAX_DISK)) || die "/ is ${p}% used (limit ${MAX_DISK}%): $(df -h / | tail -1)"
-}
-now() { date +%s.%N; }
-drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
-
-# ensure_model SIZE TYPE: prints the cached model's path, generating it (and its fixture,
-# MODEL.fixture-v1.safetensors) once.
-ensure_model() {
-  local m=$CACHE/llama-${1}gb-$2-s$SEED.gguf
-  if [[ ! -f $m ]]; then
-    disk_ok
-    say "   generating $m"
-    python3 "$REPO/scripts/gen-llama-gguf.py" --size-gb "$1" --type "$2" --seed "$SEED" --out "$m" >&2 ||
-      die "gen-llama-gguf.py failed"
-  fi
-  if [[ ! -f $m.fixture-v1.safetensors ]]; then
-    cat >"$CACHE/chat.json" <<'JSON'
-[{"role": "system", "content": "You answer in one short sentence."},
- {"role": "user", "content": "What does a kiln do?"}]
-JSON
-    say "   making its fixture"
-    "$(bin kiln-agent)" fixtures --reference llamacpp --fixture-version v1 --chat "$CACHE/chat.json" \
-      --generate 8 --model "$m" --out "$m.fixture-v1.safetensors.tmp" >/dev/null 2>"$OUT/fixtures.log" ||
-      die "kiln-agent fixtures: $(tail -5 "$OUT/fixtures.log")"
-    mv "$m.fixture-v1.safetensors.tmp" "$m.fixture-v1.safetensors"
-  fi
-  chmod 644 "$m" "$m.fixture-v1.safetensors"
-  echo "$m"
 }
 
 # The processes' VmHWM now, as JSON {role: bytes} (the largest of a role's processes).
@@ -157,6 +119,25 @@ hwm_json() {
 }
 
 # timed CMD...: seconds CMD took (its output discarded).
+# share_pods N LIMIT (KILN_BENCH_SHARE_PODS=N): scales the Deployment to N serving pods on this
+# one node and prints how they share the model: the cached artifact's inode and link count, the
+# inode each llama-server process sees at /model/artifact (through /proc/PID/root), and the node's
+# page cache (Cached) and used memory before and after, against the artifact's size.
+share_pods() {
+  local n=$1 limit=$2 art ino cached0 used0 t0 inodes
+  art=$(find "$WORK/cache" -path '*/artifacts/*' -name artifact -type f | head -1)
+  ino=$(stat -c %i "$art")
+  cached0=$(awk '/^Cached:/ {print $2 * 1024}' /proc/meminfo)
+  used0=$(awk '/^MemTotal:/ {t = $2} /^MemAvailable:/ {a = $2} END {print (t - a) * 1024}' /proc/meminfo)
+  t0=$(now)
+  kubectl -n "$NS" scale "deploy/$TARGET" --replicas="$n" >/dev/null
+  wait_for "$n serving pods Ready" "$limit" bash -c \
+    "kubectl -n '$NS' get pods -l app=$TARGET -o json | jq -e '[.items[] | select(.status.conditions[]? | .type == \"Ready\" and .status == \"True\")] | length == $n'"
+  inodes=$(for pid in $(pgrep -x llama-server); do stat -L -c %i "/proc/$pid/root/model/artifact" 2>/dev/null; done | sort | uniq -c | awk '{printf "%s x inode %s; ", $1, $2}')
+  say "   $n pods Ready in $(echo "$(now) - $t0" | bc | cut -c1-6) s; cached artifact inode $ino, $(stat -c %h "$art") links; llama-server processes see: ${inodes:-none}page cache $((cached0 >> 20)) → $(($(awk '/^Cached:/ {print $2 * 1024}' /proc/meminfo) >> 20)) MiB, node used $((used0 >> 20)) → $(($(awk '/^MemTotal:/ {t = $2} /^MemAvailable:/ {a = $2} END {print (t - a) * 1024}' /proc/meminfo) >> 20)) MiB; artifact $(($(stat -c %s "$art") >> 20)) MiB"
+  kubectl -n "$NS" scale "deploy/$TARGET" --replicas=2 >/dev/null
+}
+
 timed() {
   local t0
   t0=$(now)
@@ -183,32 +164,6 @@ stop_host_server() {
   HOSTSRV=
 }
 
-teardown_variant() {
-  stop_host_server
-  [[ -n $NS ]] || return 0
-  kubectl -n "$NS" delete deploy --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-  for _ in $(seq 120); do
-    [[ -z $(kubectl -n "$NS" get pods -l "app=$TARGET" -o name 2>/dev/null) ]] && break
-    sleep 0.5
-  done
-  kubectl -n "$NS" delete compiledtarget --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-  helm uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
-  kubectl delete kilnnode "$REAL" --ignore-not-found >/dev/null 2>&1 || true
-  kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
-  # The registry's copy of this variant: its repository and the blobs it links (only its own).
-  local repo=$REGISTRY_DIR/docker/registry/v2/repositories/$REPOSITORY hex
-  if [[ -d $repo/_layers/sha256 ]]; then
-    for hex in $(ls "$repo/_layers/sha256"); do
-      rm -rf "$REGISTRY_DIR/docker/registry/v2/blobs/sha256/${hex:0:2}/$hex"
-    done
-  fi
-  rm -rf "$repo"
-  if [[ -n $WORK && -d $WORK ]]; then
-    findmnt -rn -o TARGET | grep "^$WORK/" | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
-    rm -rf "$WORK"
-  fi
-  NS= WORK=
-}
 WATCHERS=()
 on_exit() {
   ((${#WATCHERS[@]} == 0)) || kill "${WATCHERS[@]}" 2>/dev/null || true
@@ -219,75 +174,12 @@ trap on_exit EXIT
 
 # run_variant SIZE VARIANT
 run_variant() {
+  # shellcheck disable=SC2034 # src, atol, model, len, sha_src: set by variant_setup
   local size=$1 variant=$2 src quant atol model fix len t_apply t_ready1 ip check t_ans0 t_ans1 t_scale
-  case $variant in
-    f16-q8_0) src=f16 quant=Q8_0 atol=2 ;;
-    f16-q4_k_m) src=f16 quant=Q4_K_M atol=6 ;;
-    q4_0) src=q4_0 quant= atol=1.0e-3 ;;
-    *) die "unknown variant $variant (f16-q8_0, f16-q4_k_m, q4_0)" ;;
-  esac
-  echo "== $size GB, $variant (load before: $(cut -d' ' -f1-3 /proc/loadavg); disk: $(df -h / | awk 'NR==2 {print $3 " used, " $5}'))"
-  model=$(ensure_model "$size" "$src")
-  fix=$model.fixture-v1.safetensors
-  len=$(python3 -c 'import json,struct,sys; r=open(sys.argv[1],"rb").read(); n=struct.unpack("<Q",r[:8])[0]
-print(json.loads(r[8:8+n])["input/prompt"]["shape"][0])' "$fix")
-  disk_ok
-  D=$OUT/$size-$variant
-  mkdir -p "$D"
-  ln -sf "$OUT/samples.jsonl" "$D/samples.jsonl"
-  NS=sizes-$(tr -c 'a-z0-9\n' '-' <<<"$size-$variant" | tr -s '-')-$RANDOM
-  REL=$NS REPOSITORY=kiln-e2e/$NS TARGET=llama
-  WORK=$(mktemp -d /var/tmp/kiln-bench-sizes.XXXXXX)
-  chmod 755 "$WORK"
-  install -d -m 755 "$WORK/sources" "$WORK/cache"
-  ln "$model" "$WORK/sources/model.gguf" 2>/dev/null || cp "$model" "$WORK/sources/model.gguf"
-  cp "$fix" "$WORK/sources/fixture-v1.safetensors"
-  chmod 644 "$WORK/sources/"*
-  kubectl create namespace "$NS" >/dev/null
-  kiln_fresh_crds
-  local helm=()
-  # shellcheck disable=SC2206
-  [[ -z ${KILN_BENCH_HELM_ARGS:-} ]] || helm=($KILN_BENCH_HELM_ARGS)
-  if (($(echo "$size >= 2" | bc))); then
-    helm=(--set "agent.resources.limits.memory=$(echo "($size * 3 + 1) / 1" | bc)Gi" "${helm[@]}")
-  fi
-  kiln_up "$REL" "$NS" "$REPOSITORY" "$WORK" "${helm[@]}" || die "kiln did not come up"
-  wait_for "KilnNode $REAL reports llamacpp" 120 \
-    bash -c "kubectl get kilnnode $REAL -o json | jq -e '.status.hardware.runtimes.llamacpp'"
-
+  # shellcheck disable=SC2034
   local size_b sha_src
-  size_b=$(stat -c %s "$WORK/sources/model.gguf")
-  sha_src=$(sha256sum "$WORK/sources/model.gguf" | cut -d' ' -f1)
-  cat >"$D/objects.yaml" <<YAML
-apiVersion: kiln.dev/v1alpha1
-kind: ModelArtifact
-metadata: {name: $TARGET}
-spec:
-  source: {uri: "file://model.gguf", sha256: "$sha_src", size: $size_b}
-  format: gguf
-  inputs:
-    - {name: prompt, dtype: i32, dims: [{symbol: len, min: 1, max: 120}]}
-    - {name: generate, dtype: i32, dims: [{size: 1}]}
-  fixtures:
-    - {version: v1, uri: "file://fixture-v1.safetensors", sha256: "$(sha256sum "$fix" | cut -d' ' -f1)"}
-  license: Apache-2.0
----
-apiVersion: kiln.dev/v1alpha1
-kind: CompiledTarget
-metadata: {name: $TARGET}
-spec:
-  modelRef: {name: $TARGET}
-  backend: {kind: llamacpp, llamacpp: {contextLength: 128${quant:+, quantization: $quant}}}
-  profiles: [{name: chat, dims: {len: $len}}]
-  warmup:
-    iterations: 3
-    fixtureVersion: v1
-    outputs:
-      - {name: logits, atol: $atol, rtol: 1.0e-3}
-      - {name: tokens, atol: 0, rtol: 0}
-YAML
-  sed -e "s|IMAGE|$LLAMA_IMAGE|" -e "s|NAMESPACE|$NS|" -e "s|TARGET|$TARGET|g" "$REPO/examples/serving/llama-server.yaml" |
-    sed 's|^          args: \[-m|          imagePullPolicy: Never\n          args: [-m|' >"$D/serving.yaml"
+  variant_setup "$size" "$variant"
+  ln -sf "$OUT/samples.jsonl" "$D/samples.jsonl"
 
   local load0 limit
   load0=$(cut -d' ' -f1 /proc/loadavg)
@@ -320,6 +212,11 @@ YAML
       kubectl -n "$NS" logs "job/$(jq -r .metadata.name "$D/job.json")" --all-containers >"$D/compile.log" 2>&1 || true
       got_compile=1
     fi
+    # A target that gave up (compile attempts spent, or refused) never gets a serving pod.
+    local stalled
+    stalled=$(kubectl -n "$NS" get compiledtarget "$TARGET" -o json 2>/dev/null |
+      jq -r '.status.conditions[]? | select(.type == "Stalled" and .status == "True") | .message' || true)
+    [[ -z $stalled ]] || die "the CompiledTarget is Stalled: $stalled"
     pj=$(kubectl -n "$NS" get pods -l "app=$TARGET" -o json 2>/dev/null | jq '.items[0] // empty')
     if [[ -n $pj && $(cond "$pj" Ready status) == True ]]; then
       t_ready1=$(now)
@@ -396,6 +293,8 @@ YAML
       answer_end: $a1, scale: $scale, hwm: $hwm, load0: $load0, load1: $load1, warmup_runs: 4,
       bounds: {curl_cold: $cc, curl_warm: $cw, sha_cold: $sc, sha_warm: $sw, load_cold: $lc,
                load_warm: $lw, check_warm: $chk, src_sha_cold: $srcc, load_rss: $lrss}}' >"$D/times.json"
+  # After every figure above: the watches are closed, the table's pods are the first two.
+  [[ -z ${KILN_BENCH_SHARE_PODS:-} ]] || share_pods "$KILN_BENCH_SHARE_PODS" "$limit"
   teardown_variant
   echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
   python3 "$BENCH/sizes-lib.py" report "$D" | tee "$D/table.md"
@@ -405,13 +304,7 @@ YAML
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)); results in $OUT"
 python3 "$BENCH/sizes-lib.py" sample "$OUT/samples.jsonl" 0.25 &
 SAMPLER=$!
-echo "== images (kiln's from $(dirname "$(bin kiln-agent)"), llama-server's)"
-kiln_images "$OUT/images" || die "images"
-LLAMA_IMAGE=e2e/llama-server:b11434
-"$E2E_DIR/build-image" --name "$LLAMA_IMAGE" --out "$OUT/images/llama-server.tar" "$LLAMA_SERVER" >/dev/null ||
-  die "llama-server image"
-"$E2E_DIR/cluster" load-image "$OUT/images/llama-server.tar" >/dev/null || die "load llama-server image"
-rm -rf "$OUT/images"
+sizes_images "$OUT/images"
 for size in "${SIZES[@]}"; do
   for variant in "${VARIANTS[@]}"; do
     run_variant "$size" "$variant"
