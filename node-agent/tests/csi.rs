@@ -347,6 +347,18 @@ async fn a_refused_registration_ends_the_plugin_with_an_error() {
     assert!(e.to_string().contains("version 9 not supported"), "{e}");
 }
 
+/// Whether this process may mount (root); otherwise the test is skipped, saying why (a failure
+/// under CI=true).
+fn can_mount() -> bool {
+    let root = rustix::process::geteuid().is_root();
+    if !root {
+        kiln_endpoints::test_support::skip(
+            "mounting needs root (CAP_SYS_ADMIN); run as root to test the mounts",
+        );
+    }
+    root
+}
+
 /// Unmounts (lazily) whatever a failed assertion left mounted at the path.
 struct Unmount(PathBuf);
 
@@ -362,10 +374,7 @@ impl Drop for Unmount {
 
 #[tokio::test]
 async fn publishes_read_only_and_unpublishes_with_nothing_left() {
-    if !rustix::process::geteuid().is_root() {
-        kiln_endpoints::test_support::skip(
-            "mounting needs root (CAP_SYS_ADMIN); run as root to test the mounts",
-        );
+    if !can_mount() {
         return;
     }
     let p = start().await;
@@ -475,10 +484,7 @@ fn bytes_read() -> u64 {
 
 #[tokio::test]
 async fn an_artifact_is_hashed_once_per_node_and_any_write_is_caught() {
-    if !rustix::process::geteuid().is_root() {
-        kiln_endpoints::test_support::skip(
-            "mounting needs root (CAP_SYS_ADMIN); run as root to test the mounts",
-        );
+    if !can_mount() {
         return;
     }
     const SIZE: usize = 64 << 20;
