@@ -55,14 +55,7 @@ def pids_of(role, known=None):
         if known is not None and pid in known:
             r = known[pid]
         else:
-            cmd = L.read(d + "/cmdline")
-            if not cmd:
-                continue
-            try:
-                exe = os.readlink(d + "/exe")
-            except OSError:
-                exe = None
-            r = L.role_of(cmd.split("\0"), exe)
+            r = L.role_of_pid(d)
             # (only a role is remembered: a container's process is `runc init` before its exec)
             if known is not None and r is not None:
                 known[pid] = r

@@ -85,6 +85,18 @@ def bridge_bytes(pid):
     return None
 
 
+def role_of_pid(d):
+    """The role (role_of) of the process whose /proc directory is `d`, or None."""
+    cmd = read(d + "/cmdline")
+    if not cmd:
+        return None
+    try:
+        exe = os.readlink(d + "/exe")
+    except OSError:
+        exe = None
+    return role_of(cmd.split("\0"), exe)
+
+
 def sample(out, interval):
     reg = None
     with open(out, "a", buffering=1) as f:
@@ -92,14 +104,7 @@ def sample(out, interval):
             t = time.time()
             procs = {}
             for d in glob.glob("/proc/[0-9]*"):
-                cmd = read(d + "/cmdline")
-                if not cmd:
-                    continue
-                try:
-                    exe = os.readlink(d + "/exe")
-                except OSError:
-                    exe = None
-                role = role_of(cmd.split("\0"), exe)
+                role = role_of_pid(d)
                 if not role:
                     continue
                 st = read(d + "/status") or ""
