@@ -14,6 +14,7 @@
 
 mod artifact;
 mod engine;
+mod external;
 mod graphs;
 mod library;
 mod profile;
@@ -31,7 +32,7 @@ use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 
 use super::archive::append;
 use super::{Backend, CompileRequest, Compiled, Engine, GraphInterface, InputInfo, Shapes};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, chain};
 use artifact::{ArtifactConfig, CONFIG, MODEL, ProfileEntry, read_artifact};
 use engine::OrtEngine;
 pub use library::{MIN_RELEASE, Runtime, configure, library_path, runtime};
@@ -256,6 +257,7 @@ impl Backend for OnnxRuntime {
                 optimized.display()
             ))
         })?;
+        self_contained(&graph)?;
         let source_size = std::fs::metadata(req.model).map(|m| m.len()).unwrap_or(0);
         log.push(format!(
             "optimised for {} at level {} by ONNX Runtime {}: {source_size} bytes → {} bytes",
@@ -451,6 +453,42 @@ impl Backend for OnnxRuntime {
     }
 }
 
+/// Refuses an optimised graph that still keeps tensors as external data: the artifact carries
+/// the graph alone, so those weights would be read at load from whatever file is at that path
+/// then, outside the artifact's digest ([`external`]). Fails closed, naming the way out.
+fn self_contained(graph: &[u8]) -> Result<()> {
+    use tract_onnx::prelude::Framework;
+    let proto = tract_onnx::onnx()
+        .proto_model_for_read(&mut &graph[..])
+        .map_err(|e| {
+            Error::CompileFailed(format!(
+                "ONNX Runtime's optimised graph does not parse: {}",
+                chain(&e)
+            ))
+        })?;
+    let external = proto
+        .graph
+        .as_ref()
+        .map(external::external_tensors)
+        .unwrap_or_default();
+    if external.is_empty() {
+        return Ok(());
+    }
+    Err(Error::CompileFailed(format!(
+        "ONNX Runtime's optimised graph keeps {} tensor(s) ({}) as ONNX external data beside the \
+         source; an onnxruntime artifact carries the graph alone, so those weights would be read \
+         unverified at load: kiln does not carry external data in onnxruntime artifacts yet; use \
+         backend.kind: tract for this model",
+        external.len(),
+        external
+            .iter()
+            .take(3)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ")
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::terms::classify_message;
@@ -462,6 +500,45 @@ mod tests {
             precision,
             cuda,
         }
+    }
+
+    #[test]
+    fn an_optimised_graph_that_keeps_external_data_is_refused() {
+        use prost::Message;
+        use tract_onnx::pb::{GraphProto, ModelProto, StringStringEntryProto, TensorProto};
+        let model = |external: bool| {
+            let w = TensorProto {
+                name: "w0".into(),
+                data_location: external.then_some(1),
+                external_data: if external {
+                    vec![StringStringEntryProto {
+                        key: "location".into(),
+                        value: "model.onnx.data".into(),
+                    }]
+                } else {
+                    Vec::new()
+                },
+                raw_data: if external { Vec::new() } else { vec![0; 4] },
+                ..Default::default()
+            };
+            ModelProto {
+                ir_version: 8,
+                graph: Some(GraphProto {
+                    initializer: vec![w],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+            .encode_to_vec()
+        };
+        self_contained(&model(false)).expect("weights inside: kept");
+        let err = self_contained(&model(true)).expect_err("weights outside the artifact");
+        assert_eq!(err.reason(), kiln_crds::FailureReason::CompileFailed);
+        let message = err.to_string();
+        assert!(
+            message.contains("w0") && message.contains("backend.kind: tract"),
+            "{message}"
+        );
     }
 
     #[test]
