@@ -253,6 +253,12 @@ pub struct Asset {
     /// Lowercase hex sha256 of the file.
     #[schemars(regex(pattern = SHA256_PATTERN), length(min = 64, max = 64))]
     pub sha256: String,
+    /// Size in bytes: a download of another size is refused before hashing ends. Required for a
+    /// file larger than the fetch limit of undeclared sizes (`--fetch-max-bytes`, 1 GiB), such
+    /// as the ONNX external data of a model over 2 GB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub size: Option<i64>,
 }
 
 /// A versioned fixture file: named inputs and golden outputs in one safetensors file.

@@ -133,7 +133,7 @@ pub async fn fetch_inputs(
                 what: &what,
                 uri: &asset.uri,
                 sha256: &asset.sha256,
-                size: None,
+                size: asset.size.and_then(|s| u64::try_from(s).ok()),
             })
             .await?;
         assets.insert(asset.name.clone(), path);

@@ -403,7 +403,7 @@ fn over(wanted: &Wanted<'_>, bound: u64, length: u64) -> Result<()> {
     Err(Error::SourceUnavailable {
         uri: wanted.uri.into(),
         message: format!(
-            "{} is larger than {bound} bytes, the most fetched without a declared size (--fetch-max-bytes); declare its size or raise the limit",
+            "{} is larger than {bound} bytes, the most fetched without a declared size (--fetch-max-bytes); declare its size (spec.source.size, spec.assets[].size) or raise the limit",
             wanted.what
         ),
         source: None,
