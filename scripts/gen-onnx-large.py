@@ -17,9 +17,8 @@ DIR/model.onnx.fixture-v1.safetensors): `input/x` (seeded normals, [--batch, d])
 map (version v1, the sha256 of model.onnx, atol/rtol 1e-3) that `kiln-agent fixtures` writes.
 With --spec, also a `kiln-agent local` YAML (ModelArtifact + CompiledTarget) beside nothing but
 these files: source model.onnx by sha256 and size, the data file as an asset (`kind: other`,
-named like the location the graph refers to, by sha256; the CRD has no asset size), the fixture,
-one profile {batch: --batch}. A data file over 1 GiB needs `kiln-agent local
---fetch-max-bytes`: assets have no declared size, and undeclared sizes are capped at 1 GiB.
+named like the location the graph refers to, by sha256 and size: a size is what lets a file over
+the 1 GiB fetch limit of undeclared sizes through), the fixture, one profile {batch: --batch}.
 
 The shape is chosen for the size: the narrowest width d (a multiple of 256) whose block count
 stays at most d/64; a block holds d*d + d f32 values. Weights are numpy PCG64 normals (the bit
@@ -146,6 +145,7 @@ spec:
       kind: other
       uri: file://{data}
       sha256: {data_sha}
+      size: {data_size}
   fixtures:
     - version: v1
       uri: file://{fixture}
