@@ -40,33 +40,11 @@ GGUF = "0.19.0"
 NUMPY = "2.4.6"
 
 
-def cache_dir():
-    d = os.environ.get("KILN_CACHE_DIR")
-    if d:
-        return d
-    if os.geteuid() == 0:
-        return "/var/cache/kiln"
-    return os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "kiln")
-
-
 def ensure_venv():
-    """Re-executes this script under the pinned venv unless already there."""
-    venv = os.path.join(cache_dir(), f"gguf-{GGUF}")
-    py = os.path.join(venv, "bin", "python")
-    if os.path.realpath(sys.prefix) == os.path.realpath(venv):
-        return
-    check = (f"import importlib.metadata as m, gguf, numpy; assert m.version('gguf') == '{GGUF}' "
-             f"and numpy.__version__ == '{NUMPY}'")
-    if not (os.path.exists(py) and subprocess.run([py, "-c", check], capture_output=True).returncode == 0):
-        subprocess.run(["rm", "-rf", venv], check=True)
-        os.makedirs(os.path.dirname(venv), exist_ok=True)
-        if subprocess.run([sys.executable, "-m", "venv", venv], stdout=sys.stderr).returncode != 0:
-            sys.exit("gen-llama-gguf: python3 -m venv failed (Debian: python3-venv)")
-        r = subprocess.run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                            f"gguf=={GGUF}", f"numpy=={NUMPY}"], stdout=sys.stderr)
-        if r.returncode != 0:
-            sys.exit(f"gen-llama-gguf: pip install gguf=={GGUF} failed (PyPI is needed once)")
-    os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
+    """Re-executes this script under its pinned venv unless already there (pinned_venv.py)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import pinned_venv
+    pinned_venv.reexec("gen-llama-gguf", f"gguf-{GGUF}", {"gguf": GGUF, "numpy": NUMPY}, __file__)
 
 
 BPW = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}

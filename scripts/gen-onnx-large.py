@@ -37,7 +37,6 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 
@@ -45,32 +44,11 @@ ONNX = "1.23.2"
 NUMPY = "2.4.6"
 
 
-def cache_dir():
-    d = os.environ.get("KILN_CACHE_DIR")
-    if d:
-        return d
-    if os.geteuid() == 0:
-        return "/var/cache/kiln"
-    return os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "kiln")
-
-
 def ensure_venv():
-    """Re-executes this script under the pinned venv unless already there."""
-    venv = os.path.join(cache_dir(), f"onnx-{ONNX}")
-    py = os.path.join(venv, "bin", "python")
-    if os.path.realpath(sys.prefix) == os.path.realpath(venv):
-        return
-    check = f"import onnx, numpy; assert onnx.__version__ == '{ONNX}' and numpy.__version__ == '{NUMPY}'"
-    if not (os.path.exists(py) and subprocess.run([py, "-c", check], capture_output=True).returncode == 0):
-        subprocess.run(["rm", "-rf", venv], check=True)
-        os.makedirs(os.path.dirname(venv), exist_ok=True)
-        if subprocess.run([sys.executable, "-m", "venv", venv], stdout=sys.stderr).returncode != 0:
-            sys.exit("gen-onnx-large: python3 -m venv failed (Debian: python3-venv)")
-        r = subprocess.run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                            f"onnx=={ONNX}", f"numpy=={NUMPY}"], stdout=sys.stderr)
-        if r.returncode != 0:
-            sys.exit(f"gen-onnx-large: pip install onnx=={ONNX} numpy=={NUMPY} failed (PyPI is needed once)")
-    os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
+    """Re-executes this script under its pinned venv unless already there (pinned_venv.py)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import pinned_venv
+    pinned_venv.reexec("gen-onnx-large", f"onnx-{ONNX}", {"onnx": ONNX, "numpy": NUMPY}, __file__)
 
 
 def shape_for(size_bytes):
@@ -248,6 +226,7 @@ def main():
         # The graph alone must be a valid model that refers to the data file.
         onnx.checker.check_model(os.path.join(tmp, base))
         for name in (data_name, base):
+            os.chmod(os.path.join(tmp, name), 0o644)  # (a temp directory's files are 0600)
             os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
