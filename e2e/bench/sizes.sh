@@ -252,7 +252,7 @@ run_variant() {
   echo "   kiln done (load now $(cut -d' ' -f1-3 /proc/loadavg)); measuring the bounds"
 
   # Bounds, each cold (caches dropped) then warm.
-  local digest art blob curl_c curl_w sha_c sha_w load_c load_w src_c chk lrss
+  local digest art blob curl_c curl_w curl_f sha_c sha_w load_c load_w src_c chk lrss
   digest=$(jq -r '.artifactDigest' "$D/row.json")
   art=$(find "$WORK/cache" -path '*/artifacts/*' -name artifact -type f | head -1)
   [[ -f $art ]] || die "no cached artifact under $WORK/cache"
@@ -261,6 +261,10 @@ run_variant() {
   drop_caches
   curl_c=$(timed curl -fsS -o /dev/null "$blob") || die "curl $blob"
   curl_w=$(timed curl -fsS -o /dev/null "$blob")
+  # What a pull must also do: write the file on the cache's filesystem and fsync it.
+  local landed=$WORK/cache/bound-pull
+  curl_f=$(timed bash -c "curl -fsS -o '$landed' '$blob' && sync -f '$landed'") || die "curl -o $landed"
+  rm -f "$landed"
   drop_caches
   sha_c=$(timed openssl dgst -sha256 "$art")
   sha_w=$(timed openssl dgst -sha256 "$art")
@@ -286,12 +290,12 @@ run_variant() {
     --arg atype "${quant:-Q4_0 (as is)}" --argjson sb "$size_b" --argjson ab "$(stat -c %s "$art")" \
     --argjson apply "$t_apply" --argjson ready1 "$t_ready1" --argjson a0 "$t_ans0" --argjson a1 "$t_ans1" \
     --argjson scale "$t_scale" --argjson hwm "$hwm" --arg load0 "$load0" --arg load1 "$load1" \
-    --argjson cc "$curl_c" --argjson cw "$curl_w" --argjson sc "$sha_c" --argjson sw "$sha_w" \
+    --argjson cc "$curl_c" --argjson cw "$curl_w" --argjson cf "$curl_f" --argjson sc "$sha_c" --argjson sw "$sha_w" \
     --argjson lc "$load_c" --argjson lw "$load_w" --argjson chk "$chk" --argjson srcc "$src_c" --argjson lrss "$lrss" \
     '{size: $size, variant: $variant, target_key: $key, source_type: ($src | ascii_upcase), artifact_type: $atype,
       source_bytes: $sb, artifact_bytes: $ab, apply: $apply, ready1_seen: $ready1, answer_start: $a0,
       answer_end: $a1, scale: $scale, hwm: $hwm, load0: $load0, load1: $load1, warmup_runs: 4,
-      bounds: {curl_cold: $cc, curl_warm: $cw, sha_cold: $sc, sha_warm: $sw, load_cold: $lc,
+      bounds: {curl_cold: $cc, curl_warm: $cw, curl_file_warm: $cf, sha_cold: $sc, sha_warm: $sw, load_cold: $lc,
                load_warm: $lw, check_warm: $chk, src_sha_cold: $srcc, load_rss: $lrss}}' >"$D/times.json"
   # After every figure above: the watches are closed, the table's pods are the first two.
   [[ -z ${KILN_BENCH_SHARE_PODS:-} ]] || share_pods "$KILN_BENCH_SHARE_PODS" "$limit"
