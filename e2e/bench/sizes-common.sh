@@ -166,7 +166,9 @@ teardown_variant() {
   # The registry's copy of this variant: its repository and the blobs it links (only its own).
   local repo=$REGISTRY_DIR/docker/registry/v2/repositories/$REPOSITORY hex
   if [[ -d $repo/_layers/sha256 ]]; then
-    for hex in $(ls "$repo/_layers/sha256"); do
+    for hex in "$repo"/_layers/sha256/*; do
+      hex=${hex##*/}
+      [[ $hex != '*' ]] || continue
       rm -rf "$REGISTRY_DIR/docker/registry/v2/blobs/sha256/${hex:0:2}/$hex"
     done
   fi

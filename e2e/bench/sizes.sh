@@ -106,7 +106,8 @@ die() {
 # The processes' VmHWM now, as JSON {role: bytes} (the largest of a role's processes).
 hwm_json() {
   local pid role out='{}' h
-  for pid in $(ls /proc | grep -E '^[0-9]+$'); do
+  for pid in /proc/[0-9]*; do
+    pid=${pid#/proc/}
     role=$({ tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | awk '
       $1 ~ /kiln-agent$/ && / run( |$)/ {print "agent"; exit}
       $1 ~ /kiln-agent$/ && / csi( |$)/ {print "csi"; exit}
@@ -118,7 +119,6 @@ hwm_json() {
   echo "$out"
 }
 
-# timed CMD...: seconds CMD took (its output discarded).
 # share_pods N LIMIT (KILN_BENCH_SHARE_PODS=N): scales the Deployment to N serving pods on this
 # one node and prints how they share the model: the cached artifact's inode and link count, the
 # inode each llama-server process sees at /model/artifact (through /proc/PID/root), and the node's
@@ -138,6 +138,7 @@ share_pods() {
   kubectl -n "$NS" scale "deploy/$TARGET" --replicas=2 >/dev/null
 }
 
+# timed CMD...: seconds CMD took (its output discarded).
 timed() {
   local t0
   t0=$(now)
