@@ -233,6 +233,15 @@ impl Plugin {
             .map(|_| ())
     }
 
+    /// The node cache's copy of the artifact, `artifacts/<digest>/artifact`.
+    fn cached_artifact(&self) -> PathBuf {
+        self.config
+            .cache
+            .join("artifacts")
+            .join(&self.digest)
+            .join("artifact")
+    }
+
     fn published(&self) -> PathBuf {
         self.config.cache.join("published").join(VOLUME)
     }
@@ -453,12 +462,7 @@ async fn publishes_read_only_and_unpublishes_with_nothing_left() {
     );
 
     // The cached bytes changed: HashMismatch, nothing mounted, nothing left.
-    let cached = p
-        .config
-        .cache
-        .join("artifacts")
-        .join(&p.digest)
-        .join("artifact");
+    let cached = p.cached_artifact();
     std::fs::write(&cached, b"the compiled engin3").expect("flip");
     let e = p.publish(p.publish_request()).await.expect_err("corrupt");
     assert_eq!(e.code(), Code::FailedPrecondition);
@@ -523,12 +527,7 @@ async fn an_artifact_is_hashed_once_per_node_and_any_write_is_caught() {
     );
     // A byte flipped in the cache with its modification time set back: the change time moved,
     // so the next mount hashes and refuses it.
-    let cached = p
-        .config
-        .cache
-        .join("artifacts")
-        .join(&p.digest)
-        .join("artifact");
+    let cached = p.cached_artifact();
     let stamp = kiln_store::staged::Stamp::of(&cached).expect("stat");
     {
         use std::io::{Seek, Write};

@@ -46,26 +46,29 @@ fn walk(graph: &GraphProto, found: &mut Vec<String>) {
     );
 }
 
+/// A tensor named `name`, stored as external data in `model.onnx.data` when `external`.
+#[cfg(test)]
+pub(super) fn tensor(name: &str, external: bool) -> TensorProto {
+    use tract_onnx::pb::StringStringEntryProto;
+    TensorProto {
+        name: name.into(),
+        data_location: external.then_some(EXTERNAL),
+        external_data: if external {
+            vec![StringStringEntryProto {
+                key: "location".into(),
+                value: "model.onnx.data".into(),
+            }]
+        } else {
+            Vec::new()
+        },
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tract_onnx::pb::{AttributeProto, NodeProto, StringStringEntryProto};
-
-    fn tensor(name: &str, external: bool) -> TensorProto {
-        TensorProto {
-            name: name.into(),
-            data_location: external.then_some(EXTERNAL),
-            external_data: if external {
-                vec![StringStringEntryProto {
-                    key: "location".into(),
-                    value: "model.onnx.data".into(),
-                }]
-            } else {
-                Vec::new()
-            },
-            ..Default::default()
-        }
-    }
+    use tract_onnx::pb::{AttributeProto, NodeProto};
 
     #[test]
     fn every_external_tensor_is_found_however_deep() {

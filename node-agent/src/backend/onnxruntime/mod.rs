@@ -505,22 +505,9 @@ mod tests {
     #[test]
     fn an_optimised_graph_that_keeps_external_data_is_refused() {
         use prost::Message;
-        use tract_onnx::pb::{GraphProto, ModelProto, StringStringEntryProto, TensorProto};
+        use tract_onnx::pb::{GraphProto, ModelProto};
         let model = |external: bool| {
-            let w = TensorProto {
-                name: "w0".into(),
-                data_location: external.then_some(1),
-                external_data: if external {
-                    vec![StringStringEntryProto {
-                        key: "location".into(),
-                        value: "model.onnx.data".into(),
-                    }]
-                } else {
-                    Vec::new()
-                },
-                raw_data: if external { Vec::new() } else { vec![0; 4] },
-                ..Default::default()
-            };
+            let w = external::tensor("w0", external);
             ModelProto {
                 ir_version: 8,
                 graph: Some(GraphProto {
