@@ -695,6 +695,26 @@ fn onnx_external_data_reaches_only_declared_assets() {
 }
 
 #[test]
+fn a_declared_asset_size_is_held_to() {
+    let sized = |delta: i64| {
+        let mut case = external_data_case("ext.onnx", true);
+        let size = std::fs::metadata(case.path("ext-weights.bin"))
+            .expect("weights")
+            .len() as i64;
+        case.model_extra =
+            case.model_extra
+                .replacen("\"}", &format!("\", size: {}}}", size + delta), 1);
+        assert!(case.model_extra.contains("size:"), "{}", case.model_extra);
+        case
+    };
+    let run = sized(0).run();
+    assert!(run.success, "{}", run.message());
+    sized(1)
+        .run()
+        .fails_with("HashMismatch", &["asset ext-weights.bin", "declared"]);
+}
+
+#[test]
 fn corrupt_cached_source_blob_is_refetched() {
     let case = Case::mlp(4);
     assert!(case.run().success);
