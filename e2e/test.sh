@@ -26,7 +26,7 @@
 # when not listed): past it the test's process group is killed and the test recorded as failed,
 # naming the limit, so one hang cannot eat the whole CI budget. A test that exits 77 is skipped
 # and named in the closing lines; under CI (CI=true) e2e/tests/lib.sh lets a test skip only
-# for want of a GPU. The images are built from the product binaries (scripts/product-bins.sh),
+# for want of a GPU. The images are built from the product binaries (scripts/test/product-bins.sh),
 # built once per run without test-only features, never from what a test build left in target/.
 #
 # Test logs go to $KILN_E2E_ARTIFACTS (default /tmp/kiln-e2e-test); a failing
@@ -145,7 +145,7 @@ finish() {
 
 # product_bins: the binaries every test's images are made of, built once for this run.
 product_bins() {
-  step product-bins "$E2E/../scripts/product-bins.sh" "$ARTIFACTS/bin" || return 1
+  step product-bins "$E2E/../scripts/test/product-bins.sh" "$ARTIFACTS/bin" || return 1
   export KILN_E2E_BIN_DIR=$ARTIFACTS/bin
 }
 

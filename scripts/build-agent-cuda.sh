@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the GPU agent's kiln-agent: llama.cpp with its CUDA backend (feature `cuda`), compiled
-# by the CUDA 13.0 nvcc of scripts/ensure-cuda-toolkit.sh (PyPI wheels, pinned) for the GPU
+# by the CUDA 13.0 nvcc of scripts/ensure/cuda-toolkit.sh (PyPI wheels, pinned) for the GPU
 # architectures in KILN_CUDA_ARCHITECTURES. Release profile, in its own target directory
 # (target/cuda), so the CPU build in target/release is never replaced by this one.
 #
@@ -18,11 +18,13 @@
 #
 # Needs what a CPU build needs (scripts/ensure-packages.sh) plus g++ as nvcc's host compiler.
 set -euo pipefail
-REPO=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
+# shellcheck source=SCRIPTDIR/lib.sh
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
+TOOL=build-agent-cuda
 archs=${KILN_CUDA_ARCHITECTURES:-90-real}
 [[ $archs =~ ^[0-9]+[af]?(-real|-virtual)?(\;[0-9]+[af]?(-real|-virtual)?)*$ ]] ||
   { echo "build-agent-cuda: KILN_CUDA_ARCHITECTURES=$archs is not a list like 80-real;90-real" >&2; exit 2; }
-toolkit=$("$REPO/scripts/ensure-cuda-toolkit.sh")
+toolkit=$("$REPO/scripts/ensure/cuda-toolkit.sh")
 out=$REPO/target/cuda/agent
 
 # The llama.cpp build reads CMAKE_* from the environment (llama-cpp-sys-2's build script passes
@@ -41,7 +43,7 @@ fi
 messages=$(cargo build --release --locked -p kiln-agent --features cuda --target-dir "$REPO/target/cuda" \
   --message-format json-render-diagnostics)
 lib=$(jq -r 'select(.reason == "build-script-executed" and (.package_id | test("llama-cpp-sys-2"))) | .out_dir' <<<"$messages" | head -1)/lib
-[[ -e $lib/libggml-cuda.so ]] || { echo "build-agent-cuda: no libggml-cuda.so in $lib: llama.cpp was not built with CUDA" >&2; exit 1; }
+[[ -e $lib/libggml-cuda.so ]] || die "no libggml-cuda.so in $lib: llama.cpp was not built with CUDA"
 
 rm -rf "$out" && mkdir -p "$out"
 cp "$REPO/target/cuda/release/kiln-agent" "$out/"
@@ -49,10 +51,9 @@ cp "$REPO/target/cuda/release/kiln-agent" "$out/"
 # the name it asks for.
 LD_LIBRARY_PATH=$lib:$toolkit/lib ldd "$out/kiln-agent" | awk -v d="$lib/" 'index($3, d) == 1 {print $1, $3}' |
   while read -r soname path; do cp -L "$path" "$out/$soname"; done
-compgen -G "$out/libggml-cuda.so*" >/dev/null ||
-  { echo "build-agent-cuda: kiln-agent does not load libggml-cuda.so: $(ls "$out")" >&2; exit 1; }
+compgen -G "$out/libggml-cuda.so*" >/dev/null || die "kiln-agent does not load libggml-cuda.so: $(ls "$out")"
 if LD_LIBRARY_PATH=$out:$toolkit/lib ldd "$out/kiln-agent" | grep -q 'libcuda\.so'; then
-  echo "build-agent-cuda: kiln-agent links the driver (libcuda.so); it must not (GGML_CUDA_NO_VMM)" >&2; exit 1
+  die "kiln-agent links the driver (libcuda.so); it must not (GGML_CUDA_NO_VMM)"
 fi
 echo "$archs" >"$built"
 echo "$out"

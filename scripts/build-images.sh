@@ -3,35 +3,39 @@
 # scripts/push-images.sh and the Containerfile all build them here, with e2e/build-image.
 #
 #   scripts/build-images.sh [--images LIST] [--name-prefix PREFIX] [--tag TAG]
-#                           [--operator-bin FILE] [--agent-bin FILE] [--cuda-agent DIR]
-#                           [--rootfs] OUTDIR
+#                           [--operator-bin FILE] [--agent-bin FILE] [--csi-bin FILE]
+#                           [--cuda-agent DIR] [--rootfs] OUTDIR
 #
 # LIST: comma-separated, of
 #   operator   kiln-operator (stripped) and the libraries it links, CA certificates
+#   csi        kiln-csi (stripped), the privileged CSI node plugin: no engine, no ONNX Runtime
 #   agent      kiln-agent (stripped), the ONNX Runtime library of scripts/ensure-onnxruntime.sh at
 #              /usr/lib/onnxruntime (ORT_DYLIB_PATH; ORT_DISABLE_TELEMETRY=1 keeps the library's
 #              telemetry off), CA certificates
 #   agent-gpu  kiln-agent with the onnxruntime-gpu library, its CUDA provider and the CUDA 13 /
-#              cuDNN 9 libraries of scripts/ensure-onnxruntime-gpu.sh in a layer of their own at
+#              cuDNN 9 libraries of scripts/ensure/onnxruntime-gpu.sh in a layer of their own at
 #              /usr/lib/onnxruntime (LD_LIBRARY_PATH), libcuda.so.1 left to the NVIDIA container
 #              runtime (fetches 1.2 GB on first use). With --cuda-agent DIR (what
 #              scripts/build-agent-cuda.sh prints), its kiln-agent is DIR's, whose llama.cpp has
 #              the CUDA backend, and llama.cpp's libraries of DIR are in a layer at /usr/lib/llama
 #              (also on LD_LIBRARY_PATH); without, it is --agent-bin, whose llama.cpp runs on the
 #              CPU only (GGUF targets on GPU classes are refused as IncompatibleRuntime)
-# (default: operator,agent,agent-gpu). Binaries: target/release/kiln-{operator,agent} unless
-# given. Each image is written as OUTDIR/kiln-NAME.tar (an OCI archive named PREFIX/NAME:TAG;
+# (default: operator,agent,csi,agent-gpu). Binaries: target/release/kiln-{operator,agent,csi}
+# unless given. Each image is written as OUTDIR/kiln-NAME.tar (an OCI archive named PREFIX/NAME:TAG;
 # default kiln/NAME:latest), or with --rootfs as the directory OUTDIR/kiln-NAME/ (one directory
 # per layer and config.json, see e2e/build-image). Prints one line per image on stdout:
 #   NAME<TAB>PATH<TAB>BACKENDS
 # where BACKENDS is what the chart's `backends` must say of it (onnxruntime=VERSION@sha256:HEX,
 # onnxruntimeGpu=...) or "-".
 set -euo pipefail
-REPO=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
+# shellcheck source=SCRIPTDIR/lib.sh
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
+TOOL=build-images
 
-usage() { sed -n '2,29s/^# \{0,1\}//p' "$0" >&2; exit 2; }
-images=operator,agent,agent-gpu prefix=kiln tag=latest rootfs=0 out=
-operator_bin=$REPO/target/release/kiln-operator agent_bin=$REPO/target/release/kiln-agent cuda_agent=
+usage() { sed -n '2,30s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+images=operator,agent,csi,agent-gpu prefix=kiln tag=latest rootfs=0 out=
+operator_bin=$REPO/target/release/kiln-operator agent_bin=$REPO/target/release/kiln-agent
+csi_bin=$REPO/target/release/kiln-csi cuda_agent=
 while (($#)); do
   case $1 in
     --images) images=${2:?--images needs a list}; shift ;;
@@ -39,6 +43,7 @@ while (($#)); do
     --tag) tag=${2:?--tag needs a value}; shift ;;
     --operator-bin) operator_bin=${2:?--operator-bin needs a file}; shift ;;
     --agent-bin) agent_bin=${2:?--agent-bin needs a file}; shift ;;
+    --csi-bin) csi_bin=${2:?--csi-bin needs a file}; shift ;;
     --cuda-agent) cuda_agent=${2:?--cuda-agent needs a directory}; shift ;;
     --rootfs) rootfs=1 ;;
     -h | --help) usage ;;
@@ -54,19 +59,20 @@ cuda_agent_complete() {
     { echo "build-images: --cuda-agent $cuda_agent holds no kiln-agent with libggml-cuda.so (scripts/build-agent-cuda.sh prints the directory)" >&2; return 1; }
 }
 IFS=, read -ra wanted <<<"$images"
-((${#wanted[@]})) || { echo "build-images: --images is empty; name operator, agent or agent-gpu" >&2; exit 2; }
+((${#wanted[@]})) || { echo "build-images: --images is empty; name operator, agent, csi or agent-gpu" >&2; exit 2; }
 for image in "${wanted[@]}"; do
   case $image in
-    operator) [[ -x $operator_bin ]] || { echo "build-images: no kiln-operator at $operator_bin (cargo build --release -p kiln-operator, or --operator-bin)" >&2; exit 1; } ;;
+    operator) [[ -x $operator_bin ]] || die "no kiln-operator at $operator_bin (cargo build --release -p kiln-operator, or --operator-bin)" ;;
     agent-gpu) [[ -z $cuda_agent ]] || cuda_agent_complete || exit 1 ;;&
-    agent | agent-gpu) [[ -x $agent_bin ]] || { echo "build-images: no kiln-agent at $agent_bin (cargo build --release -p kiln-agent, or --agent-bin)" >&2; exit 1; } ;;
-    *) echo "build-images: unknown image '$image' in --images; use operator, agent, agent-gpu" >&2; exit 2 ;;
+    agent | agent-gpu) [[ -x $agent_bin ]] || die "no kiln-agent at $agent_bin (cargo build --release -p kiln-agent, or --agent-bin)" ;;
+    csi) [[ -x $csi_bin ]] || die "no kiln-csi at $csi_bin (cargo build --release -p kiln-csi, or --csi-bin)" ;;
+    *) echo "build-images: unknown image '$image' in --images; use operator, agent, csi, agent-gpu" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out/bin"
 
 # identity LIB: VERSION@sha256:<hex> of an ONNX Runtime library, what the operator keys on.
-identity() { echo "${1##*libonnxruntime.so.}@sha256:$(sha256sum "$1" | cut -d' ' -f1)"; }
+identity() { echo "${1##*libonnxruntime.so.}@sha256:$(sha256_of "$1")"; }
 
 # build NAME BINARY BUILD-IMAGE-ARGS...: the image NAME around the stripped BINARY.
 build() {
@@ -93,13 +99,16 @@ for image in "${wanted[@]}"; do
     operator)
       build operator "$operator_bin"
       printf 'operator\t%s\t-\n' "$BUILT" ;;
+    csi)
+      build csi "$csi_bin"
+      printf 'csi\t%s\t-\n' "$BUILT" ;;
     agent)
       lib=$("$REPO/scripts/ensure-onnxruntime.sh")
       build agent "$agent_bin" --add "$lib:$ORT_DIR/$(basename "$lib")" \
         --env "ORT_DYLIB_PATH=$ORT_DIR/$(basename "$lib")" --env ORT_DISABLE_TELEMETRY=1
       printf 'agent\t%s\tonnxruntime=%s\n' "$BUILT" "$(identity "$lib")" ;;
     agent-gpu)
-      libs=$("$REPO/scripts/ensure-onnxruntime-gpu.sh")
+      libs=$("$REPO/scripts/ensure/onnxruntime-gpu.sh")
       lib=$(echo "$libs"/libonnxruntime.so.1.*)
       binary=$agent_bin libpath=$ORT_DIR llama=()
       if [[ -n $cuda_agent ]]; then

@@ -9,12 +9,10 @@
 #
 #   CARGO_TARGET_DIR=$(scripts/cargo-target-dir.sh)
 set -euo pipefail
-REPO=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
-if [[ -z ${KILN_CACHE_DIR:-} ]]; then
-  if [[ $EUID -eq 0 ]]; then KILN_CACHE_DIR=/var/cache/kiln; else KILN_CACHE_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/kiln; fi
-fi
+# shellcheck source=SCRIPTDIR/lib.sh
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
 key=$( (cd "$REPO" && rustc -vV && cat Cargo.lock) | sha256sum | cut -c1-16)
-base=$KILN_CACHE_DIR/cargo-target
+base=$(kiln_cache_dir)/cargo-target
 mkdir -p "$base/$key"
 touch "$base/$key"
 # Older keys: all but the two newest directories.

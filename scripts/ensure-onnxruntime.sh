@@ -13,6 +13,9 @@
 #   scripts/ensure-onnxruntime.sh --newer    # prints a newer release (1.32.0), for the test
 #                                            # that an agent accepts a later, compatible library
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/lib.sh
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
+TOOL=ensure-onnxruntime
 
 version=1.31.1
 wheel_sha256=5752bd508126ae7c49894d3b9d2e83f0c3d487319246d04c444b393308d7ad7f
@@ -27,17 +30,11 @@ elif [[ ${1:-} == --newer ]]; then
   lib_sha256=6c1585d1bbf45b0712ea4a21b705c5fcb4ba04ff2e30f1fbf81a49faf658638f
 fi
 
-if [[ $(uname -m) != x86_64 ]]; then
-  echo "ensure-onnxruntime: only the x86-64 wheel is pinned; this machine is $(uname -m)" >&2
-  exit 1
-fi
-if [[ -z ${KILN_CACHE_DIR:-} ]]; then
-  if [[ $EUID -eq 0 ]]; then KILN_CACHE_DIR=/var/cache/kiln; else KILN_CACHE_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/kiln; fi
-fi
-dir=$KILN_CACHE_DIR/onnxruntime-$version
+[[ $(uname -m) == x86_64 ]] || die "only the x86-64 wheel is pinned; this machine is $(uname -m)"
+dir=$(kiln_cache_dir)/onnxruntime-$version
 lib=$dir/libonnxruntime.so.$version
 
-check() { [[ -z $2 ]] || [[ $(sha256sum "$1" | cut -d' ' -f1) == "$2" ]]; }
+check() { [[ -z $2 ]] || [[ $(sha256_of "$1") == "$2" ]]; }
 
 if [[ -f $lib ]] && check "$lib" "$lib_sha256"; then
   echo "$lib"
@@ -53,19 +50,13 @@ python3 -m pip download --quiet --no-deps --only-binary=:all: \
   --python-version 3.11 --platform manylinux_2_28_x86_64 --implementation cp \
   "onnxruntime==$version" -d "$tmp" >&2
 whl=$(ls "$tmp"/onnxruntime-"$version"-*.whl)
-if ! check "$whl" "$wheel_sha256"; then
-  echo "ensure-onnxruntime: $whl does not have the pinned sha256 $wheel_sha256" >&2
-  exit 1
-fi
+check "$whl" "$wheel_sha256" || die "$whl does not have the pinned sha256 $wheel_sha256"
 python3 - "$whl" "onnxruntime/capi/libonnxruntime.so.$version" "$tmp/lib" <<'PY'
 import shutil, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
     shutil.copyfileobj(src, dst)
 PY
-if ! check "$tmp/lib" "$lib_sha256"; then
-  echo "ensure-onnxruntime: the library in the wheel does not have the pinned sha256 $lib_sha256" >&2
-  exit 1
-fi
+check "$tmp/lib" "$lib_sha256" || die "the library in the wheel does not have the pinned sha256 $lib_sha256"
 chmod 0755 "$tmp/lib"
 mv -f "$tmp/lib" "$lib"
 echo "$lib"

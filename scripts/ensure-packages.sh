@@ -6,7 +6,7 @@
 #   scripts/ensure-packages.sh test    build + push + what the tests run (scripts/test.sh)
 #   scripts/ensure-packages.sh e2e     test + what the real cluster runs and builds (e2e/cluster up)
 #   scripts/ensure-packages.sh push    what scripts/push-images.sh needs (skopeo)
-#   scripts/ensure-packages.sh fresh   what scripts/fresh-root-check.sh needs (debootstrap)
+#   scripts/ensure-packages.sh fresh   what scripts/test/fresh-root.sh needs (debootstrap)
 #   scripts/ensure-packages.sh --list  print the list (group, package, check, consumer)
 #
 # Each check asks the question the consumer's answer depends on: `dpkg -s PACKAGE` for a Debian
@@ -17,6 +17,9 @@
 # error naming the apt-get command, a missing `test` or `e2e` one a warning (those tests say
 # they skip, and the cluster needs root anyway). Nothing is done when everything is present.
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/lib.sh
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
+TOOL=ensure-packages
 
 # group | Debian package | consumer (who fails without it)
 LIST='
@@ -32,7 +35,7 @@ test|prometheus|promtool: metrics exposition tests of both components, e2e chart
 test|curl|kiln-store registry tests, e2e health checks
 test|openssl|node-agent tests (hostile HTTPS certificates), e2e PKI
 test|python3|node-agent tests (tests/data/hostile_https.py, tests/secrets.rs), e2e/build-image
-test|python3-pip|scripts/ensure-onnxruntime.sh and ensure-models.sh (`python3 -m pip download`)
+test|python3-pip|scripts/ensure-onnxruntime.sh and scripts/ensure/ (`python3 -m pip download`)
 e2e|containerd|e2e/cluster: container runtime (containerd, ctr)
 e2e|runc|e2e/cluster: containerd'"'"'s OCI runtime
 e2e|iptables|e2e/cluster: kube-proxy, pod routing
@@ -43,15 +46,13 @@ e2e|jq|e2e tests (dynamic-image and others)
 e2e|containernetworking-plugins|e2e/cluster: CNI bridge and host-local
 e2e|python3-yaml|e2e tests reading YAML
 e2e|busybox-static|e2e/tests/lib.sh: the static busybox copied into test images
-push|skopeo|scripts/push-images.sh: copies the OCI image archives to a registry (scripts/test-push-images.sh, e2e kiln and registry tests)
-fresh|debootstrap|scripts/fresh-root-check.sh: makes the clean Debian root
+push|skopeo|scripts/push-images.sh: copies the OCI image archives to a registry (scripts/test/push-images.sh, e2e kiln and registry tests)
+fresh|debootstrap|scripts/test/fresh-root.sh: makes the clean Debian root
 '
 
 # Not Debian packages, checked where their consumer looks: the Rust toolchain (rustup; every
 # command), Go >= 1.25 on PATH (e2e/lib/build.sh builds Kubernetes with it). A fresh machine of
 # the project's kind has both.
-
-die() { echo "ensure-packages: $*" >&2; exit 1; }
 
 group=${1:-}
 case $group in

@@ -5,8 +5,9 @@
 #   scripts/push-images.sh [options] REGISTRY[/PREFIX]
 #     e.g. scripts/push-images.sh --values kiln-images.yaml registry.example.com/kiln
 #
-#   --images LIST         operator,agent,agent-gpu (the default); the GPU agent image is 1.1 GB,
-#                         leave it out where no node has an NVIDIA GPU
+#   --images LIST         operator,agent,csi,agent-gpu (the default; csi is the privileged
+#                         CSI node plugin); the GPU agent image is 1.1 GB, leave it out where
+#                         no node has an NVIDIA GPU
 #   --tag TAG             the tag pushed beside the digest (default: `git describe --always
 #                         --dirty` of this work tree); the chart values pin the digest
 #   --values FILE         write the chart values (image repositories, tags and digests, and the
@@ -18,6 +19,7 @@
 #                         then ${XDG_RUNTIME_DIR}/containers/auth.json, then ~/.docker/config.json)
 #   --operator-bin FILE   use this kiln-operator instead of building it (cargo build --release)
 #   --agent-bin FILE      use this kiln-agent instead of building it
+#   --csi-bin FILE        use this kiln-csi instead of building it
 #   --cuda-agent DIR      the GPU agent image runs this CUDA build of kiln-agent (what
 #                         scripts/build-agent-cuda.sh prints): GGUF models on the GPU; without
 #                         it the GPU image's llama.cpp runs on the CPU only
@@ -29,11 +31,13 @@
 # scripts/build-images.sh writes, so the digest pushed is the digest built. Stdout: one line per
 # image, `NAME REGISTRY/PREFIX/NAME@sha256:...`; progress and timings on stderr.
 set -euo pipefail
-REPO=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
+# shellcheck source=SCRIPTDIR/lib.sh
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
+TOOL=push-images
 
 usage() { sed -n '2,32s/^# \{0,1\}//p' "$0" >&2; exit 2; }
-die() { echo "push-images: $*" >&2; exit 1; }
-images=operator,agent,agent-gpu tag= values= plain=0 authfile= operator_bin= agent_bin= target=
+images=operator,agent,csi,agent-gpu tag= values= plain=0 authfile= operator_bin= agent_bin= csi_bin=
+target=
 cuda_agent=()
 while (($#)); do
   case $1 in
@@ -44,6 +48,7 @@ while (($#)); do
     --authfile) authfile=${2:?--authfile needs a file}; shift ;;
     --operator-bin) operator_bin=${2:?--operator-bin needs a file}; shift ;;
     --agent-bin) agent_bin=${2:?--agent-bin needs a file}; shift ;;
+    --csi-bin) csi_bin=${2:?--csi-bin needs a file}; shift ;;
     --cuda-agent) cuda_agent=(--cuda-agent "${2:?--cuda-agent needs a directory}"); shift ;;
     -h | --help) usage ;;
     -*) echo "push-images: unknown option $1" >&2; usage ;;
@@ -59,9 +64,9 @@ name_re='^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$' host_re='[.:]|^
 [[ $target =~ $name_re && ${target%%/*} =~ $host_re ]] ||
   die "'$target' is not REGISTRY[/PREFIX]: a registry host (registry.example.com, host:5000 or localhost) and lowercase path components, without https:// or a tag"
 IFS=, read -ra wanted <<<"$images"
-((${#wanted[@]})) || die "--images is empty: name operator, agent and/or agent-gpu, comma-separated"
+((${#wanted[@]})) || die "--images is empty: name operator, agent, csi and/or agent-gpu, comma-separated"
 for name in "${wanted[@]}"; do
-  [[ $name =~ ^(operator|agent|agent-gpu)$ ]] || die "--images '$images': name operator, agent and/or agent-gpu, comma-separated"
+  [[ $name =~ ^(operator|agent|csi|agent-gpu)$ ]] || die "--images '$images': name operator, agent, csi and/or agent-gpu, comma-separated"
 done
 [[ -z $tag ]] && tag=$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo latest)
 [[ $tag =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$ ]] || die "tag '$tag' is not a valid OCI tag ([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})"
@@ -89,16 +94,17 @@ if [[ -n ${KILN_REGISTRY_USERNAME:-} ]]; then
     "$(printf '%s:%s' "$KILN_REGISTRY_USERNAME" "$KILN_REGISTRY_PASSWORD" | base64 -w0)" >"$authfile")
 fi
 
-if [[ -z $operator_bin || -z $agent_bin ]]; then
-  echo "push-images: cargo build --release -p kiln-operator -p kiln-agent" >&2
-  (cd "$REPO" && cargo build --release --locked -p kiln-operator -p kiln-agent >&2)
+if [[ -z $operator_bin || -z $agent_bin || -z $csi_bin ]]; then
+  echo "push-images: cargo build --release -p kiln-operator -p kiln-agent -p kiln-csi" >&2
+  (cd "$REPO" && cargo build --release --locked -p kiln-operator -p kiln-agent -p kiln-csi >&2)
 fi
 # since T: seconds since the date +%s.%N value T.
 since() { awk -v t="$1" -v n="$(date +%s.%N)" 'BEGIN {printf "%.2f", n - t}'; }
 t0=$(date +%s.%N)
 built=$("$REPO/scripts/build-images.sh" --images "$images" --name-prefix "$target" --tag "$tag" \
   --operator-bin "${operator_bin:-$REPO/target/release/kiln-operator}" \
-  --agent-bin "${agent_bin:-$REPO/target/release/kiln-agent}" "${cuda_agent[@]}" "$work")
+  --agent-bin "${agent_bin:-$REPO/target/release/kiln-agent}" \
+  --csi-bin "${csi_bin:-$REPO/target/release/kiln-csi}" "${cuda_agent[@]}" "$work")
 echo "push-images: built in $(since "$t0")s" >&2
 
 skopeo_args=(--quiet --dest-tls-verify="$( ((plain)) && echo false || echo true)")
@@ -138,6 +144,7 @@ image_values() {
       image_values agent-gpu 4
     fi
   fi
+  if [[ -n ${digest[csi]:-} ]]; then echo "csi:"; image_values csi 2; fi
   if [[ -n ${backends[agent]:-}${backends[agent-gpu]:-} ]]; then
     echo "# The ONNX Runtime libraries these images carry, as the operator keys compiles on them."
     echo "backends:"

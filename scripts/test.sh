@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # kiln's whole test suite, as CI runs it (`.ci/run` calls exactly this):
-#   1. structure (no import circle between files or sibling modules of a crate, no non-test
-#      function over 100 lines but those listed below, every path and Rust name
-#      ARCHITECTURE.md and the READMEs name exists, and every Rust name a comment names; every
-#      test in a group or run that starts it), format and lint (cargo fmt --check, clippy
-#      with warnings denied);
+#   1. structure (no import circle between files or sibling modules of a crate, no import up
+#      its layers, no non-test function over 100 lines but those listed below, every path and
+#      Rust name ARCHITECTURE.md and the READMEs name exists, and every Rust name a comment
+#      names; every test in a group or run that starts it), format and lint (cargo fmt --check,
+#      clippy with warnings denied);
 #   2. the Rust workspace tests: API types, CEL rules, compile key, `kiln-agent local` on real
 #      ONNX models through every failure path, and both components' metrics through the real
 #      `promtool check metrics` (Debian package prometheus, installed here when missing), and
 #      kiln-store against a real registry (Debian docker-registry, installed here when missing);
-#   3. the images: the Containerfile against their one recipe (scripts/check-containerfile.py),
+#   3. the images: the Containerfile against their one recipe (scripts/check/containerfile.py),
 #      scripts/push-images.sh against a registry that wants credentials;
 #   4. the real single-node Kubernetes cluster tests in e2e/ (built from upstream sources on first
 #      use and cached outside the work tree; needs root). KILN_SKIP_E2E=1 skips them, saying so.
@@ -23,7 +23,7 @@
 # (`CI=true`) a test whose prerequisite is missing fails instead of skipping; only GPU work may
 # skip. Cargo builds in a target directory outside the work tree keyed by the toolchain and
 # Cargo.lock (scripts/cargo-target-dir.sh), so a fresh clone reuses the last run's build;
-# scripts/fresh-root-check.sh still proves the cold one. Each phase's wall time is printed at
+# scripts/test/fresh-root.sh still proves the cold one. Each phase's wall time is printed at
 # the end, with the load.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
@@ -74,18 +74,22 @@ await() {
 # Seconds, no build: each checker first proves on small cases written on the spot that it
 # finds what it must; every crate fails on a new import circle.
 phase structure
-python3 scripts/check-use-graph.py --self-test
-python3 scripts/check-use-graph.py
+python3 scripts/check/use-graph.py --self-test
+python3 scripts/check/use-graph.py
+# No import up a layer of a crate, and every top-level module in a layer (scripts/check/layers.py).
+python3 scripts/check/layers.py --self-test
+python3 scripts/check/layers.py
 # No non-test function over 100 lines.
-python3 scripts/check-fn-length.py --self-test
-python3 scripts/check-fn-length.py
-python3 scripts/check-doc-paths.py --self-test
-python3 scripts/check-doc-paths.py ARCHITECTURE.md README.md operator/README.md e2e/README.md
+python3 scripts/check/fn-length.py --self-test
+python3 scripts/check/fn-length.py
+python3 scripts/check/doc-paths.py --self-test
+python3 scripts/check/doc-paths.py ARCHITECTURE.md README.md operator/README.md e2e/README.md charts/kiln/README.md
 # Rust names in backticks in every comment of the workspace (`crate::a::b`, `Type::method`).
-python3 scripts/check-doc-paths.py --comments
+python3 scripts/check/doc-paths.py --comments
 # Every e2e test in a group, every Rust test target in ARCHITECTURE.md's table and run here.
-python3 scripts/check-test-groups.py --self-test
-python3 scripts/check-test-groups.py
+python3 scripts/check/test-groups.py --self-test
+python3 scripts/check/test-groups.py
+python3 scripts/check/chart-readme.py --check  # charts/kiln/README.md's values table: values.yaml's comments
 # The e2e checks' own helpers, on canned watch streams (the empty one must fail).
 bash e2e/tests/observe-lib.sh --self-test
 
@@ -96,28 +100,28 @@ phase prerequisites
 if ((E2E)); then scripts/ensure-packages.sh e2e; else scripts/ensure-packages.sh test; fi
 # The slow builds, behind cargo: llama-server (serve_llama.rs, e2e serving-llama) and, for the
 # cluster, Kubernetes (e2e/cluster build: cached after the first) and the KServe environment.
-background llama-server scripts/ensure-llama-tools.sh llama-server
+background llama-server scripts/ensure/llama-tools.sh llama-server
 if ((E2E)); then
   background kubernetes e2e/cluster build
-  background kserve scripts/ensure-kserve.sh
+  background kserve scripts/ensure/kserve.sh
 fi
 # The ONNX Runtime library (PyPI wheel, pinned, cached outside the work tree) that kiln-agent loads
 # at run time for backend.kind onnxruntime; the tests and the e2e agent image use it. The real
 # models and the v2 client (PyPI, cached) the Rust tests need.
 ORT_DYLIB_PATH=$(scripts/ensure-onnxruntime.sh)
 export ORT_DYLIB_PATH
-scripts/ensure-models.sh >/dev/null
-scripts/ensure-llm-models.sh >/dev/null
-scripts/ensure-v2-client.sh >/dev/null
+scripts/ensure/models.sh >/dev/null
+scripts/ensure/llm-models.sh >/dev/null
+scripts/ensure/v2-client.sh >/dev/null
 
 phase "generated gRPC code"
 # The CSI plugin's generated gRPC code is what the vendored protos generate.
-cargo run -q --locked --manifest-path node-agent/proto/gen/Cargo.toml -- --check
+cargo run -q --locked --manifest-path csi-plugin/proto/gen/Cargo.toml -- --check
 phase "cargo fmt --check"
 cargo fmt --all -- --check
 phase "cargo clippy"
 # One run over both feature sets: the test-only hook (cargo feature fault-injection,
-# node-agent/src/pipeline/isolate/fault.rs, which no product build carries) only adds code
+# engines/src/pipeline/isolate/fault.rs, which no product build carries) only adds code
 # (`#[cfg(feature = "fault-injection")]`, no `cfg(not(...))` but on tests' ignore attributes),
 # so the build with it holds every line of the build without it.
 cargo clippy --workspace --all-targets --locked --features kiln-agent/fault-injection -- -D warnings
@@ -131,18 +135,19 @@ cargo test --workspace --locked
 cargo test -p kiln-agent --locked --features fault-injection --test isolation
 
 # What the images and e2e are made of: the product build, whatever the runs above left in the
-# target directory (scripts/product-bins.sh refuses a binary that carries the hook).
+# target directory (scripts/test/product-bins.sh refuses a binary that carries the hook).
 phase "product binaries"
-BIN=$(scripts/product-bins.sh "$WORK/bin")
+BIN=$(scripts/test/product-bins.sh "$WORK/bin")
 # The Containerfile's image stages, run here as written, give the images scripts/build-images.sh
 # makes for push-images.sh and the e2e tests (files, modes, Env, Entrypoint); no builder needed.
 phase Containerfile
-python3 scripts/check-containerfile.py --operator-bin "$BIN/kiln-operator" --agent-bin "$BIN/kiln-agent"
+python3 scripts/check/containerfile.py --operator-bin "$BIN/kiln-operator" --agent-bin "$BIN/kiln-agent" \
+  --csi-bin "$BIN/kiln-csi"
 # push-images.sh against a real registry that wants credentials. Exit 77 (skipped, saying why)
 # only outside CI: under CI=true its prerequisites are installed above, so a skip is a failure.
 phase push-images
 rc=0
-KILN_OPERATOR_BIN=$BIN/kiln-operator scripts/test-push-images.sh || rc=$?
+KILN_OPERATOR_BIN=$BIN/kiln-operator scripts/test/push-images.sh || rc=$?
 if ((rc == 77)) && [[ ${CI:-} != true ]]; then rc=0; fi
 ((rc == 0)) || exit "$rc"
 

@@ -77,6 +77,25 @@ pub mod reasons {
     pub const ACCEPTED: &str = "Accepted";
 }
 
+/// Reasons of a serving pod's `kiln.dev/warm` condition (the agent writes them; `kubectl describe
+/// pod` shows them), other than a node row's phase (`Pending`, `Warming`, …) or a
+/// [`crate::FailureReason`] passed through from the row or the pod's own check.
+pub mod gate_reasons {
+    /// The node serves the target's artifact as specified, and the pod's endpoint (when it names
+    /// a server) gave the golden answers.
+    pub const READY: &str = "Ready";
+    /// The node serves a fallback the target's policy allows.
+    pub const DEGRADED: &str = "Degraded";
+    /// The pod's annotations cannot be acted on (no `kiln.dev/target`, an unknown protocol, …).
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// The named CompiledTarget does not exist or does not select this node.
+    pub const NOT_SELECTED: &str = "NotSelected";
+    /// The node is ready; the pod's server has not answered yet (its containers are not ready).
+    pub const WAITING_FOR_SERVER: &str = "WaitingForServer";
+    /// The pod's server is being sent the fixture's samples.
+    pub const WARMING_SERVER: &str = "WarmingServer";
+}
+
 /// A condition whose status is a bool.
 pub fn condition(
     type_: &str,

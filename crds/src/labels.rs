@@ -66,6 +66,12 @@ pub fn default_class_keys() -> Vec<String> {
 pub const WARM_CONDITION: &str = "kiln.dev/warm";
 /// Pod annotation naming the CompiledTarget (same namespace) a serving pod waits for.
 pub const TARGET_ANNOTATION: &str = "kiln.dev/target";
+/// Pod annotation: how the agent talks to the pod's server (`oip-v2`, `llama-server`).
+pub const PROTOCOL_ANNOTATION: &str = "kiln.dev/protocol";
+/// Pod annotation: the server's port.
+pub const PORT_ANNOTATION: &str = "kiln.dev/port";
+/// Pod annotation: the model name the server knows (default: the target's name).
+pub const MODEL_NAME_ANNOTATION: &str = "kiln.dev/model-name";
 
 /// CompiledTarget annotation: setting it to a new value (any) clears `Stalled` after exhausted
 /// compile attempts and grants `compile.maxAttempts` more.

@@ -38,9 +38,10 @@ pub const GROUP: &str = "kiln.dev";
 /// The one served and stored version.
 pub const VERSION: &str = "v1alpha1";
 
-/// Directories, relative to the workspace root, that hold the committed CRD YAML: the one for
-/// `kubectl apply -f crds/` and the Helm chart's copy (templated with its keep policy).
-pub const CRD_DIRS: [&str; 2] = ["crds", "charts/kiln/files/crds"];
+/// Directories, relative to the workspace root, that hold the committed CRD YAML: the Helm
+/// chart's `files/crds/`, its one copy (templated with its keep policy; `kubectl apply -f
+/// charts/kiln/files/crds/` installs them alone).
+pub const CRD_DIRS: [&str; 1] = ["charts/kiln/files/crds"];
 
 /// Every CRD as (file name, YAML), in a fixed order; `crdgen` writes these and a test checks the
 /// committed copies against them.

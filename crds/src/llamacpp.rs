@@ -106,6 +106,22 @@ impl LlamacppSettings {
         self.context_length.unwrap_or(DEFAULT_CONTEXT_LENGTH)
     }
 
+    /// The settings [`LlamacppSettings::options`] wrote, read back (`source`: unset).
+    pub fn from_options(options: &BTreeMap<String, String>) -> Self {
+        let quantization = options
+            .get("llamacpp.quantization")
+            .filter(|q| q.as_str() != "source")
+            .and_then(|q| serde_json::from_value(serde_json::Value::String(q.clone())).ok());
+        let context_length = options
+            .get("llamacpp.contextLength")
+            .and_then(|n| n.parse().ok());
+        Self {
+            quantization,
+            context_length,
+            ..Self::default()
+        }
+    }
+
     /// The settings as they enter the compile key and the build manifest's backend options.
     pub fn options(&self) -> BTreeMap<String, String> {
         let quantization = self.quantization.map_or("source", Quantization::as_str);

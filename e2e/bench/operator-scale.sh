@@ -77,7 +77,7 @@ NS=bench
 STATE=${KILN_E2E_STATE:-/var/lib/kiln-e2e}
 LOAD0=$(cut -d' ' -f1 /proc/loadavg)
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
-kubectl apply -f "$REPO/crds/" >/dev/null
+kubectl apply -f "$REPO/charts/kiln/files/crds/" >/dev/null
 kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
 kubectl create namespace "$NS" >/dev/null 2>&1 || true
 

@@ -17,8 +17,8 @@ CACHE=${KILN_BENCH_CACHE:-/var/cache/kiln/sizes}
 SEED=${KILN_BENCH_SEED:-1}
 MAX_DISK=${KILN_BENCH_MAX_DISK_PCT:-70}
 NETNS=kiln-e2e
-LLAMA_SERVER=$("$REPO/scripts/ensure-llama-tools.sh" --cached llama-server) ||
-  { echo "llama-server is not built: scripts/ensure-llama-tools.sh llama-server builds it once" >&2; exit 1; }
+LLAMA_SERVER=$("$REPO/scripts/ensure/llama-tools.sh" --cached llama-server) ||
+  { echo "llama-server is not built: scripts/ensure/llama-tools.sh llama-server builds it once" >&2; exit 1; }
 LLAMA_IMAGE=e2e/llama-server:b11434
 REAL=$(kubectl get nodes -o jsonpath='{.items[0].metadata.name}')
 NS= REL= WORK=
@@ -39,8 +39,8 @@ ensure_model() {
   if [[ ! -f $m ]]; then
     disk_ok
     say "   generating $m"
-    python3 "$REPO/scripts/gen-llama-gguf.py" --size-gb "$1" --type "$2" --seed "$SEED" --out "$m" >&2 ||
-      die "gen-llama-gguf.py failed"
+    python3 "$REPO/scripts/gen/llama-gguf.py" --size-gb "$1" --type "$2" --seed "$SEED" --out "$m" >&2 ||
+      die "scripts/gen/llama-gguf.py failed"
   fi
   if [[ ! -f $m.fixture-v1.safetensors ]]; then
     cat >"$CACHE/chat.json" <<'JSON'

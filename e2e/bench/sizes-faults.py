@@ -14,7 +14,7 @@ inside a window of a fraction of a second, and each writing what it saw as JSON.
     sizes-faults.py csi-kill CACHE SIZE MIN_FRACTION TIMEOUT OUT
         Polls CACHE/published/ every 2 ms; once a volume's directory holds its artifact link but
         no kiln.json (the publish is building and hashing it) and the plugin has read
-        MIN_FRACTION of SIZE bytes since (its /proc/PID/io rchar), SIGKILLs `kiln-agent csi`.
+        MIN_FRACTION of SIZE bytes since (its /proc/PID/io rchar), SIGKILLs `kiln-csi`.
         OUT: the volume, what its directory held, the plugin's bytes read, the mounts then.
     sizes-faults.py llama-kill EXCLUDE_UIDS PORT TIMEOUT OUT
         Waits for a llama-server process of a pod not in EXCLUDE_UIDS (comma-separated; the pod
@@ -242,7 +242,7 @@ def csi_kill(cache, size, frac, timeout, out):
     pub = os.path.join(cache, "published")
     csis = pids_of("csi")
     if len(csis) != 1:
-        res["missed"] = f"want one `kiln-agent csi` process, found {csis}"
+        res["missed"] = f"want one `kiln-csi` process, found {csis}"
         write(out, res)
         return 3
     pid = csis[0]

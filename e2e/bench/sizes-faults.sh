@@ -18,7 +18,7 @@
 #                             pod bridge cni0 (registry traffic; from the first agent's
 #                             `preparing` to the new one's `artifact pulled and verified`) are
 #                             under 1.5x the artifact, and the node's row becomes Ready.
-#   2 CSI plugin killed       the `kiln-agent csi` process SIGKILLed while the first pod's
+#   2 CSI plugin killed       the `kiln-csi` process SIGKILLed while the first pod's
 #     mid-publish             NodePublishVolume builds its volume: its directory in the cache's
 #                             published/ holds the artifact link and no kiln.json yet, and the
 #                             plugin has read $KILN_FAULTS_CSI_READ (0.3) of the artifact's bytes
@@ -45,7 +45,7 @@
 #   # or, holding the e2e lock around a cluster of its own:
 #   flock /tmp/kiln-e2e.lock bash -c 'e2e/cluster up && e2e/cluster run -- e2e/bench/sizes-faults.sh 1; e2e/cluster down'
 #
-# Needs root, llama-server (scripts/ensure-llama-tools.sh llama-server) and the disk sizes.sh
+# Needs root, llama-server (scripts/ensure/llama-tools.sh llama-server) and the disk sizes.sh
 # needs for one q4_0 variant (the cached model, its registry blob, the node cache: 3 x SIZE GB);
 # refuses to start with / over $KILN_BENCH_MAX_DISK_PCT (70) percent used. Results (the fault
 # JSON, logs, watches) in $KILN_BENCH_OUT (default a new /tmp/kiln-bench-sizes-faults.XXXXXX).

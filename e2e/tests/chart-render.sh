@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # charts/kiln without a cluster: the real `helm lint` and `helm template` over the value
-# combinations that change what is rendered; the rendered objects checked for what the chart
-# promises (CRDs byte-equal to crdgen's and kept, flags and mounts per component, GPU access
-# only when asked, the CSI plugin privileged apart from the unprivileged agent, RBAC equal to deploy/{operator,agent}-rbac.yaml and without secrets or wildcards, every
-# values.yaml key commented); every env var one the binary reads; the alert rules through the real `promtool check rules`, naming
-# only metrics the operator and agent register; the Grafana dashboard ConfigMap when asked.
+# combinations that change what is rendered; values.schema.json refusing bad values (an unknown
+# pull policy or log format, a misspelt key, a negative count, a malformed digest) with the
+# value's name; the rendered objects checked for what the chart promises (CRDs byte-equal to
+# crdgen's and kept, flags and mounts per component, GPU access only when asked, the CSI plugin
+# privileged and from its own image apart from the unprivileged agent, RBAC without secrets or
+# wildcards, every values.yaml key commented); every env var one the binary reads; the alert
+# rules through the real `promtool check rules`, naming only metrics the operator and agent
+# register; the Grafana dashboard ConfigMap when asked; README.md's values table what
+# scripts/check/chart-readme.py writes, with the defaults values.yaml holds. Needs `helm` and
+# `promtool` on PATH and no cluster: e2e/test.sh runs it through `e2e/cluster run`, which puts
+# the e2e helm on PATH.
 source "$(dirname "$0")/lib.sh"
 REPO=$(cd "$E2E_DIR/.." && pwd)
 CHART=$REPO/charts/kiln
@@ -13,12 +19,37 @@ trap 'rm -rf "$WORK"' EXIT
 command -v promtool >/dev/null || fail "promtool missing (Debian package prometheus; e2e/cluster up installs it)"
 
 helm lint --strict "$CHART" --set store.url=oci://registry.example:5000/kiln
+out=$(helm lint --strict "$CHART" --set store.url=/s --set logFormat=text 2>&1) && fail "helm lint passed a logFormat the schema refuses"
+grep -qF "at '/logFormat'" <<<"$out" || fail "helm lint does not name the bad logFormat: $out"
 out=$(helm template kiln "$CHART" 2>&1) && fail "rendered without store.url"
 [[ $out == *"store.url is required"* ]] || fail "no clear error without store.url: $out"
 out=$(helm template kiln "$CHART" --set store.url=relative/dir 2>&1) && fail "accepted a relative store path"
 [[ $out == *"expected oci://"* ]] || fail "no clear error for a bad store.url: $out"
 
 t() { helm template kiln "$CHART" -n kiln-system "$@"; }
+# refused WANT ARGS...: rendering with ARGS fails, and its error holds WANT (a fixed string, e.g.
+# the schema's path of the bad value).
+refused() {
+  local want=$1 out; shift
+  out=$(t --set store.url=/s "$@" 2>&1) && fail "rendered with $*"
+  grep -qF -- "$want" <<<"$out" || fail "refusing $* does not say $want: $out"
+}
+# values.schema.json: a bad value is refused before anything renders, naming it.
+refused "at '/agent/image/pullPolicy': value must be one of 'IfNotPresent', 'Always', 'Never'" --set agent.image.pullPolicy=Sometimes
+refused "at '/csi/image/pullPolicy'" --set csi.image.pullPolicy=Sometimes
+refused "at '/agent/gpu/image/pullPolicy'" --set agent.gpu.image.pullPolicy=always
+refused "at '/logFormat'" --set logFormat=text
+refused "at '/agent': additional properties 'imag' not allowed" --set agent.imag.pullPolicy=Never
+refused "at '': additional properties 'agnet' not allowed" --set agnet.enabled=false
+refused "at '/operator/replicas': minimum" --set operator.replicas=-1
+refused "at '/compile/maxAttempts': minimum" --set compile.maxAttempts=0
+refused "at '/agent/port': maximum" --set agent.port=70000
+refused "at '/csi/image/tag': got number, want string" --set csi.image.tag=2
+refused "at '/metrics/prometheusRule/failClosedFor'" --set metrics.prometheusRule.failClosedFor=10min
+refused "at '/agent/cacheHostPath'" --set agent.cacheHostPath=var/cache
+# A values file is held to the same schema as --set: a misspelt nested key there too.
+printf 'operator:\n  leaderElection:\n    leasename: other\n' >"$WORK/misspelt.yaml"
+refused "at '/operator/leaderElection': additional properties 'leasename' not allowed" -f "$WORK/misspelt.yaml"
 t --set store.url=/var/lib/kiln/store --set sources.hostPath=/srv/models >"$WORK/fs.yaml"
 t --set store.url=oci://10.0.0.1:5000/kiln --set store.insecure=true --set store.existingSecret=regcred \
   --set agent.gpu.enabled=true --set agent.gpu.runtimeClassName=nvidia --set crds.keep=false \
@@ -46,7 +77,11 @@ t --set store.url=/s --set agent.gpu.enabled=true --set agent.image.pullPolicy=N
   --set "$a[1].matchFields[0].values[0]=n1" >"$WORK/gpuaff.yaml"
 out=$(t --set store.url=/s --set attestation.existingSecret= 2>&1) && fail "rendered attestation without a Secret"
 [[ $out == *"attestation.existingSecret"* ]] || fail "no clear error without attestation.existingSecret: $out"
-out=$(t --set store.url=/s --set backends.onnxruntime=1.31.1 2>&1) && fail "rendered an onnxruntime backend without its library digest"
+# A library without its digest: the schema refuses it, and so does the template where the
+# schema is skipped (--skip-schema-validation).
+refused "at '/backends/onnxruntime'" --set backends.onnxruntime=1.31.1
+out=$(t --skip-schema-validation --set store.url=/s --set backends.onnxruntime=1.31.1 2>&1) &&
+  fail "rendered an onnxruntime backend without its library digest"
 grep -q "VERSION@sha256" <<<"$out" || fail "backends.onnxruntime refusal: $out"
 ident="1.31.1@sha256:$(printf '%064d' 0)"
 t --set store.url=/s --set backends.onnxruntime="$ident" | grep -cF "KILN_BACKEND_VERSIONS, value: \"tract=0.23.9,llamacpp=0.1.160,onnxruntime=$ident\"" >/dev/null ||
@@ -54,7 +89,8 @@ t --set store.url=/s --set backends.onnxruntime="$ident" | grep -cF "KILN_BACKEN
 # The GPU image's library: GPU classes' compile keys name it, with agent.gpu only; without
 # agent.gpu the value changes nothing at all.
 gident="1.31.1@sha256:$(printf '%064d' 1)"
-out=$(t --set store.url=/s --set agent.gpu.enabled=true --set backends.onnxruntimeGpu=1.31.1 2>&1) &&
+refused "at '/backends/onnxruntimeGpu'" --set agent.gpu.enabled=true --set backends.onnxruntimeGpu=1.31.1
+out=$(t --skip-schema-validation --set store.url=/s --set agent.gpu.enabled=true --set backends.onnxruntimeGpu=1.31.1 2>&1) &&
   fail "rendered a GPU onnxruntime backend without its library digest"
 grep -q "onnxruntimeGpu must be VERSION@sha256" <<<"$out" || fail "backends.onnxruntimeGpu refusal: $out"
 t --set store.url=/s --set agent.gpu.enabled=true --set backends.onnxruntime="$ident" --set backends.onnxruntimeGpu="$gident" |
@@ -64,30 +100,47 @@ cmp -s <(t --set store.url=/s --set backends.onnxruntime="$ident") \
   <(t --set store.url=/s --set backends.onnxruntime="$ident" --set backends.onnxruntimeGpu="$gident") ||
   fail "backends.onnxruntimeGpu changes the render without agent.gpu"
 # Images pinned by digest (the values scripts/push-images.sh writes): repository@digest in the
-# operator, both agent DaemonSets and the compile Jobs' images the operator is given; a malformed
-# digest is refused with what to write.
-d1="sha256:$(printf '%064d' 1)" d2="sha256:$(printf '%064d' 2)" d3="sha256:$(printf '%064d' 3)"
+# operator, both agent DaemonSets, the CSI plugin's and the compile Jobs' images the operator is
+# given; a malformed digest is refused with what to write.
+d1="sha256:$(printf '%064d' 1)" d2="sha256:$(printf '%064d' 2)" d3="sha256:$(printf '%064d' 3)" d4="sha256:$(printf '%064d' 4)"
 t --set store.url=/s --set agent.gpu.enabled=true --set backends.onnxruntimeGpu="$gident" \
   --set operator.image.repository=reg.example/k/operator --set operator.image.tag=v1 --set operator.image.digest="$d1" \
   --set agent.image.repository=reg.example/k/agent --set agent.image.digest="$d2" \
-  --set agent.gpu.image.repository=reg.example/k/agent-gpu --set agent.gpu.image.digest="$d3" | python3 -c '
+  --set agent.gpu.image.repository=reg.example/k/agent-gpu --set agent.gpu.image.digest="$d3" \
+  --set csi.image.repository=reg.example/k/csi --set csi.image.digest="$d4" | python3 -c '
 import sys, yaml
-d1, d2, d3 = sys.argv[1:]
+d1, d2, d3, d4 = sys.argv[1:]
 docs = [d for d in yaml.safe_load_all(sys.stdin) if d]
 image = lambda kind, name: [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name][0]["spec"]["template"]["spec"]["containers"][0]
 op = image("Deployment", "kiln-operator")
 env = {e["name"]: e.get("value") for e in op["env"]}
 want = [(op["image"], "reg.example/k/operator@" + d1), (image("DaemonSet", "kiln-agent")["image"], "reg.example/k/agent@" + d2),
         (image("DaemonSet", "kiln-agent-gpu")["image"], "reg.example/k/agent-gpu@" + d3),
+        (image("DaemonSet", "kiln-csi")["image"], "reg.example/k/csi@" + d4),
         (env["KILN_AGENT_IMAGE"], "reg.example/k/agent@" + d2), (env["KILN_GPU_AGENT_IMAGE"], "reg.example/k/agent-gpu@" + d3)]
 bad = [f"{got} != {exp}" for got, exp in want if got != exp]
 print(*bad, sep="\n", file=sys.stderr)
-sys.exit(1 if bad else 0)' "$d1" "$d2" "$d3" || fail "image digests do not pin the images"
-out=$(t --set store.url=/s --set agent.image.digest=sha256:abc 2>&1) && fail "rendered a malformed image digest"
+sys.exit(1 if bad else 0)' "$d1" "$d2" "$d3" "$d4" || fail "image digests do not pin the images"
+refused "at '/agent/image/digest': 'sha256:abc' does not match pattern '^(sha256:[0-9a-f]{64})?\$'" --set agent.image.digest=sha256:abc
+refused "at '/csi/image/digest'" --set csi.image.digest="sha256:$(printf '%064d' 0 | tr 0 A)"
+out=$(t --skip-schema-validation --set store.url=/s --set agent.image.digest=sha256:abc 2>&1) && fail "rendered a malformed image digest"
 grep -q 'expected sha256:<64 lowercase hex>' <<<"$out" || fail "malformed image digest refusal: $out"
 
+# README.md's values table is what scripts/check/chart-readme.py writes; a changed comment, or a key
+# values.schema.json lacks, is caught (on copies of the chart).
+python3 "$REPO/scripts/check/chart-readme.py" --check "$CHART" ||
+  fail "charts/kiln/README.md is not what scripts/check/chart-readme.py writes: run it and commit the result"
+cp -r "$CHART" "$WORK/stale" && cp -r "$CHART" "$WORK/unschemed"
+sed -i 's/^    # Name of that Lease\.$/    # Name of the Lease./' "$WORK/stale/values.yaml"
+out=$(python3 "$REPO/scripts/check/chart-readme.py" --check "$WORK/stale" 2>&1) && fail "chart-readme.py --check passed a stale README"
+grep -qF '+| `operator.leaderElection.leaseName` | `kiln-operator` | Name of the Lease. |' <<<"$out" ||
+  fail "chart-readme.py --check does not show the stale row: $out"
+printf '# A key the schema lacks.\nextra: 1\n' >>"$WORK/unschemed/values.yaml"
+out=$(python3 "$REPO/scripts/check/chart-readme.py" --check "$WORK/unschemed" 2>&1) && fail "chart-readme.py --check passed a key the schema lacks"
+grep -qF "extra is not in values.schema.json" <<<"$out" || fail "chart-readme.py does not name the key the schema lacks: $out"
+
 python3 - "$REPO" "$WORK" <<'PY'
-import glob, re, sys, yaml
+import glob, os, re, sys, yaml
 repo, work = sys.argv[1], sys.argv[2]
 errors = []
 def check(ok, what):
@@ -109,12 +162,12 @@ def env(container):
 fs, oci, minimal, unsigned, srcsig, gpuaff = load("fs"), load("oci"), load("min"), load("unsigned"), load("srcsig"), load("gpuaff")
 nocsi, kubeletdir = load("nocsi"), load("kubeletdir")
 
-# CRDs: exactly what crdgen writes, with the keep policy by default and switchable.
+# CRDs: exactly what crdgen writes (into files/crds/, the one committed copy; kiln-crds' tests
+# keep it current), with the keep policy by default and switchable.
 files = {}
 for f in glob.glob(f"{repo}/charts/kiln/files/crds/*.yaml"):
     d = yaml.safe_load(open(f)); files[d["metadata"]["name"]] = d
-for f in glob.glob(f"{repo}/crds/*.yaml"):
-    d = yaml.safe_load(open(f)); check(files.get(d["metadata"]["name"]) == d, f"chart CRD copy of {f} differs")
+check(sorted(files) == ["compiledtargets.kiln.dev", "kilnnodes.kiln.dev", "modelartifacts.kiln.dev"], f"files/crds/: {sorted(files)}")
 crds = get(fs, "CustomResourceDefinition")
 check(sorted(c["metadata"]["name"] for c in crds) == sorted(files), "CRDs rendered")
 for c in crds:
@@ -218,12 +271,16 @@ check(g["containers"][0]["imagePullPolicy"] == "Never" and g.get("runtimeClassNa
       "GPU agent inherits agent.image.pullPolicy and agent.runtimeClassName when its own are empty")
 check(not get(minimal, "DaemonSet"), "agent.enabled=false (the CSI plugin, which mounts what the agent verified, goes too)")
 
-# The CSI node plugin: its own DaemonSet and account (get KilnNodes, nothing else), privileged
-# for its mounts, the kubelet's directories at their own paths (pods Bidirectional), the agent's
-# cache; the CSIDriver for inline volumes. csi.enabled=false renders none of it.
+# The CSI node plugin: its own DaemonSet, image and account (get KilnNodes, nothing else),
+# privileged for its mounts, the kubelet's directories at their own paths (pods Bidirectional),
+# the agent's cache; the CSIDriver for inline volumes. csi.enabled=false renders none of it.
 csi = one(fs, "DaemonSet", "kiln-csi")["spec"]["template"]["spec"]
 cc, ce = csi["containers"][0], env(csi["containers"][0])
-check(cc["args"] == ["csi"] and csi["serviceAccountName"] == "kiln-csi", "kiln-csi runs `kiln-agent csi` as kiln-csi")
+check(cc["command"] == ["/bin/kiln-csi"] and "args" not in cc and csi["serviceAccountName"] == "kiln-csi",
+      f"kiln-csi runs /bin/kiln-csi as kiln-csi: {cc['command']} {cc.get('args')}")
+check(cc["image"] == "kiln/csi:0.1.0" and cc["imagePullPolicy"] == "IfNotPresent", f"kiln-csi image: {cc['image']} {cc['imagePullPolicy']}")
+check(one(gpuaff, "DaemonSet", "kiln-csi")["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent",
+      "the CSI plugin's pull policy is csi.image's, not agent.image's")
 check(cc["securityContext"].get("privileged") is True, "the CSI plugin is privileged (mounts)")
 mounts = {m["name"]: m for m in cc["volumeMounts"]}
 cvols = {v["name"]: v["hostPath"]["path"] for v in csi["volumes"]}
@@ -269,12 +326,14 @@ check(se.get("KILN_SOURCE_TRUST_SECRET") == "kiln-source-keys" and se.get("KILN_
 check(not any(k.startswith("KILN_SOURCE") for k in env(one(srcsig, "DaemonSet", "kiln-agent")["spec"]["template"]["spec"]["containers"][0])), "agents get no source keys")
 check("KILN_TRUST_KEY" not in env(one(unsigned, "Deployment", "kiln-operator")["spec"]["template"]["spec"]["containers"][0]), "attestation.enabled=false")
 
-# The agent's node confinement: the same policy as deploy/agent-policy.yaml, for the release
-# namespace's agent account; off with agent.nodeConfinement=false.
-policy = [d for d in yaml.safe_load_all(open(f"{repo}/deploy/agent-policy.yaml")) if d]
+# The agent's node confinement, for the release namespace's agent account, failing closed, on
+# writes to KilnNodes and pods' status, each checked against the node in the token; off with
+# agent.nodeConfinement=false (its refusals on a real apiserver: e2e/tests/kiln.sh).
 vap = one(fs, "ValidatingAdmissionPolicy", "kiln-agent-node-confinement")["spec"]
-want = one(policy, "ValidatingAdmissionPolicy", "kiln-agent-node-confinement")["spec"]
-check({k: v for k, v in vap.items() if k != "matchConditions"} == {k: v for k, v in want.items() if k != "matchConditions"}, "agent policy != deploy/agent-policy.yaml")
+check(vap["failurePolicy"] == "Fail", "agent policy fails closed")
+check(sorted(r for rule in vap["matchConstraints"]["resourceRules"] for r in rule["resources"]) == ["kilnnodes", "kilnnodes/status", "pods/status"],
+      f"agent policy resources: {vap['matchConstraints']['resourceRules']}")
+check(len(vap["validations"]) == 3 and all("variables.node" in v["expression"] for v in vap["validations"]), f"agent policy validations: {vap['validations']}")
 check(vap["matchConditions"][0]["expression"] == "request.userInfo.username == 'system:serviceaccount:kiln-system:kiln-agent'", "policy matches the release's agent account")
 check(one(fs, "ValidatingAdmissionPolicyBinding", "kiln-agent-node-confinement")["spec"] == {"policyName": "kiln-agent-node-confinement", "validationActions": ["Deny"]}, "policy binding denies")
 check(not get(minimal, "ValidatingAdmissionPolicy"), "no agent, no agent policy")
@@ -287,22 +346,20 @@ check("kiln-compile" not in subjects, "compile SA has no RBAC")
 for role in get(fs, "ClusterRole") + get(fs, "Role"):
     for rule in role["rules"]:
         check("secrets" not in rule["resources"] and "*" not in rule["resources"] and "*" not in rule["verbs"], f"{role['metadata']['name']}: {rule}")
-def rules(docs, kind, name):
-    return one(docs, kind, name)["rules"]
-deploy = [d for d in yaml.safe_load_all(open(f"{repo}/deploy/operator-rbac.yaml")) if d]
-check(rules(fs, "ClusterRole", "kiln-operator") == rules(deploy, "ClusterRole", "kiln-operator"), "operator ClusterRole != deploy/operator-rbac.yaml")
-check(rules(fs, "Role", "kiln-operator-leader") == rules(deploy, "Role", "kiln-operator-leader"), "leader Role != deploy/operator-rbac.yaml")
-agent_deploy = [d for d in yaml.safe_load_all(open(f"{repo}/deploy/agent-rbac.yaml")) if d]
-agent_rules = rules(fs, "ClusterRole", "kiln-agent")
-check(agent_rules == rules(agent_deploy, "ClusterRole", "kiln-agent"), "agent ClusterRole != deploy/agent-rbac.yaml")
+# The rules themselves are proven by the operator and agent tests, which run the binaries with
+# tokens of these accounts (e2e/tests/operator-lib.sh, agent.sh render them with helm template).
+check([r["resources"] for r in one(fs, "Role", "kiln-operator-leader")["rules"]] == [["leases"]], "the operator's Role is for its Lease only")
+agent_rules = one(fs, "ClusterRole", "kiln-agent")["rules"]
 check(not any(v in r["verbs"] for r in agent_rules for v in ("delete", "deletecollection", "update")), "agent deletes or updates nothing")
 check(not any(r["resources"] == ["pods"] and set(r["verbs"]) - {"get", "list", "watch"} for r in agent_rules), "agent writes pods only via pods/status")
 
 # Every variable the chart sets is one the binary reads (a typo would be silently ignored); the
 # registry flags both take are declared once, in kiln-store. The agent's global flags are in its
-# main.rs, the flags of `run` (what the DaemonSet runs) in cmd/run.rs, those of `csi` in cmd/csi.rs.
+# main.rs, the flags of `run` (what the DaemonSet runs) in cmd/run.rs; kiln-csi's anywhere in its
+# crate, csi-plugin/src.
 agent_srcs = ["node-agent/src/main.rs", "node-agent/src/cmd/run.rs"]
-csi_srcs = ["node-agent/src/main.rs", "node-agent/src/cmd/csi.rs"]
+csi_srcs = sorted(os.path.relpath(p, repo) for p in glob.glob(f"{repo}/csi-plugin/src/**/*.rs", recursive=True))
+check(bool(csi_srcs), "no csi-plugin/src/**/*.rs: where is kiln-csi's source?")
 for srcs, kind, name in ((["operator/src/main.rs"], "Deployment", "kiln-operator"), (agent_srcs, "DaemonSet", "kiln-agent"), (agent_srcs, "DaemonSet", "kiln-agent-gpu"), (csi_srcs, "DaemonSet", "kiln-csi")):
     declared = set(re.findall(r'env\s*=\s*"(\w+)"', "".join(open(f"{repo}/{src}").read() for src in srcs + ["store/src/lib.rs"])))
     for docs in (fs, oci) if name != "kiln-agent-gpu" else (oci, gpuaff):
@@ -318,7 +375,7 @@ rule = one(oci, "PrometheusRule", "kiln")
 yaml.safe_dump({"groups": rule["spec"]["groups"]}, open(f"{work}/rules.yaml", "w"))
 # Alerts name only metrics the components register (a rename breaks this, not the alert).
 registered = set()
-for src, prefix in (("operator/src/metrics.rs", "kiln_operator_"), ("node-agent/src/metrics.rs", "kiln_agent_")):
+for src, prefix in (("operator/src/metrics.rs", "kiln_operator_"), ("engines/src/metrics.rs", "kiln_agent_")):
     registered |= {prefix + n for n in re.findall(r'register\(\s*"(\w+)"', open(f"{repo}/{src}").read())}
 alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
 check({"KilnNodeFailClosed", "KilnTargetStalled", "KilnParityFailures"} <= set(alerts), f"alerts: {alerts}")
@@ -335,6 +392,24 @@ board = one(oci, "ConfigMap", "kiln-dashboard")
 check(board["metadata"]["labels"].get("grafana_dashboard") == "1", "dashboard sidecar label")
 check(json.loads(board["data"]["kiln.json"]) == json.load(open(f"{repo}/charts/kiln/files/dashboards/kiln.json")),
       "the dashboard ConfigMap holds files/dashboards/kiln.json")
+
+# README.md's values table (scripts/check/chart-readme.py reads values.yaml with a parser of its own):
+# each default it shows is the value values.yaml holds, and each top-level key has its row.
+values = yaml.safe_load(open(f"{repo}/charts/kiln/values.yaml"))
+table = {}
+for line in open(f"{repo}/charts/kiln/README.md"):
+    if m := re.match(r"^\| `([\w.]+)` \| (.*?) \| ", line):
+        table[m.group(1)] = m.group(2)
+def at(path):
+    v = values
+    for k in path.split("."):
+        v = v[k]
+    return v
+check(set(values) <= set(table), f"README.md lacks rows for {sorted(set(values) - set(table))}")
+shown = {k: v[1:-1].replace("\\|", "|") for k, v in table.items() if v}  # a section's row has no default
+check(bool(shown), "README.md shows no defaults")
+for key, text in shown.items():
+    check(yaml.safe_load(text) == at(key), f"README.md: {key} shows {text}, values.yaml holds {at(key)!r}")
 
 # Every values.yaml key carries a prose comment, except inside free-form Kubernetes objects.
 free = {"resources", "podSecurityContext", "securityContext", "updateStrategy", "nodeSelector", "tolerations",

@@ -167,7 +167,7 @@ echo "== the plugin SIGKILLed while the kubelet retries a publish: back, registe
 kubectl -n "$SERVE" delete pod nothing --wait=true --timeout=60s >/dev/null
 model_pod again "$TARGET"
 old=$(csi_pod)
-kill -KILL "$(pgrep -f '^/bin/kiln-agent csi')" || die "no plugin process"
+kill -KILL "$(pgrep -f '^/bin/kiln-csi')" || die "no plugin process"
 kubectl -n "$NS" delete pod "$old" --wait=false >/dev/null
 back() {
   kubectl -n "$NS" get pod -l app.kubernetes.io/component=csi -o json |

@@ -39,7 +39,7 @@
 #   engine-abort        / aborts / spins past its deadline while the agent loads and warms it:
 #   engine-spin         its row Failed EngineCrashed naming the signal (Timeout for the spin),
 #                       the agent process the same throughout, the example target Ready and its
-#                       pod gate True at every look (node-agent/src/pipeline/isolate/)
+#                       pod gate True at every look (engines/src/pipeline/isolate/)
 #   engine-memory       a second target whose 212-byte model asks ONNX Runtime for 4 GiB, its
 #                       compile Job limited to 2Gi: the Job's engine process is stopped at the
 #                       limit (class row MemoryBudgetExceeded), the example target Ready
@@ -106,7 +106,7 @@ engine_cases_wanted() {
 if engine_cases_wanted && [[ -z ${KILN_E2E_AGENT_BIN:-} ]]; then
   # Built in the target directory in use (cargo keeps both feature sets' objects, so after the
   # suite's `cargo test --features fault-injection` this only links) and copied into this
-  # test's own directory; the other tests' images come from scripts/product-bins.sh, which
+  # test's own directory; the other tests' images come from scripts/test/product-bins.sh, which
   # builds the product again whatever this left behind.
   (cd "$REPO" && cargo build -q --locked -p kiln-agent --bin kiln-agent --features fault-injection &&
     install -D "${CARGO_TARGET_DIR:-target}/debug/kiln-agent" "$WORK/fault-agent/kiln-agent") ||
@@ -557,7 +557,7 @@ f_csi_plugin() {
   local pod=model-$1 old at_kill
   old=$(kubectl -n "$NS" get pod -l app.kubernetes.io/component=csi -o jsonpath='{.items[0].metadata.name}')
   if ((N % 2)); then
-    kill -KILL "$(pid_of '/bin/kiln-agent csi')" || { echo "   no plugin process" >&2; return 1; }
+    kill -KILL "$(pid_of '/bin/kiln-csi')" || { echo "   no plugin process" >&2; return 1; }
   fi
   kubectl -n "$NS" apply -f - >/dev/null <<YAML
 apiVersion: v1
@@ -572,7 +572,7 @@ spec:
   volumes: [{name: model, csi: {driver: csi.kiln.dev, readOnly: true, volumeAttributes: {target: $TARGET}}}]
 YAML
   if ((N % 2 == 0)); then
-    kill -KILL "$(pid_of '/bin/kiln-agent csi')" || { echo "   no plugin process" >&2; return 1; }
+    kill -KILL "$(pid_of '/bin/kiln-csi')" || { echo "   no plugin process" >&2; return 1; }
   fi
   at_kill=$(if grep -q "kubernetes.io~csi/model/mount" /proc/self/mountinfo; then echo mounted
     elif [[ -n $(ls -A "$WORK/cache/published" 2>/dev/null) ]]; then echo "building the volume"; else echo "before the publish"; fi)

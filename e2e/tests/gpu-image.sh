@@ -6,7 +6,7 @@
 #     library path, except libcuda.so.1 (the NVIDIA container runtime mounts the node's driver);
 #   * so do the libraries that are opened at run time, not linked: the CUDA and TensorRT-less
 #     providers ONNX Runtime opens from its own directory, cuDNN 9 and its sub-libraries, NVRTC
-#     and its builtins (scripts/ensure-onnxruntime-gpu.sh says who opens what);
+#     and its builtins (scripts/ensure/onnxruntime-gpu.sh says who opens what);
 #   * the check fails when a library is missing: one the provider links and one only cuDNN
 #     opens, each removed in turn;
 #   * the image's config sets ORT_DYLIB_PATH to the GPU library, and kiln-agent runs in it:
@@ -33,7 +33,7 @@ if [[ -n ${KILN_E2E_GPU_IMAGE_TAR:-} ]]; then  # an image built elsewhere, check
   ln -s "$(readlink -f "$KILN_E2E_GPU_IMAGE_TAR")" "$WORK/kiln-agent-gpu.tar"
   t1=$SECONDS t2=$SECONDS
 else
-  "$REPO/scripts/ensure-onnxruntime-gpu.sh" >/dev/null || fail "fetching the GPU libraries"
+  "$REPO/scripts/ensure/onnxruntime-gpu.sh" >/dev/null || fail "fetching the GPU libraries"
   t1=$SECONDS
   kiln_gpu_image_tar "$WORK" || fail "building the GPU agent image"
   t2=$SECONDS

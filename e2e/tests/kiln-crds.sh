@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kiln's generated CRDs (crds/*.yaml, or $KILN_E2E_CRD_DIR) are accepted by a
+# kiln's generated CRDs (charts/kiln/files/crds/*.yaml, or $KILN_E2E_CRD_DIR) are accepted by a
 # real apiserver (schema and CEL cost checks happen only there) and become
 # Established; ModelArtifact refuses a spec.source.sha256 that is not 64
 # lowercase hex characters and refuses changing the source. The object comes
@@ -9,9 +9,9 @@ test_namespace
 source "$(dirname "$0")/crd-lib.sh"
 
 shopt -s nullglob
-kiln_crds=("${KILN_E2E_CRD_DIR:-$REPO/crds}"/*.yaml)
+kiln_crds=("${KILN_E2E_CRD_DIR:-$REPO/charts/kiln/files/crds}"/*.yaml)
 if ((${#kiln_crds[@]} == 0)); then
-  skip "no crds/*.yaml yet"
+  skip "no charts/kiln/files/crds/*.yaml yet"
 fi
 for f in "${kiln_crds[@]}"; do establish "$f"; done
 

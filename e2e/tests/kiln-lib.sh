@@ -11,12 +11,13 @@ KILN_TAG=e2e
 ORT_LIB=$("$REPO/scripts/ensure-onnxruntime.sh")
 ORT_IDENTITY="${ORT_LIB##*libonnxruntime.so.}@sha256:$(sha256sum "$ORT_LIB" | cut -d' ' -f1)"
 
-# kiln_images DIR: kiln/operator:e2e and kiln/agent:e2e, built by scripts/build-images.sh (the
+# kiln_images DIR: kiln/operator:e2e, kiln/agent:e2e and kiln/csi:e2e (the CSI node plugin),
+# built by scripts/build-images.sh (the
 # recipe push-images.sh and the Containerfile use: the agent with ONNX Runtime, ORT_DYLIB_PATH
 # set and ORT_DISABLE_TELEMETRY=1) from this checkout's binaries (see bin), loaded into the node.
 kiln_images() {
   local built name path _
-  built=$(kiln_build_images "$1" operator,agent) || return 1
+  built=$(kiln_build_images "$1" operator,agent,csi) || return 1
   while IFS=$'\t' read -r name path _; do
     "$E2E_DIR/cluster" load-image "$path" >/dev/null || return 1
   done <<<"$built"
@@ -28,13 +29,14 @@ kiln_build_images() {
   local bins=()
   [[ ,$2, != *,operator,* ]] || bins+=(--operator-bin "$(bin kiln-operator)")
   [[ ,$2, != *,agent* ]] || bins+=(--agent-bin "$(bin kiln-agent)")
+  [[ ,$2, != *,csi,* ]] || bins+=(--csi-bin "$(bin kiln-csi)")
   "$REPO/scripts/build-images.sh" --images "$2" --tag "$KILN_TAG" "${bins[@]}" "$1"
 }
 
 # kiln_gpu_image_tar DIR: DIR/kiln-agent-gpu.tar, the GPU variant of the agent image
 # (kiln/agent-gpu:e2e), not loaded: the stripped kiln-agent (see bin) with the onnxruntime-gpu
 # library, its CUDA provider and the CUDA 13 / cuDNN 9 libraries of
-# scripts/ensure-onnxruntime-gpu.sh in a layer of their own at $ORT_GPU_IN_IMAGE, which is the
+# scripts/ensure/onnxruntime-gpu.sh in a layer of their own at $ORT_GPU_IN_IMAGE, which is the
 # image's library search path (LD_LIBRARY_PATH: the provider finds its CUDA libraries there);
 # libcuda.so.1 is left to the NVIDIA container runtime, which mounts the node's driver. The
 # chart runs it on GPU nodes (agent.gpu). Fetches 1.2 GB on first use; builds in about a minute.
@@ -98,6 +100,7 @@ kiln_install() {
   helm install "$rel" "$REPO/charts/kiln" -n "$ns" \
     --set operator.image.tag=$KILN_TAG --set operator.image.pullPolicy=Never \
     --set agent.image.tag=$KILN_TAG --set agent.image.pullPolicy=Never \
+    --set csi.image.tag=$KILN_TAG --set csi.image.pullPolicy=Never \
     --set compile.retryBackoffSeconds=2 --set backends.onnxruntime="$ORT_IDENTITY" \
     --set csi.kubeletDir="$KUBELET_DIR" "$@"
 }

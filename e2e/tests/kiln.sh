@@ -37,7 +37,7 @@ kubectl delete namespace "$NS" --wait=true --timeout=120s >/dev/null
 REL=kiln
 IMAGES=$REGISTRY_ADDR/kiln-e2e/$NS
 kiln_readme_install "$WORK" "$IMAGES" "$NS" \
-  "--plain-http --images operator,agent --operator-bin $(bin kiln-operator) --agent-bin $(bin kiln-agent)" \
+  "--plain-http --images operator,agent,csi --operator-bin $(bin kiln-operator) --agent-bin $(bin kiln-agent) --csi-bin $(bin kiln-csi)" \
   "--set store.insecure=true --set sources.hostPath=$WORK/sources --set agent.cacheHostPath=$WORK/cache --set compile.retryBackoffSeconds=2 --set csi.kubeletDir=$KUBELET_DIR" ||
   die "README.md's cluster commands failed"
 T_APPLY=$(date +%s.%N)

@@ -66,7 +66,7 @@ wait_for() {
 
 # bin NAME: $KILN_E2E_OPERATOR_BIN / $KILN_E2E_AGENT_BIN for kiln-operator / kiln-agent when set
 # (faults.sh's agent with the test-only hook), else NAME from $KILN_E2E_BIN_DIR: the product
-# binaries e2e/test.sh builds once per run with scripts/product-bins.sh, never whatever a test
+# binaries e2e/test.sh builds once per run with scripts/test/product-bins.sh, never whatever a test
 # build left in target/. A test run alone builds them (a no-op build after the first, then a copy)
 # into $KILN_E2E_ARTIFACTS/bin, as the runner does.
 bin() {
@@ -74,12 +74,13 @@ bin() {
   case $1 in
     kiln-operator) override=${KILN_E2E_OPERATOR_BIN:-} ;;
     kiln-agent) override=${KILN_E2E_AGENT_BIN:-} ;;
+    kiln-csi) override=${KILN_E2E_CSI_BIN:-} ;;
   esac
   [[ -z $override ]] || { echo "$override"; return; }
   local dir=${KILN_E2E_BIN_DIR:-}
   if [[ -z $dir ]]; then
     dir=${KILN_E2E_ARTIFACTS:-/tmp/kiln-e2e-test}/bin
-    "$REPO/scripts/product-bins.sh" "$dir" >/dev/null || fail "cannot build the product binaries"
+    "$REPO/scripts/test/product-bins.sh" "$dir" >/dev/null || fail "cannot build the product binaries"
   fi
   [[ -x $dir/$1 ]] || fail "$1 is not in KILN_E2E_BIN_DIR ($dir)"
   echo "$dir/$1"
@@ -94,7 +95,7 @@ kiln_image() {
   strip -o "$dir/$name" "$(bin "$name")"
   # Only faults.sh builds an image of the agent with the test-only hook, and says so.
   [[ ${KILN_E2E_FAULT_AGENT:-} == 1 && $name == kiln-agent ]] ||
-    "$REPO/scripts/product-bins.sh" --check "$dir/$name" || fail "the $image image would carry the fault-injection hook"
+    "$REPO/scripts/test/product-bins.sh" --check "$dir/$name" || fail "the $image image would carry the fault-injection hook"
   "$E2E_DIR/build-image" --name "$image" --out "$dir/$name.tar" \
     --add /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt "$@" "$dir/$name" >/dev/null
   "$E2E_DIR/cluster" load-image "$dir/$name.tar" >/dev/null

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Shared set-up of the operator tests (operator.sh, operator-nodes.sh): the operator runs as a
-# process on the host with the token of its ServiceAccount (deploy/operator-rbac.yaml, so missing
+# process on the host with the token of its ServiceAccount (the chart's RBAC,
+# charts/kiln/templates/operator-rbac.yaml rendered for a release kiln in kiln-system, so missing
 # RBAC fails the test); compile Jobs run the real `kiln-agent compile` from an image built by
 # build-image; the model reaches the Job through a read-only hostPath (--sources-host-path) that
 # relative file:// URIs resolve against; the store is a hostPath shared by the Jobs and the operator.
@@ -62,9 +63,11 @@ install -d -m 755 "$WORK/sources"
 cp "$REPO/examples/squeezenet/model.onnx" "$REPO/examples/squeezenet/fixture-v1.safetensors" "$WORK/sources/"
 chmod 644 "$WORK/sources/"*
 
-kubectl apply -f "$REPO/crds/" >/dev/null
+kubectl apply -f "$REPO/charts/kiln/files/crds/" >/dev/null
 kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
-kubectl apply -f "$REPO/deploy/operator-rbac.yaml" >/dev/null
+kubectl create namespace kiln-system --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+helm template kiln "$REPO/charts/kiln" -n kiln-system --set store.url=/unused \
+  --show-only templates/operator-rbac.yaml | kubectl apply -f - >/dev/null
 # A kubeconfig with the operator's ServiceAccount token: the operator gets only what RBAC grants.
 sa_kubeconfig kiln-system kiln-operator "$WORK"
 

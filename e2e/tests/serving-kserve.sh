@@ -3,7 +3,7 @@
 # own ModelServer (`kserve` 0.21.0 from PyPI) wrapping ONNX Runtime 1.31.1 (PyPI) reads the
 # verified artifact of an onnxruntime target from the csi.kiln.dev volume
 # (e2e/testdata/kserve_onnx.py: the optimised graph from kiln's artifact tar, nothing else of
-# kiln's), in an image of Debian's Python and that environment (scripts/ensure-kserve.sh), in a
+# kiln's), in an image of Debian's Python and that environment (scripts/ensure/kserve.sh), in a
 # namespace enforcing Pod Security "restricted". Asserts: the pod is never Ready before the node's
 # row is Ready and the agent has checked its server (KServe lists no binary tensor extension, so
 # the agent's requests are JSON tensors); a real v2 client (tritonclient[http]) gets the
@@ -21,15 +21,15 @@ needs() {
   [[ ${CI:-} != true ]] || die "$1 is required under CI=true"
   skip "$1: it needs PyPI once"
 }
-PY=$("$REPO/scripts/ensure-v2-client.sh") || needs "the v2 client (scripts/ensure-v2-client.sh)"
-KSERVE=$("$REPO/scripts/ensure-kserve.sh") || needs "KServe (scripts/ensure-kserve.sh)"
+PY=$("$REPO/scripts/ensure/v2-client.sh") || needs "the v2 client (scripts/ensure/v2-client.sh)"
+KSERVE=$("$REPO/scripts/ensure/kserve.sh") || needs "KServe (scripts/ensure/kserve.sh)"
 kiln_example_dirs "$WORK"
 kiln_fresh_crds
 kiln_images "$WORK/images" || die "images"
 IMAGE=e2e/kserve-onnx:0.21.0
 # The image is reproducible: kept in the e2e cache under a key of what goes into it (the
 # wrapper, the recipe, the interpreter, the environment's creation), built only when missing.
-key=$({ cat "$REPO/e2e/testdata/kserve_onnx.py" "$REPO/scripts/ensure-kserve.sh" "$E2E_DIR/build-image" /usr/bin/python3.11
+key=$({ cat "$REPO/e2e/testdata/kserve_onnx.py" "$REPO/scripts/ensure/kserve.sh" "$REPO/scripts/lib.sh" "$E2E_DIR/build-image" /usr/bin/python3.11
   stat -c %Y "$KSERVE/pyvenv.cfg"; } | sha256sum | cut -c1-12)
 TAR=$CACHE/images/kserve-onnx-0.21.0-$key.tar
 if [[ ! -s $TAR ]]; then

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The last mile for a GGUF language model on llama.cpp's own llama-server, on the real cluster:
 # the chart (with the csi.kiln.dev node plugin) and a real pretrained model from PyPI (SmolLM2-135M
-# Q4_1, scripts/ensure-llm-models.sh) with a chat fixture made by `kiln-agent fixtures --reference
+# Q4_1, scripts/ensure/llm-models.sh) with a chat fixture made by `kiln-agent fixtures --reference
 # llamacpp --chat`; then, in the target's namespace with Pod Security "restricted" enforced, the
 # README's llama-server Deployment (examples/serving/llama-server.yaml) on an image of
-# llama-server built from source (scripts/ensure-llama-tools.sh, llama.cpp b11434, the release
+# llama-server built from source (scripts/ensure/llama-tools.sh, llama.cpp b11434, the release
 # kiln links) and its Service. Asserts: the pod is never Ready before the node's row is Ready and
 # the agent has checked its server (chat template, tokenizer, greedy tokens; the kiln.dev/warm
 # message names the figures); a client through the Service gets the fixture's greedy tokens; a
@@ -13,18 +13,18 @@
 # completion through the Service after Ready against the p50 the agent measured.
 #
 # Skips, saying why, when llama-server is not built yet (about 25 minutes once on 2 cores:
-# scripts/ensure-llama-tools.sh llama-server); the model needs PyPI once (required under CI).
+# scripts/ensure/llama-tools.sh llama-server); the model needs PyPI once (required under CI).
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/kiln-lib.sh"
 kiln_test serving-llama
 TARGET=smollm2
 NETNS=kiln-e2e
 
-LLAMA_SERVER=$("$REPO/scripts/ensure-llama-tools.sh" --cached llama-server) ||
-  skip "llama-server is not built: scripts/ensure-llama-tools.sh llama-server builds it once"
-if ! MODELS=$(bash "$REPO/scripts/ensure-llm-models.sh"); then
+LLAMA_SERVER=$("$REPO/scripts/ensure/llama-tools.sh" --cached llama-server) ||
+  skip "llama-server is not built: scripts/ensure/llama-tools.sh llama-server builds it once"
+if ! MODELS=$(bash "$REPO/scripts/ensure/llm-models.sh"); then
   [[ ${CI:-} != true ]] || die "the real language model is required under CI=true"
-  skip "no real language model: scripts/ensure-llm-models.sh needs PyPI once"
+  skip "no real language model: scripts/ensure/llm-models.sh needs PyPI once"
 fi
 kiln_example_dirs "$WORK"
 cp "$MODELS/smollm2-135m-q4_1.gguf" "$WORK/sources/smollm2.gguf"

@@ -22,7 +22,7 @@ kiln_test serving
 TARGET=squeezenet-cpu
 NETNS=kiln-e2e
 
-PY=$("$REPO/scripts/ensure-v2-client.sh") || skip "no v2 client: scripts/ensure-v2-client.sh needs PyPI once"
+PY=$("$REPO/scripts/ensure/v2-client.sh") || skip "no v2 client: scripts/ensure/v2-client.sh needs PyPI once"
 kiln_example_dirs "$WORK"
 kiln_fresh_crds
 kiln_images "$WORK/images" || die "images"
@@ -94,6 +94,43 @@ done
 [[ " ${again[*]} " == *" WarmingServer "* || " ${again[*]} " == *" WaitingForServer "* ]] ||
   die "Ready again without a new check (reasons: ${again[*]})"
 echo "   restart → ${again[*]}"
+
+echo "== the agent restarts while the server is replaced: checked again from the node cache's index"
+# The fixture a pass warmed with is read from the cache index, not from the agent's memory, so a
+# new agent process checks a replaced server at once, without waiting for a warmup of its own.
+p=$(kubectl -n "$NS" get pod "$POD" -o json)
+restarts=$(jq '[.status.containerStatuses[].restartCount] | add' <<<"$p")
+uid=$(jq -r .metadata.uid <<<"$p")
+agent=$(pgrep -f '^/bin/kiln-agent run') || die "no agent process"
+[[ $(wc -l <<<"$agent") -eq 1 ]] || die "more than one agent process: $agent"
+agent_restarts=$(kubectl -n "$NS" get pods -l app.kubernetes.io/component=agent -o json | jq '[.items[].status.containerStatuses[].restartCount] | add')
+kill -9 "$agent"
+pid=$(pgrep -f "kiln-agent serve --model-dir /model --port 8000" | while read -r q; do
+  grep -q "$uid" "/proc/$q/cgroup" 2>/dev/null && echo "$q"; done | head -1)
+[[ -n $pid ]] || die "no serve process of pod $POD"
+kill -9 "$pid"
+wait_for "the agent restarted" 60 bash -c \
+  "[[ \$(kubectl -n '$NS' get pods -l app.kubernetes.io/component=agent -o json | jq '[.items[].status.containerStatuses[].restartCount] | add') -gt $agent_restarts ]]"
+wait_for "the server restarted" 60 bash -c \
+  "[[ \$(kubectl -n '$NS' get pod '$POD' -o json | jq '[.status.containerStatuses[].restartCount] | add') -gt $restarts ]]"
+seen=()
+end=$((SECONDS + 120))
+while ((SECONDS < end)); do
+  q=$(kubectl -n "$NS" get pod "$POD" -o json)
+  r=$(cond "$q" kiln.dev/warm reason)
+  [[ -n $r && " ${seen[*]} " != *" $r "* ]] && seen+=("$r")
+  [[ $(cond "$q" kiln.dev/warm status) == True && $(cond "$q" Ready status) == True && ${#seen[@]} -gt 1 ]] && break
+  sleep 0.5
+done
+msg=$(cond "$q" kiln.dev/warm message)
+[[ $(cond "$q" Ready status) == True ]] || die "not Ready again after the agent's restart (reasons: ${seen[*]}; $msg)"
+[[ " ${seen[*]} " == *" WarmingServer "* || " ${seen[*]} " == *" WaitingForServer "* ]] ||
+  die "Ready again without a new check of the replaced server (reasons: ${seen[*]})"
+grep -q "through the server" <<<"$msg" || die "the gate does not name the check through the server: $msg"
+if kubectl -n "$NS" logs -l app.kubernetes.io/component=agent --tail=-1 | grep -q 'records no fixture'; then
+  die "the restarted agent refused a check for want of the fixture"
+fi
+echo "   agent and server restarted → ${seen[*]}"
 
 echo "== a newer revision: the running pod keeps its volume and says so; a new pod mounts the new one"
 # The compile Job reads the example's sources from a hostPath, which restricted forbids: lifted

@@ -1,16 +1,15 @@
-//! kiln-agent: `run` (the DaemonSet), `csi` (the CSI node plugin, a DaemonSet of its own),
-//! `local` (whole pipeline, no cluster), `compile` (the compile Job's worker), `install` (its
+//! kiln-agent: `run` (the DaemonSet), `serve` (a serving pod's model server), `local` (whole pipeline, no cluster), `compile` (the compile Job's worker), `install` (its
 //! init container for foreign compiler images), `fixtures`, `probe`, `bench-verify`,
 //! `bench-pull`, and the hidden `engine` (an engine's own process,
-//! `kiln_agent::pipeline::isolate`). This file only parses the command line,
+//! `kiln_engines::pipeline::isolate`). This file only parses the command line,
 //! sets up logging and dispatches; each subcommand lives in `kiln_agent::cmd`.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use kiln_agent::host::memory;
 use kiln_agent::{cmd, secrets};
 use kiln_endpoints::logging::{self, LogFormat};
+use kiln_engines::host::memory;
 
 #[derive(Parser)]
 #[command(
@@ -19,7 +18,7 @@ use kiln_endpoints::logging::{self, LogFormat};
     about = "kiln node agent: compile, verify, load, warm, report ready"
 )]
 struct Cli {
-    /// Log format on stderr (default: json for `run` and `csi`, plain otherwise).
+    /// Log format on stderr (default: json for `run`, plain otherwise).
     #[arg(long, env = "KILN_LOG_FORMAT", value_enum, global = true)]
     log_format: Option<LogFormat>,
     /// Ceiling on this process's heap (e.g. 3Gi): an allocation past it is refused, so a model
@@ -33,7 +32,7 @@ struct Cli {
     #[arg(long, env = "KILN_ONNXRUNTIME_LIB", global = true)]
     onnxruntime_lib: Option<std::path::PathBuf>,
     /// Run engines (compile, load, warmup) in this process instead of a child: only to measure
-    /// what the child costs (scripts/bench-isolation.sh); a crashing engine then takes the
+    /// what the child costs (scripts/bench/isolation.sh); a crashing engine then takes the
     /// whole process.
     #[arg(long, env = "KILN_ENGINE_IN_PROCESS", global = true, hide = true)]
     engine_in_process: bool,
@@ -46,9 +45,6 @@ enum Command {
     /// The node agent (DaemonSet): pull, verify, load and warm the artifact of every
     /// CompiledTarget that selects this node; report on its KilnNode and pod readiness gates.
     Run(cmd::run::Args),
-    /// The CSI node plugin csi.kiln.dev (its own DaemonSet): mounts the artifact this node's
-    /// agent verified, read-only, into serving pods' inline volumes once the node's row is Ready.
-    Csi(cmd::csi::Args),
     /// Run the whole pipeline on this machine for one ModelArtifact + CompiledTarget YAML.
     /// Without FILE, runs the embedded example (SqueezeNet from the ONNX test data).
     Local(cmd::local::Args),
@@ -75,7 +71,7 @@ enum Command {
     BenchPull(cmd::bench_pull::Args),
     /// Measure streaming sha256 verification against sha256sum and openssl on one file.
     BenchVerify(cmd::bench_verify::Args),
-    /// The engine's process (kiln_agent::pipeline::isolate): one compile or load-and-warm step, its job
+    /// The engine's process (kiln_engines::pipeline::isolate): one compile or load-and-warm step, its job
     /// on stdin, its answer on stdout. Started by kiln-agent itself, never by hand.
     #[command(hide = true)]
     Engine,
@@ -117,22 +113,21 @@ fn main() -> ExitCode {
         memory::install(&HEAP, limit);
     }
     let default_format = match cli.command {
-        Command::Run(_) | Command::Csi(_) => LogFormat::Json,
+        Command::Run(_) => LogFormat::Json,
         _ => LogFormat::Plain,
     };
     if let Err(e) = logging::init(cli.log_format.unwrap_or(default_format)) {
         eprintln!("kiln-agent: cannot set up logging: {e}");
         return ExitCode::FAILURE;
     }
-    kiln_agent::backend::onnxruntime::configure(cli.onnxruntime_lib);
+    kiln_engines::backend::onnxruntime::configure(cli.onnxruntime_lib);
     if cli.engine_in_process {
-        kiln_agent::pipeline::isolate::parent::run_in_process(kiln_agent::cmd::engine::execute);
+        kiln_engines::pipeline::isolate::parent::run_in_process(kiln_agent::cmd::engine::execute);
     }
     // reqwest is built without a default crypto provider; kiln uses ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
     match cli.command {
         Command::Run(args) => cmd::run::main(args),
-        Command::Csi(args) => cmd::csi::main(args),
         Command::Local(args) => cmd::local::main(args),
         Command::Fixtures(args) => cmd::fixtures::main(args),
         Command::Compile(args) => cmd::compile::main(args),

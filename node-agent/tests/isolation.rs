@@ -1,4 +1,4 @@
-//! Engines run in their own process (`kiln_agent::pipeline::isolate`): an engine that segfaults, aborts,
+//! Engines run in their own process (`kiln_engines::pipeline::isolate`): an engine that segfaults, aborts,
 //! spins past its deadline or allocates without bound through ONNX Runtime fails its own
 //! target, classified (`EngineCrashed` with the signal, `Timeout`, `MemoryBudgetExceeded` with
 //! the limit), while kiln-agent itself lives on to report it; a healthy target on the same
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::{AGENT, Case, Run};
 
 /// The hook's marker is in the binary exactly when the feature built the hook in: what
-/// scripts/product-bins.sh greps for to refuse a test build as an image's kiln-agent. Without
+/// scripts/test/product-bins.sh greps for to refuse a test build as an image's kiln-agent. Without
 /// the feature this is the proof that the product carries no hook; with it, that the grep
 /// would see one.
 #[test]

@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::{GgufSpec, Run, data, run_local};
-use kiln_agent::backend::tensor::HostTensor;
-use kiln_agent::pipeline::fixtures::FixtureFile;
+use kiln_engines::backend::tensor::HostTensor;
+use kiln_engines::pipeline::fixtures::FixtureFile;
 use kiln_store::staged::{sha256_bytes, sha256_file};
 use safetensors::Dtype;
 use serde_json::Value;

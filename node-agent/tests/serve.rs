@@ -1,6 +1,6 @@
 //! `kiln-agent serve` on a model directory laid out as a `csi.kiln.dev` volume holds it (from a
 //! real `kiln-agent local` run's store), over real HTTP: a real v2 client from PyPI
-//! (`tritonclient[http]`, scripts/ensure-v2-client.sh) gets the fixture's golden outputs back
+//! (`tritonclient[http]`, scripts/ensure/v2-client.sh) gets the fixture's golden outputs back
 //! within tolerance, with and without the binary extension; the warmer (what the agent runs
 //! against a serving pod) passes it and refuses a server with another model; and every hostile
 //! directory or request is refused with what to fix.
@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use common::servers::{Server, free_port, runtime};
 use common::{AGENT, Case, data};
-use kiln_agent::oip;
-use kiln_agent::pipeline::fixtures::FixtureFile;
-use kiln_agent::warmer::{self, Cold, Endpoint, Protocol};
+use kiln_agent::pod_check::{self, Cold, Endpoint, Protocol};
 use kiln_crds::compiled_target::Warmup;
 use kiln_crds::mounted::{self, MountedModel};
+use kiln_engines::pipeline::fixtures::FixtureFile;
+use kiln_server::oip;
 use kiln_store::staged::sha256_file;
 
 /// A model directory as the node plugin writes it, from a successful local run of `case`.
@@ -144,7 +144,7 @@ fn warmup() -> Warmup {
         .expect("warmup")
 }
 
-fn warm(port: u16, model: &str, fixture: &FixtureFile) -> Result<warmer::Figures, Cold> {
+fn warm(port: u16, model: &str, fixture: &FixtureFile) -> Result<pod_check::Figures, Cold> {
     warm_with(port, model, fixture, &warmup())
 }
 
@@ -153,15 +153,15 @@ fn warm_with(
     model: &str,
     fixture: &FixtureFile,
     warmup: &Warmup,
-) -> Result<warmer::Figures, Cold> {
+) -> Result<pod_check::Figures, Cold> {
     let endpoint = Endpoint {
         protocol: Protocol::OipV2,
         base: format!("http://127.0.0.1:{port}"),
         model: model.into(),
     };
     let rt = runtime();
-    rt.block_on(warmer::warm(
-        &warmer::client(Duration::from_secs(30)),
+    rt.block_on(pod_check::check(
+        &pod_check::client(Duration::from_secs(30)),
         &endpoint,
         fixture,
         warmup,
@@ -231,7 +231,7 @@ fn a_sealed_read_only_volume_is_served_without_a_second_hash() {
     // Mounted read-only, as the plugin mounts it: taken on the seal.
     let ro = case.path("ro");
     std::fs::create_dir_all(&ro).expect("mount point");
-    kiln_agent::csi::mount::bind_read_only(&dir, &ro).expect("bind read-only");
+    kiln_csi::mount::bind_read_only(&dir, &ro).expect("bind read-only");
     let sealed = served_log(&ro);
     // A seal that does not stand (the artifact's modification time moved): hashed again.
     let mut m = MountedModel::parse(&std::fs::read(dir.join(mounted::KILN_JSON)).expect("read"))
@@ -240,17 +240,17 @@ fn a_sealed_read_only_volume_is_served_without_a_second_hash() {
         s.mtime_ns += 1;
     }
     for d in [&ro, &dir] {
-        let _ = kiln_agent::csi::mount::unmount(d);
+        let _ = kiln_csi::mount::unmount(d);
     }
     std::fs::write(
         dir.join(mounted::KILN_JSON),
         serde_json::to_vec(&m).expect("json"),
     )
     .expect("write");
-    kiln_agent::csi::mount::bind_read_only(&dir, &ro).expect("bind read-only");
+    kiln_csi::mount::bind_read_only(&dir, &ro).expect("bind read-only");
     let stale = served_log(&ro);
     for d in [&ro, &dir] {
-        let _ = kiln_agent::csi::mount::unmount(d);
+        let _ = kiln_csi::mount::unmount(d);
     }
     assert!(sealed.contains("hashed=false"), "{sealed}");
     assert!(stale.contains("hashed=true"), "{stale}");
@@ -258,11 +258,11 @@ fn a_sealed_read_only_volume_is_served_without_a_second_hash() {
 
 #[test]
 fn a_real_v2_client_gets_the_golden_outputs() {
-    let python = match Command::new(data("../../../scripts/ensure-v2-client.sh")).output() {
+    let python = match Command::new(data("../../../scripts/ensure/v2-client.sh")).output() {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
         other => {
             kiln_endpoints::test_support::skip(&format!(
-                "no v2 client (scripts/ensure-v2-client.sh needs PyPI once): {other:?}"
+                "no v2 client (scripts/ensure/v2-client.sh needs PyPI once): {other:?}"
             ));
             return;
         }
@@ -310,7 +310,7 @@ fn a_real_v2_client_gets_the_golden_outputs() {
             .iter()
             .map(|t| (t.name.clone(), oip::to_host(t, None).expect("host")))
             .collect();
-        let errors = kiln_agent::pipeline::warmup::parity(&got, &fixture, &warmup())
+        let errors = kiln_engines::pipeline::warmup::parity(&got, &fixture, &warmup())
             .expect("within tolerance");
         assert!(!errors.is_empty());
     }

@@ -1,7 +1,7 @@
 //! The agent's warmer (what it runs against a serving pod annotated `kiln.dev/protocol:
 //! llama-server`) on llama.cpp's own `llama-server`, built from source by
-//! scripts/ensure-llama-tools.sh (llama.cpp b11434, the release kiln links), serving a real GGUF
-//! language model from PyPI (scripts/ensure-llm-models.sh): SmolLM2-135M with a chat fixture and
+//! scripts/ensure/llama-tools.sh (llama.cpp b11434, the release kiln links), serving a real GGUF
+//! language model from PyPI (scripts/ensure/llm-models.sh): SmolLM2-135M with a chat fixture and
 //! with a plain-prompt fixture made by `kiln-agent fixtures --reference llamacpp` passes, every
 //! greedy token exact and the first token's log-probability within tolerance; the same server
 //! started with another chat template (`--chat-template chatml`) is refused as `ServingMismatch`
@@ -10,7 +10,7 @@
 //! `ServingParityExceeded`.
 //!
 //! Skipped, saying why, when llama-server is not built yet (its first build takes about 25
-//! minutes on 2 cores, so the test never starts one: `scripts/ensure-llama-tools.sh
+//! minutes on 2 cores, so the test never starts one: `scripts/ensure/llama-tools.sh
 //! llama-server` does); the models follow the real-model tests' rule (required under CI).
 
 mod common;
@@ -21,19 +21,19 @@ use std::time::{Duration, Instant};
 
 use common::llm::{CHAT, PROMPT, fixtures, models};
 use common::servers::{Server, free_port, runtime};
-use kiln_agent::pipeline::fixtures::FixtureFile;
-use kiln_agent::warmer::{self, Cold, Endpoint, Figures, Protocol};
+use kiln_agent::pod_check::{self, Cold, Endpoint, Figures, Protocol};
 use kiln_crds::compiled_target::Warmup;
+use kiln_engines::pipeline::fixtures::FixtureFile;
 
 /// The built llama-server, or `None` after saying why the test is skipped; under CI a missing
 /// server fails (scripts/test.sh builds it first).
 fn llama_server() -> Option<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure-llama-tools.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure/llama-tools.sh");
     let out = Command::new("bash")
         .arg(&script)
         .args(["--cached", "llama-server"])
         .output()
-        .expect("run scripts/ensure-llama-tools.sh");
+        .expect("run scripts/ensure/llama-tools.sh");
     if !out.status.success() {
         kiln_endpoints::test_support::skip(&format!(
             "no llama-server: {}",
@@ -105,8 +105,8 @@ fn warm(server: &Server, fixture: &FixtureFile) -> Result<Figures, Cold> {
         base: format!("http://127.0.0.1:{}", server.port),
         model: "unused".into(),
     };
-    runtime().block_on(warmer::warm(
-        &warmer::client(Duration::from_secs(60)),
+    runtime().block_on(pod_check::check(
+        &pod_check::client(Duration::from_secs(60)),
         &endpoint,
         fixture,
         &warmup(),

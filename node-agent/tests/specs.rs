@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use kiln_agent::pipeline::spec::Spec;
+use kiln_engines::pipeline::spec::Spec;
 use serde_json::Value;
 
 fn dir() -> std::path::PathBuf {

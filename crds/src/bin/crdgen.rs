@@ -1,5 +1,5 @@
-//! Writes the CRD YAML for every kiln resource: `crdgen` writes `<plural>.yaml` into `crds/`
-//! and into the Helm chart's `charts/kiln/files/crds/` (run from the workspace root);
+//! Writes the CRD YAML for every kiln resource: `crdgen` writes `<plural>.yaml` into the Helm
+//! chart's `charts/kiln/files/crds/`, their one committed copy (run from the workspace root);
 //! `crdgen DIR` writes only into DIR; `crdgen -` prints all of them as one multi-document stream.
 
 use std::path::PathBuf;

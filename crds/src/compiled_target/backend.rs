@@ -155,6 +155,40 @@ impl Backend {
         options
     }
 
+    /// The settings of a built artifact, read back from its build manifest's backend options
+    /// (what [`Backend::options`] wrote, with `kind` the manifest's backend): the execution
+    /// provider, the optimisation level, ONNX Runtime's CUDA settings and llama.cpp's weight type
+    /// and context length. A key that is absent or does not parse stays unset (its default). The
+    /// CPU-fallback policy is the target's, not the artifact's, and is not read back.
+    pub fn from_options(kind: BackendKind, options: &BTreeMap<String, String>) -> Self {
+        fn parse<T: serde::de::DeserializeOwned>(
+            o: &BTreeMap<String, String>,
+            k: &str,
+        ) -> Option<T> {
+            let v = o.get(k)?.clone();
+            serde_json::from_value(serde_json::Value::String(v)).ok()
+        }
+        let mut b = Self::of(kind);
+        b.execution_provider = parse(options, "executionProvider");
+        b.optimization_level = parse(options, "optimizationLevel");
+        let cuda_keys = [
+            "cuda.convAlgoSearch",
+            "cuda.arenaExtendStrategy",
+            "cuda.cudaGraphs",
+        ];
+        if cuda_keys.iter().any(|k| options.contains_key(*k)) {
+            b.cuda = Some(CudaSettings {
+                conv_algo_search: parse(options, "cuda.convAlgoSearch"),
+                arena_extend_strategy: parse(options, "cuda.arenaExtendStrategy"),
+                cuda_graphs: options.get("cuda.cudaGraphs").map(|v| v == "true"),
+            });
+        }
+        if kind == BackendKind::Llamacpp {
+            b.llamacpp = Some(crate::llamacpp::LlamacppSettings::from_options(options));
+        }
+        b
+    }
+
     /// Kind `auto`: the engines a class's compile builds and measures, in the order that
     /// breaks ties (the first passing one is kept unless a later one is clearly faster): tract,
     /// then ONNX Runtime on the CPU, then, on a class with an NVIDIA GPU, ONNX Runtime's CUDA
@@ -359,5 +393,77 @@ impl Precision {
             Self::Bf16 => "bf16",
             Self::Int8 => "int8",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compiled_target::cuda::{ArenaExtendStrategy, ConvAlgoSearch};
+    use crate::llamacpp::{LlamacppSettings, Quantization};
+
+    fn gpu_class() -> ClassFacts {
+        ClassFacts::from([(crate::labels::GPU_PRODUCT.to_string(), "H100".to_string())])
+    }
+
+    /// Every option a backend writes is read back to the same settings, so a server that loads
+    /// an artifact by its manifest runs it as the compile did.
+    #[test]
+    fn options_round_trip_through_from_options() {
+        let cuda = Backend {
+            execution_provider: Some(ExecutionProvider::Cuda),
+            optimization_level: Some(OptimizationLevel::All),
+            cuda: Some(CudaSettings {
+                conv_algo_search: Some(ConvAlgoSearch::Heuristic),
+                arena_extend_strategy: Some(ArenaExtendStrategy::SameAsRequested),
+                cuda_graphs: Some(true),
+            }),
+            ..Backend::of(BackendKind::Onnxruntime)
+        };
+        let llama = Backend {
+            execution_provider: Some(ExecutionProvider::Cuda),
+            llamacpp: Some(LlamacppSettings {
+                quantization: Some(Quantization::Q4KM),
+                context_length: Some(2048),
+                ..LlamacppSettings::default()
+            }),
+            ..Backend::of(BackendKind::Llamacpp)
+        };
+        let source = Backend {
+            llamacpp: Some(LlamacppSettings::default()),
+            ..Backend::of(BackendKind::Llamacpp)
+        };
+        let cpu = Backend::of(BackendKind::Onnxruntime);
+        for (b, class) in [
+            (&cuda, gpu_class()),
+            (&llama, gpu_class()),
+            (&source, ClassFacts::new()),
+            (&cpu, ClassFacts::new()),
+            (&Backend::of(BackendKind::Tract), ClassFacts::new()),
+        ] {
+            let written = b.options(&class);
+            let read = Backend::from_options(b.kind, &written);
+            assert_eq!(read.options(&class), written, "{b:?}");
+        }
+        let read = Backend::from_options(BackendKind::Llamacpp, &llama.options(&gpu_class()));
+        assert_eq!(read.llamacpp, llama.llamacpp);
+        assert_eq!(read.execution_provider, Some(ExecutionProvider::Cuda));
+        let read = Backend::from_options(BackendKind::Onnxruntime, &cuda.options(&gpu_class()));
+        assert_eq!(
+            (read.cuda, read.optimization_level),
+            (cuda.cuda.clone(), cuda.optimization_level)
+        );
+    }
+
+    #[test]
+    fn from_options_leaves_what_does_not_parse_unset() {
+        let garbage = BTreeMap::from([
+            ("executionProvider".to_string(), "quantum".to_string()),
+            ("llamacpp.contextLength".to_string(), "-3".to_string()),
+            ("llamacpp.quantization".to_string(), "Q1_Z".to_string()),
+        ]);
+        let b = Backend::from_options(BackendKind::Llamacpp, &garbage);
+        assert_eq!(b.execution_provider, None);
+        assert_eq!(b.llamacpp, Some(LlamacppSettings::default()));
     }
 }

@@ -165,7 +165,7 @@ pub async fn run(
         agent,
         download,
         hash,
-        peak_rss: crate::host::memory::peak_rss().unwrap_or(0),
+        peak_rss: kiln_engines::host::memory::peak_rss().unwrap_or(0),
         registry: registry.addr,
     })
 }

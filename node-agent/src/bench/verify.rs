@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use kiln_store::staged::sha256_file;
 
-use crate::pipeline::fixtures::Seeded;
+use kiln_engines::pipeline::fixtures::Seeded;
 
 /// One measured tool.
 pub struct Figure {

@@ -43,7 +43,7 @@ pub fn main(args: Args) -> ExitCode {
         Err(e) => {
             eprintln!(
                 "kiln-agent bench-pull: {}",
-                crate::error::with_causes(e.as_ref())
+                kiln_node_core::error::with_causes(e.as_ref())
             );
             return ExitCode::FAILURE;
         }
@@ -69,7 +69,7 @@ pub fn main(args: Args) -> ExitCode {
     );
     println!(
         "  peak resident memory of the process: {}",
-        crate::host::memory::human(f.peak_rss as usize)
+        kiln_engines::host::memory::human(f.peak_rss as usize)
     );
     ExitCode::SUCCESS
 }

@@ -13,15 +13,15 @@ use kiln_crds::{CompiledTarget, ModelArtifact};
 use kiln_store::{Entry, RegistryOptions};
 use prometheus_client::registry::Registry;
 
-use crate::backend;
-use crate::error::{Error, Result};
-use crate::host::probe;
-use crate::metrics::Metrics;
-use crate::pipeline::build::{
+use kiln_engines::backend;
+use kiln_engines::host::probe;
+use kiln_engines::metrics::Metrics;
+use kiln_engines::pipeline::build::{
     Built, Publish, SourcePolicy, SourceTrustArgs, compile_or_reuse, fetch_inputs, key_for,
 };
-use crate::pipeline::fetch::{FetchLimits, Fetcher};
-use crate::pipeline::spec::Spec;
+use kiln_engines::pipeline::fetch::{FetchLimits, Fetcher};
+use kiln_engines::pipeline::spec::Spec;
+use kiln_node_core::error::{Error, Result};
 
 /// What the operator passes to a compile Job.
 pub struct Job {
@@ -41,7 +41,7 @@ pub struct Job {
     pub fetch: FetchLimits,
     /// Signing key, trusted keys and the builder image for the provenance.
     pub publish: Publish,
-    /// The directory an `exec` compiler's model is handed over in (see [`crate::backend::exec`]).
+    /// The directory an `exec` compiler's model is handed over in (see [`kiln_engines::backend::exec`]).
     pub handoff: Option<PathBuf>,
     /// Who may sign model sources.
     pub sources: SourcePolicy,
@@ -61,7 +61,7 @@ pub enum Stage {
 /// What both stages start from: the objects, the backend, this node's facts, the checked key.
 struct Prepared {
     spec: Spec,
-    backend: crate::backend::Builder,
+    backend: kiln_engines::backend::Builder,
     expected: ClassFacts,
     host: kiln_crds::kiln_node::HardwareFacts,
 }
@@ -106,7 +106,7 @@ pub async fn hand_off(job: &Job, metrics: &Metrics) -> Result<()> {
     })?;
     let p = prepare(job, None)?;
     let t = &p.spec.target.spec;
-    let exec = crate::backend::exec::Exec {
+    let exec = kiln_engines::backend::exec::Exec {
         command: t.backend.command.clone(),
         handoff: None,
     };
@@ -120,13 +120,13 @@ pub async fn hand_off(job: &Job, metrics: &Metrics) -> Result<()> {
     let profiles = p.spec.shapes()?;
     tokio::task::block_in_place(|| {
         exec.hand_off(
-            &crate::backend::CompileRequest {
+            &kiln_engines::backend::CompileRequest {
                 model: &inputs.model,
                 profiles: &profiles,
                 precision: t.precision,
                 provider: kiln_crds::compiled_target::ExecutionProvider::Cpu,
                 flags: &t.backend.flags,
-                out: &dir.join(crate::backend::exec::HANDOFF_MODEL),
+                out: &dir.join(kiln_engines::backend::exec::HANDOFF_MODEL),
                 timeout: p.spec.compile_timeout(),
                 memory_budget: None,
                 chat_template: None,
@@ -181,16 +181,16 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<Built> {
 }
 
 /// Every hardware fact of the expected class must hold on this node exactly
-/// ([`crate::host::compat::matches_class`]): the Job's node selector matched its labels, this checks
+/// ([`kiln_engines::host::compat::matches_class`]): the Job's node selector matched its labels, this checks
 /// that they tell the truth about the hardware.
 pub fn check_class(expected: &ClassFacts, probed: &ClassFacts) -> Result<()> {
-    let wrong = crate::host::compat::matches_class(expected, probed);
+    let wrong = kiln_engines::host::compat::matches_class(expected, probed);
     if wrong.is_empty() {
         Ok(())
     } else {
         Err(Error::IncompatibleHardware(format!(
             "this node does not match the class the Job was pinned to ({}); its node labels disagree with its hardware, fix the labels",
-            crate::host::compat::describe(&wrong)
+            kiln_engines::host::compat::describe(&wrong)
         )))
     }
 }

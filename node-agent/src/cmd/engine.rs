@@ -1,4 +1,4 @@
-//! `kiln-agent engine`, the child's side of [`crate::pipeline::isolate`]: read the job (bounded), set the limits on itself,
+//! `kiln-agent engine`, the child's side of [`kiln_engines::pipeline::isolate`]: read the job (bounded), set the limits on itself,
 //! run the one step with the same pipeline functions as ever, answer on stdout, exit. It holds
 //! no store, no client and no credentials; it reads the verified files it is pointed at and
 //! writes only a compile's artifact path.
@@ -7,14 +7,14 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use crate::backend;
-use crate::error::{Error, Result};
-use crate::pipeline::build::{Inputs, Target};
-use crate::pipeline::fixtures::FixtureFile;
-use crate::pipeline::isolate::job::{
-    Answer, Compile, Compiled, FixtureRef, Job, LoadWarm, MAX_JOB_BYTES, Outcome, Request, Warmed,
+use kiln_engines::backend;
+use kiln_engines::pipeline::build::{Inputs, Target};
+use kiln_engines::pipeline::fixtures::FixtureFile;
+use kiln_engines::pipeline::isolate::task::{
+    Answer, Compile, Compiled, FixtureRef, LoadWarm, MAX_TASK_BYTES, Outcome, Request, Task, Warmed,
 };
-use crate::pipeline::spec::Spec;
+use kiln_engines::pipeline::spec::Spec;
+use kiln_node_core::error::{Error, Result};
 
 /// `kiln-agent engine`: exit 0 with an answer on stdout, whatever the step's result; any other
 /// exit is the parent's to classify.
@@ -26,12 +26,12 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = crate::pipeline::isolate::limits::apply(&request.limits) {
+    if let Err(e) = kiln_engines::pipeline::isolate::limits::apply(&request.limits) {
         eprintln!("kiln-agent engine: cannot set its limits ({e}); not running the engine");
         return ExitCode::from(3);
     }
     #[cfg(feature = "fault-injection")]
-    crate::pipeline::isolate::fault::maybe(&request.job);
+    kiln_engines::pipeline::isolate::fault::maybe(&request.job);
     let answer = execute(request.job);
     let written = serde_json::to_vec(&answer)
         .map_err(std::io::Error::other)
@@ -49,24 +49,26 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Reads one [`Request`] of at most [`MAX_JOB_BYTES`].
+/// Reads one [`Request`] of at most [`MAX_TASK_BYTES`].
 fn read_request(r: impl Read) -> std::result::Result<Request, String> {
     let mut bytes = Vec::new();
-    r.take(MAX_JOB_BYTES + 1)
+    r.take(MAX_TASK_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > MAX_JOB_BYTES {
-        return Err(format!("larger than {MAX_JOB_BYTES} bytes"));
+    if bytes.len() as u64 > MAX_TASK_BYTES {
+        return Err(format!("larger than {MAX_TASK_BYTES} bytes"));
     }
     serde_json::from_slice(&bytes).map_err(|e| e.to_string())
 }
 
 /// Runs one step and says how it went; the same in the child and (measuring) in process.
-pub fn execute(job: Job) -> Answer {
+pub fn execute(job: Task) -> Answer {
     let outcome = match job {
-        Job::LoadWarm(j) => load_warm(&j).map(|w| Outcome::Warmed(Box::new(w))),
-        Job::Compile(j) => compile(*j).map(|c| Outcome::Compiled(Box::new(c))),
-        Job::Reference(j) => crate::golden::make_file(&j).map(|sha256| Outcome::Made { sha256 }),
+        Task::LoadWarm(j) => load_warm(&j).map(|w| Outcome::Warmed(Box::new(w))),
+        Task::Compile(j) => compile(*j).map(|c| Outcome::Compiled(Box::new(c))),
+        Task::Reference(j) => {
+            kiln_engines::golden::make_file(&j).map(|sha256| Outcome::Made { sha256 })
+        }
     }
     .unwrap_or_else(|e| Outcome::Failed {
         reason: e.reason(),
@@ -74,7 +76,7 @@ pub fn execute(job: Job) -> Answer {
     });
     Answer {
         outcome,
-        peak_rss_bytes: crate::host::memory::peak_rss(),
+        peak_rss_bytes: kiln_engines::host::memory::peak_rss(),
     }
 }
 
@@ -97,20 +99,20 @@ fn fixture(f: &FixtureRef) -> Result<FixtureFile> {
 fn load_warm(j: &LoadWarm) -> Result<Warmed> {
     let fixture = fixture(&j.fixture)?;
     let backend = backend::for_artifact(&j.backend, &j.manifest)?;
-    let window = crate::host::memory::PeakWindow::start();
+    let window = kiln_engines::host::memory::PeakWindow::start();
     let started = Instant::now();
     let engine = backend.load(&j.artifact)?;
     let load_seconds = started.elapsed().as_secs_f64();
-    // The parent shows the phase Warming from here (crate::pipeline::isolate::parent::LOADED).
-    eprintln!("{}", crate::pipeline::isolate::parent::LOADED);
-    let device_after_load = crate::host::device_memory::process_bytes();
-    let mut report = crate::pipeline::warmup::warm(engine.as_ref(), &fixture, &j.warmup)?;
+    // The parent shows the phase Warming from here (kiln_engines::pipeline::isolate::parent::LOADED).
+    eprintln!("{}", kiln_engines::pipeline::isolate::parent::LOADED);
+    let device_after_load = kiln_engines::host::device_memory::process_bytes();
+    let mut report = kiln_engines::pipeline::warmup::warm(engine.as_ref(), &fixture, &j.warmup)?;
     // Read while the engine still holds its memory.
-    report.peak_device_memory_bytes = crate::host::device_memory::process_bytes();
+    report.peak_device_memory_bytes = kiln_engines::host::device_memory::process_bytes();
     drop(engine);
     report.peak_memory_bytes = window
         .as_ref()
-        .and_then(crate::host::memory::PeakWindow::peak_bytes);
+        .and_then(kiln_engines::host::memory::PeakWindow::peak_bytes);
     Ok(Warmed {
         load_seconds,
         device_after_load,
@@ -133,10 +135,11 @@ fn compile(j: Compile) -> Result<Compiled> {
         out: &j.out,
         key: &j.key,
     };
-    let manifest = crate::pipeline::build::compile(&spec, &inputs, backend.as_ref(), &target)?;
+    let manifest =
+        kiln_engines::pipeline::build::compile(&spec, &inputs, backend.as_ref(), &target)?;
     let measured = j
         .measure
-        .then(|| crate::pipeline::compile::measure(&spec, &inputs, backend.as_ref(), &j.out))
+        .then(|| kiln_engines::pipeline::compile::measure(&spec, &inputs, backend.as_ref(), &j.out))
         .transpose()?;
     Ok(Compiled { manifest, measured })
 }
@@ -147,7 +150,7 @@ mod tests {
 
     #[test]
     fn an_oversized_or_malformed_job_is_refused() {
-        let big = vec![b' '; MAX_JOB_BYTES as usize + 1];
+        let big = vec![b' '; MAX_TASK_BYTES as usize + 1];
         assert!(
             read_request(&big[..])
                 .expect_err("big")

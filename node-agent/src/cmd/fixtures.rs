@@ -1,18 +1,18 @@
 //! `kiln-agent fixtures`: makes a versioned fixture file from a model and given or seeded-random
 //! inputs, with golden outputs from the reference (unoptimised) execution of the source model.
 //! Reads the model (and given inputs), writes only the output file. The reference runs in the
-//! engine's own process ([`crate::pipeline::isolate`]), under the same limits as a compile.
+//! engine's own process ([`kiln_engines::pipeline::isolate`]), under the same limits as a compile.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use kiln_crds::compiled_target::{BackendKind, Tolerance};
 
-use crate::backend::Shapes;
-use crate::error::Error;
-use crate::golden::Request;
-use crate::pipeline::isolate::job::{Job, Outcome};
-use crate::pipeline::text::{TextPrompt, TextRequest};
+use kiln_engines::backend::Shapes;
+use kiln_engines::golden::Request;
+use kiln_engines::pipeline::isolate::task::{Outcome, Task};
+use kiln_engines::pipeline::text::{TextPrompt, TextRequest};
+use kiln_node_core::error::Error;
 
 /// Flags of `fixtures`.
 #[derive(clap::Args)]
@@ -129,7 +129,7 @@ pub fn main(args: Args) -> ExitCode {
             .map(|(atol, rtol)| Tolerance { atol, rtol }),
         text,
     };
-    let job = crate::pipeline::isolate::job::Reference {
+    let job = kiln_engines::pipeline::isolate::task::Reference {
         model: request.model.to_path_buf(),
         version: request.version.to_string(),
         shapes: request.shapes,
@@ -142,14 +142,17 @@ pub fn main(args: Args) -> ExitCode {
         text: request.text,
     };
     let what = format!("running {} for reference outputs", args.model.display());
-    let result =
-        crate::pipeline::isolate::parent::run(Job::Reference(Box::new(job)), &what, DEADLINE)
-            .and_then(|answer| match answer.outcome {
-                Outcome::Made { sha256 } => Ok(sha256),
-                _ => Err(Error::EngineAnswer(format!(
-                    "{what}: the answer is not a fixture's"
-                ))),
-            });
+    let result = kiln_engines::pipeline::isolate::parent::run(
+        Task::Reference(Box::new(job)),
+        &what,
+        DEADLINE,
+    )
+    .and_then(|answer| match answer.outcome {
+        Outcome::Made { sha256 } => Ok(sha256),
+        _ => Err(Error::EngineAnswer(format!(
+            "{what}: the answer is not a fixture's"
+        ))),
+    });
     match result {
         Ok(sha256) => {
             println!("{sha256}  {}", args.out.display());
@@ -177,7 +180,7 @@ fn text_request(args: &Args) -> std::result::Result<Option<TextRequest>, String>
             }
             let json = std::fs::read_to_string(path)
                 .map_err(|e| format!("--chat {}: {e}", path.display()))?;
-            crate::pipeline::text::messages(&json)
+            kiln_engines::pipeline::text::messages(&json)
                 .map_err(|e| format!("--chat {}: {e}", path.display()))?;
             TextPrompt::Chat(json)
         }
@@ -185,7 +188,7 @@ fn text_request(args: &Args) -> std::result::Result<Option<TextRequest>, String>
     };
     let chat_template = match &args.chat_template {
         Some(path) => Some(
-            crate::backend::llamacpp::read_chat_template(path)
+            kiln_engines::backend::llamacpp::read_chat_template(path)
                 .map_err(|e| format!("--chat-template: {e}"))?,
         ),
         None => None,

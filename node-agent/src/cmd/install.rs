@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use kiln_crds::inject::agent_command;
 
-use crate::error::{Error, Result};
+use kiln_node_core::error::{Error, Result};
 
 /// Bytes read from the start of the executable to find its interpreter.
 const HEAD: usize = 64 * 1024;

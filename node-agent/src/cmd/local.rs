@@ -12,16 +12,16 @@ use kiln_store::FsStore;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
-use crate::backend;
-use crate::error::Result;
-use crate::host::probe;
-use crate::metrics::Metrics;
-use crate::pipeline::build::{
+use kiln_engines::backend;
+use kiln_engines::host::probe;
+use kiln_engines::metrics::Metrics;
+use kiln_engines::pipeline::build::{
     Built, Publish, SourceTrustArgs, compile_or_reuse, fetch_inputs, key_for,
 };
-use crate::pipeline::fetch::{FetchLimits, Fetcher};
-use crate::pipeline::ready::{load_warm, pull_verified};
-use crate::pipeline::spec::Spec;
+use kiln_engines::pipeline::fetch::{FetchLimits, Fetcher};
+use kiln_engines::pipeline::ready::{load_warm, pull_verified};
+use kiln_engines::pipeline::spec::Spec;
+use kiln_node_core::error::Result;
 use kiln_store::TrustArgs;
 
 /// The outcome of a local run; with `--output json` this is the last line on stdout.
@@ -168,7 +168,7 @@ async fn pipeline(
     // Loaded by the backend the verified manifest names: for `auto`, the kept candidate's.
     let backend = backend::for_artifact(&t.backend, &manifest)?;
     outcome.engine = Some(manifest.engine());
-    let labels = crate::metrics::TargetLabels {
+    let labels = kiln_engines::metrics::TargetLabels {
         namespace: spec.target.metadata.namespace.clone().unwrap_or_default(),
         target: spec.target.metadata.name.clone().unwrap_or_default(),
         class: id.clone(),
@@ -182,7 +182,7 @@ async fn pipeline(
             inputs.fixture_ref(),
             &spec.target,
             &labels,
-            crate::pipeline::ready::gpu_memory(&host),
+            kiln_engines::pipeline::ready::gpu_memory(&host),
             warm_deadline.saturating_mul(2),
             metrics,
         )
@@ -216,7 +216,7 @@ fn record_build(outcome: &mut Outcome, manifest: &kiln_crds::BuildManifest, cach
 }
 
 /// What load and warmup measured, in the outcome.
-fn record_ready(outcome: &mut Outcome, name: &str, ready: &crate::pipeline::ready::Ready) {
+fn record_ready(outcome: &mut Outcome, name: &str, ready: &kiln_engines::pipeline::ready::Ready) {
     let w = &ready.warmup;
     outcome.parity_max_abs_error = Some(w.parity_max_abs_error);
     outcome.load_seconds = Some(ready.load_seconds);
@@ -390,7 +390,7 @@ fn print_plain(outcome: &Outcome) {
     if let Some(peak) = outcome.peak_memory_bytes {
         println!(
             "  peak memory      {} above the baseline in load and warmup",
-            crate::host::memory::human(peak as usize)
+            kiln_engines::host::memory::human(peak as usize)
         );
     }
     if let Some(g) = &outcome.generation {
@@ -415,7 +415,7 @@ fn print_plain(outcome: &Outcome) {
     if let Some(peak) = outcome.peak_device_memory_bytes {
         println!(
             "  peak GPU memory  {} held by this process after load and warmup",
-            crate::host::memory::human(peak as usize)
+            kiln_engines::host::memory::human(peak as usize)
         );
     }
     if let Some(p) = &outcome.placement {

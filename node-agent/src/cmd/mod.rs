@@ -1,13 +1,12 @@
 //! The subcommands of `kiln-agent`, one module each: the clap arguments (every flag with its
 //! environment variable) and the entry point that runs it and turns the outcome into output and
-//! an exit code. The work itself is in the library ([`crate::pipeline`], [`crate::daemon`],
-//! [`crate::golden`], [`crate::bench`]); no subcommand's module calls another's.
-//! Only `run` and `csi` talk to a cluster.
+//! an exit code. The work itself is in the library ([`kiln_engines::pipeline`], [`crate::daemon`],
+//! [`kiln_engines::golden`], [`crate::bench`]); no subcommand's module calls another's.
+//! Only `run` talks to a cluster.
 
 pub mod bench_pull;
 pub mod bench_verify;
 pub mod compile;
-pub mod csi;
 pub mod engine;
 pub mod fixtures;
 pub mod install;

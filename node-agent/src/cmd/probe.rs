@@ -1,10 +1,10 @@
 //! `kiln-agent probe`: prints this machine's hardware facts and the class labels they give, as
-//! JSON. Reads the machine only ([`crate::host::probe`]).
+//! JSON. Reads the machine only ([`kiln_engines::host::probe`]).
 
 use std::process::ExitCode;
 
-use crate::backend;
-use crate::host::probe;
+use kiln_engines::backend;
+use kiln_engines::host::probe;
 
 /// Probes and prints; always succeeds (a missing GPU driver is a fact, not an error).
 pub fn main() -> ExitCode {

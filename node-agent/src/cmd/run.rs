@@ -34,7 +34,7 @@ pub struct Args {
     #[arg(long, env = "KILN_RESYNC_SECONDS", default_value_t = 30)]
     resync_seconds: u64,
     #[command(flatten)]
-    fetch: crate::pipeline::fetch::FetchLimits,
+    fetch: kiln_engines::pipeline::fetch::FetchLimits,
     /// Seconds one target's artifact pull (and fixture fetch) may take before it is `Timeout`
     /// and the agent goes on with the others.
     #[arg(long, env = "KILN_PULL_DEADLINE_SECONDS", default_value_t = 1800)]
@@ -89,7 +89,7 @@ pub fn main(args: Args) -> ExitCode {
     match runtime.block_on(crate::daemon::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let error = crate::error::with_causes(e.as_ref());
+            let error = kiln_node_core::error::with_causes(e.as_ref());
             tracing::error!(%error, "kiln-agent run failed");
             ExitCode::FAILURE
         }

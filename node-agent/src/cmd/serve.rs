@@ -1,4 +1,4 @@
-//! `kiln-agent serve`: its flags and its entry. The server is [`crate::server`]; this file
+//! `kiln-agent serve`: its flags and its entry. The server is [`kiln_server`]; this file
 //! starts it, loads the model beside it, and turns a load failure into an exit code.
 
 use std::path::PathBuf;
@@ -32,19 +32,19 @@ pub fn main(args: Args) -> ExitCode {
     let Some(runtime) = super::runtime() else {
         return ExitCode::FAILURE;
     };
-    let state = Arc::new(crate::server::State {
+    let state = Arc::new(kiln_server::State {
         served: OnceLock::new(),
         max_body: args.max_request_bytes,
     });
     let listen = std::net::SocketAddr::new(args.host, args.port);
     let result = runtime.block_on(async {
-        let server = tokio::spawn(crate::server::serve(
+        let server = tokio::spawn(kiln_server::serve(
             listen,
             state.clone(),
             kiln_endpoints::shutdown_signal(),
         ));
         let (dir, name) = (args.model_dir.clone(), args.model_name.clone());
-        let loaded = tokio::task::spawn_blocking(move || crate::server::model::open(&dir, name))
+        let loaded = tokio::task::spawn_blocking(move || kiln_server::model::open(&dir, name))
             .await
             .map_err(|e| anyhow::anyhow!("loading failed: {e}"))??;
         tracing::info!(model = %loaded.name, target = %format!("{}/{}", loaded.mounted.namespace, loaded.mounted.target), revision = loaded.mounted.revision, digest = %loaded.mounted.digest, engine = %loaded.metadata.platform, load_seconds = loaded.load_seconds, hashed = loaded.hashed, "model loaded; ready");
@@ -55,7 +55,7 @@ pub fn main(args: Args) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let error = crate::error::with_causes(e.as_ref());
+            let error = kiln_node_core::error::with_causes(e.as_ref());
             tracing::error!(%error, model_dir = %args.model_dir.display(), "kiln-agent serve failed");
             ExitCode::FAILURE
         }

@@ -29,15 +29,15 @@ use super::decide::pick::{Next, Pick, after_failure, alternates, wanted};
 use super::decide::rows::{self, Fallback, Prepared, serves};
 use super::decide::{Action, Attempt, State, TargetKey, next_action};
 use super::{target, writes};
-use crate::backend;
-use crate::cache::{Cache, KnownGood};
-use crate::error::{Error, Result};
-use crate::host::probe;
-use crate::metrics::{Metrics, TargetLabels};
-use crate::pipeline::fetch::Fetcher;
-use crate::pipeline::isolate::job::{FixtureRef, LoadWarm};
-use crate::pipeline::ready;
-use crate::pipeline::spec::Spec;
+use kiln_engines::backend;
+use kiln_engines::host::probe;
+use kiln_engines::metrics::{Metrics, TargetLabels};
+use kiln_engines::pipeline::fetch::Fetcher;
+use kiln_engines::pipeline::isolate::task::{FixtureRef, LoadWarm};
+use kiln_engines::pipeline::ready;
+use kiln_engines::pipeline::spec::Spec;
+use kiln_node_core::cache::{Cache, KnownGood};
+use kiln_node_core::error::{Error, Result};
 
 /// What the agent needs for a pass.
 pub struct Agent {
@@ -365,16 +365,9 @@ impl Agent {
             self.deadlines.pull,
             &format!("fetching the fixture of {name}"),
             "--pull-deadline-seconds",
-            crate::pipeline::build::fetch_fixture(&spec, &self.fetcher),
+            kiln_engines::pipeline::build::fetch_fixture(&spec, &self.fetcher),
         )
         .await?;
-        self.serving.fixtures.insert(
-            key.clone(),
-            FixtureRef {
-                path: fixture.path.clone(),
-                sha256: fixture.sha256.clone(),
-            },
-        );
         let job = LoadWarm {
             backend: t.spec.backend.clone(),
             manifest: pulled.manifest.clone(),
@@ -399,7 +392,7 @@ impl Agent {
         })
     }
 
-    /// Loads and warms in the engine's own process (crate::pipeline::isolate), which proves the engine
+    /// Loads and warms in the engine's own process (kiln_engines::pipeline::isolate), which proves the engine
     /// and exits: nothing stays loaded here; serving pods load their own copy. Publishes
     /// Loading, then Warming once the child says the engine is loaded.
     async fn load_warm(
@@ -411,7 +404,7 @@ impl Agent {
         name: &str,
     ) -> Result<ready::Ready> {
         self.phase(key, pick, NodePhase::Loading).await;
-        ready::fits_node(&t.spec.warmup, crate::host::memory::available())?;
+        ready::fits_node(&t.spec.warmup, kiln_engines::host::memory::available())?;
         // --warmup-deadline-seconds bounds loading and warming each, so both together get twice.
         let deadline = self.deadlines.warm.saturating_mul(2);
         let what = format!("loading and warming {name} (--warmup-deadline-seconds)");

@@ -2,13 +2,13 @@
 //! bytes just under the read timeout, a model that takes an hour to load or warm) cannot hold the
 //! node's other targets: past its deadline a step is `Timeout` for its own target and the agent
 //! goes on. An async step is cancelled; load and warmup run in the engine's own process
-//! (`crate::pipeline::isolate`), whose whole process group is killed when its deadline passes.
+//! (`kiln_engines::pipeline::isolate`), whose whole process group is killed when its deadline passes.
 //! Pure plumbing: runs what it is given; touches nothing itself.
 
 use std::future::Future;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use kiln_node_core::error::{Error, Result};
 
 /// How long each step of preparing one target may take.
 #[derive(Clone, Copy, Debug)]

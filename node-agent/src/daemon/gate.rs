@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kiln_crds::conditions::gate_reasons;
 use kiln_crds::kiln_node::{NodePhase, NodeTargetStatus};
 use kiln_crds::labels::{TARGET_ANNOTATION, WARM_CONDITION};
 
@@ -12,7 +13,7 @@ use super::decide::TargetKey;
 
 /// The condition a pod should have.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Warm {
+pub struct GateCondition {
     /// True only while the target is served on this node.
     pub status: bool,
     /// `Ready`, `Degraded` (a fallback is served), a phase, or a failure reason.
@@ -31,7 +32,7 @@ pub fn declares_gate(pod: &Pod) -> bool {
 
 /// The condition a pod that declares the gate should carry; `None` for pods that do not.
 /// `rows` are this node's target rows.
-pub fn desired(pod: &Pod, rows: &BTreeMap<TargetKey, NodeTargetStatus>) -> Option<Warm> {
+pub fn desired(pod: &Pod, rows: &BTreeMap<TargetKey, NodeTargetStatus>) -> Option<GateCondition> {
     if !declares_gate(pod) {
         return None;
     }
@@ -42,18 +43,18 @@ pub fn desired(pod: &Pod, rows: &BTreeMap<TargetKey, NodeTargetStatus>) -> Optio
         .as_ref()
         .and_then(|a| a.get(TARGET_ANNOTATION))
     else {
-        return Some(Warm {
+        return Some(GateCondition {
             status: false,
-            reason: "InvalidSpec".into(),
+            reason: gate_reasons::INVALID_SPEC.into(),
             message: format!(
                 "the pod declares the {WARM_CONDITION} readiness gate but has no {TARGET_ANNOTATION} annotation naming a CompiledTarget"
             ),
         });
     };
     let Some(row) = rows.get(&TargetKey::new(namespace.clone(), target.clone())) else {
-        return Some(Warm {
+        return Some(GateCondition {
             status: false,
-            reason: "NotSelected".into(),
+            reason: gate_reasons::NOT_SELECTED.into(),
             message: format!(
                 "CompiledTarget {namespace}/{target} does not exist or does not select this node"
             ),
@@ -61,20 +62,20 @@ pub fn desired(pod: &Pod, rows: &BTreeMap<TargetKey, NodeTargetStatus>) -> Optio
     };
     let digest = row.artifact_digest.as_deref().unwrap_or("?");
     let warm = match row.phase {
-        NodePhase::Ready => Warm {
+        NodePhase::Ready => GateCondition {
             status: true,
-            reason: "Ready".into(),
+            reason: gate_reasons::READY.into(),
             message: format!(
                 "revision {} (class {}, sha256:{digest}) verified, loaded and warmed on this node",
                 row.revision, row.class
             ),
         },
-        NodePhase::Degraded => Warm {
+        NodePhase::Degraded => GateCondition {
             status: true,
-            reason: "Degraded".into(),
+            reason: gate_reasons::DEGRADED.into(),
             message: row.message.clone().unwrap_or_default(),
         },
-        NodePhase::Failed => Warm {
+        NodePhase::Failed => GateCondition {
             status: false,
             reason: row
                 .reason
@@ -82,7 +83,7 @@ pub fn desired(pod: &Pod, rows: &BTreeMap<TargetKey, NodeTargetStatus>) -> Optio
                 .unwrap_or_else(|| "Failed".into()),
             message: row.message.clone().unwrap_or_default(),
         },
-        phase => Warm {
+        phase => GateCondition {
             status: false,
             reason: phase.as_str().to_string(),
             message: row.message.clone().unwrap_or_else(|| {
@@ -106,7 +107,7 @@ fn current(pod: &Pod) -> Option<&PodCondition> {
 }
 
 /// Whether the pod's current condition differs from `want` (status, reason or message).
-pub fn differs(pod: &Pod, want: &Warm) -> bool {
+pub fn differs(pod: &Pod, want: &GateCondition) -> bool {
     match current(pod) {
         None => true,
         Some(c) => {
@@ -118,7 +119,7 @@ pub fn differs(pod: &Pod, want: &Warm) -> bool {
 }
 
 /// The `lastTransitionTime` for `want`: the current one while the status stays, else `now`.
-pub fn transition_time(pod: &Pod, want: &Warm, now: Time) -> Time {
+pub fn transition_time(pod: &Pod, want: &GateCondition, now: Time) -> Time {
     match current(pod) {
         Some(c) if (c.status == "True") == want.status => {
             c.last_transition_time.clone().unwrap_or(now)

@@ -29,10 +29,10 @@ use kube::{Api, Client, Resource};
 use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 
-use crate::backend;
-use crate::host::probe;
-use crate::metrics::Metrics;
-use crate::pipeline::fetch::Fetcher;
+use kiln_engines::backend;
+use kiln_engines::host::probe;
+use kiln_engines::metrics::Metrics;
+use kiln_engines::pipeline::fetch::Fetcher;
 
 /// Everything `run` takes from the command line.
 pub struct Config {
@@ -53,7 +53,7 @@ pub struct Config {
     /// Seconds between passes when nothing changes.
     pub resync: Duration,
     /// Bounds on fixture fetches.
-    pub fetch: crate::pipeline::fetch::FetchLimits,
+    pub fetch: kiln_engines::pipeline::fetch::FetchLimits,
     /// Whose attestations an artifact needs.
     pub trust: kiln_store::attest::Trust,
     /// Per-step deadlines of one target.
@@ -73,7 +73,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     serve_metrics(config.listen, Arc::new(registry), health.clone(), &stop);
 
     let store = kiln_store::open(&config.store, &config.registry)?;
-    let cache = crate::cache::Cache::open(&config.cache)?;
+    let cache = kiln_node_core::cache::Cache::open(&config.cache)?;
     let fetcher = Fetcher::new(cache.blobs(), metrics.clone(), config.fetch.clone())?;
     let hardware = tokio::task::block_in_place(|| probe::probe(backend::runtimes()));
     tracing::info!(node = %config.node_name, cpu = %hardware.cpu_level, gpus = hardware.accelerators.len(), "probed this node");

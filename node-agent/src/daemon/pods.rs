@@ -3,7 +3,7 @@
 //! and patches what changed. Checks of serving pods run as tasks beside the pass loop, one per
 //! pod at a time; each finished one records its verdict and wakes the loop.
 //! Touches the apiserver (pod status patches, through `writes.rs`), the pods' endpoints (through
-//! [`crate::warmer`]) and the fixture blobs in the node cache (read only).
+//! [`crate::pod_check`]) and the fixture blobs in the node cache (read only).
 
 use std::collections::BTreeMap;
 
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kiln_crds::conditions::gate_reasons;
 use kiln_crds::kiln_node::NodeTargetStatus;
 use kiln_crds::labels::TARGET_ANNOTATION;
 use kube::runtime::reflector::ObjectRef;
@@ -20,10 +21,10 @@ use super::agent::Agent;
 use super::decide::TargetKey;
 use super::serving::{self, Check, CheckKey};
 use super::{gate, writes};
-use crate::metrics::TargetLabels;
-use crate::pipeline::fixtures::FixtureFile;
-use crate::pipeline::isolate::job::FixtureRef;
-use crate::warmer::{self, Cold, Endpoint};
+use crate::pod_check::{self, Cold, Endpoint};
+use kiln_engines::metrics::TargetLabels;
+use kiln_engines::pipeline::fixtures::FixtureFile;
+use kiln_engines::pipeline::isolate::task::FixtureRef;
 
 /// The first wait after a failed check of a serving pod, doubling per failure in a row.
 const RETRY_BASE: Duration = Duration::from_secs(5);
@@ -72,7 +73,7 @@ impl Agent {
         pod: &Pod,
         rows: &BTreeMap<TargetKey, NodeTargetStatus>,
         mounted: &BTreeMap<String, i64>,
-    ) -> Option<gate::Warm> {
+    ) -> Option<gate::GateCondition> {
         let row_warm = gate::desired(pod, rows)?;
         let target = pod.annotations().get(TARGET_ANNOTATION)?.clone();
         let Some(endpoint) = serving::endpoint(pod, &target) else {
@@ -99,9 +100,9 @@ impl Agent {
         if let Some((endpoint, check_key)) = decision.start {
             let failures = serving::failures(check.as_ref(), &check_key);
             if let Err(message) = self.start_check(&key, row, endpoint, check_key, failures) {
-                return Some(gate::Warm {
+                return Some(gate::GateCondition {
                     status: false,
-                    reason: "WarmingServer".into(),
+                    reason: gate_reasons::WARMING_SERVER.into(),
                     message,
                 });
             }
@@ -119,12 +120,17 @@ impl Agent {
         check_key: CheckKey,
         failures: u32,
     ) -> Result<(), String> {
-        let fixture = self.serving.fixtures.get(key).cloned().ok_or_else(|| {
-            format!(
-                "revision {} is served on this node, but its fixture is not fetched here yet (the agent restarted?); the check starts after this node's next warmup",
-                row.revision
-            )
-        })?;
+        let digest = row.artifact_digest.as_deref().unwrap_or_default();
+        let (path, sha256) = self
+            .cache
+            .fixture_of(&key.to_string(), row.revision, digest)
+            .ok_or_else(|| {
+                format!(
+                    "revision {} is served on this node, but the node cache records no fixture its pass warmed with; the check starts after this node's next warmup",
+                    row.revision
+                )
+            })?;
+        let fixture = FixtureRef { path, sha256 };
         let warmup = self
             .targets
             .get(&ObjectRef::new(&key.name).within(&key.namespace))
@@ -149,7 +155,7 @@ impl Agent {
         tracing::info!(target = %key, pod_uid = %uid, server = %endpoint.base, "checking a serving pod through its endpoint");
         tokio::spawn(async move {
             let result = match read_fixture(fixture).await {
-                Ok(f) => warmer::warm(&client, &endpoint, &f, &warmup).await,
+                Ok(f) => pod_check::check(&client, &endpoint, &f, &warmup).await,
                 Err(m) => Err(Cold::Mismatch(m)),
             };
             let (name, ratio) = match &result {

@@ -1,6 +1,6 @@
 //! The gate of a serving pod that names its server (`kiln.dev/protocol`): the node's row must be
 //! served, the pod's containers ready, and the pod's own server warmed and checked through its
-//! endpoint ([`crate::warmer`]) for this pod, this container restart count and this revision;
+//! endpoint ([`crate::pod_check`]) for this pod, this container restart count and this revision;
 //! only then True. A failed check stays False with its reason and is retried with back-off.
 //! A pod without the annotation keeps the row-only gate ([`super::gate`]). The decisions are
 //! pure; [`Serving`] is the state the agent keeps for them (`pods.rs` runs the checks).
@@ -13,20 +13,16 @@ use k8s_openapi::api::core::v1::Pod;
 use kiln_crds::kiln_node::NodeTargetStatus;
 use tokio::sync::Notify;
 
-use super::decide::TargetKey;
-use super::gate::Warm;
-use crate::pipeline::isolate::job::FixtureRef;
-use crate::warmer::{
-    Cold, Endpoint, Figures, MODEL_NAME_ANNOTATION, PORT_ANNOTATION, PROTOCOL_ANNOTATION, Protocol,
-};
+use super::gate::GateCondition;
+use crate::pod_check::{Cold, Endpoint, Figures, Protocol};
+use kiln_crds::conditions::gate_reasons;
+use kiln_crds::labels::{MODEL_NAME_ANNOTATION, PORT_ANNOTATION, PROTOCOL_ANNOTATION};
 
 /// How long one request to a serving pod may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What the agent keeps for serving pods.
 pub struct Serving {
-    /// The fixture each target's last prepared artifact was warmed with.
-    pub fixtures: BTreeMap<TargetKey, FixtureRef>,
     /// Checks by pod uid.
     pub checks: Arc<Mutex<BTreeMap<String, Check>>>,
     /// Wakes the pass loop when a check ends.
@@ -39,10 +35,9 @@ impl Serving {
     /// Nothing checked yet; `wake` is the pass loop's.
     pub fn new(wake: Arc<Notify>) -> Self {
         Self {
-            fixtures: BTreeMap::new(),
             checks: Arc::default(),
             wake,
-            client: crate::warmer::client(REQUEST_TIMEOUT),
+            client: crate::pod_check::client(REQUEST_TIMEOUT),
         }
     }
 }
@@ -67,7 +62,7 @@ pub enum Check {
     /// passed under another revision, when there is one: it stays warm meanwhile.
     Running(CheckKey, Option<Figures>),
     /// Passed.
-    Warm(CheckKey, Figures),
+    Passed(CheckKey, Figures),
     /// Failed (`attempts` in a row); tried again from `retry_at`.
     Cold {
         /// For what.
@@ -84,7 +79,7 @@ pub enum Check {
 impl Check {
     fn key(&self) -> &CheckKey {
         match self {
-            Self::Running(k, _) | Self::Warm(k, _) | Self::Cold { key: k, .. } => k,
+            Self::Running(k, _) | Self::Passed(k, _) | Self::Cold { key: k, .. } => k,
         }
     }
 }
@@ -93,7 +88,7 @@ impl Check {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
     /// The condition.
-    pub warm: Warm,
+    pub warm: GateCondition,
     /// Start a check of this endpoint for this key.
     pub start: Option<(Endpoint, CheckKey)>,
 }
@@ -181,7 +176,7 @@ pub struct Seen<'a> {
 pub fn decide(
     pod: &Pod,
     row: &NodeTargetStatus,
-    row_warm: Warm,
+    row_warm: GateCondition,
     seen: Seen<'_>,
     now: Instant,
 ) -> Decision {
@@ -196,7 +191,7 @@ pub fn decide(
 fn decide_live(
     pod: &Pod,
     row: &NodeTargetStatus,
-    row_warm: Warm,
+    row_warm: GateCondition,
     seen: Seen<'_>,
     now: Instant,
 ) -> Decision {
@@ -206,7 +201,7 @@ fn decide_live(
         mounted,
     } = seen;
     let cold = |reason: &str, message: String| Decision {
-        warm: Warm {
+        warm: GateCondition {
             status: false,
             reason: reason.into(),
             message,
@@ -221,12 +216,12 @@ fn decide_live(
     }
     let endpoint = match endpoint {
         Ok(e) => e,
-        Err(m) => return cold("InvalidSpec", m),
+        Err(m) => return cold(gate_reasons::INVALID_SPEC, m),
     };
     let revision = row.revision;
     if !containers_ready(pod) || endpoint.base.is_empty() {
         return cold(
-            "WaitingForServer",
+            gate_reasons::WAITING_FOR_SERVER,
             format!(
                 "revision {revision} is served on this node; waiting for the pod's containers to be ready before its server is checked"
             ),
@@ -254,7 +249,7 @@ fn decide_live(
         } else {
             String::new()
         };
-        Warm {
+        GateCondition {
             status: true,
             reason: row_warm.reason.clone(),
             message: format!("{served}{again}: {}", figures.describe()),
@@ -269,15 +264,15 @@ fn decide_live(
             },
             None => Decision {
                 start: Some((endpoint, key)),
-                ..cold("WarmingServer", warming)
+                ..cold(gate_reasons::WARMING_SERVER, warming)
             },
         },
         Some(Check::Running(_, Some(figures))) => Decision {
             warm: passed(figures, true),
             start: None,
         },
-        Some(Check::Running(_, None)) => cold("WarmingServer", warming),
-        Some(Check::Warm(_, figures)) => Decision {
+        Some(Check::Running(_, None)) => cold(gate_reasons::WARMING_SERVER, warming),
+        Some(Check::Passed(_, figures)) => Decision {
             warm: passed(figures, false),
             start: None,
         },
@@ -298,7 +293,7 @@ fn decide_live(
 pub fn still_warm(check: Option<&Check>, key: &CheckKey) -> Option<Figures> {
     let same = |k: &CheckKey| k.uid == key.uid && k.restarts == key.restarts;
     match check? {
-        Check::Warm(k, f) if same(k) => Some(f.clone()),
+        Check::Passed(k, f) if same(k) => Some(f.clone()),
         Check::Running(k, Some(f)) if same(k) => Some(f.clone()),
         _ => None,
     }
@@ -324,7 +319,7 @@ pub fn finished(
     (base, max): (Duration, Duration),
 ) -> Check {
     match result {
-        Ok(figures) => Check::Warm(key, figures),
+        Ok(figures) => Check::Passed(key, figures),
         Err(cold) => {
             let attempts = failures_before + 1;
             Check::Cold {

@@ -12,11 +12,11 @@ use kiln_crds::class::ClassFacts;
 use kiln_store::{ArtifactRef, Store};
 
 use super::decide::pick::Pick;
-use crate::backend::Backend;
-use crate::cache::{Cache, Cached};
-use crate::error::{Error, Result};
-use crate::metrics::Metrics;
-use crate::pipeline::ready::{self, check_compatible};
+use kiln_engines::backend::Backend;
+use kiln_engines::metrics::Metrics;
+use kiln_engines::pipeline::ready::{self, check_compatible};
+use kiln_node_core::cache::{Cache, Cached};
+use kiln_node_core::error::{Error, Result};
 
 /// A verified artifact in the node cache.
 pub struct Pulled {
@@ -133,15 +133,15 @@ pub fn check(
 }
 
 /// Whether every fact of `class` that the probe knows holds on this machine
-/// ([`crate::host::compat::runs_here`]).
+/// ([`kiln_engines::host::compat::runs_here`]).
 pub fn runs_here(class: &ClassFacts, probed: &BTreeMap<String, String>) -> Result<()> {
-    let wrong = crate::host::compat::runs_here(class, probed);
+    let wrong = kiln_engines::host::compat::runs_here(class, probed);
     if wrong.is_empty() {
         Ok(())
     } else {
         Err(Error::IncompatibleHardware(format!(
             "the artifact's class does not hold on this node's hardware ({}); fix the node's labels or the target's classes",
-            crate::host::compat::describe(&wrong)
+            kiln_engines::host::compat::describe(&wrong)
         )))
     }
 }

@@ -9,7 +9,7 @@ use kiln_crds::{KilnNode, KilnNodeSpec, KilnNodeStatus};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 
-use super::gate::Warm;
+use super::gate::GateCondition;
 
 /// Field manager of every agent write.
 pub const MANAGER: &str = "kiln-agent";
@@ -74,7 +74,12 @@ pub async fn apply_status(
 
 /// Sets the pod's `kiln.dev/warm` condition (strategic merge: the conditions list merges by
 /// type, so the kubelet's own conditions are untouched).
-pub async fn patch_gate(api: &Api<Pod>, name: &str, warm: &Warm, now: Time) -> kube::Result<()> {
+pub async fn patch_gate(
+    api: &Api<Pod>,
+    name: &str,
+    warm: &GateCondition,
+    now: Time,
+) -> kube::Result<()> {
     let patch = serde_json::json!({
         "status": {"conditions": [{
             "type": WARM_CONDITION,

@@ -1,4 +1,4 @@
-//! The real GGUF language models (scripts/ensure-llm-models.sh) and their text fixtures, for
+//! The real GGUF language models (scripts/ensure/llm-models.sh) and their text fixtures, for
 //! the tests that run them.
 
 use std::path::{Path, PathBuf};
@@ -21,14 +21,14 @@ pub const GENERATE: &str = "8";
 pub fn models() -> Option<&'static Path> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let got = DIR.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure-llm-models.sh");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure/llm-models.sh");
         let out = Command::new("bash")
             .arg(&script)
             .output()
-            .map_err(|e| format!("cannot run scripts/ensure-llm-models.sh: {e}"))?;
+            .map_err(|e| format!("cannot run scripts/ensure/llm-models.sh: {e}"))?;
         if !out.status.success() {
             return Err(format!(
-                "scripts/ensure-llm-models.sh failed (it needs PyPI once, then its cache): {}",
+                "scripts/ensure/llm-models.sh failed (it needs PyPI once, then its cache): {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }

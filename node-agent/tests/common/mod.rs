@@ -9,9 +9,9 @@ pub mod servers;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kiln_agent::backend::tract::Tract;
-use kiln_agent::golden as make_fixtures;
-use kiln_agent::pipeline::fixtures::FixtureFile;
+use kiln_engines::backend::tract::Tract;
+use kiln_engines::golden as make_fixtures;
+use kiln_engines::pipeline::fixtures::FixtureFile;
 use kiln_store::staged::{sha256_bytes, sha256_file};
 use serde_json::Value;
 
@@ -555,7 +555,7 @@ pub fn write_huge_spec(
     backend: &str,
     warmup: &str,
 ) {
-    use kiln_agent::pipeline::fixtures::Seeded;
+    use kiln_engines::pipeline::fixtures::Seeded;
     use safetensors::Dtype;
     let mut seeded = Seeded::new(1);
     let fixture = FixtureFile {

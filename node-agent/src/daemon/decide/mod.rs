@@ -16,7 +16,7 @@ use kube::ResourceExt;
 pub mod pick;
 pub mod rows;
 
-use crate::metrics::TargetLabels;
+use kiln_engines::metrics::TargetLabels;
 use pick::Pick;
 
 /// A CompiledTarget by namespace and name: the key of the agent's per-target state and rows.

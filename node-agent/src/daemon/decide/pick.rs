@@ -4,7 +4,7 @@
 
 use kiln_crds::compiled_target::{CompiledTargetStatus, Fallback, FallbackPolicy};
 
-use crate::cache::KnownGood;
+use kiln_node_core::cache::KnownGood;
 
 /// One class's artifact of one revision: what the agent pulls, verifies, loads and warms.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -365,7 +365,7 @@ revisions:
     }
 
     fn manifest_with(selection: serde_json::Value) -> kiln_crds::BuildManifest {
-        crate::test_support::manifest(serde_json::json!({
+        kiln_node_core::test_support::manifest(serde_json::json!({
             "compileKey": "kauto", "artifactDigest": "dkept", "backend": "onnxruntime",
             "selection": selection
         }))

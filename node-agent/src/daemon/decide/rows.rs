@@ -12,8 +12,8 @@ use kiln_crds::{FailureReason, KilnNodeStatus};
 
 use super::TargetKey;
 use super::pick::Pick;
-use crate::cache::KnownGood;
-use crate::pipeline::warmup::WarmupReport;
+use kiln_engines::pipeline::warmup::WarmupReport;
+use kiln_node_core::cache::KnownGood;
 
 /// What a successful preparation measured.
 #[derive(Clone, Debug)]

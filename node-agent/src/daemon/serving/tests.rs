@@ -33,8 +33,8 @@ fn row() -> NodeTargetStatus {
     }
 }
 
-fn served() -> Warm {
-    Warm {
+fn served() -> GateCondition {
+    GateCondition {
         status: true,
         reason: "Ready".into(),
         message: "revision 2 verified".into(),
@@ -76,7 +76,7 @@ fn never_true_before_the_server_answered_within_tolerance() {
     let running = Check::Running(key.clone(), None);
     let d = decide_now(&p, Some(&running), now);
     assert!(!d.warm.status && d.start.is_none(), "one check at a time");
-    let warm = Check::Warm(key, figures());
+    let warm = Check::Passed(key, figures());
     let d = decide_now(&p, Some(&warm), now);
     assert!(d.warm.status, "{d:?}");
     assert!(d.warm.message.contains("p50 10.0 ms"), "{}", d.warm.message);
@@ -86,7 +86,7 @@ fn never_true_before_the_server_answered_within_tolerance() {
 fn the_row_decides_first_and_containers_must_be_ready() {
     let now = Instant::now();
     let p = pod(OIP, true, 0);
-    let failed = Warm {
+    let failed = GateCondition {
         status: false,
         reason: "HashMismatch".into(),
         message: "m".into(),
@@ -103,7 +103,7 @@ fn a_restart_or_a_new_revision_warms_again() {
     let now = Instant::now();
     let p = pod(OIP, true, 0);
     let (_, key) = decide_now(&p, None, now).start.expect("start");
-    let warm = Check::Warm(key, figures());
+    let warm = Check::Passed(key, figures());
     let restarted = pod(OIP, true, 1);
     let d = decide_now(&restarted, Some(&warm), now);
     assert!(
@@ -155,7 +155,7 @@ fn a_restart_or_a_new_revision_warms_again() {
         .is_none()
     );
     // Checked again under revision 3, its volume still holds revision 2: warm, and it says so.
-    let warm3 = Check::Warm(key3, figures());
+    let warm3 = Check::Passed(key3, figures());
     let old_volume = Seen {
         mounted: Some(2),
         ..seen(&p, Some(&warm3))

@@ -1,0 +1,295 @@
+//! Warming llama.cpp's own `llama-server` (its native REST API, not the OpenAI one): the server
+//! must be healthy (`GET /health`), render chat with the fixture's template (`GET /props`),
+//! tokenize the fixture's prompt text to the fixture's ids (`POST /tokenize`), and continue each
+//! sample's prompt ids greedily to the fixture's tokens (`POST /completion`, `temperature: 0`,
+//! `cache_prompt: false`): exact for the first K (the `tokens` output's `firstElements`, else
+//! all), as the agent's own warmup checks them; the first token's log-probability (`n_probs`)
+//! within the `logits` output's tolerance of the fixture's logits. The figures time the
+//! completions.
+
+use kiln_crds::compiled_target::Warmup;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::verdict::{Cold, Endpoint, Figures, requests, send_all};
+use super::wire::{exchange, refused, snippet};
+use kiln_engines::backend::tensor::HostTensor;
+use kiln_engines::pipeline::fixtures::FixtureFile;
+
+/// The fixture's tensors a language model's check reads.
+const PROMPT: &str = "prompt";
+const GENERATE: &str = "generate";
+const TOKENS: &str = "tokens";
+const LOGITS: &str = "logits";
+
+/// See [`super::check`].
+pub async fn check(
+    client: &reqwest::Client,
+    endpoint: &Endpoint,
+    fixture: &FixtureFile,
+    warmup: &Warmup,
+) -> Result<Figures, Cold> {
+    let base = &endpoint.base;
+    health(client, base).await?;
+    check_text(client, base, fixture).await?;
+    let samples = fixture
+        .samples()
+        .iter()
+        .map(Sample::of)
+        .collect::<Result<Vec<_>, Cold>>()?;
+    let n = requests(warmup, samples.len());
+    send_all(
+        n,
+        samples.len(),
+        |k| complete(client, base, &samples[k]),
+        |answer, k| judge(answer, &samples[k], warmup),
+    )
+    .await
+}
+
+/// `GET /health`: 200 once the model is loaded (503 while loading).
+async fn health(client: &reqwest::Client, base: &str) -> Result<(), Cold> {
+    let url = format!("{base}/health");
+    match exchange(client.get(&url)).await? {
+        (200, _, _) => Ok(()),
+        (status, _, body) => Err(Cold::Unreachable(format!(
+            "GET {url} answered {status}: not ready ({})",
+            snippet(&body)
+        ))),
+    }
+}
+
+/// The fixture's text against the server's: its chat template (sha256, as the fixture recorded
+/// it) and its tokenizer on the fixture's prompt. Nothing for a fixture without text.
+async fn check_text(
+    client: &reqwest::Client,
+    base: &str,
+    fixture: &FixtureFile,
+) -> Result<(), Cold> {
+    let text = &fixture.text;
+    if let Some(want) = &text.chat_template_sha256 {
+        let url = format!("{base}/props");
+        let props: Props = json_of(&url, exchange(client.get(&url)).await?)?;
+        let have = props
+            .chat_template
+            .as_deref()
+            .map(|t| kiln_store::staged::sha256_bytes(t.as_bytes()));
+        if have.as_deref() != Some(want.as_str()) {
+            return Err(Cold::Mismatch(format!(
+                "the server's chat template has sha256 {}, the fixture was rendered with {want}: another model or a --chat-template override",
+                have.as_deref().unwrap_or("(none)")
+            )));
+        }
+    }
+    let Some(prompt) = &text.prompt else {
+        return Ok(());
+    };
+    let url = format!("{base}/tokenize");
+    // As kiln's tokenizer: a rendered chat prompt carries its special tokens in the text; a
+    // plain prompt gets the model's leading ones (BOS).
+    let body =
+        json!({"content": prompt, "add_special": text.chat.is_none(), "parse_special": true});
+    let answer: Tokenized = json_of(&url, exchange(client.post(&url).json(&body)).await?)?;
+    let want = ids(fixture.inputs.get(PROMPT), PROMPT)?;
+    match first_difference(&answer.tokens, &want) {
+        None => Ok(()),
+        Some(m) => Err(Cold::Mismatch(format!(
+            "the server's tokenizer turns the fixture's prompt into other tokens than the reference did: {m}"
+        ))),
+    }
+}
+
+/// One sample: the prompt's ids and the golden continuation.
+struct Sample {
+    prompt: Vec<i32>,
+    generate: usize,
+    tokens: Vec<i32>,
+    logits: Option<Vec<f64>>,
+}
+
+impl Sample {
+    fn of(s: &FixtureFile) -> Result<Self, Cold> {
+        let generate = ids(s.inputs.get(GENERATE), GENERATE)?;
+        let generate = match generate.as_slice() {
+            [n] if *n >= 1 => *n as usize,
+            other => {
+                return Err(Cold::Mismatch(format!(
+                    "fixture input {GENERATE} must be one count of at least 1, got {other:?}"
+                )));
+            }
+        };
+        let logits = match s.outputs.get(LOGITS) {
+            Some(t) => Some(t.to_f64().map_err(|e| Cold::Mismatch(e.to_string()))?),
+            None => None,
+        };
+        Ok(Self {
+            prompt: ids(s.inputs.get(PROMPT), PROMPT)?,
+            generate,
+            tokens: ids(s.outputs.get(TOKENS), TOKENS)?,
+            logits,
+        })
+    }
+}
+
+/// What a completion returned.
+#[derive(Debug, Deserialize)]
+struct Completion {
+    /// Every sampled token, the end-of-generation one included (`return_tokens`).
+    #[serde(default)]
+    tokens: Vec<i32>,
+    /// `eos`, `limit`, `word`, `none`.
+    #[serde(default)]
+    stop_type: String,
+    /// Per generated token its id and log-probability (`n_probs`).
+    #[serde(default)]
+    completion_probabilities: Vec<Probability>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Probability {
+    id: i32,
+    logprob: f64,
+}
+
+#[derive(Debug, Deserialize)]
+struct Tokenized {
+    tokens: Vec<i32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Props {
+    #[serde(default)]
+    chat_template: Option<String>,
+}
+
+/// One greedy completion of a sample's prompt ids.
+async fn complete(
+    client: &reqwest::Client,
+    base: &str,
+    sample: &Sample,
+) -> Result<Completion, Cold> {
+    let url = format!("{base}/completion");
+    let body = json!({
+        "prompt": sample.prompt,
+        "n_predict": sample.generate,
+        "temperature": 0.0,
+        "cache_prompt": false,
+        "n_probs": 1,
+        "return_tokens": true,
+        "stream": false,
+    });
+    json_of(&url, exchange(client.post(&url).json(&body)).await?)
+}
+
+/// Parses a 200 answer; any other status is the server's refusal of the request.
+fn json_of<T: serde::de::DeserializeOwned>(
+    url: &str,
+    (status, _, body): (u16, Option<String>, Vec<u8>),
+) -> Result<T, Cold> {
+    match status {
+        200 => serde_json::from_slice(&body).map_err(|e| {
+            Cold::Malformed(format!(
+                "{url}: not llama-server's answer: {e} ({})",
+                snippet(&body)
+            ))
+        }),
+        _ => Err(refused(url, status, &body)),
+    }
+}
+
+/// Judges a completion against its sample. The greedy tokens: exact for the first K (the
+/// `tokens` output's `firstElements`, else all); an answer may end early only where the server
+/// sampled an end-of-generation token, which is then the golden one at that position. The
+/// first token's log-probability: within twice the `logits` tolerance of the fixture's
+/// log-softmax (a log-softmax moves by at most twice the largest logit error). The largest
+/// log-probability error. Pure.
+fn judge(answer: &Completion, sample: &Sample, warmup: &Warmup) -> Result<f64, Cold> {
+    let k = warmup
+        .first_elements(TOKENS)
+        .unwrap_or(sample.tokens.len())
+        .min(sample.tokens.len());
+    let got = &answer.tokens;
+    if !warmup.excludes(TOKENS) {
+        if got.len() < k && answer.stop_type != "eos" {
+            return Err(Cold::Malformed(format!(
+                "the server returned {} tokens of the {k} asked, stopped by {:?}, not by end of generation",
+                got.len(),
+                answer.stop_type
+            )));
+        }
+        let checked = k.min(got.len());
+        if let Some(m) = first_difference(&got[..checked], &sample.tokens[..checked]) {
+            return Err(Cold::ParityExceeded(format!(
+                "greedy tokens: {m} (first {k} checked)"
+            )));
+        }
+    }
+    match (&sample.logits, warmup.excludes(LOGITS)) {
+        (Some(logits), false) => first_logprob(answer, logits, warmup),
+        _ => Ok(0.0),
+    }
+}
+
+/// The first generated token's log-probability against the fixture's logits. Pure.
+fn first_logprob(answer: &Completion, logits: &[f64], warmup: &Warmup) -> Result<f64, Cold> {
+    let Some(first) = answer.completion_probabilities.first() else {
+        return Err(Cold::Malformed(
+            "the completion carries no completion_probabilities, though n_probs was asked".into(),
+        ));
+    };
+    let Some(logit) = usize::try_from(first.id).ok().and_then(|i| logits.get(i)) else {
+        return Err(Cold::Mismatch(format!(
+            "the server's first token {} is outside the fixture's vocabulary of {}",
+            first.id,
+            logits.len()
+        )));
+    };
+    let want = logit - log_sum_exp(logits);
+    let tol = warmup.tolerance(LOGITS);
+    let largest = logits.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let bound = 2.0 * (tol.atol + tol.rtol * largest);
+    let error = (first.logprob - want).abs();
+    if error.is_nan() || error > bound {
+        return Err(Cold::ParityExceeded(format!(
+            "the first token's log-probability is {:.6} through the server, {want:.6} from the fixture's logits: |error| {error:.3e} over {bound:.3e} (twice the logits tolerance)",
+            first.logprob
+        )));
+    }
+    Ok(error)
+}
+
+/// log Σ exp(v), stable. Pure.
+fn log_sum_exp(values: &[f64]) -> f64 {
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if !max.is_finite() {
+        return max;
+    }
+    max + values.iter().map(|v| (v - max).exp()).sum::<f64>().ln()
+}
+
+/// A fixture tensor as i32 ids.
+fn ids(t: Option<&HostTensor>, name: &str) -> Result<Vec<i32>, Cold> {
+    t.and_then(HostTensor::i32s).ok_or_else(|| {
+        Cold::Mismatch(format!(
+            "the fixture has no i32 tensor {name}: a llama-server pod serves a language model's fixture (prompt, generate, tokens)"
+        ))
+    })
+}
+
+/// Where two id lists first differ, for messages. Pure.
+fn first_difference(got: &[i32], want: &[i32]) -> Option<String> {
+    if got == want {
+        return None;
+    }
+    let i = got.iter().zip(want).take_while(|(a, b)| a == b).count();
+    Some(format!(
+        "position {i}: {} where {} was expected ({} against {} ids)",
+        got.get(i).map_or("nothing".into(), i32::to_string),
+        want.get(i).map_or("nothing".into(), i32::to_string),
+        got.len(),
+        want.len()
+    ))
+}
+
+#[cfg(test)]
+mod tests;

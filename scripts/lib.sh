@@ -1,0 +1,64 @@
+# shellcheck shell=bash
+# What kiln's scripts share, sourced (never run) after the caller's `set -euo pipefail`:
+#
+#   . "$(dirname "$(readlink -f "$0")")/lib.sh"       # from scripts/
+#   . "$(dirname "$(readlink -f "$0")")/../lib.sh"    # from scripts/ensure/, bench/, test/
+#
+#   REPO                  the repository root, absolute (set when sourced; nothing else runs then)
+#   TOOL                  the name `die` prefixes: set it before calling die (default: $0's name)
+#   die MESSAGE...        "TOOL: MESSAGE" on stderr, exit status 1
+#   kiln_cache_dir        prints $KILN_CACHE_DIR, or its default: /var/cache/kiln as root,
+#                         ${XDG_CACHE_HOME:-~/.cache}/kiln otherwise; where every fetched or built
+#                         prerequisite is kept, outside the work tree
+#   release_or_debug BIN  prints target/release/BIN when built, else target/debug/BIN (under
+#                         $CARGO_TARGET_DIR when set)
+#   sha256_of FILE        prints FILE's sha256, hex
+#   free_port             prints a free TCP port on 127.0.0.1
+#   pinned_venv VENV PYTHON CHECK REQUIREMENT...
+#                         makes VENV a virtual environment of PYTHON holding the pinned
+#                         REQUIREMENTs, unless its python already runs CHECK (Python asserting the
+#                         pinned versions); pip's output on stderr; dies saying what failed
+#
+# Python scripts have their own copy of the cache default: scripts/gen/pinned_venv.py.
+
+REPO=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
+
+die() {
+  echo "${TOOL:-${0##*/}}: $*" >&2
+  exit 1
+}
+
+kiln_cache_dir() {
+  if [[ -n ${KILN_CACHE_DIR:-} ]]; then
+    echo "$KILN_CACHE_DIR"
+  elif [[ $EUID -eq 0 ]]; then
+    echo /var/cache/kiln
+  else
+    echo "${XDG_CACHE_HOME:-$HOME/.cache}/kiln"
+  fi
+}
+
+release_or_debug() {
+  local target=${CARGO_TARGET_DIR:-$REPO/target}
+  if [[ -x $target/release/$1 ]]; then echo "$target/release/$1"; else echo "$target/debug/$1"; fi
+}
+
+sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+pinned_venv() {
+  local venv=$1 python=$2 check=$3
+  shift 3
+  if [[ -x $venv/bin/python ]] && "$venv/bin/python" -c "$check" 2>/dev/null; then
+    return 0
+  fi
+  rm -rf "$venv"
+  mkdir -p "$(dirname "$venv")"
+  "$python" -m venv "$venv" >&2 || die "$python -m venv failed (Debian: python3-venv)"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@" >&2 ||
+    die "pip install $* failed (PyPI is needed once)"
+  "$venv/bin/python" -c "$check" || die "the installed packages do not import"
+}
