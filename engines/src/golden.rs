@@ -1,46 +1,26 @@
 //! Golden outputs: a versioned fixture file made from a model and given or seeded-random inputs,
 //! with golden outputs from the reference (unoptimised) execution of the source model. What
-//! `kiln-agent fixtures` asks for and the engine's process ([`crate::pipeline::isolate`]) does:
-//! [`make_file`] runs in that child, under the same limits as a compile. Reads the model (and
+//! `kiln-agent fixtures` asks for ([`run`]: its flags become a `Reference`, nothing else) and
+//! the engine's process ([`crate::pipeline::isolate`]) does: [`make_file`] runs in that child,
+//! under the same limits as a compile. Reads the model (and
 //! given inputs), writes only the output file.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use kiln_store::staged::{sha256_bytes, sha256_file};
 
-use kiln_crds::compiled_target::{BackendKind, Tolerance};
+use kiln_crds::compiled_target::BackendKind;
 
 use crate::backend::tensor::HostTensor;
 use crate::backend::{Backend, Shapes};
 use crate::pipeline::fixtures::{FixtureFile, Sample, Seeded, TextFixture};
+use crate::pipeline::isolate::task::{Outcome, Reference, Task};
 use crate::pipeline::text::{TextPrompt, TextRequest};
 use kiln_node_core::error::{Error, Result};
 
-/// What to make.
-pub struct Request<'a> {
-    /// The source model.
-    pub model: &'a Path,
-    /// Fixture version to record.
-    pub version: &'a str,
-    /// Shapes for inputs with symbolic dims (`name` → shape); fixed inputs need none.
-    pub shapes: Shapes,
-    /// Safetensors files whose tensors (named like the inputs) are used instead of random ones:
-    /// the first for the first sample, the second for the second, …
-    pub given: Vec<PathBuf>,
-    /// How many samples (input sets, each with its golden outputs) to make, at least one and at
-    /// least one per given file; the inputs no file gives are seeded-random, different in each.
-    pub samples: usize,
-    /// Seed for random inputs.
-    pub seed: u64,
-    /// Tolerances to suggest in the metadata.
-    pub tolerance: Option<Tolerance>,
-    /// A language model's prompt as text: then no inputs are given or drawn.
-    pub text: Option<TextRequest>,
-}
-
 /// Builds the fixture.
-pub fn make(backend: &dyn Backend, req: &Request<'_>) -> Result<FixtureFile> {
+pub fn make(backend: &dyn Backend, req: &Reference) -> Result<FixtureFile> {
     if let Some(text) = &req.text {
         return make_text(backend, req, text);
     }
@@ -51,7 +31,7 @@ pub fn make(backend: &dyn Backend, req: &Request<'_>) -> Result<FixtureFile> {
             crate::pipeline::fixtures::MAX_SAMPLES - 1
         )));
     }
-    let infos = backend.inputs(req.model)?;
+    let infos = backend.inputs(&req.model)?;
     let mut seeded = Seeded::new(req.seed);
     let mut samples = Vec::new();
     let mut reference: Option<(Shapes, Box<dyn crate::backend::Engine>)> = None;
@@ -73,7 +53,7 @@ pub fn make(backend: &dyn Backend, req: &Request<'_>) -> Result<FixtureFile> {
             )));
         }
         if reference.is_none() {
-            reference = Some((shapes.clone(), backend.reference(req.model, &shapes)?));
+            reference = Some((shapes.clone(), backend.reference(&req.model, &shapes)?));
         }
         let Some((_, engine)) = &reference else {
             continue;
@@ -81,7 +61,7 @@ pub fn make(backend: &dyn Backend, req: &Request<'_>) -> Result<FixtureFile> {
         let outputs = engine.run(&inputs)?;
         samples.push(Sample { inputs, outputs });
     }
-    let (model_sha256, _) = sha256_file(req.model)
+    let (model_sha256, _) = sha256_file(&req.model)
         .map_err(|e| Error::source_unavailable(req.model.display().to_string(), e))?;
     let mut samples = samples.into_iter();
     let first = samples
@@ -100,7 +80,7 @@ pub fn make(backend: &dyn Backend, req: &Request<'_>) -> Result<FixtureFile> {
 
 /// A language model's fixture from text: tokenized (a chat rendered first) by the reference's
 /// own tokenizer, run once, the continuation detokenized.
-fn make_text(backend: &dyn Backend, req: &Request<'_>, text: &TextRequest) -> Result<FixtureFile> {
+fn make_text(backend: &dyn Backend, req: &Reference, text: &TextRequest) -> Result<FixtureFile> {
     if !req.given.is_empty() || req.samples > 1 || !req.shapes.is_empty() {
         return Err(Error::InvalidSpec(
             "--prompt/--chat make the inputs from the text: give no --inputs, --shape or --samples"
@@ -110,7 +90,7 @@ fn make_text(backend: &dyn Backend, req: &Request<'_>, text: &TextRequest) -> Re
     if text.generate == 0 {
         return Err(Error::InvalidSpec("--generate must be at least 1".into()));
     }
-    let engine = backend.reference(req.model, &Shapes::new())?;
+    let engine = backend.reference(&req.model, &Shapes::new())?;
     let tok = engine.tokenizer().ok_or_else(|| {
         Error::InvalidSpec(
             "--prompt and --chat need a language model (--reference llamacpp)".into(),
@@ -142,7 +122,7 @@ fn make_text(backend: &dyn Backend, req: &Request<'_>, text: &TextRequest) -> Re
         .ok_or_else(|| Error::WarmupFailed("the reference gave no tokens".into()))?;
     let tokens: Vec<i32> = crate::backend::tensor::le_vec!(tokens.data, i32);
     golden.continuation = Some(tok.decode(&tokens)?);
-    let (model_sha256, _) = sha256_file(req.model)
+    let (model_sha256, _) = sha256_file(&req.model)
         .map_err(|e| Error::source_unavailable(req.model.display().to_string(), e))?;
     Ok(FixtureFile {
         version: req.version.to_string(),
@@ -225,19 +205,26 @@ fn read_given(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
         .collect())
 }
 
+/// How long one reference run may take.
+const DEADLINE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Makes the fixture `job` asks for in the engine's own process ([`crate::pipeline::isolate`]),
+/// under the same limits as a compile, and returns the file's sha256.
+pub fn run(job: Reference) -> Result<String> {
+    let what = format!("running {} for reference outputs", job.model.display());
+    let answer =
+        crate::pipeline::isolate::parent::run(Task::Reference(Box::new(job)), &what, DEADLINE)?;
+    match answer.outcome {
+        Outcome::Made { sha256 } => Ok(sha256),
+        _ => Err(Error::EngineAnswer(format!(
+            "{what}: the answer is not a fixture's"
+        ))),
+    }
+}
+
 /// In the engine's process (`kiln-agent engine`): makes the fixture `job` asks for with its
 /// reference runtime, writes it to `job.out` and returns its sha256.
-pub fn make_file(job: &crate::pipeline::isolate::task::Reference) -> Result<String> {
-    let request = Request {
-        model: &job.model,
-        version: &job.version,
-        shapes: job.shapes.clone(),
-        given: job.given.clone(),
-        samples: job.samples,
-        seed: job.seed,
-        tolerance: job.tolerance,
-        text: job.text.clone(),
-    };
+pub fn make_file(job: &Reference) -> Result<String> {
     if !matches!(
         job.runtime,
         BackendKind::Tract | BackendKind::Onnxruntime | BackendKind::Llamacpp
@@ -260,7 +247,7 @@ pub fn make_file(job: &crate::pipeline::isolate::task::Reference) -> Result<Stri
         }
         None => crate::backend::for_target(&spec)?,
     };
-    let bytes = make(reference.as_ref(), &request)?.to_bytes()?;
+    let bytes = make(reference.as_ref(), job)?.to_bytes()?;
     std::fs::write(&job.out, &bytes).map_err(|e| Error::store(&job.out, e))?;
     Ok(sha256_bytes(&bytes))
 }

@@ -9,10 +9,9 @@ use std::process::ExitCode;
 use kiln_crds::compiled_target::{BackendKind, Tolerance};
 
 use kiln_engines::backend::Shapes;
-use kiln_engines::golden::Request;
-use kiln_engines::pipeline::isolate::task::{Outcome, Task};
+
+use kiln_engines::pipeline::isolate::task;
 use kiln_engines::pipeline::text::{TextPrompt, TextRequest};
-use kiln_node_core::error::Error;
 
 /// Flags of `fixtures`.
 #[derive(clap::Args)]
@@ -116,43 +115,22 @@ pub fn main(args: Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let request = Request {
-        model: &args.model,
-        version: &args.version,
+    let job = task::Reference {
+        model: args.model.clone(),
+        version: args.version.clone(),
         shapes,
-        given: args.inputs,
+        given: args.inputs.clone(),
         samples: args.samples,
         seed: args.seed,
         tolerance: args
             .atol
             .zip(args.rtol)
             .map(|(atol, rtol)| Tolerance { atol, rtol }),
-        text,
-    };
-    let job = kiln_engines::pipeline::isolate::task::Reference {
-        model: request.model.to_path_buf(),
-        version: request.version.to_string(),
-        shapes: request.shapes,
-        given: request.given,
-        samples: request.samples,
-        seed: request.seed,
-        tolerance: request.tolerance,
         runtime: args.reference.kind(),
         out: args.out.clone(),
-        text: request.text,
+        text,
     };
-    let what = format!("running {} for reference outputs", args.model.display());
-    let result = kiln_engines::pipeline::isolate::parent::run(
-        Task::Reference(Box::new(job)),
-        &what,
-        DEADLINE,
-    )
-    .and_then(|answer| match answer.outcome {
-        Outcome::Made { sha256 } => Ok(sha256),
-        _ => Err(Error::EngineAnswer(format!(
-            "{what}: the answer is not a fixture's"
-        ))),
-    });
+    let result = kiln_engines::golden::run(job);
     match result {
         Ok(sha256) => {
             println!("{sha256}  {}", args.out.display());
@@ -199,9 +177,6 @@ fn text_request(args: &Args) -> std::result::Result<Option<TextRequest>, String>
         chat_template,
     }))
 }
-
-/// How long one reference run may take.
-const DEADLINE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// `--shape NAME=D0,D1,...` values as shapes by input name.
 fn parse_shapes(shapes: &[String]) -> std::result::Result<Shapes, String> {

@@ -12,6 +12,7 @@ use std::process::Command;
 use kiln_engines::backend::tract::Tract;
 use kiln_engines::golden as make_fixtures;
 use kiln_engines::pipeline::fixtures::FixtureFile;
+use kiln_engines::pipeline::isolate::task::Reference;
 use kiln_store::staged::{sha256_bytes, sha256_file};
 use serde_json::Value;
 
@@ -100,14 +101,16 @@ impl Case {
     pub fn fixture_shaped(&mut self, model: &Path, name: &str, shape: Vec<usize>) {
         let fixture = make_fixtures::make(
             &Tract,
-            &make_fixtures::Request {
-                model,
-                version: "v1",
+            &Reference {
+                model: model.to_path_buf(),
+                version: "v1".into(),
                 shapes: [(name.to_string(), shape)].into(),
                 given: Vec::new(),
                 samples: 1,
                 seed: 7,
                 tolerance: None,
+                runtime: kiln_crds::compiled_target::BackendKind::Tract,
+                out: PathBuf::new(),
                 text: None,
             },
         )
