@@ -94,9 +94,19 @@ if [[ -n ${KILN_REGISTRY_USERNAME:-} ]]; then
     "$(printf '%s:%s' "$KILN_REGISTRY_USERNAME" "$KILN_REGISTRY_PASSWORD" | base64 -w0)" >"$authfile")
 fi
 
-if [[ -z $operator_bin || -z $agent_bin || -z $csi_bin ]]; then
-  echo "push-images: cargo build --release -p kiln-operator -p kiln-agent -p kiln-csi" >&2
-  (cd "$REPO" && cargo build --release --locked -p kiln-operator -p kiln-agent -p kiln-csi >&2)
+# Build (release) only the binaries the images asked for need and no --*-bin gave.
+need=()
+for name in "${wanted[@]}"; do
+  case $name in
+    operator) [[ -n $operator_bin ]] || need+=(kiln-operator) ;;
+    agent | agent-gpu) [[ -n $agent_bin ]] || need+=(kiln-agent) ;;
+    csi) [[ -n $csi_bin ]] || need+=(kiln-csi) ;;
+  esac
+done
+if ((${#need[@]})); then
+  mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
+  echo "push-images: cargo build --release ${need[*]/#/-p }" >&2
+  (cd "$REPO" && cargo build --release --locked "${need[@]/#/--package=}" >&2)
 fi
 # since T: seconds since the date +%s.%N value T.
 since() { awk -v t="$1" -v n="$(date +%s.%N)" 'BEGIN {printf "%.2f", n - t}'; }
