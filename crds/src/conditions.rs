@@ -94,6 +94,17 @@ pub mod gate_reasons {
     pub const WAITING_FOR_SERVER: &str = "WaitingForServer";
     /// The pod's server is being sent the fixture's samples.
     pub const WARMING_SERVER: &str = "WarmingServer";
+    /// The pod's server did not answer (connection refused, timeout, not ready).
+    pub const SERVING_UNREACHABLE: &str = "ServingUnreachable";
+    /// It answered, but not in the protocol the pod names.
+    pub const SERVING_MALFORMED: &str = "ServingMalformed";
+    /// It serves something else: another model, template, tokenizer, inputs or outputs.
+    pub const SERVING_MISMATCH: &str = "ServingMismatch";
+    /// Its answers are outside the target's tolerances.
+    pub const SERVING_PARITY_EXCEEDED: &str = "ServingParityExceeded";
+    /// It refused the agent's credentials (401, 403), or the API key the pod names
+    /// (`kiln.dev/api-key-secret`) could not be read.
+    pub const SERVING_UNAUTHORIZED: &str = "ServingUnauthorized";
 }
 
 /// A condition whose status is a bool.

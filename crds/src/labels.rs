@@ -72,6 +72,10 @@ pub const PROTOCOL_ANNOTATION: &str = "kiln.dev/protocol";
 pub const PORT_ANNOTATION: &str = "kiln.dev/port";
 /// Pod annotation: the model name the server knows (default: the target's name).
 pub const MODEL_NAME_ANNOTATION: &str = "kiln.dev/model-name";
+/// Pod annotation: `NAME` or `NAME/KEY`, a Secret of the pod's namespace whose key (default
+/// `api-key`) holds the bearer token the pod's server wants; the agent reads it (only the
+/// Secrets the chart's `agent.servingSecrets` lists) and sends it with every check's request.
+pub const API_KEY_SECRET_ANNOTATION: &str = "kiln.dev/api-key-secret";
 
 /// CompiledTarget annotation: setting it to a new value (any) clears `Stalled` after exhausted
 /// compile attempts and grants `compile.maxAttempts` more.

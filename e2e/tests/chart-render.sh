@@ -59,6 +59,11 @@ t --set store.url=file:///data/kiln --set crds.enabled=false --set agent.enabled
   --set operator.leaderElection.enabled=false --set metrics.service.enabled=false >"$WORK/min.yaml"
 t --set store.url=/s --set attestation.enabled=false >"$WORK/unsigned.yaml"
 t --set store.url=/s --set csi.enabled=false >"$WORK/nocsi.yaml"
+t --set store.url=/s --set 'agent.servingSecrets[0].namespace=ml' --set 'agent.servingSecrets[0].name=vllm-key' \
+  --set 'agent.servingSecrets[1].namespace=ml' --set 'agent.servingSecrets[1].name=tgi-key' \
+  --set 'agent.servingSecrets[2].namespace=web' --set 'agent.servingSecrets[2].name=vllm-key' >"$WORK/secrets.yaml"
+refused "at '/agent/servingSecrets/0'" --set 'agent.servingSecrets[0].name=k'
+refused "at '/agent/servingSecrets/0/namespace'" --set 'agent.servingSecrets[0].namespace=ML' --set 'agent.servingSecrets[0].name=k'
 t --set store.url=/s --set csi.kubeletDir=/data/kubelet >"$WORK/kubeletdir.yaml"
 # One cache directory per node under a shared cacheHostPath.
 t --set store.url=/s --set agent.cachePerNode=true |
@@ -349,6 +354,19 @@ for role in get(fs, "ClusterRole") + get(fs, "Role"):
 # The rules themselves are proven by the operator and agent tests, which run the binaries with
 # tokens of these accounts (e2e/tests/operator-lib.sh, agent.sh render them with helm template).
 check([r["resources"] for r in one(fs, "Role", "kiln-operator-leader")["rules"]] == [["leases"]], "the operator's Role is for its Lease only")
+# agent.servingSecrets: the agent may get exactly the Secrets listed, by name, in their
+# namespaces, and nothing else of secrets anywhere.
+sec = load("secrets")
+roles = {r["metadata"]["namespace"]: r for r in get(sec, "Role", "kiln-agent-serving-secrets")}
+check(sorted(roles) == ["ml", "web"], f"one Role per namespace with serving secrets: {sorted(roles)}")
+check(roles.get("ml", {}).get("rules") == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["vllm-key", "tgi-key"], "verbs": ["get"]}],
+      f"the ml Role gets the two Secrets by name only: {roles.get('ml')}")
+check(roles.get("web", {}).get("rules", [{}])[0].get("resourceNames") == ["vllm-key"], "the web Role names its Secret only")
+bindings = {b["metadata"]["namespace"]: b for b in get(sec, "RoleBinding", "kiln-agent-serving-secrets")}
+check(sorted(bindings) == ["ml", "web"] and all(b["subjects"] == [{"kind": "ServiceAccount", "name": "kiln-agent", "namespace": "kiln-system"}] for b in bindings.values()),
+      f"the Roles bound to kiln-agent only: {bindings}")
+check(all("secrets" not in r["resources"] for c in get(sec, "ClusterRole") for r in c["rules"]), "no cluster-wide secrets rule")
+check(not get(fs, "Role", "kiln-agent-serving-secrets"), "no serving-secrets Role by default")
 agent_rules = one(fs, "ClusterRole", "kiln-agent")["rules"]
 check(not any(v in r["verbs"] for r in agent_rules for v in ("delete", "deletecollection", "update")), "agent deletes or updates nothing")
 check(not any(r["resources"] == ["pods"] and set(r["verbs"]) - {"get", "list", "watch"} for r in agent_rules), "agent writes pods only via pods/status")

@@ -9,7 +9,11 @@
 # the agent has checked its server (chat template, tokenizer, greedy tokens; the kiln.dev/warm
 # message names the figures); a client through the Service gets the fixture's greedy tokens; a
 # llama-server started with another chat template (--chat-template chatml) stays not Ready with
-# ServingMismatch naming the template. Prints apply → first serving pod Ready and the first
+# ServingMismatch naming the template. Through the OpenAI-compatible API (kiln.dev/protocol:
+# openai, examples/serving/openai-llama-server.yaml as written, with an API key from a Secret the
+# chart lets the agent read): Ready with the figures; without the key ServingUnauthorized; with
+# another chat template (llama2) ServingMismatch naming it; under a name the server does not list
+# ServingMismatch; the key in no agent log. Prints apply → first serving pod Ready and the first
 # completion through the Service after Ready against the p50 the agent measured.
 #
 # Skips, saying why, when llama-server is not built yet (about 25 minutes once on 2 cores:
@@ -48,7 +52,10 @@ LLAMA_IMAGE=e2e/llama-server:b11434
   die "llama-server image"
 "$E2E_DIR/cluster" load-image "$WORK/images/llama-server.tar" >/dev/null || die "load llama-server image"
 T0=$(date +%s.%N)
-kiln_up "$REL" "$NS" "$REPOSITORY" "$WORK" || die "kiln did not come up"
+# The agent may read exactly one Secret: the OpenAI pods' API key.
+kiln_up "$REL" "$NS" "$REPOSITORY" "$WORK" \
+  --set "agent.servingSecrets[0].namespace=$NS" --set "agent.servingSecrets[0].name=llama-key" ||
+  die "kiln did not come up"
 
 echo "== SmolLM2-135M (PyPI) with a chat fixture; the compile Job runs before the namespace is restricted"
 size() { stat -c %s "$1"; }
@@ -112,4 +119,45 @@ msg=$(kubectl -n "$NS" get pod chatml -o jsonpath='{.status.conditions[?(@.type=
   die "a llama-server with another chat template is Ready"
 echo "   chatml: $(cut -c1-200 <<<"$msg")"
 kubectl -n "$NS" delete pod chatml --wait=false >/dev/null
-echo "serving-llama: llama-server Ready only after the row and its own server's check; golden tokens through the Service"
+
+echo "== the OpenAI-compatible API (kiln.dev/protocol: openai) with an API key, as examples/serving/openai-llama-server.yaml"
+KEY=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+kubectl -n "$NS" create secret generic llama-key --from-literal=api-key="$KEY" >/dev/null || die "the key's Secret"
+sed -e "s|IMAGE|$LLAMA_IMAGE|" -e "s|NAMESPACE|$NS|" -e "s|TARGET|$TARGET|g" -e "s|API_KEY_SECRET|llama-key|" \
+  "$REPO/examples/serving/openai-llama-server.yaml" |
+  sed 's|^          args: \[-m|          imagePullPolicy: Never\n          args: [-m|' >"$WORK/openai.yaml"
+kubectl -n "$NS" apply -f "$WORK/openai.yaml" >/dev/null || die "the restricted namespace refused the OpenAI Deployment"
+openai_pod() { kubectl -n "$NS" get pods -l "app=$TARGET-openai" -o json | jq '.items[0] // empty'; }
+wait_for "the OpenAI pod Ready through its gate" 240 bash -c \
+  "kubectl -n '$NS' get pods -l 'app=$TARGET-openai' -o json | jq -e '.items[0].status.conditions[]? | select(.type == \"Ready\" and .status == \"True\")' >/dev/null"
+q=$(openai_pod)
+msg=$(cond "$q" kiln.dev/warm message)
+[[ $msg == *"requests through the server within tolerance"* ]] || die "openai: warm without a check through the server: $msg"
+echo "   openai: $(cut -c1-220 <<<"$msg")"
+# refused NAME REASON WANT ANNOTATIONS ARGS: a llama-server pod (the key in its environment) that
+# must stay not Ready with REASON, its message holding WANT.
+refused_pod() {
+  gated_pod "$1" "$TARGET" "$4" "$LLAMA_IMAGE" "$5" /health 8080 |
+    python3 -c 'import sys, yaml
+d = yaml.safe_load(sys.stdin)
+d["spec"]["containers"][0]["env"] = [{"name": "LLAMA_API_KEY", "valueFrom": {"secretKeyRef": {"name": "llama-key", "key": "api-key"}}}]
+print(yaml.safe_dump(d))' | kubectl -n "$NS" apply -f - >/dev/null || die "apply $1"
+  wait_for "$1: $2" 180 bash -c \
+    "[[ \$(kubectl -n '$NS' get pod '$1' -o jsonpath='{.status.conditions[?(@.type==\"kiln.dev/warm\")].reason}') == $2 ]]"
+  local msg
+  msg=$(kubectl -n "$NS" get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="kiln.dev/warm")].message}')
+  [[ $msg == *"$3"* ]] || die "$1: the reason does not say $3: $msg"
+  [[ $(kubectl -n "$NS" get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') != True ]] ||
+    die "$1 is Ready"
+  echo "   $1: $2: $(cut -c1-200 <<<"$msg")"
+  kubectl -n "$NS" delete pod "$1" --wait=false >/dev/null
+}
+ARGS='[-m, /model/artifact, --alias, '$TARGET', --host, 0.0.0.0, --port, "8080", -c, "128", -np, "1", --no-webui'
+refused_pod nokey ServingUnauthorized "answered 401" "kiln.dev/protocol: openai, kiln.dev/port: \"8080\"" "$ARGS]"
+refused_pod llama2 ServingMismatch "chat template" \
+  "kiln.dev/protocol: openai, kiln.dev/port: \"8080\", kiln.dev/api-key-secret: llama-key" "$ARGS, --chat-template, llama2]"
+refused_pod othername ServingMismatch "lists" \
+  "kiln.dev/protocol: openai, kiln.dev/port: \"8080\", kiln.dev/api-key-secret: llama-key, kiln.dev/model-name: gpt-4" "$ARGS]"
+kubectl -n "$NS" logs -l app.kubernetes.io/component=agent --tail=-1 | grep -qF "$KEY" &&
+  die "the API key is in the agent's log"
+echo "serving-llama: llama-server Ready only after the row and its own server's check, natively and through the OpenAI API; golden tokens through the Service"

@@ -34,7 +34,7 @@ impl ReasonLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     /// `warm`, `ServingUnreachable`, `ServingMalformed`, `ServingMismatch`,
-    /// `ServingParityExceeded`.
+    /// `ServingParityExceeded`, `ServingUnauthorized` (`kiln_crds::conditions::gate_reasons`).
     pub result: String,
 }
 

@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use kiln_crds::KilnNode;
 use kiln_crds::kiln_node::NodePhase;
-use kiln_crds::labels::{TARGET_ANNOTATION, WARM_CONDITION};
+use kiln_crds::labels::{PROTOCOL_ANNOTATION, TARGET_ANNOTATION, WARM_CONDITION};
 use serde::Serialize;
 
 use crate::report::{EventLine, Problem, Why, or_dash, table};
@@ -26,8 +26,24 @@ pub struct ServingPod {
     pub warm: Option<bool>,
     /// The gate's reason.
     pub reason: String,
-    /// The gate's message.
+    /// The gate's message (a failed check names the first differing token or text there).
     pub message: String,
+    /// How the agent talks to the pod's server (`kiln.dev/protocol`: `oip-v2`, `llama-server`,
+    /// `openai`); absent when the pod names none (gated on its node's row only).
+    pub protocol: Option<String>,
+    /// When the gate last changed (the check's end, or the row's).
+    pub last_check: Option<String>,
+    /// The last passed check's first request through the server, milliseconds.
+    pub first_ms: Option<f64>,
+    /// Its median request, milliseconds.
+    pub p50_ms: Option<f64>,
+}
+
+/// A figure of the gate's message (`…; first 34.6 ms, p50 28.6 ms, …`, as the agent writes a
+/// passed check): the number after `label` and before ` ms`.
+fn figure(message: &str, label: &str) -> Option<f64> {
+    let rest = &message[message.find(label)? + label.len()..];
+    rest.split_once(" ms")?.0.trim().parse().ok()
 }
 
 fn condition<'a>(
@@ -81,14 +97,27 @@ pub fn serving_pods(
         .map(|p| {
             let node = node_of(p);
             let warm = condition(p, WARM_CONDITION);
+            let message = warm.and_then(|c| c.message.clone()).unwrap_or_default();
+            let passed = warm.is_some_and(|c| c.status == "True");
             ServingPod {
+                protocol: p
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(PROTOCOL_ANNOTATION))
+                    .cloned(),
+                last_check: warm
+                    .and_then(|c| c.last_transition_time.as_ref())
+                    .map(|t| t.0.to_string()),
+                first_ms: passed.then(|| figure(&message, "; first ")).flatten(),
+                p50_ms: passed.then(|| figure(&message, ", p50 ")).flatten(),
                 pod: p.metadata.name.clone().unwrap_or_default(),
                 revision: row(nodes, &node, namespace, target).map(|r| r.revision),
                 node,
                 ready: condition(p, "Ready").is_some_and(|c| c.status == "True"),
                 warm: warm.map(|c| c.status == "True"),
                 reason: warm.and_then(|c| c.reason.clone()).unwrap_or_default(),
-                message: warm.and_then(|c| c.message.clone()).unwrap_or_default(),
+                message,
             }
         })
         .collect();
@@ -171,7 +200,20 @@ pub fn why_pod(pod: &Pod, nodes: &[KilnNode], events: Vec<EventLine>) -> Why {
     if let Some(c) = condition(pod, WARM_CONDITION).filter(|c| c.status != "True") {
         problem(
             &mut problems,
-            format!("condition {WARM_CONDITION}=False"),
+            match pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(PROTOCOL_ANNOTATION))
+            {
+                Some(p) => format!(
+                    "condition {WARM_CONDITION}=False (checked through its server, {p}, {})",
+                    c.last_transition_time
+                        .as_ref()
+                        .map_or("-".into(), |t| t.0.to_string())
+                ),
+                None => format!("condition {WARM_CONDITION}=False"),
+            },
             c.reason.as_deref().unwrap_or_default(),
             c.message.clone().unwrap_or_default(),
         );
@@ -199,6 +241,10 @@ pub fn render(pods: &[ServingPod]) -> String {
                 or_dash(p.revision),
                 if p.ready { "True" } else { "False" }.into(),
                 or_dash(p.warm.map(|w| if w { "True" } else { "False" })),
+                or_dash(p.protocol.as_ref()),
+                or_dash(p.last_check.as_ref()),
+                or_dash(p.first_ms.map(|v| format!("{v:.1} ms"))),
+                or_dash(p.p50_ms.map(|v| format!("{v:.1} ms"))),
                 or_dash((!p.reason.is_empty()).then_some(&p.reason)),
             ]
         })
@@ -206,7 +252,18 @@ pub fn render(pods: &[ServingPod]) -> String {
     format!(
         "\nserving pods:\n{}",
         table(
-            &["POD", "NODE", "NODE REVISION", "READY", "WARM", "REASON"],
+            &[
+                "POD",
+                "NODE",
+                "NODE REVISION",
+                "READY",
+                "WARM",
+                "PROTOCOL",
+                "LAST CHECK",
+                "FIRST",
+                "P50",
+                "REASON",
+            ],
             &rows
         )
     )
@@ -235,6 +292,47 @@ mod tests {
             "status": {"targets": [{"namespace": "ns", "name": "sq", "revision": 3, "class": "c", "phase": phase}]}
         }))
         .expect("node")
+    }
+
+    #[test]
+    fn status_shows_each_pods_protocol_last_check_and_figures() {
+        let mut p = pod("True", "Ready");
+        p.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("kiln.dev/protocol".into(), "openai".into());
+        if let Some(c) = p
+            .status
+            .as_mut()
+            .and_then(|s| s.conditions.as_mut())
+            .and_then(|c| c.get_mut(1))
+        {
+            c.message = Some("revision 3 (class c, sha256:ab) verified, loaded and warmed on this node: 20 requests through the server within tolerance (max |error| 1.0e-4); first 34.6 ms, p50 28.6 ms, first after warm 27.2 ms".into());
+        }
+        let rows = serving_pods("ns", "sq", &[p], &[node("Ready")]);
+        assert_eq!(rows[0].protocol.as_deref(), Some("openai"));
+        assert_eq!((rows[0].first_ms, rows[0].p50_ms), (Some(34.6), Some(28.6)));
+        let table = render(&rows);
+        assert!(
+            table.contains("openai") && table.contains("34.6 ms") && table.contains("28.6 ms"),
+            "{table}"
+        );
+        // A failed check has no figures; its message (the first differing token) stays.
+        let cold = serving_pods(
+            "ns",
+            "sq",
+            &[pod("False", "ServingParityExceeded")],
+            &[node("Ready")],
+        );
+        assert_eq!(
+            (
+                cold[0].first_ms,
+                cold[0].p50_ms,
+                cold[0].protocol.as_deref()
+            ),
+            (None, None, None)
+        );
+        assert_eq!(figure("no figures here", "; first "), None);
     }
 
     #[test]

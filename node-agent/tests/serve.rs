@@ -158,6 +158,7 @@ fn warm_with(
         protocol: Protocol::OipV2,
         base: format!("http://127.0.0.1:{port}"),
         model: model.into(),
+        api_key: None,
     };
     let rt = runtime();
     rt.block_on(pod_check::check(

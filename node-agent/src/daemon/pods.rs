@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kiln_crds::conditions::gate_reasons;
 use kiln_crds::kiln_node::NodeTargetStatus;
@@ -146,17 +146,22 @@ impl Agent {
             target: key.name.clone(),
             class: row.class.clone(),
         };
-        let (checks, wake, client, metrics) = (
+        let (checks, wake, client, metrics, kube) = (
             self.serving.checks.clone(),
             self.serving.wake.clone(),
             self.serving.client.clone(),
             self.metrics.clone(),
+            self.client.clone(),
         );
         tracing::info!(target = %key, pod_uid = %uid, server = %endpoint.base, "checking a serving pod through its endpoint");
         tokio::spawn(async move {
-            let result = match read_fixture(fixture).await {
-                Ok(f) => pod_check::check(&client, &endpoint, &f, &warmup).await,
-                Err(m) => Err(Cold::Mismatch(m)),
+            let result = match (
+                read_fixture(fixture).await,
+                authorized(&kube, &endpoint, client).await,
+            ) {
+                (Ok(f), Ok(client)) => pod_check::check(&client, &endpoint, &f, &warmup).await,
+                (Err(m), _) => Err(Cold::Mismatch(m)),
+                (_, Err(cold)) => Err(cold),
             };
             let (name, ratio) = match &result {
                 Ok(f) => (
@@ -201,6 +206,40 @@ impl Agent {
 }
 
 /// The fixture blob, re-hashed against the digest its fetch verified.
+/// The check's client: `client` itself, or for a pod that names an API key
+/// (`kiln.dev/api-key-secret`) one that sends it, read from the Secret now (so a rotated key is
+/// used by the next check). The key is never logged; a Secret the agent may not or cannot read
+/// is `ServingUnauthorized` saying which and why.
+async fn authorized(
+    kube: &kube::Client,
+    endpoint: &pod_check::Endpoint,
+    client: reqwest::Client,
+) -> Result<reqwest::Client, Cold> {
+    let Some(r) = &endpoint.api_key else {
+        return Ok(client);
+    };
+    let api: Api<Secret> = Api::namespaced(kube.clone(), &r.namespace);
+    let secret = api.get(&r.name).await.map_err(|e| {
+        let why = match &e {
+            kube::Error::Api(s) if s.code == 403 => {
+                "the agent may not read it: list it in the chart's agent.servingSecrets".to_string()
+            }
+            kube::Error::Api(s) if s.code == 404 => "it does not exist".to_string(),
+            other => other.to_string(),
+        };
+        Cold::Unauthorized(format!("{r}: {why}"))
+    })?;
+    let key = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&r.key))
+        .and_then(|v| String::from_utf8(v.0.clone()).ok())
+        .filter(|k| !k.trim().is_empty())
+        .ok_or_else(|| Cold::Unauthorized(format!("{r}: no such key, or not a UTF-8 token")))?;
+    pod_check::client_with_key(serving::REQUEST_TIMEOUT, &key)
+        .map_err(|m| Cold::Unauthorized(format!("{r}: {m}")))
+}
+
 async fn read_fixture(fixture: FixtureRef) -> Result<FixtureFile, String> {
     tokio::task::spawn_blocking(move || {
         let (got, _) = kiln_store::staged::sha256_file(&fixture.path)

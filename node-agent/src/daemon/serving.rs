@@ -14,12 +14,14 @@ use kiln_crds::kiln_node::NodeTargetStatus;
 use tokio::sync::Notify;
 
 use super::gate::GateCondition;
-use crate::pod_check::{Cold, Endpoint, Figures, Protocol};
+use crate::pod_check::{ApiKeyRef, Cold, Endpoint, Figures, Protocol};
 use kiln_crds::conditions::gate_reasons;
-use kiln_crds::labels::{MODEL_NAME_ANNOTATION, PORT_ANNOTATION, PROTOCOL_ANNOTATION};
+use kiln_crds::labels::{
+    API_KEY_SECRET_ANNOTATION, MODEL_NAME_ANNOTATION, PORT_ANNOTATION, PROTOCOL_ANNOTATION,
+};
 
 /// How long one request to a serving pod may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What the agent keeps for serving pods.
 pub struct Serving {
@@ -130,10 +132,16 @@ pub fn endpoint(pod: &Pod, target: &str) -> Option<Result<Endpoint, String>> {
             Ok(v4) => format!("http://{v4}:{port}"),
             Err(_) => String::new(),
         };
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let api_key = annotations
+            .get(API_KEY_SECRET_ANNOTATION)
+            .map(|v| ApiKeyRef::parse(namespace, v))
+            .transpose()?;
         Ok(Endpoint {
             protocol,
             base,
             model,
+            api_key,
         })
     })())
 }

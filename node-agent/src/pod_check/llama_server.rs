@@ -11,16 +11,10 @@ use kiln_crds::compiled_target::Warmup;
 use serde::Deserialize;
 use serde_json::json;
 
+use super::lm::{self, LOGITS, PROMPT, Sample, TOKENS, first_difference, ids};
 use super::verdict::{Cold, Endpoint, Figures, requests, send_all};
 use super::wire::{exchange, refused, snippet};
-use kiln_engines::backend::tensor::HostTensor;
 use kiln_engines::pipeline::fixtures::FixtureFile;
-
-/// The fixture's tensors a language model's check reads.
-const PROMPT: &str = "prompt";
-const GENERATE: &str = "generate";
-const TOKENS: &str = "tokens";
-const LOGITS: &str = "logits";
 
 /// See [`super::check`].
 pub async fn check(
@@ -99,38 +93,6 @@ async fn check_text(
     }
 }
 
-/// One sample: the prompt's ids and the golden continuation.
-struct Sample {
-    prompt: Vec<i32>,
-    generate: usize,
-    tokens: Vec<i32>,
-    logits: Option<Vec<f64>>,
-}
-
-impl Sample {
-    fn of(s: &FixtureFile) -> Result<Self, Cold> {
-        let generate = ids(s.inputs.get(GENERATE), GENERATE)?;
-        let generate = match generate.as_slice() {
-            [n] if *n >= 1 => *n as usize,
-            other => {
-                return Err(Cold::Mismatch(format!(
-                    "fixture input {GENERATE} must be one count of at least 1, got {other:?}"
-                )));
-            }
-        };
-        let logits = match s.outputs.get(LOGITS) {
-            Some(t) => Some(t.to_f64().map_err(|e| Cold::Mismatch(e.to_string()))?),
-            None => None,
-        };
-        Ok(Self {
-            prompt: ids(s.inputs.get(PROMPT), PROMPT)?,
-            generate,
-            tokens: ids(s.outputs.get(TOKENS), TOKENS)?,
-            logits,
-        })
-    }
-}
-
 /// What a completion returned.
 #[derive(Debug, Deserialize)]
 struct Completion {
@@ -204,10 +166,7 @@ fn json_of<T: serde::de::DeserializeOwned>(
 /// log-softmax (a log-softmax moves by at most twice the largest logit error). The largest
 /// log-probability error. Pure.
 fn judge(answer: &Completion, sample: &Sample, warmup: &Warmup) -> Result<f64, Cold> {
-    let k = warmup
-        .first_elements(TOKENS)
-        .unwrap_or(sample.tokens.len())
-        .min(sample.tokens.len());
+    let k = sample.checked(warmup);
     let got = &answer.tokens;
     if !warmup.excludes(TOKENS) {
         if got.len() < k && answer.stop_type != "eos" {
@@ -237,58 +196,7 @@ fn first_logprob(answer: &Completion, logits: &[f64], warmup: &Warmup) -> Result
             "the completion carries no completion_probabilities, though n_probs was asked".into(),
         ));
     };
-    let Some(logit) = usize::try_from(first.id).ok().and_then(|i| logits.get(i)) else {
-        return Err(Cold::Mismatch(format!(
-            "the server's first token {} is outside the fixture's vocabulary of {}",
-            first.id,
-            logits.len()
-        )));
-    };
-    let want = logit - log_sum_exp(logits);
-    let tol = warmup.tolerance(LOGITS);
-    let largest = logits.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    let bound = 2.0 * (tol.atol + tol.rtol * largest);
-    let error = (first.logprob - want).abs();
-    if error.is_nan() || error > bound {
-        return Err(Cold::ParityExceeded(format!(
-            "the first token's log-probability is {:.6} through the server, {want:.6} from the fixture's logits: |error| {error:.3e} over {bound:.3e} (twice the logits tolerance)",
-            first.logprob
-        )));
-    }
-    Ok(error)
-}
-
-/// log Σ exp(v), stable. Pure.
-fn log_sum_exp(values: &[f64]) -> f64 {
-    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    if !max.is_finite() {
-        return max;
-    }
-    max + values.iter().map(|v| (v - max).exp()).sum::<f64>().ln()
-}
-
-/// A fixture tensor as i32 ids.
-fn ids(t: Option<&HostTensor>, name: &str) -> Result<Vec<i32>, Cold> {
-    t.and_then(HostTensor::i32s).ok_or_else(|| {
-        Cold::Mismatch(format!(
-            "the fixture has no i32 tensor {name}: a llama-server pod serves a language model's fixture (prompt, generate, tokens)"
-        ))
-    })
-}
-
-/// Where two id lists first differ, for messages. Pure.
-fn first_difference(got: &[i32], want: &[i32]) -> Option<String> {
-    if got == want {
-        return None;
-    }
-    let i = got.iter().zip(want).take_while(|(a, b)| a == b).count();
-    Some(format!(
-        "position {i}: {} where {} was expected ({} against {} ids)",
-        got.get(i).map_or("nothing".into(), i32::to_string),
-        want.get(i).map_or("nothing".into(), i32::to_string),
-        got.len(),
-        want.len()
-    ))
+    lm::first_logprob(first.id, first.logprob, logits, warmup)
 }
 
 #[cfg(test)]

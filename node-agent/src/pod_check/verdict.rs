@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use kiln_crds::compiled_target::Warmup;
-use kiln_crds::labels::PROTOCOL_ANNOTATION;
+use kiln_crds::conditions::gate_reasons;
+use kiln_crds::labels::{API_KEY_SECRET_ANNOTATION, PROTOCOL_ANNOTATION};
 
 use kiln_engines::backend::tensor::HostTensor;
 use kiln_engines::pipeline::fixtures::FixtureFile;
@@ -17,6 +18,8 @@ pub enum Protocol {
     OipV2,
     /// llama.cpp's own `llama-server`, its native REST API.
     LlamaServer,
+    /// The OpenAI-compatible API of language-model servers (vLLM, SGLang, TGI, llama-server, …).
+    OpenAi,
 }
 
 impl Protocol {
@@ -25,8 +28,9 @@ impl Protocol {
         match value {
             "oip-v2" => Ok(Self::OipV2),
             "llama-server" => Ok(Self::LlamaServer),
+            "openai" => Ok(Self::OpenAi),
             other => Err(format!(
-                "{PROTOCOL_ANNOTATION}: {other:?} is not a protocol kiln speaks (oip-v2, llama-server)"
+                "{PROTOCOL_ANNOTATION}: {other:?} is not a protocol kiln speaks (oip-v2, llama-server, openai)"
             )),
         }
     }
@@ -41,6 +45,52 @@ pub struct Endpoint {
     pub base: String,
     /// The model's name on that server.
     pub model: String,
+    /// Where the server's API key is, when it wants one.
+    pub api_key: Option<ApiKeyRef>,
+}
+
+/// Where a server's API key is: a key of a Secret in the pod's namespace. The key itself is
+/// read only by the check that sends it, and is never logged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiKeyRef {
+    /// The Secret's namespace (the pod's).
+    pub namespace: String,
+    /// The Secret's name.
+    pub name: String,
+    /// Its key.
+    pub key: String,
+}
+
+impl ApiKeyRef {
+    /// The annotation's value, `NAME` or `NAME/KEY` (default key `api-key`), in `namespace`.
+    pub fn parse(namespace: &str, value: &str) -> Result<Self, String> {
+        let (name, key) = value.split_once('/').unwrap_or((value, "api-key"));
+        let key_ok = !key.is_empty()
+            && key.len() <= 253
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !kiln_crds::names::is_dns1123_subdomain(name) || !key_ok {
+            return Err(format!(
+                "{API_KEY_SECRET_ANNOTATION} {value:?} must be NAME or NAME/KEY: a Secret of the pod's namespace, and a key of it (letters, digits, '-', '_', '.')"
+            ));
+        }
+        Ok(Self {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            key: key.to_string(),
+        })
+    }
+}
+
+impl std::fmt::Display for ApiKeyRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Secret {}/{} key {}",
+            self.namespace, self.name, self.key
+        )
+    }
 }
 
 /// Why a serving pod is not warm.
@@ -54,16 +104,19 @@ pub enum Cold {
     Mismatch(String),
     /// Its answers are outside the target's tolerances.
     ParityExceeded(String),
+    /// It refused the agent's credentials, or the pod's API key could not be read.
+    Unauthorized(String),
 }
 
 impl Cold {
     /// The gate's reason.
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::Unreachable(_) => "ServingUnreachable",
-            Self::Malformed(_) => "ServingMalformed",
-            Self::Mismatch(_) => "ServingMismatch",
-            Self::ParityExceeded(_) => "ServingParityExceeded",
+            Self::Unreachable(_) => gate_reasons::SERVING_UNREACHABLE,
+            Self::Malformed(_) => gate_reasons::SERVING_MALFORMED,
+            Self::Mismatch(_) => gate_reasons::SERVING_MISMATCH,
+            Self::ParityExceeded(_) => gate_reasons::SERVING_PARITY_EXCEEDED,
+            Self::Unauthorized(_) => gate_reasons::SERVING_UNAUTHORIZED,
         }
     }
 
@@ -75,6 +128,7 @@ impl Cold {
             Self::Malformed(m) => Self::Malformed(named(m)),
             Self::Mismatch(m) => Self::Mismatch(named(m)),
             Self::ParityExceeded(m) => Self::ParityExceeded(named(m)),
+            Self::Unauthorized(m) => Self::Unauthorized(named(m)),
         }
     }
 
@@ -84,7 +138,8 @@ impl Cold {
             Self::Unreachable(m)
             | Self::Malformed(m)
             | Self::Mismatch(m)
-            | Self::ParityExceeded(m) => m,
+            | Self::ParityExceeded(m)
+            | Self::Unauthorized(m) => m,
         }
     }
 }
@@ -208,9 +263,26 @@ mod tests {
     }
 
     #[test]
+    fn an_api_key_secret_is_a_name_and_a_key_of_the_pods_namespace() {
+        let r = ApiKeyRef::parse("ml", "vllm-key").expect("name");
+        assert_eq!((r.name.as_str(), r.key.as_str()), ("vllm-key", "api-key"));
+        let r = ApiKeyRef::parse("ml", "keys/token.txt").expect("name/key");
+        assert_eq!(
+            (r.namespace.as_str(), r.name.as_str(), r.key.as_str()),
+            ("ml", "keys", "token.txt")
+        );
+        for bad in ["", "Keys", "keys/", "keys/a b", "../x", "keys/a/b"] {
+            let e = ApiKeyRef::parse("ml", bad).expect_err(bad);
+            assert!(e.contains("NAME or NAME/KEY"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn protocols_are_named_exactly() {
         assert_eq!(Protocol::parse("oip-v2"), Ok(Protocol::OipV2));
         assert_eq!(Protocol::parse("llama-server"), Ok(Protocol::LlamaServer));
+        assert_eq!(Protocol::parse("openai"), Ok(Protocol::OpenAi));
+        assert!(Protocol::parse("OpenAI").is_err());
         assert!(
             Protocol::parse("v2")
                 .expect_err("unknown")

@@ -44,12 +44,17 @@ pub fn snippet(body: &[u8]) -> String {
     text.trim().to_string()
 }
 
-/// A request the server answered with another status than 200: a 4xx refuses this request (the
-/// server takes other inputs or serves another model: `Mismatch`), anything else is outside the
-/// protocol (`Malformed`).
+/// A request the server answered with another status than 200: 401 and 403 refuse the agent's
+/// credentials (`Unauthorized`: the pod's `kiln.dev/api-key-secret`), another 4xx refuses this
+/// request (the server takes other inputs or serves another model: `Mismatch`), anything else is
+/// outside the protocol (`Malformed`).
 pub fn refused(what: &str, status: u16, body: &[u8]) -> Cold {
     let message = format!("{what} answered {status}: {}", snippet(body));
-    if (400..500).contains(&status) {
+    if status == 401 || status == 403 {
+        Cold::Unauthorized(format!(
+            "{message}; a server that wants an API key gets it from the Secret the pod names in kiln.dev/api-key-secret"
+        ))
+    } else if (400..500).contains(&status) {
         Cold::Mismatch(message)
     } else {
         Cold::Malformed(message)

@@ -1,4 +1,5 @@
 use super::*;
+use crate::pod_check::lm::log_sum_exp;
 
 fn warmup(first: Option<u32>, logits_atol: f64) -> Warmup {
     let mut w: Warmup = serde_json::from_value(json!({"fixtureVersion": "v1"})).expect("warmup");
