@@ -104,6 +104,7 @@ background llama-server scripts/ensure/llama-tools.sh llama-server
 if ((E2E)); then
   background kubernetes e2e/cluster build
   background kserve scripts/ensure/kserve.sh
+  background llama-cpp-python scripts/ensure/llama-cpp-python.sh
 fi
 # The ONNX Runtime library (PyPI wheel, pinned, cached outside the work tree) that kiln-agent loads
 # at run time for backend.kind onnxruntime; the tests and the e2e agent image use it. The real
@@ -159,4 +160,5 @@ fi
 phase "e2e (real single-node cluster)"
 await kubernetes
 await kserve
+await llama-cpp-python
 e2e/test.sh

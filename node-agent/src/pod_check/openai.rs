@@ -2,7 +2,8 @@
 //! Ollama and most language-model servers share. The server must list the model
 //! (`GET /v1/models`, `kiln.dev/model-name`); each request is greedy (`temperature: 0`, a fixed
 //! `seed`, `max_tokens` the K tokens checked, `logprobs` on, token ids asked for where the server
-//! knows how: vLLM's `return_tokens_as_token_ids`, llama-server's `id` fields):
+//! knows how: vLLM's `return_tokens_as_token_ids`, llama-server's `id` fields; no repetition
+//! penalty or nucleus cut, which some servers apply by default):
 //! `/v1/chat/completions` with the fixture's chat messages, which the server renders with its own
 //! template, so another template answers otherwise; else `/v1/completions` with the prompt text.
 //!
@@ -77,8 +78,13 @@ impl Asked {
         let continuation = text.continuation.clone().ok_or_else(not_text)?;
         let sample = Sample::of(fixture)?;
         let max_tokens = sample.checked(warmup).max(1);
+        // Greedy means the argmax of the model's own logits: no penalty or nucleus cut, which
+        // some servers apply by default (llama-cpp-python's repeat_penalty 1.1); each server
+        // reads the names it knows and ignores the others.
         let common = json!({
             "model": model, "max_tokens": max_tokens, "temperature": 0.0, "seed": 0, "n": 1,
+            "top_p": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+            "repeat_penalty": 1.0, "repetition_penalty": 1.0,
             "stream": false, "return_tokens_as_token_ids": true,
         });
         let (route, mut body) = match (&text.chat, &text.prompt) {

@@ -187,6 +187,13 @@ fn the_request_is_greedy_and_asks_for_what_is_checked() {
     assert_eq!(plain.body["temperature"], 0.0);
     assert_eq!(plain.body["model"], "m");
     assert_eq!(plain.body["logprobs"], 1);
+    assert_eq!(
+        (
+            plain.body["repeat_penalty"].as_f64(),
+            plain.body["top_p"].as_f64()
+        ),
+        (Some(1.0), Some(1.0))
+    );
     fixture.text.chat = Some(r#"[{"role": "user", "content": "hi"}]"#.into());
     let chat = Asked::of(&fixture, "m", &warmup(None)).expect("chat");
     assert_eq!(chat.route, "/v1/chat/completions");
