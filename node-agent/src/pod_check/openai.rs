@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 
 use super::lm::{LOGITS, Sample, TOKENS, first_difference, first_logprob};
 use super::verdict::{Cold, Endpoint, Figures, requests, send_all};
-use super::wire::{exchange, refused, snippet};
+use super::wire::{exchange, json_of};
 use kiln_engines::pipeline::fixtures::FixtureFile;
 
 /// See [`super::check`].
@@ -124,7 +124,11 @@ async fn models(client: &reqwest::Client, endpoint: &Endpoint) -> Result<(), Col
         id: String,
     }
     let url = format!("{}/v1/models", endpoint.base);
-    let listed: Models = json_of(&url, exchange(client.get(&url)).await?)?;
+    let listed: Models = json_of(
+        "an OpenAI-compatible",
+        &url,
+        exchange(client.get(&url)).await?,
+    )?;
     let ids: Vec<&str> = listed.data.iter().map(|m| m.id.as_str()).collect();
     if ids.contains(&endpoint.model.as_str()) {
         return Ok(());
@@ -142,23 +146,11 @@ async fn complete(
     asked: &Asked,
 ) -> Result<Answer, Cold> {
     let url = format!("{}{}", endpoint.base, asked.route);
-    json_of(&url, exchange(client.post(&url).json(&asked.body)).await?)
-}
-
-/// Parses a 200 answer; any other status is the server's refusal of the request.
-fn json_of<T: serde::de::DeserializeOwned>(
-    url: &str,
-    (status, _, body): (u16, Option<String>, Vec<u8>),
-) -> Result<T, Cold> {
-    match status {
-        200 => serde_json::from_slice(&body).map_err(|e| {
-            Cold::Malformed(format!(
-                "{url}: not an OpenAI-compatible answer: {e} ({})",
-                snippet(&body)
-            ))
-        }),
-        _ => Err(refused(url, status, &body)),
-    }
+    json_of(
+        "an OpenAI-compatible",
+        &url,
+        exchange(client.post(&url).json(&asked.body)).await?,
+    )
 }
 
 /// A completion or chat completion, as far as the check reads it.

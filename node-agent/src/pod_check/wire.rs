@@ -60,3 +60,18 @@ pub fn refused(what: &str, status: u16, body: &[u8]) -> Cold {
         Cold::Malformed(message)
     }
 }
+
+/// Parses a 200 answer as `api` answers (`"llama-server's"`: named in the message when it does
+/// not parse); any other status is the server's refusal of the request ([`refused`]).
+pub fn json_of<T: serde::de::DeserializeOwned>(
+    api: &str,
+    url: &str,
+    (status, _, body): (u16, Option<String>, Vec<u8>),
+) -> Result<T, Cold> {
+    match status {
+        200 => serde_json::from_slice(&body).map_err(|e| {
+            Cold::Malformed(format!("{url}: not {api} answer: {e} ({})", snippet(&body)))
+        }),
+        _ => Err(refused(url, status, &body)),
+    }
+}
