@@ -63,6 +63,14 @@ fn target_of(pod: &Pod) -> Option<&String> {
         .and_then(|a| a.get(TARGET_ANNOTATION))
 }
 
+/// The pod's `kiln.dev/protocol`, when it names its server.
+fn protocol_of(pod: &Pod) -> Option<&String> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PROTOCOL_ANNOTATION))
+}
+
 fn node_of(pod: &Pod) -> String {
     pod.spec
         .as_ref()
@@ -100,12 +108,7 @@ pub fn serving_pods(
             let message = warm.and_then(|c| c.message.clone()).unwrap_or_default();
             let passed = warm.is_some_and(|c| c.status == "True");
             ServingPod {
-                protocol: p
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(PROTOCOL_ANNOTATION))
-                    .cloned(),
+                protocol: protocol_of(p).cloned(),
                 last_check: warm
                     .and_then(|c| c.last_transition_time.as_ref())
                     .map(|t| t.0.to_string()),
@@ -200,12 +203,7 @@ pub fn why_pod(pod: &Pod, nodes: &[KilnNode], events: Vec<EventLine>) -> Why {
     if let Some(c) = condition(pod, WARM_CONDITION).filter(|c| c.status != "True") {
         problem(
             &mut problems,
-            match pod
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(PROTOCOL_ANNOTATION))
-            {
+            match protocol_of(pod) {
                 Some(p) => format!(
                     "condition {WARM_CONDITION}=False (checked through its server, {p}, {})",
                     c.last_transition_time

@@ -84,6 +84,17 @@ pub struct Index {
     pub targets: BTreeMap<String, Vec<KnownGood>>,
 }
 
+impl Index {
+    /// The newest pass of `target` (`namespace/name`) with `revision` and artifact `digest`.
+    pub fn pass(&self, target: &str, revision: i64, digest: &str) -> Option<&KnownGood> {
+        self.targets
+            .get(target)?
+            .iter()
+            .rev()
+            .find(|k| k.revision == revision && k.digest == digest)
+    }
+}
+
 /// The cache directory: `artifacts/<digest>/{artifact,manifest.json}`, `blobs/` (fixtures),
 /// `tmp/` (pulls under way, and what unfinished ones kept for [`RESUME_WINDOW`]), `index.json`;
 /// and `published/`, the CSI plugin's (only read here: which revision a pod's volume holds).
@@ -239,13 +250,7 @@ impl Cache {
         revision: i64,
         digest: &str,
     ) -> Option<(PathBuf, String)> {
-        let entry = self
-            .index
-            .targets
-            .get(target)?
-            .iter()
-            .rev()
-            .find(|k| k.revision == revision && k.digest == digest)?;
+        let entry = self.index.pass(target, revision, digest)?;
         let fixture = entry.fixture_digest.as_ref().filter(|d| is_sha256_hex(d))?;
         Some((self.blobs().join(fixture), fixture.clone()))
     }
@@ -428,12 +433,7 @@ impl View {
 
     /// The entry of `target` (`namespace/name`) that passed with `revision` and `digest`.
     pub fn known_good(&self, target: &str, revision: i64, digest: &str) -> Option<KnownGood> {
-        let index = self.index()?;
-        let list = index.targets.get(target)?;
-        list.iter()
-            .rev()
-            .find(|k| k.revision == revision && k.digest == digest)
-            .cloned()
+        self.index()?.pass(target, revision, digest).cloned()
     }
 
     /// `artifacts/<digest>/artifact` and its `manifest.json`; a digest that is not 64 hex

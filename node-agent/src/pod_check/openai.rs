@@ -279,9 +279,10 @@ pub fn judge(answer: &Answer, asked: &Asked, warmup: &Warmup) -> Result<f64, Col
     }
     let text = choice.text().unwrap_or_default();
     let stopped = choice.finish_reason.as_deref() == Some("stop");
+    let ids = choice.ids();
     if !warmup.excludes(TOKENS) {
-        match choice.ids() {
-            Some(ids) => judge_ids(&ids, stopped, text, asked, warmup)?,
+        match &ids {
+            Some(ids) => judge_ids(ids, stopped, text, asked, warmup)?,
             None => judge_text(text, stopped, &asked.continuation)?,
         }
     }
@@ -292,8 +293,7 @@ pub fn judge(answer: &Answer, asked: &Asked, warmup: &Warmup) -> Result<f64, Col
                     "the answer carries no log-probability for its first token, though logprobs was asked".into(),
                 ));
             };
-            let first = choice
-                .ids()
+            let first = ids
                 .and_then(|ids| ids.first().copied())
                 .or_else(|| sample.tokens.first().copied())
                 .unwrap_or_default();
