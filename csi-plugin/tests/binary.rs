@@ -47,12 +47,11 @@ fn the_scan_finds_the_engines_in_the_agent() {
     // check above is not vacuous. `cargo test --workspace` builds kiln-agent beside kiln-csi.
     let agent = plugin().with_file_name("kiln-agent");
     if !agent.exists() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
+        // Fails under CI=true; elsewhere says why and skips.
+        kiln_endpoints::test_support::skip(&format!(
             "no kiln-agent beside {} (run cargo test --workspace)",
             plugin().display()
-        );
-        eprintln!("skipped: no kiln-agent built beside kiln-csi");
+        ));
         return;
     }
     let found = markers_in(&agent);
