@@ -52,7 +52,7 @@ declare -A LIMITS=(
   [job]=120 [daemonset-token]=120 [service-clusterip]=120 [crd]=120 [registry]=120 [helm]=120
   [kiln-crds]=120 [operator]=300 [compile-exec]=120 [operator-nodes]=120 [agent]=120
   [store-oci]=120 [chart-render]=120 [chart]=120 [kiln]=150 [onnxruntime]=150 [llamacpp]=120
-  [gpu-image]=270 [plugin]=120 [rollback]=180 [cache-full]=150 [csi]=300 [serving]=150 [serving-llama]=120
+  [gpu-image]=270 [plugin]=120 [rollback]=180 [cache-full]=150 [csi]=300 [serving]=210 [serving-llama]=120
   [serving-openai-py]=400 [serving-kserve]=300 [faults]=3000 [nodes]=120 [multinode]=450
 )
 DEFAULT_LIMIT=600

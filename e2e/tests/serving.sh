@@ -13,9 +13,15 @@
 # after the rollback mounts revision 1;
 # a pod whose volume names a target that does not exist stays
 # ContainerCreating with the plugin's reason in the kubelet's Event; a pod whose server is asked
-# for a model it does not serve stays not Ready with ServingMismatch. Prints apply → first
-# serving pod Ready, and the first request through the Service after Ready against the p50 the
-# agent measured through the server.
+# for a model it does not serve stays not Ready with ServingMismatch; during a `kubectl rollout
+# restart` (maxSurge 1, maxUnavailable 0) a client running through the Service (4 workers,
+# keep-alive, every answer checked) sees only golden answers and retryable refusals (503 with
+# Retry-After, connection refused, a connection closed before the request was written: never a
+# wrong answer, another status, a timeout or a request dropped once written), the new pod is Ready
+# only after its own server's check, and the old pod is gone before the client stops. Prints apply
+# → first serving pod Ready, the first request through the Service after Ready against the p50 the
+# agent measured through the server, and the rollout's counts, how long the old pod took to go
+# and the longest time without a success.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/kiln-lib.sh"
 kiln_test serving
@@ -207,4 +213,55 @@ wait_for "wrong model name: ServingMismatch" 120 bash -c \
   die "a pod whose server does not serve the model is Ready"
 echo "   wrongname: $(kubectl -n "$NS" get pod wrongname -o jsonpath='{.status.conditions[?(@.type=="kiln.dev/warm")].message}' | cut -c1-160)"
 kubectl -n "$NS" delete pod ghost wrongname --wait=false >/dev/null
-echo "serving: pod Ready only after the row and its own server's check; golden outputs through the Service"
+
+echo "== a rolling restart under load loses no request"
+# e2e/testdata/rollout_client.py sends the fixture through the Service from 4 workers on
+# keep-alive connections and checks every answer, while `kubectl rollout restart` replaces the
+# pod: the Deployment adds one new pod (maxSurge 1, maxUnavailable 0) and deletes the old one only
+# once the new one has passed its gate; the old server, on SIGTERM, is unready at once, answers
+# new requests 503 with Retry-After, finishes the ones it has and exits. The client may see only
+# golden answers and the refusals it may retry (its docstring says which, and why). Last in the
+# file: the pod's name changes here, and the sections above find their pods by name.
+STOP=$WORK/rollout.stop PROGRESS=$WORK/rollout.progress
+old=$(kubectl -n "$NS" get pods -l "app=$TARGET" -o json | jq -c '[.items[].metadata.name]')
+ip netns exec "$NETNS" "$PY" "$REPO/e2e/testdata/rollout_client.py" "$IP:8000" "$TARGET" "$FIX" 1e-5 1e-4 \
+  "$STOP" 360 --progress "$PROGRESS" >"$WORK/rollout.json" 2>"$WORK/rollout.err" &
+CLIENT=$!
+teardown() { [[ -z ${CLIENT:-} ]] || kill "$CLIENT" 2>/dev/null || true; }
+end=$((SECONDS + 30))
+until jq -e '.ok >= 5' "$PROGRESS" >/dev/null 2>&1; do
+  kill -0 "$CLIENT" 2>/dev/null || die "the client ended before the restart: $(cat "$WORK/rollout.json") $(tail -3 "$WORK/rollout.err")"
+  ((SECONDS < end)) || die "no answers through the Service within 30 s: $(cat "$PROGRESS" 2>/dev/null)"
+  sleep 0.2
+done
+t_restart=$(date +%s.%N)
+kubectl -n "$NS" rollout restart "deployment/$TARGET" >/dev/null
+# The new pod: never Ready before its own server's check (serving_ready, as for the first pod).
+new_pod() {
+  kubectl -n "$NS" get pods -l "app=$TARGET" -o json |
+    jq --argjson old "$old" '[.items[] | select(.metadata.name as $n | $old | index($n) | not)][0] // empty'
+}
+serving_ready new_pod "$t_restart"
+kubectl -n "$NS" rollout status "deployment/$TARGET" --timeout=120s >/dev/null || die "the rollout did not finish"
+t_rolled=$(date +%s.%N)
+# The old server exits by itself once drained (--drain-timeout-seconds, 25 by default; at once
+# when idle, about 2 s after SIGTERM), before the kubelet's SIGKILL at
+# terminationGracePeriodSeconds (30): the time it took is printed below.
+old_gone() {
+  kubectl -n "$NS" get pods -l "app=$TARGET" -o json |
+    jq -e --argjson old "$old" '[.items[] | select(.metadata.name as $n | $old | index($n))] | length == 0'
+}
+wait_for "the old pod gone (terminationGracePeriodSeconds 30)" 45 old_gone
+t_gone=$(date +%s.%N)
+sleep 3
+touch "$STOP"
+wait "$CLIENT" || true
+CLIENT=
+out=$(tail -1 "$WORK/rollout.json")
+jq -e '.wrong == 0 and .failed == 0 and .ok > 20 and .stoppedBy == "stop-file"' <<<"$out" >/dev/null 2>&1 ||
+  die "a request lost or wrong across the rolling restart: ${out:-no report: $(tail -3 "$WORK/rollout.err")}"
+echo "   $(jq -c '{ok, refused, refusedBy, wrong, failed, retried, abandoned, seconds}' <<<"$out")"
+printf '   restart → rolled out %.1f s, old pod gone %.1f s; longest time without a success %s ms (at %s s of %s s)\n' \
+  "$(echo "$t_rolled - $t_restart" | bc)" "$(echo "$t_gone - $t_restart" | bc)" \
+  "$(jq -r .longestGapMs <<<"$out")" "$(jq -r .longestGapFromS <<<"$out")" "$(jq -r .seconds <<<"$out")"
+echo "serving: pod Ready only after the row and its own server's check; golden outputs through the Service, across a rolling restart too"

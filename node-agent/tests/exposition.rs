@@ -127,7 +127,11 @@ fn the_dashboard_queries_only_metrics_the_agent_exports() {
     let all = kiln_endpoints::test_support::dashboard_metrics("kiln_");
     let foreign: Vec<&String> = all
         .iter()
-        .filter(|n| !n.starts_with("kiln_agent_") && !n.starts_with("kiln_operator_"))
+        .filter(|n| {
+            !["kiln_agent_", "kiln_operator_", "kiln_inference_"]
+                .iter()
+                .any(|p| n.starts_with(p))
+        })
         .collect();
     assert!(foreign.is_empty(), "{foreign:?}");
 }

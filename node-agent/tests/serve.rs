@@ -423,3 +423,341 @@ fn a_gguf_language_model_is_served_and_warmed_through_the_server() {
         "{figures:?}"
     );
 }
+
+/// The example (SqueezeNet on tract, several ms a run) run by `kiln-agent local` and laid out
+/// as a volume, with its fixture.
+fn example_volume(dir: &Path) -> (PathBuf, FixtureFile) {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/squeezenet");
+    for f in ["model.onnx", "fixture-v1.safetensors", "kiln.yaml"] {
+        std::fs::copy(example.join(f), dir.join(f)).expect("copy example");
+    }
+    let run = common::run_local(
+        &dir.join("kiln.yaml"),
+        &dir.join("store"),
+        &dir.join("m.prom"),
+    );
+    assert!(run.success, "local run failed: {}", run.stderr);
+    let key = run.outcome["compileKey"].as_str().expect("key");
+    let stored = dir.join("store/artifacts").join(key);
+    let fixture = dir.join("fixture-v1.safetensors");
+    let volume = volume(&stored, &fixture, &dir.join("volume"));
+    (volume, FixtureFile::read(&fixture).expect("fixture"))
+}
+
+/// The fixture's first sample as a binary-extension request, and its golden outputs.
+fn first_sample(fixture: &FixtureFile) -> ((Vec<u8>, usize), FixtureFile) {
+    let case = fixture.samples().remove(0);
+    let request = oip::InferRequest {
+        inputs: case
+            .inputs
+            .iter()
+            .map(|(n, t)| oip::from_host_binary(n, t).expect("wire"))
+            .collect(),
+        parameters: [(
+            "binary_data_output".to_string(),
+            serde_json::Value::Bool(true),
+        )]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    };
+    let mut body = serde_json::to_vec(&request).expect("json");
+    let header = body.len();
+    for t in case.inputs.values() {
+        body.extend_from_slice(&t.data);
+    }
+    ((body, header), case)
+}
+
+/// What clients saw.
+#[derive(Debug, Default)]
+struct Tally {
+    right: usize,
+    shed: usize,
+    wrong: Vec<String>,
+    gave_up: usize,
+}
+
+/// `clients` clients sending `body` back to back for `span` (each at least once), each answer checked against
+/// `golden`; a client gives up on an answer after `patience` (counted, not wrong).
+fn load(
+    port: u16,
+    clients: usize,
+    span: Duration,
+    patience: Duration,
+    (body, header): &(Vec<u8>, usize),
+    golden: &FixtureFile,
+) -> Tally {
+    let url = format!("http://127.0.0.1:{port}/v2/models/mlp/infer");
+    let tally = std::sync::Mutex::new(Tally::default());
+    runtime().block_on(async {
+        let until = Instant::now() + span;
+        let client = reqwest::Client::builder()
+            .timeout(patience)
+            .build()
+            .expect("client");
+        let tasks = (0..clients).map(|_| async {
+            loop {
+                let sent = client
+                    .post(&url)
+                    .header(oip::HEADER_LENGTH, header.to_string())
+                    .body(body.clone())
+                    .send()
+                    .await;
+                let seen = match sent {
+                    Err(e) if e.is_timeout() => Err("gave up"),
+                    Err(e) => Ok(Err(format!("transport: {e}"))),
+                    Ok(r) => Ok(judge(r, golden).await),
+                };
+                let mut t = tally.lock().expect("tally");
+                match seen {
+                    Err(_) => t.gave_up += 1,
+                    Ok(Ok(true)) => t.right += 1,
+                    Ok(Ok(false)) => t.shed += 1,
+                    Ok(Err(m)) => t.wrong.push(m),
+                }
+                if Instant::now() >= until {
+                    break;
+                }
+            }
+        });
+        futures::future::join_all(tasks).await;
+    });
+    tally.into_inner().expect("tally")
+}
+
+/// `Ok(true)`: the golden answer; `Ok(false)`: shed (503 with Retry-After); `Err`: anything else.
+async fn judge(r: reqwest::Response, golden: &FixtureFile) -> Result<bool, String> {
+    let status = r.status().as_u16();
+    let retry = r.headers().get("retry-after").is_some();
+    let header = r
+        .headers()
+        .get(oip::HEADER_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let answer = r.bytes().await.map_err(|e| format!("body: {e}"))?;
+    if status == 503 && retry {
+        return Ok(false);
+    }
+    if status != 200 {
+        return Err(format!("{status}: {}", String::from_utf8_lossy(&answer)));
+    }
+    let (json, tail) = oip::binary::split(&answer, header.as_deref())?;
+    let response: oip::InferResponse = serde_json::from_slice(json).map_err(|e| e.to_string())?;
+    let got = oip::binary::response_outputs(&response, tail)?;
+    kiln_engines::pipeline::warmup::parity(&got, golden, &warmup())
+        .map(|_| true)
+        .map_err(|e| format!("a wrong answer: {e}"))
+}
+
+/// VmRSS and VmHWM of `pid`, in bytes.
+fn memory_of(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib << 10)
+            .expect("field")
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+#[test]
+fn an_overloaded_server_sheds_keeps_its_memory_and_answers_every_admitted_request_rightly() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let (dir, fixture) = example_volume(work.path());
+    let mut server = spawn(
+        &dir,
+        &[
+            "--instances",
+            "1",
+            "--max-queue",
+            "4",
+            "--model-name",
+            "mlp",
+        ],
+    );
+    ready(&mut server);
+    let base = format!("http://127.0.0.1:{}", server.port);
+    let (_, meta) = get(&format!("{base}/v2/models/mlp")).expect("metadata");
+    let meta: serde_json::Value = serde_json::from_str(&meta).expect("json");
+    assert_eq!(
+        meta["parameters"],
+        serde_json::json!({"instances": 1, "workers": 1, "maxQueue": 4}),
+        "{meta}"
+    );
+    let (request, golden) = first_sample(&fixture);
+    let patient = Duration::from_secs(60);
+    let warm = load(
+        server.port,
+        1,
+        Duration::from_millis(300),
+        patient,
+        &request,
+        &golden,
+    );
+    assert!(warm.right > 0 && warm.wrong.is_empty(), "{warm:?}");
+    let (before, _) = memory_of(server.child.id());
+    // Twice as many clients as one worker and its queue take: the rest are told to come back.
+    let first = load(
+        server.port,
+        24,
+        Duration::from_secs(3),
+        patient,
+        &request,
+        &golden,
+    );
+    let (after_first, _) = memory_of(server.child.id());
+    let second = load(
+        server.port,
+        24,
+        Duration::from_secs(3),
+        patient,
+        &request,
+        &golden,
+    );
+    let (after_second, peak) = memory_of(server.child.id());
+    for t in [&first, &second] {
+        assert!(
+            t.wrong.is_empty(),
+            "every admitted request gets its right answer: {:?}",
+            &t.wrong[..t.wrong.len().min(3)]
+        );
+        assert!(t.right > 0 && t.shed > 0 && t.gave_up == 0, "{t:?}");
+    }
+    eprintln!(
+        "rss before {} MiB, after {} and {} MiB, peak {} MiB; {first:?} {second:?}",
+        before >> 20,
+        after_first >> 20,
+        after_second >> 20,
+        peak >> 20
+    );
+    assert!(
+        after_second < after_first + (24 << 20),
+        "memory grows with the requests ({} of 600 KB each): {} MiB after 3 s, {} MiB after 6 s",
+        second.right + second.shed,
+        after_first >> 20,
+        after_second >> 20
+    );
+    // Counted as operators see it.
+    let (_, text) = get(&format!("{base}/metrics")).expect("metrics");
+    let series = |s: &str| common::metric(&text, s).unwrap_or(-1.0) as usize;
+    assert_eq!(
+        series(
+            "kiln_inference_request_failure_total{model=\"mlp\",version=\"1\",reason=\"queue_full\"}"
+        ),
+        first.shed + second.shed,
+        "{text}"
+    );
+    assert_eq!(
+        series("kiln_inference_request_success_total{model=\"mlp\",version=\"1\"}"),
+        warm.right + first.right + second.right
+    );
+    // Clients that give up leave the line: what is left runs at once, not after their work.
+    let impatient = load(
+        server.port,
+        24,
+        Duration::from_secs(2),
+        Duration::from_millis(5),
+        &request,
+        &golden,
+    );
+    assert!(impatient.gave_up > 0, "{impatient:?}");
+    let (after_impatient, _) = memory_of(server.child.id());
+    assert!(
+        after_impatient < after_second + (24 << 20),
+        "{} abandoned requests kept: {} MiB before, {} MiB after",
+        impatient.gave_up,
+        after_second >> 20,
+        after_impatient >> 20
+    );
+    let started = Instant::now();
+    let after = load(
+        server.port,
+        1,
+        Duration::from_millis(1),
+        patient,
+        &request,
+        &golden,
+    );
+    assert_eq!((after.right, after.wrong.len()), (1, 0), "{after:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a request after {} abandoned ones waited {:?}: their work ran first",
+        impatient.gave_up,
+        started.elapsed()
+    );
+}
+
+#[test]
+fn sigterm_drains_not_ready_at_once_admitted_requests_answered_new_ones_refused() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let (dir, fixture) = example_volume(work.path());
+    let mut server = spawn(
+        &dir,
+        &[
+            "--instances",
+            "1",
+            "--max-queue",
+            "64",
+            "--model-name",
+            "mlp",
+            "--drain-delay-seconds",
+            "1",
+        ],
+    );
+    ready(&mut server);
+    let (request, golden) = first_sample(&fixture);
+    let port = server.port;
+    let pid = server.child.id();
+    // Eight clients in flight when SIGTERM comes; their requests were admitted, so answered.
+    let loaded = std::thread::spawn(move || {
+        load(
+            port,
+            8,
+            Duration::from_millis(1500),
+            Duration::from_secs(60),
+            &request,
+            &golden,
+        )
+    });
+    std::thread::sleep(Duration::from_millis(700));
+    let sent = Instant::now();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).expect("pid"),
+        rustix::process::Signal::TERM,
+    )
+    .expect("SIGTERM");
+    let ready_url = format!("http://127.0.0.1:{port}/v2/health/ready");
+    let live_url = format!("http://127.0.0.1:{port}/v2/health/live");
+    let not_ready = get(&ready_url).map(|(s, _)| s);
+    assert_eq!(not_ready, Some(503), "readiness goes false at once");
+    assert_eq!(
+        get(&live_url).map(|(s, _)| s),
+        Some(200),
+        "still live while draining"
+    );
+    let tally = loaded.join().expect("clients");
+    assert!(tally.wrong.is_empty(), "{:?}", tally.wrong);
+    assert!(
+        tally.right > 0 && tally.shed > 0,
+        "admitted answered, then refused with Retry-After: {tally:?}"
+    );
+    let status = loop {
+        if let Some(status) = server.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(30),
+            "still running 30 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "a drained server exits 0: {status}");
+    assert!(
+        sent.elapsed() >= Duration::from_secs(1),
+        "it answered through the drain delay"
+    );
+}

@@ -1,39 +1,47 @@
 //! kiln-server, the model server of `kiln-agent serve`: the Open Inference Protocol v2 over REST for the model a `csi.kiln.dev`
 //! volume holds, loaded with the same engine code and settings the node's agent warmed
-//! ([`model`]). Plain hyper, like the probe endpoints: seven routes need no framework.
+//! ([`model`]). Plain hyper, like the probe endpoints: eight routes need no framework.
 //! Live at once, ready once the model is loaded; nothing is served that did not re-verify.
-//! Touches one TCP listener and the model directory (read only).
+//! Under load it runs as many requests as its engines take ([`pool`]), lets a bounded number
+//! wait and sheds the rest ([`admission`]); on shutdown it drains. Touches one TCP listener and
+//! the model directory (read only).
 //!
 //! * [`oip`] — the protocol's wire types and binary tensor extension, which the agent's warmer
 //!   also speaks to a serving pod.
 //! * [`model`] — the model of a volume, loaded and checked.
+//! * [`pool`] — its engines and how many; [`workers`] — the threads they run on, warmed;
+//!   [`admission`] — who runs, waits or is shed; [`infer`] — one inference request;
+//!   [`metrics`] — what `/metrics` shows.
 //!
-//! May use: kiln-engines, kiln-node-core, kiln-crds, kiln-store. Must not use a Kubernetes
-//! client, the CSI plugin or the agent (`crds/tests/boundaries.rs`).
+//! May use: kiln-engines, kiln-node-core, kiln-crds, kiln-store, kiln-endpoints. Must not use a
+//! Kubernetes client, the CSI plugin or the agent (`crds/tests/boundaries.rs`).
 
+pub mod admission;
+pub mod infer;
+pub mod metrics;
 pub mod model;
 pub mod oip;
+pub mod pool;
+mod reply;
+mod state;
+pub mod workers;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 
-use model::{Refusal, Served};
-use oip::{ErrorBody, InferRequest, InferResponse, binary};
+use model::Served;
+use reply::{Reply, error, json};
+pub use state::{Limits, State};
 
-/// What the routes share.
-pub struct State {
-    /// Set once the model is loaded.
-    pub served: OnceLock<Arc<Served>>,
-    /// The largest request body accepted.
-    pub max_body: usize,
-}
-
-/// Serves on `listen` until `shutdown` resolves.
+/// Serves on `listen` until `shutdown` resolves, then drains: not ready, new requests refused,
+/// admitted ones answered; returns once none is left and the drain delay has passed, or at the
+/// drain timeout.
 pub async fn serve(
     listen: SocketAddr,
     state: Arc<State>,
@@ -43,25 +51,61 @@ pub async fn serve(
     tracing::info!(%listen, "serving the Open Inference Protocol v2");
     tokio::pin!(shutdown);
     loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => accepted?,
-            () = &mut shutdown => return Ok(()),
-        };
-        let _ = stream.set_nodelay(true);
-        let state = state.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| route(req, state.clone()));
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .await;
-        });
+        tokio::select! {
+            accepted = listener.accept() => connection(accepted?.0, &state),
+            () = &mut shutdown => break,
+        }
+    }
+    state.gate.drain();
+    let began = Instant::now();
+    tracing::info!(
+        waiting = state.gate.waiting(),
+        running = state.gate.running(),
+        "draining: not ready, refusing new requests"
+    );
+    loop {
+        let left = state.gate.waiting() + state.gate.running();
+        let waited = began.elapsed();
+        if (left == 0 && waited >= state.limits.drain_delay) || waited >= state.limits.drain_timeout
+        {
+            if left > 0 {
+                tracing::warn!(left, "drain timeout: requests still admitted are cut off");
+            }
+            return Ok(());
+        }
+        tokio::select! {
+            accepted = listener.accept() => connection(accepted?.0, &state),
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
     }
 }
 
-type Reply = Response<Full<Bytes>>;
+/// Serves one connection on its own task.
+fn connection(stream: tokio::net::TcpStream, state: &Arc<State>) {
+    let _ = stream.set_nodelay(true);
+    let state = state.clone();
+    tokio::spawn(async move {
+        let service = hyper::service::service_fn(move |req| route(req, state.clone()));
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(io, service)
+            .await;
+    });
+}
 
+/// Every reply; while draining each closes its connection, so clients reconnect elsewhere.
 async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Reply, Infallible> {
+    let mut reply = reply(req, &state).await;
+    if state.gate.draining() {
+        reply.headers_mut().insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("close"),
+        );
+    }
+    Ok(reply)
+}
+
+async fn reply(req: Request<Incoming>, state: &Arc<State>) -> Reply {
     let path: Vec<String> = req
         .uri()
         .path()
@@ -72,11 +116,12 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Reply, Infal
     let parts: Vec<&str> = path.iter().map(String::as_str).collect();
     let served = state.served.get().cloned();
     let get = req.method() == Method::GET;
-    Ok(match (parts.as_slice(), served) {
+    match (parts.as_slice(), served) {
         (["v2", "health", "live"], _) if get => {
             json(StatusCode::OK, &serde_json::json!({"live": true}))
         }
-        (["v2", "health", "ready"], s) if get => ready(s.is_some()),
+        (["v2", "health", "ready"], s) if get => ready(s.is_some() && !state.gate.draining()),
+        (["metrics"], _) if get => metrics(&req, state),
         (["v2"], _) if get => json(
             StatusCode::OK,
             &serde_json::json!({
@@ -86,7 +131,7 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Reply, Infal
             }),
         ),
         (["v2", "models", name, rest @ ..], Some(s)) if *name == s.name => {
-            model_route(req, rest, s, state.max_body).await
+            model_route(req, rest, s, state).await
         }
         (["v2", "models", name, ..], Some(_)) => {
             error(StatusCode::NOT_FOUND, format!("no model {name:?} here"))
@@ -96,7 +141,7 @@ async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Reply, Infal
             "the model is still loading".into(),
         ),
         _ => error(StatusCode::NOT_FOUND, "no such route".into()),
-    })
+    }
 }
 
 /// The routes under `/v2/models/{name}` (and `/versions/{v}`, any version: one is served).
@@ -104,7 +149,7 @@ async fn model_route(
     req: Request<Incoming>,
     rest: &[&str],
     s: Arc<Served>,
-    max_body: usize,
+    state: &Arc<State>,
 ) -> Reply {
     let rest = match rest {
         ["versions", _, tail @ ..] => tail,
@@ -112,10 +157,26 @@ async fn model_route(
     };
     match (req.method(), rest) {
         (&Method::GET, []) => json(StatusCode::OK, &s.metadata),
-        (&Method::GET, ["ready"]) => ready(true),
-        (&Method::POST, ["infer"]) => infer(req, s, max_body).await,
+        (&Method::GET, ["ready"]) => ready(!state.gate.draining()),
+        (&Method::POST, ["infer"]) => infer::infer(req, s, state).await,
         _ => error(StatusCode::NOT_FOUND, "no such route".into()),
     }
+}
+
+fn metrics(req: &Request<Incoming>, state: &State) -> Reply {
+    let accept = req
+        .headers()
+        .get(hyper::header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    let (body, content_type) = state
+        .metrics
+        .encode(state.labels().as_ref(), &state.gate, accept);
+    let mut reply = Response::new(Full::new(Bytes::from(body)));
+    reply.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    reply
 }
 
 fn ready(yes: bool) -> Reply {
@@ -124,123 +185,7 @@ fn ready(yes: bool) -> Reply {
     } else {
         error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "the model is still loading".into(),
+            "not ready: the model is still loading, or the server is shutting down".into(),
         )
     }
-}
-
-/// One inference: the body (JSON, or the binary extension's header and tail) read within
-/// `max_body`, the inputs checked, one engine run off the async threads, the outputs encoded
-/// as asked.
-async fn infer(req: Request<Incoming>, s: Arc<Served>, max_body: usize) -> Reply {
-    let header = req
-        .headers()
-        .get(oip::HEADER_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let body = match Limited::new(req.into_body(), max_body).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("request body: {e} (the limit is --max-request-bytes {max_body})"),
-            );
-        }
-    };
-    let parsed = binary::split(&body, header.as_deref()).and_then(|(head, tail)| {
-        let request: InferRequest =
-            serde_json::from_slice(head).map_err(|e| format!("request JSON: {e}"))?;
-        let inputs = binary::request_inputs(&request, tail)?;
-        Ok((request, inputs))
-    });
-    let (request, inputs) = match parsed {
-        Ok(p) => p,
-        Err(m) => return error(StatusCode::BAD_REQUEST, m),
-    };
-    let wanted: Option<Vec<String>> = request
-        .outputs
-        .as_ref()
-        .map(|o| o.iter().map(|o| o.name.clone()).collect());
-    let run = {
-        let s = s.clone();
-        tokio::task::spawn_blocking(move || s.infer(&inputs, wanted.as_deref()))
-    };
-    let outputs = match run.await {
-        Ok(Ok(outputs)) => outputs,
-        Ok(Err(Refusal::Request(m))) => return error(StatusCode::BAD_REQUEST, m),
-        Ok(Err(Refusal::Engine(m))) => return error(StatusCode::INTERNAL_SERVER_ERROR, m),
-        Err(e) => {
-            return error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("the run failed: {e}"),
-            );
-        }
-    };
-    respond(&request, &s, &outputs)
-}
-
-/// The response body: each output in JSON or, where asked, binary.
-fn respond(
-    request: &InferRequest,
-    s: &Served,
-    outputs: &std::collections::BTreeMap<String, kiln_engines::backend::tensor::HostTensor>,
-) -> Reply {
-    let mut response = InferResponse {
-        model_name: s.name.clone(),
-        model_version: Some(s.mounted.revision.to_string()),
-        id: request.id.clone(),
-        outputs: Vec::new(),
-    };
-    let mut tail = Vec::new();
-    for (name, t) in outputs {
-        let wire = if oip::wants_binary(request, name) {
-            tail.push(t.data.clone());
-            oip::from_host_binary(name, t)
-        } else {
-            oip::from_host(name, t)
-        };
-        match wire {
-            Ok(w) => response.outputs.push(w),
-            Err(m) => return error(StatusCode::INTERNAL_SERVER_ERROR, m),
-        }
-    }
-    let (body, header) = binary::join(&response, &tail);
-    let mut reply = Response::new(Full::new(Bytes::from(body)));
-    let headers = reply.headers_mut();
-    match header {
-        Some(n) => {
-            headers.insert(
-                hyper::header::CONTENT_TYPE,
-                "application/octet-stream".parse().expect("static"),
-            );
-            if let Ok(v) = n.to_string().parse() {
-                headers.insert(oip::HEADER_LENGTH, v);
-            }
-        }
-        None => {
-            headers.insert(
-                hyper::header::CONTENT_TYPE,
-                "application/json".parse().expect("static"),
-            );
-        }
-    }
-    reply
-}
-
-fn json(status: StatusCode, value: &impl serde::Serialize) -> Reply {
-    let mut reply = Response::new(Full::new(Bytes::from(
-        serde_json::to_vec(value).unwrap_or_default(),
-    )));
-    *reply.status_mut() = status;
-    if let Ok(v) = "application/json".parse() {
-        reply.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-    }
-    reply
-}
-
-fn error(status: StatusCode, message: String) -> Reply {
-    if status.is_server_error() {
-        tracing::warn!(%status, %message, "request failed");
-    }
-    json(status, &ErrorBody { error: message })
 }

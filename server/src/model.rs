@@ -4,18 +4,18 @@
 //! the seal's, re-hashed otherwise; the fixture
 //! against its digest, the artifact's class against this machine's probed hardware), loaded with
 //! the backend its manifest names and the settings it records, as the node's warmup loaded it.
-//! Then one request at a time through the engine, every input checked against its profiles.
-
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::Mutex;
+//! Then requests through the engines of a [`Pool`] sized to the pod ([`crate::pool::size`]),
+//! every input checked against its profiles.
 
 use kiln_crds::BuildManifest;
 use kiln_crds::compiled_target::{Backend as BackendSpec, BackendKind};
 use kiln_crds::mounted::{self, MountedModel};
 use kiln_store::staged::sha256_file;
+use std::collections::BTreeMap;
+use std::path::Path;
 
 use crate::oip::{ModelMetadata, TensorMetadata, datatype};
+use crate::pool::{self, Pool};
 use kiln_engines::backend::tensor::HostTensor;
 use kiln_engines::backend::{self, Engine};
 use kiln_engines::pipeline::fixtures::FixtureFile;
@@ -36,12 +36,18 @@ pub struct Served {
     pub load_seconds: f64,
     /// Whether the artifact was re-hashed here (false: taken on the plugin's seal).
     pub hashed: bool,
-    /// One run at a time: engines hold one context (llama.cpp) or tune per run.
-    engine: Mutex<Box<dyn Engine>>,
+    /// The engines requests run on.
+    pub pool: Pool,
+    /// The threads they run on.
+    pub workers: crate::workers::Workers,
+    /// The fixture's first sample's inputs, which warm each worker thread.
+    warm_inputs: Option<BTreeMap<String, HostTensor>>,
 }
 
-/// Reads, checks and loads the model in `dir`, served as `name` (default: the target's name).
-pub fn open(dir: &Path, name: Option<String>) -> Result<Served> {
+/// Reads, checks and loads the model in `dir`, served as `name` (default: the target's name),
+/// with `instances` engines (or runs at once, for a shareable engine) when asked, else as many
+/// as [`pool::size`] finds fit.
+pub fn open(dir: &Path, name: Option<String>, instances: Option<usize>) -> Result<Served> {
     let (mounted, manifest, hashed) = read_checked(dir)?;
     let fixture = read_fixture(dir, &mounted)?;
     let backend = backend::for_artifact(&settings_of(&manifest), &manifest)?;
@@ -57,10 +63,31 @@ pub fn open(dir: &Path, name: Option<String>) -> Result<Served> {
     }
     kiln_engines::pipeline::ready::check_compatible(&manifest, backend.as_ref(), &manifest.class)?;
     let started = std::time::Instant::now();
-    let engine = backend.load(&dir.join(mounted::ARTIFACT))?;
+    let artifact = dir.join(mounted::ARTIFACT);
+    let first = backend.load(&artifact)?;
+    let sizing = pool::size(
+        pool::Facts {
+            shareable: first.shareable(),
+            cores: std::thread::available_parallelism().map_or(1, usize::from),
+            artifact_bytes: manifest.artifact_size,
+            memory_available: pool::memory_available(),
+        },
+        instances,
+    )
+    .map_err(Error::InvalidSpec)?;
+    let mut engines = vec![first];
+    while engines.len() < sizing.instances {
+        engines.push(backend.load(&artifact)?);
+    }
     let load_seconds = started.elapsed().as_secs_f64();
     let name = name.unwrap_or_else(|| mounted.target.clone());
-    let metadata = metadata(&name, &manifest, engine.as_ref(), fixture.as_ref());
+    let mut metadata = metadata(&name, &manifest, engines[0].as_ref(), fixture.as_ref());
+    metadata.parameters = serde_json::json!({
+        "instances": sizing.instances, "workers": sizing.workers,
+    })
+    .as_object()
+    .cloned()
+    .unwrap_or_default();
     Ok(Served {
         name,
         mounted,
@@ -68,7 +95,10 @@ pub fn open(dir: &Path, name: Option<String>) -> Result<Served> {
         metadata,
         load_seconds,
         hashed,
-        engine: Mutex::new(engine),
+        pool: Pool::new(engines, sizing.workers),
+        workers: crate::workers::Workers::start(sizing.workers)
+            .map_err(|e| Error::LoadFailed(format!("starting the worker threads: {e}")))?,
+        warm_inputs: fixture.map(|f| f.inputs),
     })
 }
 
@@ -198,6 +228,7 @@ fn metadata(
         })
         .collect();
     ModelMetadata {
+        parameters: Default::default(),
         name: name.to_string(),
         versions: Vec::new(),
         platform: manifest.engine(),
@@ -214,6 +245,35 @@ fn metadata(
 }
 
 impl Served {
+    /// Runs the fixture's first sample on every worker thread, all at once, so no request
+    /// pays a thread's first run; refused when a run fails. Seconds of the slowest.
+    pub fn warm_workers(self: &std::sync::Arc<Self>) -> Result<f64> {
+        let Some(inputs) = self.warm_inputs.clone() else {
+            return Ok(0.0);
+        };
+        let served = self.clone();
+        let runs = self.workers.on_each(move || {
+            let started = std::time::Instant::now();
+            served
+                .infer(&inputs, None)
+                .map(|_| started.elapsed().as_secs_f64())
+        });
+        if runs.len() != self.pool.workers() {
+            return Err(Error::WarmupFailed(format!(
+                "warming the worker threads: {} of {} ran",
+                runs.len(),
+                self.pool.workers()
+            )));
+        }
+        runs.into_iter()
+            .try_fold(0.0_f64, |slowest, run| match run {
+                Ok(s) => Ok(slowest.max(s)),
+                Err(Refusal::Request(m) | Refusal::Engine(m)) => Err(Error::WarmupFailed(format!(
+                    "the fixture's first sample on a worker thread: {m}"
+                ))),
+            })
+    }
+
     /// Runs one request: `inputs` must be exactly one profile's (names, shapes, types);
     /// `wanted` keeps those outputs (all when `None`; an unknown name is refused).
     pub fn infer(
@@ -221,15 +281,12 @@ impl Served {
         inputs: &BTreeMap<String, HostTensor>,
         wanted: Option<&[String]>,
     ) -> std::result::Result<BTreeMap<String, HostTensor>, Refusal> {
-        let engine = self
-            .engine
-            .lock()
-            .map_err(|_| Refusal::Engine("an earlier run panicked; restart the server".into()))?;
-        check_inputs(engine.as_ref(), inputs).map_err(Refusal::Request)?;
-        let mut outputs = engine
-            .run(inputs)
+        check_inputs(self.pool.first(), inputs).map_err(Refusal::Request)?;
+        let mut outputs = self
+            .pool
+            .with(|engine| engine.run(inputs))
+            .map_err(Refusal::Engine)?
             .map_err(|e| Refusal::Engine(e.to_string()))?;
-        drop(engine);
         if let Some(wanted) = wanted {
             if let Some(unknown) = wanted.iter().find(|w| !outputs.contains_key(*w)) {
                 return Err(Refusal::Request(format!(

@@ -120,6 +120,13 @@ pub trait Engine: Send + Sync {
     fn tokenizer(&self) -> Option<&dyn Tokenizer> {
         None
     }
+    /// Whether runs may go through this one engine at once, each on one core (tract: a run
+    /// keeps its state to itself). `false`: one run at a time, which already uses the cores or
+    /// the device (ONNX Runtime's intra-op threads, llama.cpp's context), so a server that
+    /// wants more at once loads more engines.
+    fn shareable(&self) -> bool {
+        false
+    }
 }
 
 /// The tokenizer and chat template a language model carries (inside its GGUF), as warmup and

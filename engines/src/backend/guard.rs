@@ -124,6 +124,10 @@ impl Engine for GuardedEngine {
     fn tokenizer(&self) -> Option<&dyn super::api::Tokenizer> {
         self.0.tokenizer()
     }
+
+    fn shareable(&self) -> bool {
+        self.0.shareable()
+    }
 }
 
 #[cfg(test)]

@@ -471,6 +471,10 @@ impl Engine for TractEngine {
             .collect()
     }
 
+    fn shareable(&self) -> bool {
+        true
+    }
+
     fn profiles(&self) -> Vec<(String, Shapes)> {
         self.profiles
             .iter()

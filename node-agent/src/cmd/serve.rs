@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// Flags of `serve`.
 #[derive(clap::Args)]
@@ -24,6 +24,25 @@ pub struct Args {
     /// The largest request body accepted, in bytes.
     #[arg(long, env = "KILN_MAX_REQUEST_BYTES", default_value_t = 64 << 20)]
     max_request_bytes: usize,
+    /// For a shareable engine (tract) the requests that run at once, else the engines loaded
+    /// (default: the cores for tract, one engine for engines whose run uses all cores).
+    #[arg(long, env = "KILN_INSTANCES", value_parser = clap::value_parser!(u16).range(1..))]
+    instances: Option<u16>,
+    /// Requests that may wait for a worker; past that a request gets 503 with Retry-After.
+    #[arg(long, env = "KILN_MAX_QUEUE", default_value_t = 16)]
+    max_queue: usize,
+    /// A request's deadline when it names none (Envoy's x-envoy-expected-rq-timeout-ms, or
+    /// parameters.timeout in µs): one still waiting then gets 504 unrun. 0: none.
+    #[arg(long, env = "KILN_REQUEST_TIMEOUT_MS", default_value_t = 30_000)]
+    request_timeout_ms: u64,
+    /// After SIGTERM, seconds the server goes on refusing new requests (not ready) at least,
+    /// so its endpoint leaves the Service before the port closes.
+    #[arg(long, env = "KILN_DRAIN_DELAY_SECONDS", default_value_t = 2)]
+    drain_delay_seconds: u64,
+    /// After SIGTERM, the most seconds it waits for admitted requests (keep it under the
+    /// pod's terminationGracePeriodSeconds).
+    #[arg(long, env = "KILN_DRAIN_TIMEOUT_SECONDS", default_value_t = 25)]
+    drain_timeout_seconds: u64,
 }
 
 /// Listens at once (live), loads the model (then ready), serves until SIGTERM. A model that
@@ -32,10 +51,15 @@ pub fn main(args: Args) -> ExitCode {
     let Some(runtime) = super::runtime() else {
         return ExitCode::FAILURE;
     };
-    let state = Arc::new(kiln_server::State {
-        served: OnceLock::new(),
+    let seconds = std::time::Duration::from_secs;
+    let state = Arc::new(kiln_server::State::new(kiln_server::Limits {
         max_body: args.max_request_bytes,
-    });
+        max_queue: args.max_queue,
+        request_timeout: (args.request_timeout_ms > 0)
+            .then(|| std::time::Duration::from_millis(args.request_timeout_ms)),
+        drain_delay: seconds(args.drain_delay_seconds),
+        drain_timeout: seconds(args.drain_timeout_seconds.max(args.drain_delay_seconds)),
+    }));
     let listen = std::net::SocketAddr::new(args.host, args.port);
     let result = runtime.block_on(async {
         let server = tokio::spawn(kiln_server::serve(
@@ -44,12 +68,14 @@ pub fn main(args: Args) -> ExitCode {
             kiln_endpoints::shutdown_signal(),
         ));
         let (dir, name) = (args.model_dir.clone(), args.model_name.clone());
-        let loaded = tokio::task::spawn_blocking(move || kiln_server::model::open(&dir, name))
+        let (instances, max_queue) = (args.instances.map(usize::from), args.max_queue);
+        let serving = state.clone();
+        tokio::task::spawn_blocking(move || load(&serving, &dir, name, instances, max_queue))
             .await
             .map_err(|e| anyhow::anyhow!("loading failed: {e}"))??;
-        tracing::info!(model = %loaded.name, target = %format!("{}/{}", loaded.mounted.namespace, loaded.mounted.target), revision = loaded.mounted.revision, digest = %loaded.mounted.digest, engine = %loaded.metadata.platform, load_seconds = loaded.load_seconds, hashed = loaded.hashed, "model loaded; ready");
-        let _ = state.served.set(Arc::new(loaded));
-        server.await.map_err(|e| anyhow::anyhow!("server task: {e}"))??;
+        server
+            .await
+            .map_err(|e| anyhow::anyhow!("server task: {e}"))??;
         anyhow::Ok(())
     });
     match result {
@@ -60,4 +86,24 @@ pub fn main(args: Args) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Loads the model in `dir`, warms each worker thread and serves it from `state`, logging what
+/// was loaded and how.
+fn load(
+    state: &kiln_server::State,
+    dir: &std::path::Path,
+    name: Option<String>,
+    instances: Option<usize>,
+    max_queue: usize,
+) -> kiln_node_core::error::Result<()> {
+    let loaded = kiln_server::model::open(dir, name, instances)?;
+    let model = loaded.name.clone();
+    let mounted = loaded.mounted.clone();
+    let engine = loaded.metadata.platform.clone();
+    let (load_seconds, hashed) = (loaded.load_seconds, loaded.hashed);
+    let (instances, workers) = (loaded.pool.instances(), loaded.pool.workers());
+    let warm_seconds = state.serve_model(loaded)?;
+    tracing::info!(%model, target = %format!("{}/{}", mounted.namespace, mounted.target), revision = mounted.revision, digest = %mounted.digest, %engine, load_seconds, hashed, instances, workers, max_queue, warm_seconds, "model loaded, each worker thread warmed; ready");
+    Ok(())
 }

@@ -117,6 +117,13 @@ pub struct ModelMetadata {
     /// Outputs.
     #[serde(default, deserialize_with = "null_as_default")]
     pub outputs: Vec<TensorMetadata>,
+    /// How the server runs it (kiln: `instances`, `workers`, `maxQueue`).
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Map::is_empty"
+    )]
+    pub parameters: Map<String, Value>,
 }
 
 /// An optional field written as `null` read as absent: KServe's ModelServer writes

@@ -1,0 +1,71 @@
+//! What the routes share: the served model once loaded, the limits, the gate and the metrics.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crate::admission::Gate;
+use crate::metrics::{Metrics, ModelLabels};
+use crate::model::Served;
+
+/// What the routes share.
+pub struct State {
+    /// Set once the model is loaded ([`State::serve_model`]).
+    pub served: OnceLock<Arc<Served>>,
+    /// The server's limits.
+    pub limits: Limits,
+    /// Who runs, who waits.
+    pub gate: Gate,
+    /// What `/metrics` shows.
+    pub metrics: Metrics,
+}
+
+/// The limits `serve`'s flags set.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// The largest request body accepted.
+    pub max_body: usize,
+    /// Requests that may wait for a worker; more are shed.
+    pub max_queue: usize,
+    /// A request's deadline when it names none (`None`: none).
+    pub request_timeout: Option<Duration>,
+    /// After the shutdown signal, how long the server goes on answering (not ready, refusing
+    /// new requests) at least, so the endpoint leaves the Service before the port closes.
+    pub drain_delay: Duration,
+    /// After the shutdown signal, the longest it waits for admitted requests.
+    pub drain_timeout: Duration,
+}
+
+impl State {
+    /// A server with nothing loaded yet.
+    pub fn new(limits: Limits) -> Self {
+        State {
+            served: OnceLock::new(),
+            gate: Gate::new(limits.max_queue),
+            limits,
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// Serves `served` from now on, once each worker thread has run the fixture: its workers
+    /// open the gate, its metadata says the sizing. Blocks for the warm runs; returns the
+    /// slowest one's seconds.
+    pub fn serve_model(&self, mut served: Served) -> kiln_node_core::error::Result<f64> {
+        served
+            .metadata
+            .parameters
+            .insert("maxQueue".into(), self.limits.max_queue.into());
+        let served = Arc::new(served);
+        let warm = served.warm_workers()?;
+        self.gate.open(served.pool.workers());
+        let _ = self.served.set(served);
+        Ok(warm)
+    }
+
+    /// The served model's metric labels.
+    pub fn labels(&self) -> Option<ModelLabels> {
+        self.served.get().map(|s| ModelLabels {
+            model: s.name.clone(),
+            version: s.mounted.revision.to_string(),
+        })
+    }
+}
