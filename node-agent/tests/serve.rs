@@ -427,10 +427,17 @@ fn a_gguf_language_model_is_served_and_warmed_through_the_server() {
 /// The example (SqueezeNet on tract, several ms a run) run by `kiln-agent local` and laid out
 /// as a volume, with its fixture.
 fn example_volume(dir: &Path) -> (PathBuf, FixtureFile) {
+    example_volume_with(dir, |yaml| yaml)
+}
+
+/// The same, with the example's targets as `edit` makes them.
+fn example_volume_with(dir: &Path, edit: impl Fn(String) -> String) -> (PathBuf, FixtureFile) {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/squeezenet");
-    for f in ["model.onnx", "fixture-v1.safetensors", "kiln.yaml"] {
+    for f in ["model.onnx", "fixture-v1.safetensors"] {
         std::fs::copy(example.join(f), dir.join(f)).expect("copy example");
     }
+    let yaml = std::fs::read_to_string(example.join("kiln.yaml")).expect("example");
+    std::fs::write(dir.join("kiln.yaml"), edit(yaml)).expect("yaml");
     let run = common::run_local(
         &dir.join("kiln.yaml"),
         &dir.join("store"),
@@ -760,4 +767,174 @@ fn sigterm_drains_not_ready_at_once_admitted_requests_answered_new_ones_refused(
         sent.elapsed() >= Duration::from_secs(1),
         "it answered through the drain delay"
     );
+}
+
+/// `sample`'s inputs made distinct by `seed` (a ramp that differs per element and seed), as a
+/// binary-extension request.
+fn scaled(sample: &FixtureFile, seed: f32) -> (Vec<u8>, usize) {
+    let mut other = sample.clone();
+    for t in other.inputs.values_mut() {
+        for (j, v) in t.data.chunks_exact_mut(4).enumerate() {
+            let x = f32::from_le_bytes([v[0], v[1], v[2], v[3]])
+                + ((j * 7919) % 251) as f32 / 251.0 * seed;
+            v.copy_from_slice(&x.to_le_bytes());
+        }
+    }
+    first_sample(&other).0
+}
+
+/// The outputs of one binary-extension request.
+async fn outputs_of(
+    client: &reqwest::Client,
+    url: &str,
+    (body, header): &(Vec<u8>, usize),
+) -> std::collections::BTreeMap<String, kiln_engines::backend::tensor::HostTensor> {
+    let r = client
+        .post(url)
+        .header(oip::HEADER_LENGTH, header.to_string())
+        .body(body.clone())
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status().as_u16(), 200);
+    let length = r
+        .headers()
+        .get(oip::HEADER_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let answer = r.bytes().await.expect("body");
+    let (json, tail) = oip::binary::split(&answer, length.as_deref()).expect("split");
+    let response: oip::InferResponse = serde_json::from_slice(json).expect("response");
+    oip::binary::response_outputs(&response, tail).expect("outputs")
+}
+
+/// A volume of `file` (tests/data; input `images: f32[batch, 3, h, w]` for the detector, else
+/// `x: f32[batch, 16]`) compiled with a four-row profile beside its one-row one, and a one-row
+/// fixture.
+fn batchable(file: &str) -> (Case, PathBuf) {
+    let mut case = Case::mlp(1);
+    std::fs::copy(data(file), case.path("model.onnx")).expect("copy");
+    (case.model_sha, case.model_size) = sha256_file(&case.path("model.onnx")).expect("hash");
+    let dims = if file == "detector.onnx" {
+        case.input = ("images", "f32", "{size: 3}, {size: 32}, {size: 32}");
+        case.fixture_shaped(&case.path("model.onnx"), "images", vec![1, 3, 32, 32]);
+        ""
+    } else {
+        case.fixture_from(&case.path("model.onnx"), 1);
+        ""
+    };
+    case.batch = 1;
+    let yaml = case.yaml().replace(
+        &format!("profiles: [{{name: p, dims: {{batch: 1{dims}}}}}]"),
+        &format!("profiles: [{{name: p, dims: {{batch: 1{dims}}}}}, {{name: p4, dims: {{batch: 4{dims}}}}}]"),
+    );
+    assert!(yaml.contains("name: p4"), "{yaml}");
+    std::fs::write(case.path("kiln.yaml"), yaml).expect("yaml");
+    let run = common::run_local(&case.path("kiln.yaml"), &case.store(), &case.path("m.prom"));
+    assert!(run.success, "local run failed: {}", run.stderr);
+    let key = run.outcome["compileKey"].as_str().expect("key");
+    let stored = case.store().join("artifacts").join(key);
+    let dir = volume(
+        &stored,
+        &case.path("fixture.safetensors"),
+        &case.path("volume"),
+    );
+    (case, dir)
+}
+
+#[test]
+fn a_batch_that_would_answer_differently_is_not_made() {
+    // The MLP's matrix product takes another kernel for four rows than for one: the bytes
+    // differ, so the server checks at load, says so and runs each request alone.
+    let (case, dir) = batchable("mlp.onnx");
+    let mut server = spawn(&dir, &["--max-batch", "4", "--batch-delay-us", "200000"]);
+    ready(&mut server);
+    let base = format!("http://127.0.0.1:{}", server.port);
+    let url = format!("{base}/v2/models/mlp/infer");
+    let request = first_sample(&case.fixture()).0;
+    let client = reqwest::Client::new();
+    let rt = runtime();
+    let _ = rt.block_on(futures::future::join_all(
+        (0..4).map(|_| outputs_of(&client, &url, &request)),
+    ));
+    let runs = metric_of(
+        &base,
+        "kiln_inference_exec_total{model=\"mlp\",version=\"1\"}",
+    );
+    drop(rt);
+    let _ = server.child.kill();
+    let log = stderr_of(&mut server);
+    assert!(
+        log.contains("does not answer each row as it alone: not batched rows=4"),
+        "{log}"
+    );
+    assert!(!log.contains("batching single-sample requests"), "{log}");
+    assert_eq!(runs, 4.0, "each request ran alone");
+}
+
+#[test]
+fn batched_requests_get_exactly_the_answers_they_get_alone() {
+    // A detector's convolutions, with a four-image profile beside its one-image one.
+    let (case, dir) = batchable("detector.onnx");
+    let fixture = case.fixture();
+    let args = [
+        "--instances",
+        "1",
+        "--max-batch",
+        "4",
+        "--batch-delay-us",
+        "200000",
+    ];
+    let mut server = spawn(&dir, &args);
+    ready(&mut server);
+    let base = format!("http://127.0.0.1:{}", server.port);
+    let url = format!("{base}/v2/models/mlp/infer");
+    let sample = fixture.samples().remove(0);
+    let requests: Vec<(Vec<u8>, usize)> = (0..4)
+        .map(|i| scaled(&sample, 1.0 + 0.25 * i as f32))
+        .collect();
+    let client = reqwest::Client::new();
+    let rt = runtime();
+    // Alone: one at a time, each a batch of one once the delay passes.
+    let alone: Vec<_> = requests
+        .iter()
+        .map(|r| rt.block_on(outputs_of(&client, &url, r)))
+        .collect();
+    assert!(
+        alone[0] != alone[1] && alone[1] != alone[3],
+        "different inputs, different answers"
+    );
+    let runs_alone = metric_of(
+        &base,
+        "kiln_inference_exec_total{model=\"mlp\",version=\"1\"}",
+    );
+    assert_eq!(runs_alone, 4.0);
+    // Together: four at once, three times; each gets the bytes it got alone.
+    for _ in 0..3 {
+        let together = rt.block_on(futures::future::join_all(
+            requests.iter().map(|r| outputs_of(&client, &url, r)),
+        ));
+        for (i, got) in together.iter().enumerate() {
+            assert!(
+                got == &alone[i],
+                "request {i} answered differently in a batch"
+            );
+        }
+    }
+    let runs = metric_of(
+        &base,
+        "kiln_inference_exec_total{model=\"mlp\",version=\"1\"}",
+    ) - runs_alone;
+    let log = {
+        drop(rt);
+        let _ = server.child.kill();
+        stderr_of(&mut server)
+    };
+    assert!(log.contains("batching single-sample requests"), "{log}");
+    assert!(runs < 12.0, "12 requests in {runs} runs: batched");
+}
+
+fn metric_of(base: &str, series: &str) -> f64 {
+    let (_, text) = get(&format!("{base}/metrics")).expect("metrics");
+    common::metric(&text, series).unwrap_or_else(|| panic!("{series} missing from {text}"))
 }

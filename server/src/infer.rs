@@ -68,20 +68,39 @@ pub async fn infer(req: Request<Incoming>, s: Arc<Served>, state: &Arc<State>) -
         .outputs
         .as_ref()
         .map(|o| o.iter().map(|o| o.name.clone()).collect());
-    let run = {
+    let run = async {
+        let batcher = state.batcher.get().filter(|b| {
+            b.takes(&inputs) && crate::model::check_inputs(s.pool.first(), &inputs).is_ok()
+        });
+        if let Some(b) = batcher {
+            let answer = b.run(inputs).await;
+            drop(admitted);
+            return answer.map(|(rows, took, leads)| {
+                let kept = rows.and_then(|o| crate::model::keep(o, wanted.as_deref()));
+                (kept, took, leads)
+            });
+        }
         let s2 = s.clone();
         // The worker goes with the run: a client that hangs up does not free it early.
-        s.workers.run(move || {
-            let started = Instant::now();
-            let outputs = s2.infer(&inputs, wanted.as_deref());
-            drop(admitted);
-            (outputs, started.elapsed())
-        })
+        s.workers
+            .run(move || {
+                let started = Instant::now();
+                let outputs = s2.infer(&inputs, wanted.as_deref());
+                drop(admitted);
+                (outputs, started.elapsed(), true)
+            })
+            .await
     };
-    let (outputs, compute) = match run.await {
-        Some((Ok(outputs), compute)) => (outputs, compute),
-        Some((Err(Refusal::Request(m)), _)) => return fail(StatusCode::BAD_REQUEST, "invalid", m),
-        Some((Err(Refusal::Engine(m)), _)) => {
+    let ran = run.await;
+    if ran.as_ref().is_some_and(|(_, _, leads)| *leads) {
+        state.metrics.executed(&labels);
+    }
+    let (outputs, compute) = match ran {
+        Some((Ok(outputs), compute, _)) => (outputs, compute),
+        Some((Err(Refusal::Request(m)), _, _)) => {
+            return fail(StatusCode::BAD_REQUEST, "invalid", m);
+        }
+        Some((Err(Refusal::Engine(m)), _, _)) => {
             return fail(StatusCode::INTERNAL_SERVER_ERROR, "backend", m);
         }
         None => {

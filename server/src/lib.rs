@@ -10,13 +10,15 @@
 //!   also speaks to a serving pod.
 //! * [`model`] — the model of a volume, loaded and checked.
 //! * [`pool`] — its engines and how many; [`workers`] — the threads they run on, warmed;
-//!   [`admission`] — who runs, waits or is shed; [`infer`] — one inference request;
+//!   [`admission`] — who runs, waits or is shed; [`batch`] — single-sample requests run
+//!   together; [`infer`] — one inference request;
 //!   [`metrics`] — what `/metrics` shows.
 //!
 //! May use: kiln-engines, kiln-node-core, kiln-crds, kiln-store, kiln-endpoints. Must not use a
 //! Kubernetes client, the CSI plugin or the agent (`crds/tests/boundaries.rs`).
 
 pub mod admission;
+pub mod batch;
 pub mod infer;
 pub mod metrics;
 pub mod model;

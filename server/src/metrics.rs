@@ -5,7 +5,8 @@
 //! `nv_inference_pending_request_count` are here `kiln_inference_request_success_total`,
 //! `_failure_total{reason}`, `kiln_inference_queue_duration_seconds` and
 //! `kiln_inference_compute_duration_seconds` (histograms, not sums), and
-//! `kiln_inference_pending_requests`; `kiln_inference_inflight_requests`, `_workers` and
+//! `kiln_inference_pending_requests`; `nv_inference_exec_count` is `kiln_inference_exec_total`
+//! (engine runs: a batch counts once); `kiln_inference_inflight_requests`, `_workers` and
 //! `_queue_capacity` say how full the server is. Labels are bounded: one model, its revision,
 //! a fixed set of reasons.
 
@@ -44,6 +45,7 @@ pub struct Metrics {
     registry: Registry,
     success: Family<ModelLabels, Counter>,
     failure: Family<FailureLabels, Counter>,
+    exec: Family<ModelLabels, Counter>,
     queue: Family<ModelLabels, Histogram, fn() -> Histogram>,
     compute: Family<ModelLabels, Histogram, fn() -> Histogram>,
     request: Family<ModelLabels, Histogram, fn() -> Histogram>,
@@ -64,6 +66,7 @@ impl Default for Metrics {
         let m = Metrics {
             success: Family::default(),
             failure: Family::default(),
+            exec: Family::default(),
             queue: Family::new_with_constructor(seconds),
             compute: Family::new_with_constructor(seconds),
             request: Family::new_with_constructor(seconds),
@@ -83,6 +86,11 @@ impl Default for Metrics {
             "request_failure",
             "Inference requests not answered, by reason",
             m.failure.clone(),
+        );
+        r.register(
+            "exec",
+            "Engine runs (a batch of requests is one)",
+            m.exec.clone(),
         );
         r.register(
             "queue_duration_seconds",
@@ -133,6 +141,11 @@ impl Metrics {
         self.request.get_or_create(model).observe(total);
     }
 
+    /// One engine run (a batch counts once).
+    pub fn executed(&self, model: &ModelLabels) {
+        self.exec.get_or_create(model).inc();
+    }
+
     /// One request not answered, for `reason` ([`FailureLabels::reason`]).
     pub fn failed(&self, model: &ModelLabels, reason: &str) {
         self.failure
@@ -176,6 +189,7 @@ mod tests {
             version: "3".into(),
         };
         m.answered(&model, 0.001, 0.012, 0.014);
+        m.executed(&model);
         m.failed(&model, "queue_full");
         let gate = Gate::new(8);
         gate.open(2);
@@ -186,6 +200,7 @@ mod tests {
             "kiln_inference_queue_duration_seconds_count{model=\"squeezenet\",version=\"3\"} 1",
             "kiln_inference_compute_duration_seconds_count{model=\"squeezenet\",version=\"3\"} 1",
             "kiln_inference_workers{model=\"squeezenet\",version=\"3\"} 2",
+            "kiln_inference_exec_total{model=\"squeezenet\",version=\"3\"} 1",
             "kiln_inference_queue_capacity{model=\"squeezenet\",version=\"3\"} 8",
             "kiln_inference_pending_requests{model=\"squeezenet\",version=\"3\"} 0",
             "kiln_inference_inflight_requests{model=\"squeezenet\",version=\"3\"} 0",

@@ -282,26 +282,39 @@ impl Served {
         wanted: Option<&[String]>,
     ) -> std::result::Result<BTreeMap<String, HostTensor>, Refusal> {
         check_inputs(self.pool.first(), inputs).map_err(Refusal::Request)?;
-        let mut outputs = self
+        let outputs = self
             .pool
             .with(|engine| engine.run(inputs))
             .map_err(Refusal::Engine)?
             .map_err(|e| Refusal::Engine(e.to_string()))?;
-        if let Some(wanted) = wanted {
-            if let Some(unknown) = wanted.iter().find(|w| !outputs.contains_key(*w)) {
-                return Err(Refusal::Request(format!(
-                    "output {unknown:?} is not one of the model's {:?}",
-                    outputs.keys().collect::<Vec<_>>()
-                )));
-            }
-            outputs.retain(|k, _| wanted.contains(k));
-        }
-        Ok(outputs)
+        keep(outputs, wanted)
+    }
+
+    /// The fixture's first sample's inputs, when the volume has a fixture.
+    pub fn warm_sample(&self) -> Option<&BTreeMap<String, HostTensor>> {
+        self.warm_inputs.as_ref()
     }
 }
 
+/// `outputs` with only those `wanted` (all when `None`; an unknown name is refused). Pure.
+pub fn keep(
+    mut outputs: BTreeMap<String, HostTensor>,
+    wanted: Option<&[String]>,
+) -> std::result::Result<BTreeMap<String, HostTensor>, Refusal> {
+    if let Some(wanted) = wanted {
+        if let Some(unknown) = wanted.iter().find(|w| !outputs.contains_key(*w)) {
+            return Err(Refusal::Request(format!(
+                "output {unknown:?} is not one of the model's {:?}",
+                outputs.keys().collect::<Vec<_>>()
+            )));
+        }
+        outputs.retain(|k, _| wanted.contains(k));
+    }
+    Ok(outputs)
+}
+
 /// Why a request got no answer: the client's fault (400) or the engine's (500).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Refusal {
     /// The request does not fit the model.
     Request(String),

@@ -4,6 +4,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::admission::Gate;
+use crate::batch::Batcher;
 use crate::metrics::{Metrics, ModelLabels};
 use crate::model::Served;
 
@@ -17,6 +18,9 @@ pub struct State {
     pub gate: Gate,
     /// What `/metrics` shows.
     pub metrics: Metrics,
+    /// Gathers single-sample requests into batches, when `--max-batch` asks and the model
+    /// allows.
+    pub batcher: OnceLock<Batcher>,
 }
 
 /// The limits `serve`'s flags set.
@@ -33,6 +37,10 @@ pub struct Limits {
     pub drain_delay: Duration,
     /// After the shutdown signal, the longest it waits for admitted requests.
     pub drain_timeout: Duration,
+    /// The most single-sample requests one run batches (1: no batching).
+    pub max_batch: usize,
+    /// How long the first request of a batch waits for more.
+    pub batch_delay: Duration,
 }
 
 impl State {
@@ -43,11 +51,12 @@ impl State {
             gate: Gate::new(limits.max_queue),
             limits,
             metrics: Metrics::default(),
+            batcher: OnceLock::new(),
         }
     }
 
     /// Serves `served` from now on, once each worker thread has run the fixture: its workers
-    /// open the gate, its metadata says the sizing. Blocks for the warm runs; returns the
+    /// (times `--max-batch` when batching) open the gate, its metadata says the sizing. Blocks for the warm runs; returns the
     /// slowest one's seconds.
     pub fn serve_model(&self, mut served: Served) -> kiln_node_core::error::Result<f64> {
         served
@@ -56,7 +65,22 @@ impl State {
             .insert("maxQueue".into(), self.limits.max_queue.into());
         let served = Arc::new(served);
         let warm = served.warm_workers()?;
-        self.gate.open(served.pool.workers());
+        let mut admitted = served.pool.workers();
+        if let Some(sample) = served.warm_sample().filter(|_| self.limits.max_batch > 1) {
+            let batcher = Batcher::start(
+                served.clone(),
+                self.limits.max_batch,
+                self.limits.batch_delay,
+                sample,
+            );
+            if let Some(b) = batcher {
+                tracing::info!(sizes = ?b.sizes, delay = ?self.limits.batch_delay, "batching single-sample requests");
+                // Each worker's run takes a batch: that many requests are admitted at once.
+                admitted *= self.limits.max_batch;
+                let _ = self.batcher.set(b);
+            }
+        }
+        self.gate.open(admitted);
         let _ = self.served.set(served);
         Ok(warm)
     }

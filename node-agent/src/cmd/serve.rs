@@ -43,6 +43,14 @@ pub struct Args {
     /// pod's terminationGracePeriodSeconds).
     #[arg(long, env = "KILN_DRAIN_TIMEOUT_SECONDS", default_value_t = 25)]
     drain_timeout_seconds: u64,
+    /// The most single-sample requests one engine run takes together (dynamic batching), where
+    /// the artifact has a profile for that many rows and a batch answered each row exactly as
+    /// the row alone did at load. 1: off.
+    #[arg(long, env = "KILN_MAX_BATCH", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    max_batch: u16,
+    /// How long the first request of a batch waits for more, in microseconds.
+    #[arg(long, env = "KILN_BATCH_DELAY_US", default_value_t = 500)]
+    batch_delay_us: u64,
 }
 
 /// Listens at once (live), loads the model (then ready), serves until SIGTERM. A model that
@@ -59,6 +67,8 @@ pub fn main(args: Args) -> ExitCode {
             .then(|| std::time::Duration::from_millis(args.request_timeout_ms)),
         drain_delay: seconds(args.drain_delay_seconds),
         drain_timeout: seconds(args.drain_timeout_seconds.max(args.drain_delay_seconds)),
+        max_batch: usize::from(args.max_batch),
+        batch_delay: std::time::Duration::from_micros(args.batch_delay_us),
     }));
     let listen = std::net::SocketAddr::new(args.host, args.port);
     let result = runtime.block_on(async {
