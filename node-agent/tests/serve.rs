@@ -597,34 +597,15 @@ fn an_overloaded_server_sheds_keeps_its_memory_and_answers_every_admitted_reques
     );
     let (request, golden) = first_sample(&fixture);
     let patient = Duration::from_secs(60);
-    let warm = load(
-        server.port,
-        1,
-        Duration::from_millis(300),
-        patient,
-        &request,
-        &golden,
-    );
+    let port = server.port;
+    let round = |clients, span, patience| load(port, clients, span, patience, &request, &golden);
+    let warm = round(1, Duration::from_millis(300), patient);
     assert!(warm.right > 0 && warm.wrong.is_empty(), "{warm:?}");
     let (before, _) = memory_of(server.child.id());
     // Twice as many clients as one worker and its queue take: the rest are told to come back.
-    let first = load(
-        server.port,
-        24,
-        Duration::from_secs(3),
-        patient,
-        &request,
-        &golden,
-    );
+    let first = round(24, Duration::from_secs(3), patient);
     let (after_first, _) = memory_of(server.child.id());
-    let second = load(
-        server.port,
-        24,
-        Duration::from_secs(3),
-        patient,
-        &request,
-        &golden,
-    );
+    let second = round(24, Duration::from_secs(3), patient);
     let (after_second, peak) = memory_of(server.child.id());
     for t in [&first, &second] {
         assert!(
@@ -663,14 +644,7 @@ fn an_overloaded_server_sheds_keeps_its_memory_and_answers_every_admitted_reques
         warm.right + first.right + second.right
     );
     // Clients that give up leave the line: what is left runs at once, not after their work.
-    let impatient = load(
-        server.port,
-        24,
-        Duration::from_secs(2),
-        Duration::from_millis(5),
-        &request,
-        &golden,
-    );
+    let impatient = round(24, Duration::from_secs(2), Duration::from_millis(5));
     assert!(impatient.gave_up > 0, "{impatient:?}");
     let (after_impatient, _) = memory_of(server.child.id());
     assert!(
@@ -681,14 +655,7 @@ fn an_overloaded_server_sheds_keeps_its_memory_and_answers_every_admitted_reques
         after_impatient >> 20
     );
     let started = Instant::now();
-    let after = load(
-        server.port,
-        1,
-        Duration::from_millis(1),
-        patient,
-        &request,
-        &golden,
-    );
+    let after = round(1, Duration::from_millis(1), patient);
     assert_eq!((after.right, after.wrong.len()), (1, 0), "{after:?}");
     assert!(
         started.elapsed() < Duration::from_secs(5),

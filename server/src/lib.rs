@@ -1,6 +1,6 @@
 //! kiln-server, the model server of `kiln-agent serve`: the Open Inference Protocol v2 over REST for the model a `csi.kiln.dev`
 //! volume holds, loaded with the same engine code and settings the node's agent warmed
-//! ([`model`]). Plain hyper, like the probe endpoints: eight routes need no framework.
+//! ([`model`]). Plain hyper, like the probe endpoints: nine routes need no framework.
 //! Live at once, ready once the model is loaded; nothing is served that did not re-verify.
 //! Under load it runs as many requests as its engines take ([`pool`]), lets a bounded number
 //! wait and sheds the rest ([`admission`]); on shutdown it drains. Touches one TCP listener and
@@ -160,6 +160,7 @@ async fn model_route(
     match (req.method(), rest) {
         (&Method::GET, []) => json(StatusCode::OK, &s.metadata),
         (&Method::GET, ["ready"]) => ready(!state.gate.draining()),
+        (&Method::GET, ["config"]) => json(StatusCode::OK, &oip::config::of(&s.metadata)),
         (&Method::POST, ["infer"]) => infer::infer(req, s, state).await,
         _ => error(StatusCode::NOT_FOUND, "no such route".into()),
     }

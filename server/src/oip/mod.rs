@@ -6,6 +6,7 @@
 //! Pure; every body is hostile: shapes, sizes and values are checked before a byte is trusted.
 
 pub mod binary;
+pub mod config;
 
 use safetensors::Dtype;
 use serde::{Deserialize, Serialize};
