@@ -592,7 +592,7 @@ fn an_overloaded_server_sheds_keeps_its_memory_and_answers_every_admitted_reques
     let meta: serde_json::Value = serde_json::from_str(&meta).expect("json");
     assert_eq!(
         meta["parameters"],
-        serde_json::json!({"instances": 1, "workers": 1, "maxQueue": 4}),
+        serde_json::json!({"instances": 1, "workers": 1, "admitted": 1, "maxQueue": 4}),
         "{meta}"
     );
     let (request, golden) = first_sample(&fixture);
@@ -856,6 +856,14 @@ fn batched_requests_get_exactly_the_answers_they_get_alone() {
     ready(&mut server);
     let base = format!("http://127.0.0.1:{}", server.port);
     let url = format!("{base}/v2/models/mlp/infer");
+    // One engine, a batch of four a run: four admitted at once, and by default twice that wait.
+    let (_, meta) = get(&format!("{base}/v2/models/mlp")).expect("metadata");
+    let meta: serde_json::Value = serde_json::from_str(&meta).expect("json");
+    assert_eq!(
+        meta["parameters"],
+        serde_json::json!({"instances": 1, "workers": 1, "admitted": 4, "maxQueue": 8}),
+        "{meta}"
+    );
     let sample = fixture.samples().remove(0);
     let requests: Vec<(Vec<u8>, usize)> = (0..4)
         .map(|i| scaled(&sample, 1.0 + 0.25 * i as f32))

@@ -14,7 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub struct Gate {
     permits: Arc<Semaphore>,
     workers: AtomicUsize,
-    max_queue: usize,
+    max_queue: AtomicUsize,
     waiting: Arc<AtomicUsize>,
     draining: AtomicBool,
 }
@@ -59,21 +59,27 @@ impl Drop for Place {
     }
 }
 
+impl Default for Gate {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Gate {
-    /// A closed gate (no worker yet: [`Gate::open`] once the model is loaded) that queues up to
-    /// `max_queue` requests.
-    pub fn new(max_queue: usize) -> Self {
+    /// A closed gate: no worker, no place in line, until [`Gate::open`] once the model is loaded.
+    pub fn new() -> Self {
         Gate {
             permits: Arc::new(Semaphore::new(0)),
             workers: AtomicUsize::new(0),
-            max_queue,
+            max_queue: AtomicUsize::new(0),
             waiting: Arc::new(AtomicUsize::new(0)),
             draining: AtomicBool::new(false),
         }
     }
 
-    /// Lets `workers` requests run at once.
-    pub fn open(&self, workers: usize) {
+    /// Lets `workers` requests run at once and `max_queue` wait.
+    pub fn open(&self, workers: usize, max_queue: usize) {
+        self.max_queue.store(max_queue, Ordering::SeqCst);
         self.workers.fetch_add(workers, Ordering::SeqCst);
         self.permits.add_permits(workers);
     }
@@ -91,7 +97,7 @@ impl Gate {
                 waited: Duration::ZERO,
             });
         }
-        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_queue() {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(Shed::Full);
         }
@@ -144,7 +150,7 @@ impl Gate {
 
     /// The most requests that wait.
     pub fn max_queue(&self) -> usize {
-        self.max_queue
+        self.max_queue.load(Ordering::SeqCst)
     }
 }
 
@@ -155,8 +161,8 @@ mod tests {
 
     #[tokio::test]
     async fn past_the_queue_a_request_is_shed_and_a_freed_worker_takes_the_first_in_line() {
-        let gate = Arc::new(Gate::new(2));
-        gate.open(1);
+        let gate = Arc::new(Gate::new());
+        gate.open(1, 2);
         let running = gate.admit(None).await.unwrap();
         assert_eq!(gate.running(), 1);
         let (g1, g2) = (gate.clone(), gate.clone());
@@ -178,8 +184,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_deadline_passed_in_the_queue_leaves_unrun() {
-        let gate = Gate::new(4);
-        gate.open(1);
+        let gate = Gate::new();
+        gate.open(1, 4);
         let _busy = gate.admit(None).await.unwrap();
         let at = Instant::now() + Duration::from_millis(30);
         assert_eq!(gate.admit(Some(at)).await.err(), Some(Shed::Expired));
@@ -189,8 +195,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_draining_gate_admits_nothing_new_but_lets_the_queue_run() {
-        let gate = Arc::new(Gate::new(4));
-        gate.open(1);
+        let gate = Arc::new(Gate::new());
+        gate.open(1, 4);
         let busy = gate.admit(None).await.unwrap();
         let g = gate.clone();
         let queued = tokio::spawn(async move { g.admit(None).await.is_ok() });
@@ -208,8 +214,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_that_hangs_up_gives_its_place_back() {
-        let gate = Gate::new(1);
-        gate.open(1);
+        let gate = Gate::new();
+        gate.open(1, 1);
         let _busy = gate.admit(None).await.unwrap();
         let gone = tokio::time::timeout(Duration::from_millis(10), gate.admit(None)).await;
         assert!(gone.is_err());

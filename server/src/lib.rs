@@ -158,12 +158,23 @@ async fn model_route(
         other => other,
     };
     match (req.method(), rest) {
-        (&Method::GET, []) => json(StatusCode::OK, &s.metadata),
+        (&Method::GET, []) => json(StatusCode::OK, &metadata(&s, &state.gate)),
         (&Method::GET, ["ready"]) => ready(!state.gate.draining()),
         (&Method::GET, ["config"]) => json(StatusCode::OK, &oip::config::of(&s.metadata)),
         (&Method::POST, ["infer"]) => infer::infer(req, s, state).await,
         _ => error(StatusCode::NOT_FOUND, "no such route".into()),
     }
+}
+
+/// The model's metadata with how it is served now: its engines and workers, and the gate's
+/// workers (times `--max-batch` when batching) and queue.
+fn metadata(s: &Served, gate: &admission::Gate) -> oip::ModelMetadata {
+    let mut m = s.metadata.clone();
+    m.parameters
+        .insert("admitted".into(), gate.workers().into());
+    m.parameters
+        .insert("maxQueue".into(), gate.max_queue().into());
+    m
 }
 
 fn metrics(req: &Request<Incoming>, state: &State) -> Reply {

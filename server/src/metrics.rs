@@ -191,8 +191,8 @@ mod tests {
         m.answered(&model, 0.001, 0.012, 0.014);
         m.executed(&model);
         m.failed(&model, "queue_full");
-        let gate = Gate::new(8);
-        gate.open(2);
+        let gate = Gate::new();
+        gate.open(2, 8);
         let (text, _) = m.encode(Some(&model), &gate, None);
         for line in [
             "kiln_inference_request_success_total{model=\"squeezenet\",version=\"3\"} 1",

@@ -28,8 +28,10 @@ pub struct State {
 pub struct Limits {
     /// The largest request body accepted.
     pub max_body: usize,
-    /// Requests that may wait for a worker; more are shed.
-    pub max_queue: usize,
+    /// Requests that may wait for a worker; more are shed. `None`: twice the requests that
+    /// run at once, so a request waits at most about two runs (the p99 under overload stays
+    /// within a few times an idle request's).
+    pub max_queue: Option<usize>,
     /// A request's deadline when it names none (`None`: none).
     pub request_timeout: Option<Duration>,
     /// After the shutdown signal, how long the server goes on answering (not ready, refusing
@@ -48,7 +50,7 @@ impl State {
     pub fn new(limits: Limits) -> Self {
         State {
             served: OnceLock::new(),
-            gate: Gate::new(limits.max_queue),
+            gate: Gate::new(),
             limits,
             metrics: Metrics::default(),
             batcher: OnceLock::new(),
@@ -58,11 +60,7 @@ impl State {
     /// Serves `served` from now on, once each worker thread has run the fixture: its workers
     /// (times `--max-batch` when batching) open the gate, its metadata says the sizing. Blocks for the warm runs; returns the
     /// slowest one's seconds.
-    pub fn serve_model(&self, mut served: Served) -> kiln_node_core::error::Result<f64> {
-        served
-            .metadata
-            .parameters
-            .insert("maxQueue".into(), self.limits.max_queue.into());
+    pub fn serve_model(&self, served: Served) -> kiln_node_core::error::Result<f64> {
         let served = Arc::new(served);
         let warm = served.warm_workers()?;
         let mut admitted = served.pool.workers();
@@ -80,7 +78,8 @@ impl State {
                 let _ = self.batcher.set(b);
             }
         }
-        self.gate.open(admitted);
+        self.gate
+            .open(admitted, self.limits.max_queue.unwrap_or(2 * admitted));
         let _ = self.served.set(served);
         Ok(warm)
     }

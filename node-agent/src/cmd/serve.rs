@@ -28,9 +28,10 @@ pub struct Args {
     /// (default: the cores for tract, one engine for engines whose run uses all cores).
     #[arg(long, env = "KILN_INSTANCES", value_parser = clap::value_parser!(u16).range(1..))]
     instances: Option<u16>,
-    /// Requests that may wait for a worker; past that a request gets 503 with Retry-After.
-    #[arg(long, env = "KILN_MAX_QUEUE", default_value_t = 16)]
-    max_queue: usize,
+    /// Requests that may wait for a worker; past that a request gets 503 with Retry-After
+    /// (default: twice the requests that run at once, so none waits more than about two runs).
+    #[arg(long, env = "KILN_MAX_QUEUE")]
+    max_queue: Option<usize>,
     /// A request's deadline when it names none (Envoy's x-envoy-expected-rq-timeout-ms, or
     /// parameters.timeout in µs): one still waiting then gets 504 unrun. 0: none.
     #[arg(long, env = "KILN_REQUEST_TIMEOUT_MS", default_value_t = 30_000)]
@@ -78,9 +79,9 @@ pub fn main(args: Args) -> ExitCode {
             kiln_endpoints::shutdown_signal(),
         ));
         let (dir, name) = (args.model_dir.clone(), args.model_name.clone());
-        let (instances, max_queue) = (args.instances.map(usize::from), args.max_queue);
+        let instances = args.instances.map(usize::from);
         let serving = state.clone();
-        tokio::task::spawn_blocking(move || load(&serving, &dir, name, instances, max_queue))
+        tokio::task::spawn_blocking(move || load(&serving, &dir, name, instances))
             .await
             .map_err(|e| anyhow::anyhow!("loading failed: {e}"))??;
         server
@@ -105,7 +106,6 @@ fn load(
     dir: &std::path::Path,
     name: Option<String>,
     instances: Option<usize>,
-    max_queue: usize,
 ) -> kiln_node_core::error::Result<()> {
     let loaded = kiln_server::model::open(dir, name, instances)?;
     let model = loaded.name.clone();
@@ -114,6 +114,6 @@ fn load(
     let (load_seconds, hashed) = (loaded.load_seconds, loaded.hashed);
     let (instances, workers) = (loaded.pool.instances(), loaded.pool.workers());
     let warm_seconds = state.serve_model(loaded)?;
-    tracing::info!(%model, target = %format!("{}/{}", mounted.namespace, mounted.target), revision = mounted.revision, digest = %mounted.digest, %engine, load_seconds, hashed, instances, workers, max_queue, warm_seconds, "model loaded, each worker thread warmed; ready");
+    tracing::info!(%model, target = %format!("{}/{}", mounted.namespace, mounted.target), revision = mounted.revision, digest = %mounted.digest, %engine, load_seconds, hashed, instances, workers, max_queue = state.gate.max_queue(), warm_seconds, "model loaded, each worker thread warmed; ready");
     Ok(())
 }
