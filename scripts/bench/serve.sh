@@ -1,46 +1,76 @@
 #!/usr/bin/env bash
 # Benchmark (not a test): kiln-agent serve on a model directory laid out as a csi.kiln.dev volume
-# holds it, against the engine it serves. For each model: `kiln-agent local` compiles and warms
-# it (its steady p50 is the engine's own, in process: the bound); the stored artifact, its
-# manifest and fixture become the volume; `kiln-agent serve` loads it; a real v2 client
-# (tritonclient[http], binary tensor extension, one connection) sends the fixture's first sample
-# WARM times as the agent's check would, then measures the first request after that and the p50
-# of REQUESTS more. Prints both ratios: first request after warming over the p50 through the
-# server (goal ≤ 1.2x), and the p50 through the server over the engine's own p50 (what HTTP, JSON
-# header and the copy cost). Prints the machine's load before and after.
+# holds it, against the engine it serves and, under load, against KServe. Two modes.
+#
+# Latency (the default). For each model: `kiln-agent local` compiles and warms it (its steady
+# p50 is the engine's own, in process: the bound); the stored artifact, its manifest and fixture
+# become the volume; `kiln-agent serve` loads it; a real v2 client (tritonclient[http], binary
+# tensor extension, one connection) sends the fixture's first sample WARM times as the agent's
+# check would, then measures the first request after that and the p50 of REQUESTS more. Prints
+# both ratios: first request after warming over the p50 through the server (goal ≤ 1.2x), and
+# the p50 through the server over the engine's own p50 (what HTTP, JSON header and the copy cost).
+#
+# Load (--load). The same volume served by `kiln-agent serve`, and the same .onnx source served
+# by KServe's ModelServer on ONNX Runtime with its defaults (scripts/bench/serve_load.py kserve;
+# scripts/ensure/kserve.sh), both on this machine's cores, both checked first against the
+# fixture's golden outputs. Triton's perf_analyzer (scripts/ensure/perf-analyzer.sh; v2 over
+# HTTP, binary tensors, the fixture's inputs) loads each at every concurrency in LEVELS, one
+# level at a time, kiln then KServe, REPEATS rounds, each run once both servers are idle (what a
+# run left queued is finished first). Prints a line per run, then per model, level
+# and server: throughput median and min-max, p50 and p99 latency medians, runs that failed
+# (perf_analyzer stops a run at its first failed request and says why; the reasons are listed),
+# requests shed (kiln's 503s with Retry-After, from its /metrics: a full queue, not a wrong
+# answer), the server's peak and current RSS after the level, and for kiln the bound of the
+# engine alone (local's p50: min(c, cores)/p50 for tract, which runs one request per core;
+# 1/p50 for engines whose run already uses every core) with kiln's share of it and kiln over
+# KServe. perf_analyzer reads Triton's GET /v2/models/NAME/config before any load: when kiln does
+# not answer it, both servers are loaded through the same relay that does
+# (serve_load.py config-shim), and the output says so.
 #
 #   scripts/bench/serve.sh [REQUESTS] [MODEL...]     # defaults 200; squeezenet (the example) and
 #                                                    # the corpus's ppocr-det and minilm-l6
+#   scripts/bench/serve.sh --load [MODEL...]         # about 5 minutes a model with the defaults
+#   REPEATS=1 LEVELS="1 4" WINDOW_MS=1000 scripts/bench/serve.sh --load squeezenet   # a quick try
 #
-# Uses target/release/kiln-agent when built (cargo build --release -p kiln-agent), else debug.
-# Run it on a quiet machine: the engine and the client share the cores.
+# Environment: KILN_AGENT (the binary; default target/release/kiln-agent when built, else
+# debug); for --load: REPEATS (3), LEVELS ("1 4 16 64"), WINDOW_MS (perf_analyzer's
+# measurement window, 3000), STABILITY (its stability percentage, 100: the rounds measure the
+# spread), and the serve flags INSTANCES, MAX_QUEUE (64, the largest level, so that throughput
+# is measured rather than shed; empty: the server's default) and REQUEST_TIMEOUT_MS, each
+# passed only when the binary's `serve --help` lists it. Run it on a quiet machine: the
+# servers and the client share the cores.
 set -euo pipefail
-REQUESTS=${1:-200}
-shift || true
 # shellcheck source=SCRIPTDIR/../lib.sh
 . "$(dirname "$(readlink -f "$0")")/../lib.sh"
-AGENT=$(release_or_debug kiln-agent)
+LOAD=0
+[[ ${1:-} != --load ]] || { LOAD=1; shift; }
+REQUESTS=200
+if ((!LOAD)) && [[ ${1:-} =~ ^[0-9]+$ ]]; then REQUESTS=$1; shift; fi
+AGENT=${KILN_AGENT:-$(release_or_debug kiln-agent)}
+[[ -x $AGENT ]] || die "no kiln-agent at $AGENT (cargo build --release -p kiln-agent, or KILN_AGENT=PATH)"
 MODELS=("$@")
 ((${#MODELS[@]} > 0)) || MODELS=(squeezenet ppocr-det minilm-l6)
 ORT_DYLIB_PATH=$("$REPO/scripts/ensure-onnxruntime.sh")
 export ORT_DYLIB_PATH
 PY=$("$REPO/scripts/ensure/v2-client.sh")
+HELPER=$REPO/scripts/bench/serve_load.py
 WORK=$(mktemp -d /tmp/kiln-bench-serve.XXXXXX)
-SERVER=
-trap '[[ -z $SERVER ]] || kill "$SERVER" 2>/dev/null; rm -rf "$WORK"' EXIT
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"' EXIT
 
-# spec MODEL DIR: DIR/kiln.yaml (onnxruntime on the CPU, 20 warmup iterations) and its sources.
+# spec MODEL DIR: DIR/kiln.yaml (the example's tract; the corpus on onnxruntime, 20 warmup
+# iterations) and its sources; sets FIXTURE and SOURCE (the .onnx).
 spec() {
   local m=$1 d=$2
   if [[ $m == squeezenet ]]; then
     cp "$REPO/examples/squeezenet/"{model.onnx,fixture-v1.safetensors,kiln.yaml} "$d/"
-    FIXTURE=$d/fixture-v1.safetensors
+    FIXTURE=$d/fixture-v1.safetensors SOURCE=$d/model.onnx
     return
   fi
   local corpus
   corpus=$("$REPO/scripts/ensure/models.sh")
   cp "$corpus/$m.onnx" "$d/"
-  FIXTURE=$d/$m-fixture-v1.safetensors
+  FIXTURE=$d/$m-fixture-v1.safetensors SOURCE=$d/$m.onnx
   "$AGENT" fixtures --reference onnxruntime --fixture-version v1 --model "$d/$m.onnx" \
     --inputs "$corpus/$m-inputs.safetensors" --out "$FIXTURE" >"$d/fixtures.log" 2>&1 ||
     { cat "$d/fixtures.log" >&2; exit 1; }
@@ -48,15 +78,16 @@ spec() {
     -e "s/kind: tract/kind: onnxruntime/" "$REPO/node-agent/tests/data/corpus/$m.yaml" >"$d/kiln.yaml"
 }
 
-echo "kiln-agent: $AGENT; $(nproc) CPUs; $REQUESTS requests; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-12s %-16s %9s %9s %9s %12s %12s\n' model engine engine_p50 serve_p50 first_ms first/p50 serve/engine
-for m in "${MODELS[@]}"; do
-  d=$WORK/$m
+# volume MODEL DIR: `local` compiles and warms MODEL (DIR/local.json), then DIR/volume holds what
+# the CSI plugin would mount. Status 1, saying why, when local fails.
+volume() {
+  local m=$1 d=$2
   mkdir -p "$d/volume"
   spec "$m" "$d"
   sed -i -e 's/iterations: [0-9]*/iterations: 20/' "$d/kiln.yaml"
   "$AGENT" local --output json --store "$d/store" "$d/kiln.yaml" 2>"$d/local.log" | tail -1 >"$d/local.json" ||
-    { tail -5 "$d/local.log" >&2; echo "$m: local run failed: $(cat "$d/local.json")" >&2; continue; }
+    { tail -5 "$d/local.log" >&2; echo "$m: local run failed: $(cat "$d/local.json")" >&2; return 1; }
+  local key
   key=$(jq -r .compileKey "$d/local.json")
   cp "$d/store/artifacts/$key/"{artifact,manifest.json} "$d/volume/"
   cp "$FIXTURE" "$d/volume/fixture.safetensors"
@@ -64,18 +95,224 @@ for m in "${MODELS[@]}"; do
     --arg f "$(sha256_of "$FIXTURE")" --arg e "$(jq -r .engine "$d/local.json")" \
     '{namespace: "bench", target: "m", revision: 1, class: "bench", digest: $d, engine: $e,
       mediaType: "x", fixture: $f, node: "local", pod: "bench/serve"}' >"$d/volume/kiln.json"
-  port=$(free_port)
-  "$AGENT" serve --model-dir "$d/volume" --host 127.0.0.1 --port "$port" 2>"$d/serve.log" &
-  SERVER=$!
-  for _ in $(seq 600); do curl -fsS "http://127.0.0.1:$port/v2/health/ready" >/dev/null 2>&1 && break; sleep 0.1; done
-  # The same client as the e2e test: the golden outputs checked first, then timed.
-  out=$("$PY" "$REPO/e2e/testdata/v2_check.py" "127.0.0.1:$port" m "$FIXTURE" 1e-4 1e-3 20 "$REQUESTS") ||
-    { tail -5 "$d/serve.log" >&2; echo "$m: client failed" >&2; kill "$SERVER"; SERVER=; continue; }
-  kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; SERVER=
-  engine_p50=$(jq -r '.p50Seconds * 1000' "$d/local.json")
-  serve_p50=$(jq -r '.p50 * 1000' <<<"$out")
-  first=$(jq -r '.first * 1000' <<<"$out")
-  printf '%-12s %-16s %9.2f %9.2f %9.2f %11.2fx %11.2fx\n' "$m" "$(jq -r .engine "$d/local.json")" \
-    "$engine_p50" "$serve_p50" "$first" "$(echo "$first / $serve_p50" | bc -l)" "$(echo "$serve_p50 / $engine_p50" | bc -l)"
-done
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
+# wait_ready PORT PID LOG: until PORT serves model m, or die with LOG's end if PID exits first.
+wait_ready() {
+  for _ in $(seq 1200); do
+    curl -fsS "http://127.0.0.1:$1/v2/models/m/ready" >/dev/null 2>&1 && return 0
+    kill -0 "$2" 2>/dev/null || { tail -5 "$3" >&2; die "the server on port $1 exited before it was ready"; }
+    sleep 0.1
+  done
+  die "the server on port $1 was not ready in 120 s ($3)"
+}
+
+# start_kiln DIR PORT [FLAG...]: kiln-agent serve on DIR/volume; sets KILN_PID.
+start_kiln() {
+  local d=$1 port=$2
+  shift 2
+  "$AGENT" serve --model-dir "$d/volume" --host 127.0.0.1 --port "$port" "$@" 2>"$d/serve.log" &
+  KILN_PID=$!
+  PIDS+=("$KILN_PID")
+  wait_ready "$port" "$KILN_PID" "$d/serve.log"
+}
+
+stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+
+latency_mode() {
+  echo "kiln-agent: $AGENT; $(nproc) CPUs; $REQUESTS requests; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  printf '%-12s %-16s %9s %9s %9s %12s %12s\n' model engine engine_p50 serve_p50 first_ms first/p50 serve/engine
+  local m d port out engine_p50 serve_p50 first
+  for m in "${MODELS[@]}"; do
+    d=$WORK/$m
+    volume "$m" "$d" || continue
+    port=$(free_port)
+    start_kiln "$d" "$port"
+    # The same client as the e2e test: the golden outputs checked first, then timed.
+    out=$("$PY" "$REPO/e2e/testdata/v2_check.py" "127.0.0.1:$port" m "$FIXTURE" 1e-4 1e-3 20 "$REQUESTS") ||
+      { tail -5 "$d/serve.log" >&2; echo "$m: client failed" >&2; stop "$KILN_PID"; continue; }
+    stop "$KILN_PID"
+    engine_p50=$(jq -r '.p50Seconds * 1000' "$d/local.json")
+    serve_p50=$(jq -r '.p50 * 1000' <<<"$out")
+    first=$(jq -r '.first * 1000' <<<"$out")
+    printf '%-12s %-16s %9.2f %9.2f %9.2f %11.2fx %11.2fx\n' "$m" "$(jq -r .engine "$d/local.json")" \
+      "$engine_p50" "$serve_p50" "$first" "$(echo "$first / $serve_p50" | bc -l)" "$(echo "$serve_p50 / $engine_p50" | bc -l)"
+  done
+  echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
+# load_mode: every model, every level, REPEATS rounds of kiln then KServe; then the table.
+load_mode() {
+  REPEATS=${REPEATS:-3} WINDOW_MS=${WINDOW_MS:-3000} STABILITY=${STABILITY:-100} MAX_QUEUE=${MAX_QUEUE-64}
+  read -ra LEVELS <<<"${LEVELS:-1 4 16 64}"
+  PA=$("$REPO/scripts/ensure/perf-analyzer.sh")
+  KSERVE=$("$REPO/scripts/ensure/kserve.sh")
+  echo "kiln-agent: $AGENT; perf_analyzer: $PA; KServe: $KSERVE"
+  echo "$(nproc) CPUs; governor: $(governor); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "levels ${LEVELS[*]}; $REPEATS rounds; ${WINDOW_MS} ms windows, stability ${STABILITY}%"
+  FLAGS=()
+  serve_flags
+  echo "kiln-agent serve flags: ${FLAGS[*]:-none}"
+  local m
+  for m in "${MODELS[@]}"; do
+    load_model "$m" || echo "$m: skipped" >&2
+  done
+  echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  [[ -s $WORK/rows.tsv ]] || die "nothing was measured"
+  echo
+  python3 "$HELPER" table "$WORK/rows.tsv" "$(nproc)"
+}
+
+# serve_flags: FLAGS, the load flags this binary's `serve` lists, valued from the environment.
+serve_flags() {
+  local help pair flag value
+  help=$("$AGENT" serve --help)
+  for pair in "instances=${INSTANCES:-}" "max-queue=${MAX_QUEUE:-}" "request-timeout-ms=${REQUEST_TIMEOUT_MS:-}"; do
+    flag=${pair%%=*} value=${pair#*=}
+    [[ -n $value ]] || continue
+    if grep -qE -- "--$flag( <|$)" <<<"$help"; then
+      FLAGS+=("--$flag" "$value")
+    else
+      echo "note: this kiln-agent serve has no --$flag: not passed"
+    fi
+  done
+}
+
+governor() { cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor 2>/dev/null || echo "not readable"; }
+
+# load_model MODEL: the volume and the inputs, both servers up and checked, every level measured.
+load_model() {
+  local m=$1 d=$WORK/$1 c r s
+  volume "$m" "$d" || return 1
+  mapfile -t SHAPES < <(python3 "$HELPER" inputs "$FIXTURE" "$d/inputs")
+  ENGINE=$(jq -r .engine "$d/local.json") ENGINE_P50=$(jq -r .p50Seconds "$d/local.json")
+  echo "== $m: $ENGINE, p50 $(jq -r '.p50Seconds * 1000 * 100 | round / 100' "$d/local.json") ms in process (local); bound $(bound_rule)"
+  declare -gA PORT PID URL
+  PORT[kiln]=$(free_port)
+  start_kiln "$d" "${PORT[kiln]}" "${FLAGS[@]}"
+  PID[kiln]=$KILN_PID
+  PORT[kserve]=$(free_port)
+  start_kserve "$d" "${PORT[kserve]}"
+  if ! check kiln || ! check kserve; then
+    stop_servers
+    return 1
+  fi
+  endpoints "$d"
+  for c in "${LEVELS[@]}"; do
+    for r in $(seq "$REPEATS"); do
+      for s in kiln kserve; do measure "$m" "$s" "$c" "$r"; done
+    done
+  done
+  stop_servers
+}
+
+bound_rule() {
+  if [[ $ENGINE == tract* ]]; then
+    echo "min(c, $(nproc) cores)/p50: tract runs one request per core"
+  else
+    echo "1/p50: a $ENGINE run already uses every core"
+  fi
+}
+
+# start_kserve DIR PORT: KServe's ModelServer on ONNX Runtime, on the .onnx source.
+start_kserve() {
+  "$KSERVE/bin/python" "$HELPER" kserve --model-file "$SOURCE" --model-name m --http_port "$2" \
+    --enable_grpc false >"$1/kserve.log" 2>&1 &
+  PID[kserve]=$!
+  PIDS+=("${PID[kserve]}")
+  wait_ready "$2" "${PID[kserve]}" "$1/kserve.log"
+}
+
+stop_servers() {
+  local p
+  for p in "${PIDS[@]}"; do stop "$p"; done
+  PIDS=()
+}
+
+# check SERVER: the fixture's golden outputs through it (the e2e test's client), once.
+check() {
+  local out
+  out=$("$PY" "$REPO/e2e/testdata/v2_check.py" "127.0.0.1:${PORT[$1]}" m "$FIXTURE" 1e-4 1e-3) ||
+    { echo "$1: the fixture's golden outputs did not come back (above)" >&2; return 1; }
+  echo "   $1 (pid ${PID[$1]}): golden outputs within atol 1e-4 rtol 1e-3, max |error| $(jq -r .maxAbsError <<<"$out")"
+}
+
+# endpoints DIR: URL[SERVER], what perf_analyzer loads: the servers, or when kiln does not answer
+# Triton's config route, the same relay in front of each.
+endpoints() {
+  local s
+  if curl -fsS "http://127.0.0.1:${PORT[kiln]}/v2/models/m/config" >/dev/null 2>&1; then
+    for s in kiln kserve; do URL[$s]=127.0.0.1:${PORT[$s]}; done
+    return
+  fi
+  echo "   kiln answers no GET /v2/models/m/config (Triton's model configuration, which perf_analyzer reads first): both loaded through serve_load.py config-shim"
+  for s in kiln kserve; do
+    local port
+    port=$(free_port)
+    python3 "$HELPER" config-shim "$port" "127.0.0.1:${PORT[$s]}" m >"$1/shim-$s.log" 2>&1 &
+    PIDS+=("$!")
+    URL[$s]=127.0.0.1:$port
+    for _ in $(seq 100); do curl -fsS "http://${URL[$s]}/v2/models/m/config" >/dev/null 2>&1 && break; sleep 0.1; done
+  done
+}
+
+# measure MODEL SERVER LEVEL ROUND: one perf_analyzer run; a row in $WORK/rows.tsv, a line out.
+measure() {
+  local m=$1 s=$2 c=$3 r=$4 out=$WORK/$1/pa-$2-$3-$4 before after status=ok tput=0 p50=0 p99=0 shed=- hwm rss idle
+  idle=$(settle)
+  before=$(shed_so_far "$s")
+  timeout $((WINDOW_MS * 12 / 1000 + 60)) "$PA" -i http -u "${URL[$s]}" -m m --concurrency-range "$c:$c:1" \
+    -p "$WINDOW_MS" -s "$STABILITY" --percentile=99 --input-data "$WORK/$m/inputs" "${SHAPES[@]}" \
+    -f "$out.csv" --verbose-csv >"$out.log" 2>&1 || status=$(failure "$out.log" $?)
+  after=$(shed_so_far "$s")
+  [[ $before == - || $after == - ]] || shed=$((after - before))
+  if [[ $status == ok ]]; then
+    read -r tput p50 p99 < <(awk -F, 'NR == 1 {for (i = 1; i <= NF; i++) h[$i] = i}
+      NR == 2 {print $h["Inferences/Second"], $h["p50 latency"], $h["p99 latency"]}' "$out.csv")
+  fi
+  read -r hwm rss < <(awk '/^VmHWM/ {h = $2} /^VmRSS/ {r = $2} END {print h + 0, r + 0}' "/proc/${PID[$s]}/status" 2>/dev/null || echo 0 0)
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$m" "$s" "$c" "$r" "$status" "$tput" "$p50" "$p99" \
+    "$shed" "$hwm" "$rss" "$ENGINE" "$ENGINE_P50" >>"$WORK/rows.tsv"
+  printf '   c=%-3s round %s %-6s %8.1f infer/s  p50 %7.2f ms  p99 %7.2f ms  shed %-4s RSS %4d MiB (peak %d)  load %s  idle-wait %s s%s\n' \
+    "$c" "$r" "$s" "$tput" "$(bc -l <<<"$p50 / 1000")" "$(bc -l <<<"$p99 / 1000")" "$shed" $((rss / 1024)) $((hwm / 1024)) \
+    "$(cut -d' ' -f1 /proc/loadavg)" "$idle" "$([[ $status == ok ]] || echo "  $status")"
+}
+
+# settle: waits until neither server uses the CPU (under a tenth of a core for half a second, at
+# most 60 s) and prints the seconds waited (idle-wait, on the line of the run that follows). A
+# client that stops leaves its requests queued, and both servers run what they admitted: that
+# work must not fall in the next run's time.
+settle() {
+  local start=$SECONDS before after
+  while ((SECONDS - start < 60)); do
+    before=$(cpu_ticks)
+    sleep 0.5
+    after=$(cpu_ticks)
+    (((after - before) * 10 < $(getconf CLK_TCK) / 2)) && break
+  done
+  echo $((SECONDS - start))
+}
+
+# cpu_ticks: the CPU time both servers used so far, in clock ticks.
+cpu_ticks() {
+  cat "/proc/${PID[kiln]}/stat" "/proc/${PID[kserve]}/stat" 2>/dev/null | awk '{n += $14 + $15} END {print n + 0}'
+}
+
+# shed_so_far SERVER: kiln's requests shed for a full queue so far (its /metrics), else -.
+shed_so_far() {
+  local text
+  [[ $1 == kiln ]] || { echo -; return; }
+  text=$(curl -fsS "http://127.0.0.1:${PORT[kiln]}/metrics" 2>/dev/null) || { echo -; return; }
+  awk '/^kiln_inference_request_failure_total\{/ && /reason="queue_full"/ {n += $NF} END {print n + 0}' <<<"$text"
+}
+
+# failure LOG STATUS: why perf_analyzer stopped, on one line.
+failure() {
+  local why
+  why=$(grep -m1 -o 'had error: .*' "$1" | cut -c12- || true)
+  [[ -n $why ]] || why=$(grep -v '^[[:space:]]*$' "$1" | tail -1 || true)
+  [[ $2 != 124 ]] || why="timed out; $why"
+  echo "failed (exit $2): $why" | tr '\t' ' ' | cut -c1-160
+}
+
+if ((LOAD)); then load_mode; else latency_mode; fi
