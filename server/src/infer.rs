@@ -29,10 +29,7 @@ pub const RETRY_AFTER_SECONDS: u64 = 1;
 /// Answers one `POST /v2/models/{name}/infer`.
 pub async fn infer(req: Request<Incoming>, s: Arc<Served>, state: &Arc<State>) -> Reply {
     let arrived = Instant::now();
-    let labels = ModelLabels {
-        model: s.name.clone(),
-        version: s.mounted.revision.to_string(),
-    };
+    let labels = ModelLabels::of(&s);
     let fail = |status: StatusCode, reason: &str, message: String| {
         state.metrics.failed(&labels, reason);
         error(status, message)

@@ -170,10 +170,12 @@ async fn model_route(
 /// workers (times `--max-batch` when batching) and queue.
 fn metadata(s: &Served, gate: &admission::Gate) -> oip::ModelMetadata {
     let mut m = s.metadata.clone();
-    m.parameters
-        .insert("admitted".into(), gate.workers().into());
-    m.parameters
-        .insert("maxQueue".into(), gate.max_queue().into());
+    m.parameters = serde_json::Map::from_iter([
+        ("instances".to_string(), s.pool.instances().into()),
+        ("workers".to_string(), s.pool.workers().into()),
+        ("admitted".to_string(), gate.workers().into()),
+        ("maxQueue".to_string(), gate.max_queue().into()),
+    ]);
     m
 }
 

@@ -28,6 +28,16 @@ pub struct ModelLabels {
     pub version: String,
 }
 
+impl ModelLabels {
+    /// The labels of the model `served` serves.
+    pub fn of(served: &crate::model::Served) -> Self {
+        ModelLabels {
+            model: served.name.clone(),
+            version: served.mounted.revision.to_string(),
+        }
+    }
+}
+
 /// A failed request's model and why.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FailureLabels {

@@ -7,12 +7,13 @@
 //! Then requests through the engines of a [`Pool`] sized to the pod ([`crate::pool::size`]),
 //! every input checked against its profiles.
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
 use kiln_crds::BuildManifest;
 use kiln_crds::compiled_target::{Backend as BackendSpec, BackendKind};
 use kiln_crds::mounted::{self, MountedModel};
 use kiln_store::staged::sha256_file;
-use std::collections::BTreeMap;
-use std::path::Path;
 
 use crate::oip::{ModelMetadata, TensorMetadata, datatype};
 use crate::pool::{self, Pool};
@@ -81,13 +82,7 @@ pub fn open(dir: &Path, name: Option<String>, instances: Option<usize>) -> Resul
     }
     let load_seconds = started.elapsed().as_secs_f64();
     let name = name.unwrap_or_else(|| mounted.target.clone());
-    let mut metadata = metadata(&name, &manifest, engines[0].as_ref(), fixture.as_ref());
-    metadata.parameters = serde_json::json!({
-        "instances": sizing.instances, "workers": sizing.workers,
-    })
-    .as_object()
-    .cloned()
-    .unwrap_or_default();
+    let metadata = metadata(&name, &manifest, engines[0].as_ref(), fixture.as_ref());
     Ok(Served {
         name,
         mounted,

@@ -58,7 +58,7 @@ impl State {
     }
 
     /// Serves `served` from now on, once each worker thread has run the fixture: its workers
-    /// (times `--max-batch` when batching) open the gate, its metadata says the sizing. Blocks for the warm runs; returns the
+    /// (times `--max-batch` when batching) open the gate. Blocks for the warm runs; returns the
     /// slowest one's seconds.
     pub fn serve_model(&self, served: Served) -> kiln_node_core::error::Result<f64> {
         let served = Arc::new(served);
@@ -86,9 +86,6 @@ impl State {
 
     /// The served model's metric labels.
     pub fn labels(&self) -> Option<ModelLabels> {
-        self.served.get().map(|s| ModelLabels {
-            model: s.name.clone(),
-            version: s.mounted.revision.to_string(),
-        })
+        self.served.get().map(|s| ModelLabels::of(s))
     }
 }

@@ -11,7 +11,7 @@ type Job = Box<dyn FnOnce() + Send>;
 
 /// A fixed set of named threads taking jobs in arrival order.
 pub struct Workers {
-    jobs: Mutex<Sender<Job>>,
+    jobs: Sender<Job>,
     count: usize,
 }
 
@@ -27,10 +27,7 @@ impl Workers {
                 .name(format!("kiln-serve-{n}"))
                 .spawn(move || take(&queue))?;
         }
-        Ok(Workers {
-            jobs: Mutex::new(jobs),
-            count,
-        })
+        Ok(Workers { jobs, count })
     }
 
     /// Runs `job` on a worker thread; its result, or `None` when the job panicked or the
@@ -40,10 +37,11 @@ impl Workers {
         job: impl FnOnce() -> R + Send + 'static,
     ) -> Option<R> {
         let (answer, answered) = tokio::sync::oneshot::channel();
-        let sent = self.jobs.lock().ok()?.send(Box::new(move || {
-            let _ = answer.send(job());
-        }));
-        sent.ok()?;
+        self.jobs
+            .send(Box::new(move || {
+                let _ = answer.send(job());
+            }))
+            .ok()?;
         answered.await.ok()
     }
 
@@ -59,14 +57,11 @@ impl Workers {
         let (answer, answers) = channel();
         for _ in 0..self.count {
             let (job, all, answer) = (job.clone(), all.clone(), answer.clone());
-            let sent = self.jobs.lock().map(|j| {
-                j.send(Box::new(move || {
-                    let r = job();
-                    let _ = answer.send(r);
-                    all.wait();
-                }))
-            });
-            if !matches!(sent, Ok(Ok(()))) {
+            let sent = self.jobs.send(Box::new(move || {
+                let _ = answer.send(job());
+                all.wait();
+            }));
+            if sent.is_err() {
                 break;
             }
         }
