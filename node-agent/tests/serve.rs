@@ -358,6 +358,33 @@ fn hostile_directories_and_requests_are_refused() {
     let (status, _) =
         get(&format!("http://127.0.0.1:{}/v2/models/other", server.port)).expect("get");
     assert_eq!(status, 404);
+    // A deadline that is no number of milliseconds (the mesh's header) or microseconds
+    // (Triton's parameter): refused saying which, and not run.
+    let timed = |header: &str| {
+        runtime().block_on(async {
+            let r = reqwest::Client::new()
+                .post(&infer)
+                .header(kiln_server::infer::TIMEOUT_HEADER, header)
+                .body(x("[4,16]", 64).into_bytes())
+                .send()
+                .await
+                .expect("post");
+            (r.status().as_u16(), r.text().await.expect("body"))
+        })
+    };
+    let (status, body) = timed("soon");
+    assert!(
+        status == 400 && body.contains("x-envoy-expected-rq-timeout-ms"),
+        "{status} {body}"
+    );
+    let with_timeout = x("[4,16]", 64).replacen('{', r#"{"parameters": {"timeout": -1}, "#, 1);
+    let (status, body) = post(&infer, with_timeout.into_bytes());
+    assert!(
+        status == 400 && body.contains("parameters.timeout"),
+        "{status} {body}"
+    );
+    let (status, _) = timed("60000");
+    assert_eq!(status, 200, "a deadline in time is run");
     let (status, _) = post(&infer, x("[4,16]", 64).into_bytes());
     assert_eq!(status, 200, "still serving after the refusals");
     drop(server);
