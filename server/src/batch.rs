@@ -150,14 +150,15 @@ impl Batcher {
     ) -> Option<Self> {
         let profiles = served.pool.first().profiles();
         let row = row_profile(&profiles)?;
-        if sample.len() != row.len() || sample.iter().any(|(n, t)| row.get(n) != Some(&t.shape)) {
+        if !fits(&row, sample) {
             tracing::warn!(
                 "the fixture's first sample is not one row: batching cannot be checked, so it is off"
             );
             return None;
         }
+        let alone = served.infer(sample, None).ok()?;
         let mut sizes = sizes(&profiles, max);
-        sizes.retain(|&b| b == 1 || same_as_alone(&served, sample, b));
+        sizes.retain(|&b| b == 1 || same_as_alone(&served, sample, &alone, b));
         if sizes.len() < 2 {
             return None;
         }
@@ -169,10 +170,7 @@ impl Batcher {
     /// Whether a request with `inputs` (already checked against the model) goes into a batch:
     /// exactly the one-row profile's shapes.
     pub fn takes(&self, inputs: &Tensors) -> bool {
-        inputs.len() == self.row.len()
-            && inputs
-                .iter()
-                .all(|(n, t)| self.row.get(n) == Some(&t.shape))
+        fits(&self.row, inputs)
     }
 
     /// Runs `inputs` (one row) in the next batch.
@@ -183,17 +181,19 @@ impl Batcher {
     }
 }
 
-/// Whether `b` stacked copies of `sample` answer each row byte for byte as `sample` alone.
-fn same_as_alone(served: &Served, sample: &Tensors, b: usize) -> bool {
-    let alone = served.infer(sample, None);
+/// Whether `inputs` have exactly the shapes of `row`. Pure.
+fn fits(row: &Shapes, inputs: &Tensors) -> bool {
+    inputs.len() == row.len() && inputs.iter().all(|(n, t)| row.get(n) == Some(&t.shape))
+}
+
+/// Whether `b` stacked copies of `sample` answer each row byte for byte as `sample` alone did
+/// (`alone`).
+fn same_as_alone(served: &Served, sample: &Tensors, alone: &Tensors, b: usize) -> bool {
     let batched = stack(&vec![sample; b])
         .ok()
         .and_then(|s| served.infer(&s, None).ok())
         .and_then(|o| split(&o, b).ok());
-    let same = match (alone, batched) {
-        (Ok(a), Some(rows)) => rows.iter().all(|r| r == &a),
-        _ => false,
-    };
+    let same = batched.is_some_and(|rows| rows.iter().all(|r| r == alone));
     if !same {
         tracing::warn!(
             rows = b,
