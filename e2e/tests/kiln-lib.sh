@@ -314,6 +314,20 @@ new_client_first() {
   (($(echo "$ratio <= $2" | bc -l))) || die "a new client's first request after Ready took ${ratio}x its p50"
 }
 
+# gate_refuses POD REASON WANT SECONDS: within SECONDS the gated pod POD's kiln.dev/warm reason is
+# REASON, its message holds WANT and the pod is not Ready; prints the message and deletes POD.
+gate_refuses() {
+  wait_for "$1: $2" "$4" bash -c \
+    "[[ \$(kubectl -n '$NS' get pod '$1' -o jsonpath='{.status.conditions[?(@.type==\"kiln.dev/warm\")].reason}') == $2 ]]"
+  local msg
+  msg=$(kubectl -n "$NS" get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="kiln.dev/warm")].message}')
+  [[ $msg == *"$3"* ]] || die "$1: the reason does not say $3: $msg"
+  [[ $(kubectl -n "$NS" get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') != True ]] ||
+    die "$1 is Ready"
+  echo "   $1: $2: $(cut -c1-200 <<<"$msg")"
+  kubectl -n "$NS" delete pod "$1" --wait=false >/dev/null
+}
+
 # first_after_ready CHECK FIELDS: a client's check through the Service (CHECK, its JSON line),
 # summarised by the jq filter FIELDS, and its request's latency (.seconds), the first after
 # Ready, against the p50 the agent measured through the server ($MESSAGE of serving_ready).

@@ -98,15 +98,7 @@ refused_pod() {
 d = yaml.safe_load(sys.stdin)
 d["spec"]["containers"][0]["env"] = [{"name": "LLAMA_API_KEY", "valueFrom": {"secretKeyRef": {"name": "llama-key", "key": "api-key"}}}]
 print(yaml.safe_dump(d))' | kubectl -n "$NS" apply -f - >/dev/null || die "apply $1"
-  wait_for "$1: $2" 180 bash -c \
-    "[[ \$(kubectl -n '$NS' get pod '$1' -o jsonpath='{.status.conditions[?(@.type==\"kiln.dev/warm\")].reason}') == $2 ]]"
-  local msg
-  msg=$(kubectl -n "$NS" get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="kiln.dev/warm")].message}')
-  [[ $msg == *"$3"* ]] || die "$1: the reason does not say $3: $msg"
-  [[ $(kubectl -n "$NS" get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') != True ]] ||
-    die "$1 is Ready"
-  echo "   $1: $2: $(cut -c1-200 <<<"$msg")"
-  kubectl -n "$NS" delete pod "$1" --wait=false >/dev/null
+  gate_refuses "$1" "$2" "$3" 180
 }
 ARGS='[-m, /model/artifact, --alias, '$TARGET', --host, 0.0.0.0, --port, "8080", -c, "128", -np, "1", --no-webui'
 refused_pod nokey ServingUnauthorized "answered 401" "kiln.dev/protocol: openai, kiln.dev/port: \"8080\"" "$ARGS]"

@@ -85,15 +85,7 @@ serving_ready pod "$T0"
 # holding WANT.
 refused() {
   server_pod "$1" "$4" "$5" | kubectl -n "$NS" apply -f - >/dev/null || die "apply $1"
-  wait_for "$1: $2" 240 bash -c \
-    "[[ \$(kubectl -n '$NS' get pod '$1' -o jsonpath='{.status.conditions[?(@.type==\"kiln.dev/warm\")].reason}') == $2 ]]"
-  local msg
-  msg=$(kubectl -n "$NS" get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="kiln.dev/warm")].message}')
-  [[ $msg == *"$3"* ]] || die "$1: the reason does not say $3: $msg"
-  [[ $(kubectl -n "$NS" get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') != True ]] ||
-    die "$1 is Ready"
-  echo "   $1: $2: $(cut -c1-200 <<<"$msg")"
-  kubectl -n "$NS" delete pod "$1" --wait=false >/dev/null
+  gate_refuses "$1" "$2" "$3" 240
 }
 echo "== refusals: no key, another chat format, another name, other attention numerics"
 refused nokey ServingUnauthorized "answered 401" "" "$FA"
