@@ -539,16 +539,16 @@ fn load(
                     .send()
                     .await;
                 let seen = match sent {
-                    Err(e) if e.is_timeout() => Err("gave up"),
-                    Err(e) => Ok(Err(format!("transport: {e}"))),
-                    Ok(r) => Ok(judge(r, golden).await),
+                    Err(e) if e.is_timeout() => Seen::GaveUp,
+                    Err(e) => Seen::Wrong(format!("transport: {e}")),
+                    Ok(r) => judge(r, golden).await,
                 };
                 let mut t = tally.lock().expect("tally");
                 match seen {
-                    Err(_) => t.gave_up += 1,
-                    Ok(Ok(true)) => t.right += 1,
-                    Ok(Ok(false)) => t.shed += 1,
-                    Ok(Err(m)) => t.wrong.push(m),
+                    Seen::GaveUp => t.gave_up += 1,
+                    Seen::Right => t.right += 1,
+                    Seen::Shed => t.shed += 1,
+                    Seen::Wrong(m) => t.wrong.push(m),
                 }
                 if Instant::now() >= until {
                     break;
@@ -560,8 +560,28 @@ fn load(
     tally.into_inner().expect("tally")
 }
 
-/// `Ok(true)`: the golden answer; `Ok(false)`: shed (503 with Retry-After); `Err`: anything else.
-async fn judge(r: reqwest::Response, golden: &FixtureFile) -> Result<bool, String> {
+/// What one client saw of one request.
+enum Seen {
+    /// The golden answer.
+    Right,
+    /// `503` with `Retry-After`.
+    Shed,
+    /// The client's patience ran out, before the answer or while reading it.
+    GaveUp,
+    Wrong(String),
+}
+
+async fn judge(r: reqwest::Response, golden: &FixtureFile) -> Seen {
+    match judged(r, golden).await {
+        Ok(true) => Seen::Right,
+        Ok(false) => Seen::Shed,
+        Err(None) => Seen::GaveUp,
+        Err(Some(m)) => Seen::Wrong(m),
+    }
+}
+
+/// `Ok(true)`: the golden answer; `Ok(false)`: shed; `Err(None)`: gave up reading the answer.
+async fn judged(r: reqwest::Response, golden: &FixtureFile) -> Result<bool, Option<String>> {
     let status = r.status().as_u16();
     let retry = r.headers().get("retry-after").is_some();
     let header = r
@@ -569,19 +589,27 @@ async fn judge(r: reqwest::Response, golden: &FixtureFile) -> Result<bool, Strin
         .get(oip::HEADER_LENGTH)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let answer = r.bytes().await.map_err(|e| format!("body: {e}"))?;
+    let answer = match r.bytes().await {
+        Err(e) if e.is_timeout() => return Err(None),
+        Err(e) => return Err(Some(format!("body: {e}"))),
+        Ok(answer) => answer,
+    };
     if status == 503 && retry {
         return Ok(false);
     }
     if status != 200 {
-        return Err(format!("{status}: {}", String::from_utf8_lossy(&answer)));
+        return Err(Some(format!(
+            "{status}: {}",
+            String::from_utf8_lossy(&answer)
+        )));
     }
-    let (json, tail) = oip::binary::split(&answer, header.as_deref())?;
-    let response: oip::InferResponse = serde_json::from_slice(json).map_err(|e| e.to_string())?;
-    let got = oip::binary::response_outputs(&response, tail)?;
+    let (json, tail) = oip::binary::split(&answer, header.as_deref()).map_err(Some)?;
+    let response: oip::InferResponse =
+        serde_json::from_slice(json).map_err(|e| Some(e.to_string()))?;
+    let got = oip::binary::response_outputs(&response, tail).map_err(Some)?;
     kiln_engines::pipeline::warmup::parity(&got, golden, &warmup())
         .map(|_| true)
-        .map_err(|e| format!("a wrong answer: {e}"))
+        .map_err(|e| Some(format!("a wrong answer: {e}")))
 }
 
 /// VmRSS and VmHWM of `pid`, in bytes.
@@ -597,6 +625,11 @@ fn memory_of(pid: u32) -> (u64, u64) {
     };
     (field("VmRSS:"), field("VmHWM:"))
 }
+
+/// How far RSS may move between two like rounds without anything being kept: glibc's per-thread
+/// arenas hold freed pages (a first round of abandoned requests raised RSS by up to 80 MiB, a
+/// second by up to 17). Requests kept would be thousands of 600 KB bodies a round, gigabytes.
+const ALLOCATOR_SLACK: u64 = 64 << 20;
 
 #[test]
 fn an_overloaded_server_sheds_keeps_its_memory_and_answers_every_admitted_request_rightly() {
@@ -650,7 +683,7 @@ fn an_overloaded_server_sheds_keeps_its_memory_and_answers_every_admitted_reques
         peak >> 20
     );
     assert!(
-        after_second < after_first + (24 << 20),
+        after_second < after_first + ALLOCATOR_SLACK,
         "memory grows with the requests ({} of 600 KB each): {} MiB after 3 s, {} MiB after 6 s",
         second.right + second.shed,
         after_first >> 20,
@@ -670,16 +703,26 @@ fn an_overloaded_server_sheds_keeps_its_memory_and_answers_every_admitted_reques
         series("kiln_inference_request_success_total{model=\"mlp\",version=\"1\"}"),
         warm.right + first.right + second.right
     );
-    // Clients that give up leave the line: what is left runs at once, not after their work.
-    let impatient = round(24, Duration::from_secs(2), Duration::from_millis(5));
-    assert!(impatient.gave_up > 0, "{impatient:?}");
-    let (after_impatient, _) = memory_of(server.child.id());
+    // Clients that give up leave the line: what is left runs at once, not after their work. The
+    // first such round may raise the allocator's high-water mark; a second must not add to it.
+    let impatient = || round(24, Duration::from_secs(2), Duration::from_millis(5));
+    let (mut gave_up, mut rss): (Vec<usize>, Vec<u64>) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        let t = impatient();
+        assert!(t.gave_up > 0 && t.wrong.is_empty(), "{t:?}");
+        gave_up.push(t.gave_up);
+        rss.push(memory_of(server.child.id()).0);
+    }
+    eprintln!(
+        "rss after {gave_up:?} abandoned: {:?} MiB",
+        rss.iter().map(|m| m >> 20).collect::<Vec<_>>()
+    );
     assert!(
-        after_impatient < after_second + (24 << 20),
-        "{} abandoned requests kept: {} MiB before, {} MiB after",
-        impatient.gave_up,
-        after_second >> 20,
-        after_impatient >> 20
+        rss[1] < rss[0] + ALLOCATOR_SLACK,
+        "{} more abandoned requests kept: {} MiB before, {} MiB after",
+        gave_up[1],
+        rss[0] >> 20,
+        rss[1] >> 20
     );
     let started = Instant::now();
     let after = round(1, Duration::from_millis(1), patient);
@@ -687,7 +730,7 @@ fn an_overloaded_server_sheds_keeps_its_memory_and_answers_every_admitted_reques
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "a request after {} abandoned ones waited {:?}: their work ran first",
-        impatient.gave_up,
+        gave_up[1],
         started.elapsed()
     );
 }
