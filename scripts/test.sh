@@ -101,6 +101,8 @@ if ((E2E)); then scripts/ensure-packages.sh e2e; else scripts/ensure-packages.sh
 # The slow builds, behind cargo: llama-server (serve_llama.rs, e2e serving-llama) and, for the
 # cluster, Kubernetes (e2e/cluster build: cached after the first) and the KServe environment.
 background llama-server scripts/ensure/llama-tools.sh llama-server
+# oras (oci:// sources pushed as a publisher would, tests/local.rs): Go module proxy, cached.
+background oras scripts/ensure/oras.sh
 if ((E2E)); then
   background kubernetes e2e/cluster build
   background kserve scripts/ensure/kserve.sh
@@ -131,6 +133,7 @@ cargo test --workspace --locked --no-run
 cargo test -p kiln-agent --locked --features fault-injection --test isolation --no-run
 phase "cargo test"
 await llama-server
+await oras
 cargo test --workspace --locked
 # The engine-isolation crash cases, with the hook (ignored, saying so, in the run above).
 cargo test -p kiln-agent --locked --features fault-injection --test isolation

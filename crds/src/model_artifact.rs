@@ -66,7 +66,9 @@ pub struct ModelArtifactSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Source {
-    /// `https://`, `oci://` or `file://` (local mode) URI.
+    /// `https://`, `file://` (local mode) or `oci://HOST[:PORT]/REPOSITORY@sha256:<manifest>[#FILE]`
+    /// URI: a file of a CNCF ModelPack or other OCI artifact, by the manifest's digest (never a
+    /// tag) and the file's annotated name (needed when the artifact has several files).
     #[schemars(regex(pattern = URI_PATTERN), length(max = 2048))]
     pub uri: String,
     /// Lowercase hex sha256 of the bytes; anything else is refused.

@@ -901,13 +901,23 @@ fn table() -> Vec<Hostile> {
         ),
         fails(
             "uri",
-            "oci:// source in local mode",
+            "oci:// source by tag",
             |c, _, _| {
                 c.source_uri = "oci://registry.example/models/mlp:1".into();
                 Ok(())
             },
+            "InvalidSpec",
+            &["pin the artifact by digest, not by tag"],
+        ),
+        fails(
+            "uri",
+            "oci:// source on a registry that is not there",
+            |c, _, _| {
+                c.source_uri = format!("oci://127.0.0.1:1/models/mlp@sha256:{}", "a".repeat(64));
+                Ok(())
+            },
             "SourceUnavailable",
-            &["oci:// sources are read through the OCI store"],
+            &["cannot reach registry 127.0.0.1:1 over https"],
         ),
         fails(
             "uri",

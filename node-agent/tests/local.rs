@@ -1406,3 +1406,151 @@ fn rewrite_consistently(entry: &Path) {
     )
     .expect("rewrite manifest");
 }
+
+/// The store tests' real registry (Debian's docker-registry), written with their lints.
+#[allow(clippy::unwrap_used)]
+#[path = "../../store/tests/registry/mod.rs"]
+mod registry;
+
+/// The ORAS CLI (`scripts/ensure/oras.sh`: built from the Go module proxy, cached), or `None`
+/// after saying why (a failure under `CI=true`).
+fn oras() -> Option<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure/oras.sh");
+    match Command::new(&script).output() {
+        Ok(o) if o.status.success() => Some(PathBuf::from(
+            String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        )),
+        other => {
+            kiln_endpoints::test_support::skip(&format!(
+                "no oras (scripts/ensure/oras.sh needs the Go module proxy once): {other:?}"
+            ));
+            None
+        }
+    }
+}
+
+/// Pushes `files` (name:mediatype, in `dir`) with oras as one artifact; returns its manifest
+/// digest, read back from the registry as the user would (`oras resolve`).
+fn oras_push(oras: &Path, dir: &Path, reference: &str, extra: &[&str], files: &[&str]) -> String {
+    let out = Command::new(oras)
+        .current_dir(dir)
+        .args([
+            "push",
+            "--plain-http",
+            "--disable-path-validation",
+            reference,
+        ])
+        .args(extra)
+        .args(files)
+        .output()
+        .expect("oras push");
+    assert!(out.status.success(), "oras push: {out:?}");
+    let out = Command::new(oras)
+        .args(["resolve", "--plain-http", reference])
+        .output()
+        .expect("oras resolve");
+    assert!(out.status.success(), "oras resolve: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Sources kept in a registry as OCI artifacts pushed by the real ORAS CLI: a CNCF ModelPack
+/// (the model and its ONNX external data as raw weight layers, found by their
+/// `org.cncf.model.filepath`) and a plain one-file artifact; both Ready. A tag, a file the
+/// artifact does not hold, and a blob changed in the registry's storage each fail closed.
+#[test]
+fn oci_sources_pushed_by_oras_are_pulled_by_digest_and_verified() {
+    let Some(oras) = oras() else { return };
+    let Some(registry) = registry::Registry::start() else {
+        return;
+    };
+    let host = registry.addr.to_string();
+    let insecure = Path::new("true");
+    let env = [
+        ("KILN_SOURCE_REGISTRY", Path::new(&host)),
+        ("KILN_REGISTRY_INSECURE", insecure),
+    ];
+    // ModelPack: the model and its external data, as modctl lays them out.
+    let mut pack = external_data_case("ext.onnx", true);
+    std::fs::write(pack.path("config.json"), r#"{"descriptor":{"name":"ext"},"config":{"format":"onnx"},"modelfs":{"type":"layers","diffIds":[]}}"#).expect("config");
+    std::fs::write(
+        pack.path("annotations.json"),
+        r#"{"model.onnx":{"org.cncf.model.filepath":"model.onnx"},"ext-weights.bin":{"org.cncf.model.filepath":"ext-weights.bin"}}"#,
+    )
+    .expect("annotations");
+    let digest = oras_push(
+        &oras,
+        pack.dir.path(),
+        &format!("{host}/models/ext:v1"),
+        &[
+            "--artifact-type",
+            "application/vnd.cncf.model.manifest.v1+json",
+            "--config",
+            "config.json:application/vnd.cncf.model.config.v1+json",
+            "--annotation-file",
+            "annotations.json",
+        ],
+        &[
+            "model.onnx:application/vnd.cncf.model.weight.v1.raw",
+            "ext-weights.bin:application/vnd.cncf.model.weight.v1.raw",
+        ],
+    );
+    let artifact = format!("oci://{host}/models/ext@{digest}");
+    pack.source_uri = format!("{artifact}#model.onnx");
+    pack.model_extra = pack.model_extra.replace(
+        "file://ext-weights.bin",
+        &format!("{artifact}#ext-weights.bin"),
+    );
+    std::fs::remove_file(pack.path("model.onnx")).expect("rm");
+    std::fs::remove_file(pack.path("ext-weights.bin")).expect("rm");
+    let run = pack.run_with_env(&env);
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    assert!(pack.store().join("blobs").join(&pack.model_sha).exists());
+
+    // A plain artifact of one file, as `oras push REF FILE` makes it: the only layer.
+    let mut plain = Case::mlp(4);
+    let digest = oras_push(
+        &oras,
+        plain.dir.path(),
+        &format!("{host}/models/mlp:v1"),
+        &[],
+        &["model.onnx"],
+    );
+    plain.source_uri = format!("oci://{host}/models/mlp@{digest}");
+    std::fs::remove_file(plain.path("model.onnx")).expect("rm");
+    let run = plain.run_with_env(&env);
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+
+    // By tag: refused before anything is pulled.
+    let mut tagged = Case::mlp(4);
+    tagged.source_uri = format!("oci://{host}/models/mlp:v1");
+    tagged
+        .run_with_env(&env)
+        .fails_with("InvalidSpec", &["pin the artifact by digest"]);
+    // A file the artifact does not hold.
+    let mut absent = Case::mlp(4);
+    absent.source_uri = format!("{artifact}#tokenizer.json");
+    absent.run_with_env(&env).fails_with(
+        "HashMismatch",
+        &[
+            "no layer is named \"tokenizer.json\"",
+            "model.onnx, ext-weights.bin",
+        ],
+    );
+    // The registry's stored blob changed: the pull hashes what arrives and refuses it.
+    let mut flipped = Case::mlp(4);
+    let blob = registry.blob_path(&flipped.model_sha);
+    let mut bytes = std::fs::read(&blob).expect("stored blob");
+    bytes[100] ^= 1;
+    std::fs::write(&blob, bytes).expect("flip");
+    flipped.source_uri = plain.source_uri.clone();
+    flipped
+        .run_with_env(&env)
+        .fails_with("HashMismatch", &["model source", "sha256 is"]);
+    assert!(
+        !flipped
+            .store()
+            .join("blobs")
+            .join(&flipped.model_sha)
+            .exists()
+    );
+}

@@ -22,7 +22,8 @@ pub use api::{
 pub(crate) use api::{check_key, digest_hex};
 pub use error::{Error, Result};
 pub use fs::{FsStore, STALE_AFTER};
-pub use oci::{ARTIFACT_TYPE, BUILD_MANIFEST_MEDIA_TYPE, ENGINE_MEDIA_TYPE, OciStore};
+pub use oci::source::SourceRef;
+pub use oci::{ARTIFACT_TYPE, BUILD_MANIFEST_MEDIA_TYPE, ENGINE_MEDIA_TYPE, OciStore, source};
 
 /// The registry flags both binaries take, each also read from its environment variable (the
 /// names the chart and the compile Jobs set).

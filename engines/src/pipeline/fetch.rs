@@ -106,6 +106,69 @@ impl FetchLimits {
     }
 }
 
+/// How `oci://` sources reach their registries: the one registry these options (plain HTTP,
+/// credentials) are for — a compile Job's store registry, or `kiln-agent local
+/// --source-registry` — and anonymous HTTPS for every other, so no credential reaches a registry
+/// it was not given for.
+#[derive(Clone, Debug, Default)]
+pub struct SourceRegistry {
+    /// `HOST[:PORT]` the options are for.
+    pub host: Option<String>,
+    /// Its options.
+    pub options: kiln_store::RegistryOptions,
+}
+
+/// The flags that make a [`SourceRegistry`] where no store names one (`kiln-agent local`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SourceRegistryArgs {
+    /// `HOST[:PORT]` of the registry `oci://` sources are pulled from with the --registry-*
+    /// flags (plain HTTP, credentials); a source on any other registry is pulled anonymously
+    /// over HTTPS.
+    #[arg(long, env = "KILN_SOURCE_REGISTRY")]
+    pub source_registry: Option<String>,
+    #[command(flatten)]
+    pub registry: kiln_store::RegistryArgs,
+}
+
+impl SourceRegistryArgs {
+    /// The registry these flags name.
+    pub fn registry(&self) -> SourceRegistry {
+        SourceRegistry {
+            host: self.source_registry.clone(),
+            options: self.registry.options(),
+        }
+    }
+}
+
+impl SourceRegistry {
+    /// A compile Job's: its store's registry (`oci://HOST[:PORT]/REPOSITORY`) with the store's
+    /// options; a filesystem store names none.
+    pub fn of_store(url: &str, options: &kiln_store::RegistryOptions) -> Self {
+        let host = url
+            .trim()
+            .strip_prefix("oci://")
+            .and_then(|rest| rest.split_once('/'))
+            .map(|(host, _)| host.to_string());
+        Self {
+            options: if host.is_some() {
+                options.clone()
+            } else {
+                kiln_store::RegistryOptions::default()
+            },
+            host,
+        }
+    }
+
+    /// The options a pull from `registry` uses.
+    fn options_for(&self, registry: &str) -> kiln_store::RegistryOptions {
+        if self.host.as_deref() == Some(registry) {
+            self.options.clone()
+        } else {
+            kiln_store::RegistryOptions::default()
+        }
+    }
+}
+
 /// Fetches blobs into `<cache>/<sha256>`.
 pub struct Fetcher {
     /// Directory holding verified blobs by digest.
@@ -117,6 +180,8 @@ pub struct Fetcher {
     metrics: Metrics,
     /// Bounds on every fetch.
     limits: FetchLimits,
+    /// How `oci://` sources are pulled.
+    registry: SourceRegistry,
 }
 
 impl Fetcher {
@@ -135,7 +200,14 @@ impl Fetcher {
             http: std::sync::OnceLock::new(),
             metrics,
             limits,
+            registry: SourceRegistry::default(),
         })
+    }
+
+    /// This fetcher, pulling `oci://` sources from `registry` with its options.
+    pub fn with_registry(mut self, registry: SourceRegistry) -> Self {
+        self.registry = registry;
+        self
     }
 
     /// The directory verified blobs are kept in.
@@ -164,32 +236,10 @@ impl Fetcher {
             tracing::warn!(what = wanted.what, path = %final_path.display(), "cached blob corrupt; fetching again");
             let _ = std::fs::remove_file(&final_path);
         }
-        let out = VerifiedWrite::create(
-            &final_path,
-            Expected {
-                what: format!("{} {}", wanted.what, wanted.uri),
-                digest: wanted.sha256.to_string(),
-                size: wanted.size,
-            },
-        )?;
-        let result = match scheme(wanted.uri) {
-            Some(("file", path)) => {
-                let (path, wanted_owned) = (PathBuf::from(path), Owned::from(wanted));
-                let (metrics, bound) = (self.metrics.clone(), self.limits.bound(wanted));
-                tokio::task::spawn_blocking(move || copy_file(&path, out, &wanted_owned, bound, &metrics))
-                    .await
-                    .map_err(|e| Error::source_unavailable(wanted.uri, e))?
-            }
-            Some(("https", _)) => self.download(wanted, out).await,
-            Some(("oci", _)) => Err(Error::SourceUnavailable {
-                uri: wanted.uri.into(),
-                message: "oci:// sources are read through the OCI store, which local mode does not use; use file:// or https://".into(),
-                source: None,
-            }),
-            _ => Err(Error::InvalidSpec(format!(
-                "{} URI {:?} has an unsupported scheme; use file://, https:// or oci://",
-                wanted.what, wanted.uri
-            ))),
+        let result = if matches!(scheme(wanted.uri), Some(("oci", _))) {
+            self.pull(wanted, &final_path).await
+        } else {
+            self.copy_or_download(wanted, &final_path).await
         };
         match result {
             Ok(()) => Ok(final_path),
@@ -199,6 +249,69 @@ impl Fetcher {
                 }
                 Err(err)
             }
+        }
+    }
+
+    /// A `file://` or `https://` blob into a verified write of `final_path`.
+    async fn copy_or_download(&self, wanted: &Wanted<'_>, final_path: &Path) -> Result<()> {
+        let out = VerifiedWrite::create(
+            final_path,
+            Expected {
+                what: format!("{} {}", wanted.what, wanted.uri),
+                digest: wanted.sha256.to_string(),
+                size: wanted.size,
+            },
+        )?;
+        match scheme(wanted.uri) {
+            Some(("file", path)) => {
+                let (path, wanted_owned) = (PathBuf::from(path), Owned::from(wanted));
+                let (metrics, bound) = (self.metrics.clone(), self.limits.bound(wanted));
+                tokio::task::spawn_blocking(move || {
+                    copy_file(&path, out, &wanted_owned, bound, &metrics)
+                })
+                .await
+                .map_err(|e| Error::source_unavailable(wanted.uri, e))?
+            }
+            Some(("https", _)) => self.download(wanted, out).await,
+            _ => Err(Error::InvalidSpec(format!(
+                "{} URI {:?} has an unsupported scheme; use file://, https:// or oci://",
+                wanted.what, wanted.uri
+            ))),
+        }
+    }
+
+    /// An `oci://` file, pulled by its artifact's manifest digest into `final_path`
+    /// (`kiln_store::source`): a registry that cannot be reached is the source's, not the store's.
+    async fn pull(&self, wanted: &Wanted<'_>, final_path: &Path) -> Result<()> {
+        let source = kiln_store::SourceRef::parse(wanted.uri).map_err(|m| {
+            Error::InvalidSpec(format!("{} URI {:?}: {m}", wanted.what, wanted.uri))
+        })?;
+        let store = kiln_store::OciStore::new(
+            &source.repository_url(),
+            &self.registry.options_for(&source.registry),
+        )?;
+        let expected = Expected {
+            what: format!("{} {}", wanted.what, wanted.uri),
+            digest: wanted.sha256.to_string(),
+            size: wanted.size,
+        };
+        match store
+            .pull_file(&source, final_path, expected, self.limits.bound(wanted))
+            .await
+        {
+            Ok(written) => {
+                self.metrics.fetched(written);
+                Ok(())
+            }
+            Err(kiln_store::Error::Unavailable {
+                message, source, ..
+            }) => Err(Error::SourceUnavailable {
+                uri: wanted.uri.into(),
+                message,
+                source,
+            }),
+            Err(kiln_store::Error::Refused { mismatch: m, .. }) => Err(mismatch(wanted, m)),
+            Err(e) => Err(e.into()),
         }
     }
 

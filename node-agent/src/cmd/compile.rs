@@ -19,7 +19,7 @@ use kiln_engines::metrics::Metrics;
 use kiln_engines::pipeline::build::{
     Built, Publish, SourcePolicy, SourceTrustArgs, compile_or_reuse, fetch_inputs, key_for,
 };
-use kiln_engines::pipeline::fetch::{FetchLimits, Fetcher};
+use kiln_engines::pipeline::fetch::{FetchLimits, Fetcher, SourceRegistry};
 use kiln_engines::pipeline::spec::Spec;
 use kiln_node_core::error::{Error, Result};
 
@@ -165,7 +165,8 @@ pub async fn run(job: &Job, metrics: &Metrics) -> Result<Built> {
             scratch.path().to_path_buf()
         }
     };
-    let fetcher = Fetcher::new(blobs, metrics.clone(), job.fetch.clone())?;
+    let fetcher = Fetcher::new(blobs, metrics.clone(), job.fetch.clone())?
+        .with_registry(SourceRegistry::of_store(url, &job.registry));
     let inputs = fetch_inputs(&spec, &fetcher, Some(&job.sources)).await?;
     compile_or_reuse(
         &spec,

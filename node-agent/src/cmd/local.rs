@@ -18,7 +18,7 @@ use kiln_engines::metrics::Metrics;
 use kiln_engines::pipeline::build::{
     Built, Publish, SourceTrustArgs, compile_or_reuse, fetch_inputs, key_for,
 };
-use kiln_engines::pipeline::fetch::{FetchLimits, Fetcher};
+use kiln_engines::pipeline::fetch::{FetchLimits, Fetcher, SourceRegistryArgs};
 use kiln_engines::pipeline::ready::{load_warm, pull_verified};
 use kiln_engines::pipeline::spec::Spec;
 use kiln_node_core::error::Result;
@@ -81,7 +81,7 @@ pub async fn run(
     file: &Path,
     store_dir: &Path,
     metrics: &Metrics,
-    fetch: &FetchLimits,
+    fetch: (&FetchLimits, &SourceRegistryArgs),
     trust: &TrustArgs,
     sources: &SourceTrustArgs,
     warm_deadline: std::time::Duration,
@@ -115,7 +115,7 @@ async fn pipeline(
     file: &Path,
     store_dir: &Path,
     metrics: &Metrics,
-    fetch: &FetchLimits,
+    (fetch, registry): (&FetchLimits, &SourceRegistryArgs),
     (trust, sources): (&TrustArgs, &SourceTrustArgs),
     warm_deadline: std::time::Duration,
     outcome: &mut Outcome,
@@ -142,7 +142,8 @@ async fn pipeline(
     outcome.compile_key = Some(key_for(&spec, &builder, &class));
 
     let store = FsStore::open(store_dir)?;
-    let fetcher = Fetcher::new(store.blobs(), metrics.clone(), fetch.clone())?;
+    let fetcher = Fetcher::new(store.blobs(), metrics.clone(), fetch.clone())?
+        .with_registry(registry.registry());
     let inputs = fetch_inputs(&spec, &fetcher, Some(&sources.load()?)).await?;
 
     let Built {
@@ -276,6 +277,8 @@ pub struct Args {
     #[command(flatten)]
     fetch: FetchLimits,
     #[command(flatten)]
+    source_registry: SourceRegistryArgs,
+    #[command(flatten)]
     trust: TrustArgs,
     #[command(flatten)]
     sources: SourceTrustArgs,
@@ -317,7 +320,7 @@ pub fn main(args: Args) -> ExitCode {
         &file,
         &store,
         &metrics,
-        &args.fetch,
+        (&args.fetch, &args.source_registry),
         &args.trust,
         &args.sources,
         std::time::Duration::from_secs(args.warmup_deadline_seconds.max(1)),

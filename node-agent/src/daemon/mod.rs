@@ -32,7 +32,7 @@ use tokio::sync::Notify;
 use kiln_engines::backend;
 use kiln_engines::host::probe;
 use kiln_engines::metrics::Metrics;
-use kiln_engines::pipeline::fetch::Fetcher;
+use kiln_engines::pipeline::fetch::{Fetcher, SourceRegistry};
 
 /// Everything `run` takes from the command line.
 pub struct Config {
@@ -74,7 +74,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let store = kiln_store::open(&config.store, &config.registry)?;
     let cache = kiln_node_core::cache::Cache::open(&config.cache)?;
-    let fetcher = Fetcher::new(cache.blobs(), metrics.clone(), config.fetch.clone())?;
+    let fetcher = Fetcher::new(cache.blobs(), metrics.clone(), config.fetch.clone())?
+        .with_registry(SourceRegistry::of_store(&config.store, &config.registry));
     let hardware = tokio::task::block_in_place(|| probe::probe(backend::runtimes()));
     tracing::info!(node = %config.node_name, cpu = %hardware.cpu_level, gpus = hardware.accelerators.len(), "probed this node");
     let kiln_nodes: Api<KilnNode> = Api::all(client.clone());

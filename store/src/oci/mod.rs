@@ -19,6 +19,8 @@ use crate::fs::check_manifest;
 use crate::staged::{Expected, oci_digest, stream_verified};
 use crate::{ArtifactRef, Entry, Error, RegistryOptions, Result, Store, check_key};
 
+pub mod source;
+
 /// `artifactType` of every kiln manifest.
 pub const ARTIFACT_TYPE: &str = "application/vnd.kiln.artifact.v1";
 /// Media type of the config blob: the build manifest JSON.
@@ -126,6 +128,50 @@ impl OciStore {
             self.repository.clone(),
             digest.to_string(),
         )
+    }
+
+    /// Streams `layer` of the manifest at `reference` into a verified write of `dest`.
+    /// A range request from byte 0 (and from where it broke off, when a download is resumed):
+    /// the registry answers 206 and the client leaves the digest to us, so every byte is hashed
+    /// once. A registry that answers 200 gets the client's own digest check too; ours is the
+    /// verdict (it also names what arrived), so its complaint just ends the stream.
+    async fn pull_layer(
+        &self,
+        reference: &Reference,
+        layer: &OciDescriptor,
+        dest: &Path,
+        expected: Expected,
+    ) -> Result<()> {
+        let open = |offset: u64| async move {
+            let response = self
+                .client
+                .pull_blob_stream_partial(reference, layer, offset, None)
+                .await
+                .map_err(|e| self.error(&format!("pulling blob {}", layer.digest), e))?;
+            let (stream, at) = match response {
+                oci_client::client::BlobResponse::Full(s) => (s.stream, 0),
+                oci_client::client::BlobResponse::Partial(s) => (s.stream, offset),
+            };
+            let chunks = stream.scan((), |(), item| {
+                std::future::ready(match item {
+                    Err(e) if is_digest_error(&e) => None,
+                    item => Some(item),
+                })
+            });
+            Ok((Box::pin(chunks), at))
+        };
+        stream_verified(open, dest, expected)
+            .await
+            .map_err(|e| match e {
+                Error::Unavailable {
+                    message, source, ..
+                } => Error::Unavailable {
+                    location: self.location().to_string(),
+                    message,
+                    source,
+                },
+                e => e,
+            })
     }
 
     /// Turns a client error into a store error that names the registry and says what to fix.
@@ -670,57 +716,16 @@ impl Store for OciStore {
             self.max_artifact_bytes,
         )?;
         let m = entry.manifest;
-        let what = format!(
-            "artifact sha256:{} from {}",
-            m.artifact_digest,
-            self.location()
-        );
-        // A range request from byte 0 (and from where it broke off, when a download is
-        // resumed): the registry answers 206 and the client leaves the digest to us, so every
-        // byte is hashed once. A registry that answers 200 gets the client's own digest check
-        // too; ours is the verdict (it also names what arrived), so its complaint just ends the
-        // stream.
-        let open = |offset: u64| {
-            let (reference, layer) = (&reference, &layer);
-            async move {
-                let response = self
-                    .client
-                    .pull_blob_stream_partial(reference, layer, offset, None)
-                    .await
-                    .map_err(|e| self.error(&format!("pulling artifact {}", layer.digest), e))?;
-                let (stream, at) = match response {
-                    oci_client::client::BlobResponse::Full(s) => (s.stream, 0),
-                    oci_client::client::BlobResponse::Partial(s) => (s.stream, offset),
-                };
-                let chunks = stream.scan((), |(), item| {
-                    std::future::ready(match item {
-                        Err(e) if is_digest_error(&e) => None,
-                        item => Some(item),
-                    })
-                });
-                Ok((Box::pin(chunks), at))
-            }
+        let expected = Expected {
+            what: format!(
+                "artifact sha256:{} from {}",
+                m.artifact_digest,
+                self.location()
+            ),
+            digest: m.artifact_digest.clone(),
+            size: Some(m.artifact_size),
         };
-        stream_verified(
-            open,
-            dest,
-            Expected {
-                what,
-                digest: m.artifact_digest.clone(),
-                size: Some(m.artifact_size),
-            },
-        )
-        .await
-        .map_err(|e| match e {
-            Error::Unavailable {
-                message, source, ..
-            } => Error::Unavailable {
-                location: self.location().to_string(),
-                message,
-                source,
-            },
-            e => e,
-        })?;
+        self.pull_layer(&reference, &layer, dest, expected).await?;
         Ok(m)
     }
 
