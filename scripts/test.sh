@@ -101,8 +101,11 @@ if ((E2E)); then scripts/ensure-packages.sh e2e; else scripts/ensure-packages.sh
 # The slow builds, behind cargo: llama-server (serve_llama.rs, e2e serving-llama) and, for the
 # cluster, Kubernetes (e2e/cluster build: cached after the first) and the KServe environment.
 background llama-server scripts/ensure/llama-tools.sh llama-server
-# oras (oci:// sources pushed as a publisher would, tests/local.rs): Go module proxy, cached.
+# oras (oci:// sources pushed as a publisher would, tests/local.rs) and cosign (kiln's
+# attestations checked by the real verifier, store/tests/oci.rs, tests/local.rs): built from the
+# Go module proxy, cached (cosign's first build takes about 9 minutes on 2 busy cores).
 background oras scripts/ensure/oras.sh
+background cosign scripts/ensure/cosign.sh
 if ((E2E)); then
   background kubernetes e2e/cluster build
   background kserve scripts/ensure/kserve.sh
@@ -134,6 +137,7 @@ cargo test -p kiln-agent --locked --features fault-injection --test isolation --
 phase "cargo test"
 await llama-server
 await oras
+await cosign
 cargo test --workspace --locked
 # The engine-isolation crash cases, with the hook (ignored, saying so, in the run above).
 cargo test -p kiln-agent --locked --features fault-injection --test isolation

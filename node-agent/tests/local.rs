@@ -1412,17 +1412,17 @@ fn rewrite_consistently(entry: &Path) {
 #[path = "../../store/tests/registry/mod.rs"]
 mod registry;
 
-/// The ORAS CLI (`scripts/ensure/oras.sh`: built from the Go module proxy, cached), or `None`
-/// after saying why (a failure under `CI=true`).
-fn oras() -> Option<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure/oras.sh");
+/// A tool `scripts/ensure/TOOL.sh` builds from the Go module proxy and caches (oras, cosign),
+/// or `None` after saying why (a failure under `CI=true`).
+fn ensured(tool: &str) -> Option<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../scripts/ensure/{tool}.sh"));
     match Command::new(&script).output() {
         Ok(o) if o.status.success() => Some(PathBuf::from(
             String::from_utf8_lossy(&o.stdout).trim().to_string(),
         )),
         other => {
             kiln_endpoints::test_support::skip(&format!(
-                "no oras (scripts/ensure/oras.sh needs the Go module proxy once): {other:?}"
+                "no {tool} (scripts/ensure/{tool}.sh needs the Go module proxy once): {other:?}"
             ));
             None
         }
@@ -1459,7 +1459,7 @@ fn oras_push(oras: &Path, dir: &Path, reference: &str, extra: &[&str], files: &[
 /// artifact does not hold, and a blob changed in the registry's storage each fail closed.
 #[test]
 fn oci_sources_pushed_by_oras_are_pulled_by_digest_and_verified() {
-    let Some(oras) = oras() else { return };
+    let Some(oras) = ensured("oras") else { return };
     let Some(registry) = registry::Registry::start() else {
         return;
     };
@@ -1552,5 +1552,73 @@ fn oci_sources_pushed_by_oras_are_pulled_by_digest_and_verified() {
             .join("blobs")
             .join(&flipped.model_sha)
             .exists()
+    );
+}
+
+/// The real `cosign verify-blob-attestation --type slsaprovenance1` accepts the attestation a
+/// local compile writes beside its entry, for the artifact, and refuses it for another blob and
+/// once its statement is changed under the signature.
+#[test]
+fn cosign_verifies_a_local_store_entry_and_refuses_a_changed_one() {
+    let Some(cosign) = ensured("cosign") else {
+        return;
+    };
+    let case = Case::mlp(4);
+    let run = case.run();
+    assert!(run.success, "{}", run.message());
+    let public = Command::new("openssl")
+        .args(["pkey", "-pubout", "-in"])
+        .arg(case.store().join("signing.key"))
+        .output()
+        .expect("openssl");
+    assert!(public.status.success(), "{public:?}");
+    std::fs::write(case.path("signing.pub"), &public.stdout).expect("pub");
+    let key = run.outcome["compileKey"].as_str().expect("key");
+    let entry = case.store().join("artifacts").join(key);
+    let attestation = std::fs::read_dir(&entry)
+        .expect("entry")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("attestation-"))
+        })
+        .expect("an attestation beside the entry");
+    let verify = |signature: &Path, blob: &Path| {
+        let out = Command::new(&cosign)
+            .args([
+                "verify-blob-attestation",
+                "--key",
+                "signing.pub",
+                "--type",
+                "slsaprovenance1",
+            ])
+            .args(["--insecure-ignore-tlog=true", "--signature"])
+            .args([signature, blob])
+            .current_dir(case.dir.path())
+            .env("HOME", case.dir.path())
+            .output()
+            .expect("cosign");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, said) = verify(&attestation, &entry.join("artifact"));
+    assert!(ok && said.contains("Verified OK"), "{said}");
+    let (ok, said) = verify(&attestation, &case.path("model.onnx"));
+    assert!(!ok && said.contains("no matching subject digest"), "{said}");
+    // The statement changed under the signature: one base64 character of the payload.
+    let mut envelope: Value =
+        serde_json::from_slice(&std::fs::read(&attestation).expect("read")).expect("json");
+    let payload = envelope["payload"].as_str().expect("payload").to_string();
+    let at = payload.len() / 2;
+    let flipped = if &payload[at..=at] == "A" { "B" } else { "A" };
+    envelope["payload"] = format!("{}{flipped}{}", &payload[..at], &payload[at + 1..]).into();
+    std::fs::write(case.path("changed.json"), envelope.to_string()).expect("write");
+    let (ok, said) = verify(&case.path("changed.json"), &entry.join("artifact"));
+    assert!(
+        !ok && said.contains("accepted signatures do not match threshold"),
+        "{said}"
     );
 }

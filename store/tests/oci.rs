@@ -536,3 +536,115 @@ async fn a_lookup_between_publish_steps_sees_nothing_or_a_verified_entry() {
     common::publish::every_step_shows_nothing_or_a_verified_entry(store.clone(), tmp.path()).await;
     common::publish::a_racing_reader_never_sees_an_unattested_entry(store, tmp.path()).await;
 }
+
+/// The real cosign (scripts/ensure/cosign.sh: built from the Go module proxy, cached), or
+/// `None` after saying why (a failure under `CI=true`).
+fn cosign() -> Option<std::path::PathBuf> {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure/cosign.sh");
+    match std::process::Command::new(&script).output() {
+        Ok(o) if o.status.success() => Some(String::from_utf8_lossy(&o.stdout).trim().into()),
+        other => {
+            let why = format!(
+                "no cosign (scripts/ensure/cosign.sh needs the Go module proxy once): {other:?}"
+            );
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+            eprintln!("SKIPPED: {why}");
+            None
+        }
+    }
+}
+
+/// `cosign verify-attestation --key --type slsaprovenance1` on an entry as the publisher stores
+/// it: passes; after the envelope's statement is changed under its signature, fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cosign_verifies_the_attestation_kiln_publishes_and_refuses_a_changed_one() {
+    use base64::Engine as _;
+    use kiln_store::attest::{Signer, Trust};
+    let Some(cosign) = cosign() else { return };
+    let Some(reg) = Registry::start() else { return };
+    let store = open(&reg.url("kiln/cosign"), &insecure()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let (private, public) = Signer::generate().unwrap();
+    std::fs::write(tmp.path().join("signing.pub"), &public).unwrap();
+    let publisher = Trust {
+        signer: Some(std::sync::Arc::new(
+            Signer::from_pem(private.as_bytes()).unwrap(),
+        )),
+        ..Trust::default()
+    };
+    let (path, manifest) = common::artifact(tmp.path(), "a", 50_000, 7);
+    let entry = publisher
+        .publish(
+            store.as_ref(),
+            &path,
+            &manifest,
+            false,
+            Some("agent@sha256:1234"),
+        )
+        .await
+        .unwrap();
+    let verify = || {
+        std::process::Command::new(&cosign)
+            .args([
+                "verify-attestation",
+                "--key",
+                "signing.pub",
+                "--type",
+                "slsaprovenance1",
+            ])
+            .arg("--insecure-ignore-tlog=true")
+            .arg(format!(
+                "{}/kiln/cosign@{}",
+                reg.addr, entry.manifest_digest
+            ))
+            .current_dir(tmp.path())
+            .env("HOME", tmp.path())
+            .output()
+            .unwrap()
+    };
+    let out = verify();
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        out.status.success(),
+        "cosign refused kiln's attestation: {said}"
+    );
+    assert!(said.contains("The cosign claims were validated"), "{said}");
+    // It prints the envelopes it verified: kiln's statement, naming the artifact.
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let statement = b64.decode(printed["payload"].as_str().unwrap()).unwrap();
+    let statement = String::from_utf8(statement).unwrap();
+    assert!(statement.contains(&manifest.artifact_digest), "{statement}");
+
+    // The statement changed (another artifact digest), the signature kept.
+    let envelope = store
+        .attestation(&manifest.compile_key, &entry.manifest_digest)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut json: serde_json::Value = serde_json::from_slice(&envelope).unwrap();
+    let payload = b64.decode(json["payload"].as_str().unwrap()).unwrap();
+    let changed = String::from_utf8(payload)
+        .unwrap()
+        .replace(&manifest.artifact_digest, &"0".repeat(64));
+    json["payload"] = b64.encode(changed).into();
+    store
+        .put_attestation(
+            &manifest.compile_key,
+            &entry.manifest_digest,
+            &serde_json::to_vec(&json).unwrap(),
+        )
+        .await
+        .unwrap();
+    let out = verify();
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success(),
+        "cosign accepted a changed statement: {said}"
+    );
+    assert!(
+        said.contains("accepted signatures do not match threshold"),
+        "{said}"
+    );
+}

@@ -14,7 +14,7 @@ use oci_client::manifest::{OCI_IMAGE_MEDIA_TYPE, OciDescriptor, OciImageManifest
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 
-use crate::attest::{ENVELOPE_MEDIA_TYPE, MAX_ENVELOPE_BYTES, PAYLOAD_TYPE};
+use crate::attest::{ENVELOPE_MEDIA_TYPE, MAX_ENVELOPE_BYTES, PAYLOAD_TYPE, PREDICATE_TYPE};
 use crate::fs::check_manifest;
 use crate::staged::{Expected, oci_digest, stream_verified};
 use crate::{ArtifactRef, Entry, Error, RegistryOptions, Result, Store, check_key};
@@ -27,6 +27,8 @@ pub const ARTIFACT_TYPE: &str = "application/vnd.kiln.artifact.v1";
 pub const BUILD_MANIFEST_MEDIA_TYPE: &str = "application/vnd.kiln.build-manifest.v1+json";
 /// Media type of the layer: the compiled artifact.
 pub const ENGINE_MEDIA_TYPE: &str = "application/vnd.kiln.engine.v1.tar";
+/// The layer annotation by which cosign knows a signature layer.
+const COSIGN_SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
 /// Media type of the empty config of an attestation manifest.
 const EMPTY_CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
 /// Largest build manifest (config blob) or image manifest accepted.
@@ -613,10 +615,19 @@ impl Store for OciStore {
         self.client
             .store_auth_if_needed(&self.registry, &self.auth)
             .await;
+        // cosign reads a layer as a signature only when it carries this annotation (empty on
+        // its own attestations); `predicateType` as `cosign attest` writes it.
         let layer = OciDescriptor {
             media_type: ENVELOPE_MEDIA_TYPE.into(),
             digest: oci_digest(envelope),
             size: i64::try_from(envelope.len()).unwrap_or(i64::MAX),
+            annotations: Some(
+                [
+                    (COSIGN_SIGNATURE_ANNOTATION.to_string(), String::new()),
+                    ("predicateType".to_string(), PREDICATE_TYPE.to_string()),
+                ]
+                .into(),
+            ),
             ..Default::default()
         };
         self.push_blob_once(&reference, envelope.to_vec(), &layer.digest)
