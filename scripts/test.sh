@@ -119,6 +119,9 @@ export ORT_DYLIB_PATH
 scripts/ensure/models.sh >/dev/null
 scripts/ensure/llm-models.sh >/dev/null
 scripts/ensure/v2-client.sh >/dev/null
+# The OpenSSF model_signing CLI (PyPI, pinned by hash, cached) that signs the models
+# tests/local.rs verifies bundles of.
+scripts/ensure/model-signing.sh >/dev/null
 
 phase "generated gRPC code"
 # The CSI plugin's generated gRPC code is what the vendored protos generate.

@@ -77,14 +77,19 @@ pub struct Source {
     /// Size in bytes; a truncated or padded download is refused before hashing ends.
     #[schemars(range(min = 1))]
     pub size: i64,
-    /// Signature of the source as `cosign sign-blob --key` prints it (base64 of an ECDSA P-256
-    /// signature over the bytes' SHA-256). Compile workers verify it against their trusted
-    /// source keys (`--source-trust-key`) before anything is built; a signed source without a
-    /// configured key, or with a signature no trusted key made, is refused (`SignatureInvalid`).
-    /// Part of the compile key, so an artifact built from a signed source was built after that
-    /// check.
+    /// Signature of the source: what `cosign sign-blob --key` prints (base64 of an ECDSA P-256
+    /// signature over the bytes' SHA-256), or an OpenSSF Model Signing bundle made by
+    /// `model_signing sign key|certificate` over the model's directory, base64 (`base64 -w0
+    /// model.sig`), which must sign exactly the source and every asset. Compile workers verify
+    /// it against their trusted source keys and CA certificates (`--source-trust-key`) before
+    /// anything is built; a signed source without a configured key, or with a signature no
+    /// trusted key or CA made, is refused (`SignatureInvalid`). Part of the compile key, so an
+    /// artifact built from a signed source was built after that check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^[A-Za-z0-9+/]+={0,2}$"), length(min = 8, max = 256))]
+    #[schemars(
+        regex(pattern = r"^[A-Za-z0-9+/]+={0,2}$"),
+        length(min = 8, max = 16384)
+    )]
     pub signature: Option<String>,
 }
 

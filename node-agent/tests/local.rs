@@ -1412,8 +1412,9 @@ fn rewrite_consistently(entry: &Path) {
 #[path = "../../store/tests/registry/mod.rs"]
 mod registry;
 
-/// A tool `scripts/ensure/TOOL.sh` builds from the Go module proxy and caches (oras, cosign),
-/// or `None` after saying why (a failure under `CI=true`).
+/// What `scripts/ensure/TOOL.sh` prints (oras and cosign, built from the Go module proxy; the
+/// model-signing venv's bin, from PyPI; all cached), or `None` after saying why (a failure
+/// under `CI=true`).
 fn ensured(tool: &str) -> Option<PathBuf> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../scripts/ensure/{tool}.sh"));
     match Command::new(&script).output() {
@@ -1422,7 +1423,7 @@ fn ensured(tool: &str) -> Option<PathBuf> {
         )),
         other => {
             kiln_endpoints::test_support::skip(&format!(
-                "no {tool} (scripts/ensure/{tool}.sh needs the Go module proxy once): {other:?}"
+                "no {tool} (scripts/ensure/{tool}.sh needs its registry once): {other:?}"
             ));
             None
         }
@@ -1620,5 +1621,255 @@ fn cosign_verifies_a_local_store_entry_and_refuses_a_changed_one() {
     assert!(
         !ok && said.contains("accepted signatures do not match threshold"),
         "{said}"
+    );
+}
+
+/// Runs `program` in `dir`, asserting success.
+fn ran(dir: &Path, program: &Path, args: &[&str]) {
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{} {args:?}: {out:?}",
+        program.display()
+    );
+}
+
+/// In `dir`: `key.pem`/`key.pub`, `other.pub`, and a CA `root.pem` whose `leaf.pem`/`leaf.key`
+/// may sign code, and another CA `stranger.pem` (all P-256, by openssl).
+fn signing_material(dir: &Path) {
+    let openssl = Path::new("openssl");
+    for name in ["key", "other", "root", "leaf", "stranger"] {
+        ran(
+            dir,
+            openssl,
+            &[
+                "ecparam",
+                "-name",
+                "prime256v1",
+                "-genkey",
+                "-noout",
+                "-out",
+                &format!("{name}.pem"),
+            ],
+        );
+        ran(
+            dir,
+            openssl,
+            &[
+                "ec",
+                "-in",
+                &format!("{name}.pem"),
+                "-pubout",
+                "-out",
+                &format!("{name}.pub"),
+            ],
+        );
+    }
+    std::fs::rename(dir.join("leaf.pem"), dir.join("leaf.key")).expect("rename");
+    std::fs::rename(dir.join("root.pem"), dir.join("root.key")).expect("rename");
+    std::fs::rename(dir.join("stranger.pem"), dir.join("stranger.key")).expect("rename");
+    for ca in ["root", "stranger"] {
+        ran(
+            dir,
+            openssl,
+            &[
+                "req",
+                "-x509",
+                "-new",
+                "-key",
+                &format!("{ca}.key"),
+                "-subj",
+                &format!("/CN=kiln test {ca}"),
+                "-days",
+                "30",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign",
+                "-out",
+                &format!("{ca}.pem"),
+            ],
+        );
+    }
+    std::fs::write(
+        dir.join("leaf.cnf"),
+        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=codeSigning\n",
+    )
+    .expect("cnf");
+    ran(
+        dir,
+        openssl,
+        &[
+            "req",
+            "-new",
+            "-key",
+            "leaf.key",
+            "-subj",
+            "/CN=model publisher",
+            "-out",
+            "leaf.csr",
+        ],
+    );
+    ran(
+        dir,
+        openssl,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "root.pem",
+            "-CAkey",
+            "root.key",
+            "-CAcreateserial",
+            "-days",
+            "30",
+            "-extfile",
+            "leaf.cnf",
+            "-out",
+            "leaf.pem",
+        ],
+    );
+}
+
+/// `spec.source.signature` of `bundle`: the base64 the ModelArtifact carries.
+fn signature_field(bundle: &Path) -> String {
+    let out = Command::new("base64")
+        .arg("-w0")
+        .arg(bundle)
+        .output()
+        .expect("base64");
+    format!(", signature: \"{}\"", String::from_utf8_lossy(&out.stdout))
+}
+
+/// OpenSSF Model Signing bundles made by the real `model_signing` CLI (PyPI 1.1.1,
+/// `scripts/ensure/model-signing.sh`) over a model directory holding an ONNX model and its
+/// external data: key-based and certificate-based bundles verify and the model is Ready; a byte
+/// changed, a file added, another key and another CA are each `SignatureInvalid`, and nothing is
+/// compiled for them.
+#[test]
+fn model_signing_bundles_from_the_real_cli_are_verified_before_anything_is_built() {
+    let Some(bin) = ensured("model-signing") else {
+        return;
+    };
+    let cli = bin.join("model_signing");
+    let work = tempfile::tempdir().expect("tempdir");
+    let w = work.path();
+    signing_material(w);
+    let base = external_data_case("ext.onnx", true);
+    let model = w.join("ext-model");
+    std::fs::create_dir(&model).expect("dir");
+    for f in ["model.onnx", "ext-weights.bin"] {
+        std::fs::copy(base.path(f), model.join(f)).expect("copy");
+    }
+    ran(
+        w,
+        &cli,
+        &[
+            "sign",
+            "key",
+            "ext-model",
+            "--private_key",
+            "key.pem",
+            "--signature",
+            "key.sig",
+        ],
+    );
+    ran(
+        w,
+        &cli,
+        &[
+            "sign",
+            "certificate",
+            "ext-model",
+            "--private_key",
+            "leaf.key",
+            "--signing_certificate",
+            "leaf.pem",
+            "--certificate_chain",
+            "root.pem",
+            "--signature",
+            "cert.sig",
+        ],
+    );
+    let signed = |bundle: &str| {
+        let mut case = external_data_case("ext.onnx", true);
+        case.source_extra = signature_field(&w.join(bundle));
+        case
+    };
+    let trusting = |file: &str| [("KILN_SOURCE_TRUST_KEY", w.join(file))];
+    let run = |case: &Case, trust: &str| {
+        let env = trusting(trust);
+        let env: Vec<(&str, &Path)> = env.iter().map(|(k, v)| (*k, v.as_path())).collect();
+        case.run_with_env(&env)
+    };
+    let nothing_built = |case: &Case| {
+        let artifacts = case.store().join("artifacts");
+        assert!(
+            std::fs::read_dir(&artifacts).map_or(true, |mut d| d.next().is_none()),
+            "nothing compiled"
+        );
+    };
+    for (bundle, trust) in [("key.sig", "key.pub"), ("cert.sig", "root.pem")] {
+        let case = signed(bundle);
+        let ready = run(&case, trust);
+        assert!(
+            ready.success,
+            "{bundle}: {}\n{}",
+            ready.message(),
+            ready.stderr
+        );
+        assert!(
+            ready.stderr.contains("model source signature verified"),
+            "{}",
+            ready.stderr
+        );
+    }
+    // One byte of the external data changed after signing (and declared so).
+    let mut changed = signed("key.sig");
+    let mut weights = std::fs::read(changed.path("ext-weights.bin")).expect("weights");
+    weights[0] ^= 1;
+    std::fs::write(changed.path("ext-weights.bin"), &weights).expect("write");
+    let (sha, _) = sha256_file(&changed.path("ext-weights.bin")).expect("hash");
+    changed.model_extra = format!(
+        "\n  assets:\n    - {{name: ext-weights.bin, kind: other, uri: \"file://ext-weights.bin\", sha256: \"{sha}\"}}"
+    );
+    run(&changed, "key.pub").fails_with(
+        "SignatureInvalid",
+        &[
+            "ext-weights.bin is signed with sha256",
+            "changed since it was signed",
+        ],
+    );
+    nothing_built(&changed);
+    // A file added beside the signed ones (declared, so it would reach the compile).
+    let mut added = signed("key.sig");
+    std::fs::write(added.path("tokenizer.json"), "{}").expect("write");
+    added.model_extra.push_str(&format!(
+        "\n    - {{name: tokenizer.json, kind: other, uri: \"file://tokenizer.json\", sha256: \"{}\"}}",
+        sha256_bytes(b"{}")
+    ));
+    run(&added, "key.pub").fails_with(
+        "SignatureInvalid",
+        &["spec.assets[tokenizer.json] is not among the files the bundle signs"],
+    );
+    nothing_built(&added);
+    // Another key, another CA, and a certificate bundle where only a key is trusted.
+    let other = signed("key.sig");
+    run(&other, "other.pub")
+        .fails_with("SignatureInvalid", &["no trusted key made this signature"]);
+    nothing_built(&other);
+    let stranger = signed("cert.sig");
+    run(&stranger, "stranger.pem")
+        .fails_with("SignatureInvalid", &["does not chain to a trusted CA"]);
+    nothing_built(&stranger);
+    run(&signed("cert.sig"), "key.pub").fails_with(
+        "SignatureInvalid",
+        &["no trusted CA certificate is configured"],
     );
 }

@@ -12,7 +12,9 @@ use kiln_crds::BuildManifest;
 use kiln_crds::FailureReason;
 use kiln_crds::class::ClassFacts;
 use kiln_crds::kiln_node::HardwareFacts;
+use kiln_crds::model_artifact::ModelArtifactSpec;
 use kiln_crds::model_artifact::ModelFormat;
+use kiln_store::attest::model_signing::{self, SourceTrust};
 use kiln_store::attest::{Trust, subject};
 use kiln_store::{Entry, Store};
 
@@ -26,11 +28,14 @@ use kiln_node_core::error::{Error, Result};
 pub(crate) use crate::pipeline::compile::key_with;
 pub use crate::pipeline::compile::{Inputs, Target, compile, compile_isolated};
 
-/// Who may sign model sources: `spec.source.signature`, as `cosign sign-blob --key` makes it.
+/// Who may sign model sources: `spec.source.signature`, as `cosign sign-blob --key` makes it or
+/// an OpenSSF Model Signing bundle (`model_signing sign key|certificate`).
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct SourceTrustArgs {
-    /// PEM public key(s) (a cosign.pub; several concatenated for rotation) whose signatures on
-    /// model sources are trusted. A source with `spec.source.signature` is refused without one.
+    /// PEM file of the public keys (P-256, a cosign.pub; several for rotation) and CA
+    /// certificates whose signatures on model sources are trusted: keys for cosign signatures
+    /// and key-based model signing bundles, CA certificates for certificate-based bundles. A
+    /// source with `spec.source.signature` is refused without one.
     #[arg(long, env = "KILN_SOURCE_TRUST_KEY")]
     pub source_trust_key: Option<PathBuf>,
     /// Refuse a model source that has no `spec.source.signature`.
@@ -41,51 +46,78 @@ pub struct SourceTrustArgs {
 /// The checked form of [`SourceTrustArgs`].
 #[derive(Default)]
 pub struct SourcePolicy {
-    keys: Option<kiln_store::attest::Verifier>,
+    trust: Option<SourceTrust>,
     required: bool,
 }
 
 impl SourceTrustArgs {
-    /// Reads the keys; a missing or malformed key file is `SignatureInvalid` naming it.
+    /// Reads the keys and CA certificates; a missing or malformed file is `SignatureInvalid`
+    /// naming it.
     pub fn load(&self) -> Result<SourcePolicy> {
-        let keys = self
+        let trust = self
             .source_trust_key
             .as_deref()
-            .map(kiln_store::attest::Verifier::from_pem_file)
+            .map(|path| {
+                std::fs::read(path)
+                    .map_err(|e| e.to_string())
+                    .and_then(|pem| SourceTrust::from_pem(&pem))
+                    .map_err(|message| Error::SignatureInvalid {
+                        what: format!("source trust file {}", path.display()),
+                        message,
+                        source: None,
+                    })
+            })
             .transpose()?;
         Ok(SourcePolicy {
-            keys,
+            trust,
             required: self.require_source_signature,
         })
     }
 }
 
 impl SourcePolicy {
-    /// Checks the signature of `source`, whose bytes already hashed to its sha256; returns the
-    /// id of the key that signed it (`None`: unsigned, and allowed).
-    pub fn check(&self, source: &kiln_crds::model_artifact::Source) -> Result<Option<String>> {
+    /// Checks the signature of `model`'s source, whose bytes already hashed to its sha256;
+    /// returns who signed it (`None`: unsigned, and allowed). A model signing bundle must sign
+    /// exactly the source and every asset, by their declared digests.
+    pub fn check(&self, model: &ModelArtifactSpec) -> Result<Option<String>> {
+        let source = &model.source;
         let refuse = |message: String| Error::SignatureInvalid {
             what: format!("model source {}", source.uri),
             message,
             source: None,
         };
-        match (&source.signature, &self.keys) {
-            (None, _) if self.required => Err(refuse(
-                "spec.source.signature is required here (--require-source-signature); sign the \
-                 source with cosign sign-blob --key and put the signature in the ModelArtifact"
-                    .into(),
-            )),
-            (None, _) => Ok(None),
-            (Some(_), None) => Err(refuse(
+        let Some(signature) = &source.signature else {
+            return if self.required {
+                Err(refuse(
+                    "spec.source.signature is required here (--require-source-signature); sign the \
+                     source with cosign sign-blob --key (or the model with model_signing) and put \
+                     the signature in the ModelArtifact"
+                        .into(),
+                ))
+            } else {
+                Ok(None)
+            };
+        };
+        let trust = self.trust.as_ref().ok_or_else(|| {
+            refuse(
                 "spec.source.signature is set but no trusted source key is configured to check \
                  it (--source-trust-key / KILN_SOURCE_TRUST_KEY)"
                     .into(),
-            )),
-            (Some(signature), Some(keys)) => keys
-                .verify_blob(&source.sha256, signature)
-                .map(|id| Some(id.to_string()))
-                .map_err(|m| refuse(format!("spec.source.signature does not verify: {m}"))),
+            )
+        })?;
+        if let Some(bundle) = model_signing::bundle_of(signature) {
+            let now = model_signing::UnixTime::now();
+            let signed = model_signing::verify(&bundle, trust, now)
+                .map_err(|m| refuse(format!("the model signing bundle does not verify: {m}")))?;
+            model_signing::covers(&signed, model).map_err(refuse)?;
+            return Ok(Some(signed.signer));
         }
+        let keys = trust.keys.as_ref().ok_or_else(|| {
+            refuse("a cosign signature needs a trusted PUBLIC KEY in --source-trust-key".into())
+        })?;
+        keys.verify_blob(&source.sha256, signature)
+            .map(|id| Some(format!("key {id}")))
+            .map_err(|m| refuse(format!("spec.source.signature does not verify: {m}")))
     }
 }
 
@@ -121,9 +153,9 @@ pub async fn fetch_inputs(
         })
         .await?;
     if let Some(policy) = sources
-        && let Some(key) = policy.check(&m.source)?
+        && let Some(signer) = policy.check(m)?
     {
-        tracing::info!(uri = %m.source.uri, key, "model source signature verified");
+        tracing::info!(uri = %m.source.uri, signer, "model source signature verified");
     }
     let mut assets = BTreeMap::new();
     for asset in &m.assets {

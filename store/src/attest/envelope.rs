@@ -63,25 +63,39 @@ impl Verifier {
             .map_err(|e| refuse(format!("payload is not base64: {e}")))?;
         let signed = pae(PAYLOAD_TYPE, &payload);
         let trusted = envelope.signatures.iter().any(|s| {
-            let Ok(sig) = B64.decode(s.sig.as_bytes()) else {
-                return false;
-            };
-            self.keys.iter().any(|k| {
-                UnparsedPublicKey::new(&ECDSA_P256_SHA256_ASN1, &k.point)
-                    .verify(&signed, &sig)
-                    .is_ok()
-            })
+            B64.decode(s.sig.as_bytes())
+                .is_ok_and(|sig| self.signed_by(&signed, &sig).is_some())
         });
         if !trusted {
-            let ids: Vec<&str> = self.keys.iter().map(|k| k.id.as_str()).collect();
             return Err(refuse(format!(
-                "no signature by a trusted key (trusted key ids {ids:?}); the entry was not stored by a kiln publisher holding the signing key"
+                "no signature by a trusted key (trusted key ids {:?}); the entry was not stored by a kiln publisher holding the signing key",
+                self.ids()
             )));
         }
         let statement: Statement = serde_json::from_slice(&payload)
             .map_err(|e| refuse(format!("signed payload is not an in-toto statement: {e}")))?;
         statement.check(want).map_err(refuse)?;
         Ok(statement)
+    }
+}
+
+impl Verifier {
+    /// The id of the trusted key whose ECDSA P-256 / SHA-256 signature (DER) `sig` is over
+    /// `signed`, if one made it.
+    pub fn signed_by(&self, signed: &[u8], sig: &[u8]) -> Option<&str> {
+        self.keys
+            .iter()
+            .find(|k| {
+                UnparsedPublicKey::new(&ECDSA_P256_SHA256_ASN1, &k.point)
+                    .verify(signed, sig)
+                    .is_ok()
+            })
+            .map(|k| k.id.as_str())
+    }
+
+    /// The trusted keys' ids, for messages.
+    pub fn ids(&self) -> Vec<&str> {
+        self.keys.iter().map(|k| k.id.as_str()).collect()
     }
 }
 
@@ -101,7 +115,7 @@ struct Signature {
 }
 
 /// DSSE pre-authentication encoding.
-fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
+pub(super) fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
     let mut out = format!(
         "DSSEv1 {} {payload_type} {} ",
         payload_type.len(),

@@ -17,6 +17,7 @@
 
 mod envelope;
 mod keys;
+pub mod model_signing;
 mod statement;
 mod trust;
 
