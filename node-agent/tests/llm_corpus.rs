@@ -16,7 +16,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::llm::{CHAT, PROMPT, fixtures, models};
-use common::{GgufSpec, Run, run_local};
+use common::{GgufSpec, Run, run_local_env, signing};
 use kiln_engines::pipeline::fixtures::FixtureFile;
 use kiln_store::staged::{sha256_bytes, sha256_file};
 
@@ -40,6 +40,10 @@ struct Lm {
     outputs: String,
     /// `spec.assets` of the model (YAML), or empty.
     assets: String,
+    /// Extra YAML inside `spec.source` (`, signature: "…"`), or empty.
+    source_extra: String,
+    /// Environment of the local run.
+    env: Vec<(&'static str, PathBuf)>,
 }
 
 impl Lm {
@@ -76,6 +80,8 @@ impl Lm {
                 "[{name: logits, atol: 1.0e-3, rtol: 1.0e-3}, {name: tokens, atol: 0, rtol: 0}]"
                     .into(),
             assets: String::new(),
+            source_extra: String::new(),
+            env: Vec::new(),
         }
     }
 
@@ -109,11 +115,18 @@ impl Lm {
                 1,
             )
         };
+        let yaml = yaml.replacen(
+            &format!("size: {}}}", self.size),
+            &format!("size: {}{}}}", self.size, self.source_extra),
+            1,
+        );
         std::fs::write(self.path("kiln.yaml"), yaml).expect("yaml");
-        run_local(
+        let env: Vec<(&str, &Path)> = self.env.iter().map(|(k, v)| (*k, v.as_path())).collect();
+        run_local_env(
             &self.path("kiln.yaml"),
             &self.path("store"),
             &self.path("metrics.prom"),
+            &env,
         )
     }
 }
@@ -340,6 +353,62 @@ fn auto_quantises_a_real_f16_source_to_what_each_budget_holds() {
 /// Gemma 3 270M, a base model with no template inside.
 const GEMMA_TEMPLATE: &str = "{% for message in messages %}<start_of_turn>{{ message['role'] }}\n{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
 
+/// The GGUF and the chat template beside it signed as one directory by the real `model_signing`
+/// CLI: Ready; the template changed after signing is refused (`SignatureInvalid`) before any
+/// compile. Leaves `lm` unsigned again.
+fn signed_as_its_publisher_signs_it(lm: &mut Lm, work: &Path) {
+    let Some(bin) = signing::ensured("model-signing") else {
+        return;
+    };
+    let dir = work.join("signed");
+    std::fs::create_dir_all(dir.join("gemma")).expect("dir");
+    signing::signing_material(&dir);
+    for f in ["model.gguf", "chat_template.jinja"] {
+        std::fs::copy(lm.path(f), dir.join("gemma").join(f)).expect("copy");
+    }
+    let cli = bin.join("model_signing");
+    signing::ran(
+        &dir,
+        &cli,
+        &[
+            "sign",
+            "key",
+            "gemma",
+            "--private_key",
+            "key.pem",
+            "--signature",
+            "gemma.sig",
+        ],
+    );
+    lm.source_extra = signing::signature_field(&dir.join("gemma.sig"));
+    lm.env = vec![("KILN_SOURCE_TRUST_KEY", dir.join("key.pub"))];
+    let run = lm.run();
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    let template = std::fs::read_to_string(lm.path("chat_template.jinja")).expect("template");
+    let changed = format!("{template}{{# changed #}}");
+    std::fs::write(lm.path("chat_template.jinja"), &changed).expect("asset");
+    let assets = lm.assets.clone();
+    lm.assets = assets.replace(
+        &sha256_bytes(template.as_bytes()),
+        &sha256_bytes(changed.as_bytes()),
+    );
+    let before = std::fs::read_dir(lm.path("store/artifacts")).map_or(0, Iterator::count);
+    lm.run().fails_with(
+        "SignatureInvalid",
+        &[
+            "chat_template.jinja is signed with sha256",
+            "changed since it was signed",
+        ],
+    );
+    assert_eq!(
+        std::fs::read_dir(lm.path("store/artifacts")).map_or(0, Iterator::count),
+        before,
+        "nothing compiled"
+    );
+    std::fs::write(lm.path("chat_template.jinja"), template).expect("asset");
+    (lm.assets, lm.source_extra, lm.env) = (assets, String::new(), Vec::new());
+}
+
 #[test]
 fn a_chat_template_given_beside_the_gguf_renders_and_is_bound() {
     let Some(dir) = models() else { return };
@@ -386,6 +455,7 @@ fn a_chat_template_given_beside_the_gguf_renders_and_is_bound() {
     let run = lm.run();
     assert!(run.success, "{}\n{}", run.message(), run.stderr);
     assert_eq!(run.outcome["ready"], true);
+    signed_as_its_publisher_signs_it(&mut lm, tmp.path());
     // Another template beside it (a Jinja comment more: the same rendering, other bytes).
     beside(&mut lm, &format!("{GEMMA_TEMPLATE}{{# v2 #}}"));
     lm.run()

@@ -7,6 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::signing::{ensured, ran, signature_field, signing_material};
 use common::{AGENT, Case, HttpsServer, data, metric, run_local};
 use kiln_engines::pipeline::fixtures::FixtureFile;
 use kiln_store::staged::{sha256_bytes, sha256_file};
@@ -1412,24 +1413,6 @@ fn rewrite_consistently(entry: &Path) {
 #[path = "../../store/tests/registry/mod.rs"]
 mod registry;
 
-/// What `scripts/ensure/TOOL.sh` prints (oras and cosign, built from the Go module proxy; the
-/// model-signing venv's bin, from PyPI; all cached), or `None` after saying why (a failure
-/// under `CI=true`).
-fn ensured(tool: &str) -> Option<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../scripts/ensure/{tool}.sh"));
-    match Command::new(&script).output() {
-        Ok(o) if o.status.success() => Some(PathBuf::from(
-            String::from_utf8_lossy(&o.stdout).trim().to_string(),
-        )),
-        other => {
-            kiln_endpoints::test_support::skip(&format!(
-                "no {tool} (scripts/ensure/{tool}.sh needs its registry once): {other:?}"
-            ));
-            None
-        }
-    }
-}
-
 /// Pushes `files` (name:mediatype, in `dir`) with oras as one artifact; returns its manifest
 /// digest, read back from the registry as the user would (`oras resolve`).
 fn oras_push(oras: &Path, dir: &Path, reference: &str, extra: &[&str], files: &[&str]) -> String {
@@ -1622,129 +1605,6 @@ fn cosign_verifies_a_local_store_entry_and_refuses_a_changed_one() {
         !ok && said.contains("accepted signatures do not match threshold"),
         "{said}"
     );
-}
-
-/// Runs `program` in `dir`, asserting success.
-fn ran(dir: &Path, program: &Path, args: &[&str]) {
-    let out = Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{} {args:?}: {out:?}",
-        program.display()
-    );
-}
-
-/// In `dir`: `key.pem`/`key.pub`, `other.pub`, and a CA `root.pem` whose `leaf.pem`/`leaf.key`
-/// may sign code, and another CA `stranger.pem` (all P-256, by openssl).
-fn signing_material(dir: &Path) {
-    let openssl = Path::new("openssl");
-    for name in ["key", "other", "root", "leaf", "stranger"] {
-        ran(
-            dir,
-            openssl,
-            &[
-                "ecparam",
-                "-name",
-                "prime256v1",
-                "-genkey",
-                "-noout",
-                "-out",
-                &format!("{name}.pem"),
-            ],
-        );
-        ran(
-            dir,
-            openssl,
-            &[
-                "ec",
-                "-in",
-                &format!("{name}.pem"),
-                "-pubout",
-                "-out",
-                &format!("{name}.pub"),
-            ],
-        );
-    }
-    std::fs::rename(dir.join("leaf.pem"), dir.join("leaf.key")).expect("rename");
-    std::fs::rename(dir.join("root.pem"), dir.join("root.key")).expect("rename");
-    std::fs::rename(dir.join("stranger.pem"), dir.join("stranger.key")).expect("rename");
-    for ca in ["root", "stranger"] {
-        ran(
-            dir,
-            openssl,
-            &[
-                "req",
-                "-x509",
-                "-new",
-                "-key",
-                &format!("{ca}.key"),
-                "-subj",
-                &format!("/CN=kiln test {ca}"),
-                "-days",
-                "30",
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign",
-                "-out",
-                &format!("{ca}.pem"),
-            ],
-        );
-    }
-    std::fs::write(
-        dir.join("leaf.cnf"),
-        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=codeSigning\n",
-    )
-    .expect("cnf");
-    ran(
-        dir,
-        openssl,
-        &[
-            "req",
-            "-new",
-            "-key",
-            "leaf.key",
-            "-subj",
-            "/CN=model publisher",
-            "-out",
-            "leaf.csr",
-        ],
-    );
-    ran(
-        dir,
-        openssl,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "leaf.csr",
-            "-CA",
-            "root.pem",
-            "-CAkey",
-            "root.key",
-            "-CAcreateserial",
-            "-days",
-            "30",
-            "-extfile",
-            "leaf.cnf",
-            "-out",
-            "leaf.pem",
-        ],
-    );
-}
-
-/// `spec.source.signature` of `bundle`: the base64 the ModelArtifact carries.
-fn signature_field(bundle: &Path) -> String {
-    let out = Command::new("base64")
-        .arg("-w0")
-        .arg(bundle)
-        .output()
-        .expect("base64");
-    format!(", signature: \"{}\"", String::from_utf8_lossy(&out.stdout))
 }
 
 /// OpenSSF Model Signing bundles made by the real `model_signing` CLI (PyPI 1.1.1,

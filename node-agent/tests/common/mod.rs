@@ -5,6 +5,7 @@
 
 pub mod llm;
 pub mod servers;
+pub mod signing;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
