@@ -30,6 +30,16 @@ impl ReasonLabel {
     }
 }
 
+/// A registry mirror passed over, and why (`unavailable`, `not_found`, `hash_mismatch`,
+/// `invalid`): bounded by the configured mirrors.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MirrorLabels {
+    /// The mirror's `HOST[:PORT]`.
+    pub mirror: String,
+    /// Why.
+    pub reason: String,
+}
+
 /// The outcome of a check of a serving pod: `warm` or the gate's reason.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -122,6 +132,7 @@ pub struct Metrics {
 struct Inner {
     fetched_bytes: Counter,
     verify_failures: Family<ReasonLabel, Counter>,
+    mirror_skips: Family<MirrorLabels, Counter>,
     failures: Family<ReasonLabel, Counter>,
     compiles: Family<CompileLabels, Counter>,
     compile_seconds: Histogram,
@@ -167,6 +178,7 @@ impl Inner {
         Self {
             fetched_bytes: Counter::default(),
             verify_failures: Family::default(),
+            mirror_skips: Family::default(),
             failures: Family::default(),
             compiles: Family::default(),
             compile_seconds: seconds_histogram(),
@@ -241,6 +253,17 @@ impl Metrics {
         self.inner
             .verify_failures
             .get_or_create(&ReasonLabel::of(reason))
+            .inc();
+    }
+
+    /// Counts a registry mirror passed over.
+    pub fn mirror_skipped(&self, skip: &kiln_store::MirrorSkip) {
+        self.inner
+            .mirror_skips
+            .get_or_create(&MirrorLabels {
+                mirror: skip.mirror.clone(),
+                reason: skip.reason.into(),
+            })
             .inc();
     }
 
@@ -521,6 +544,11 @@ fn register_pipeline(r: &mut Registry, inner: &Inner) {
         "failures",
         "Pipeline failures, by reason",
         inner.failures.clone(),
+    );
+    r.register(
+        "registry_mirror_skips",
+        "Pulls a registry mirror could not serve verified, by mirror and reason (the next mirror or the registry served them)",
+        inner.mirror_skips.clone(),
     );
     r.register(
         "compiles",

@@ -26,6 +26,8 @@ pub struct RegistryOptions {
     pub password: Option<String>,
     /// Largest artifact a pull accepts.
     pub max_artifact_bytes: u64,
+    /// Mirrors of the registry, a JSON list (`oci/mirror.rs`), or none.
+    pub mirrors: Option<String>,
 }
 
 impl Default for RegistryOptions {
@@ -35,6 +37,7 @@ impl Default for RegistryOptions {
             username: None,
             password: None,
             max_artifact_bytes: DEFAULT_MAX_ARTIFACT_BYTES,
+            mirrors: None,
         }
     }
 }
@@ -125,6 +128,11 @@ pub trait Store: Send + Sync {
     /// A directory on the store's filesystem where verified source blobs may be kept across
     /// compiles; `None` for a remote store.
     fn blob_cache(&self) -> Option<PathBuf>;
+    /// Why registry mirrors were passed over since the last call (and forgets them); none for a
+    /// store without mirrors.
+    fn take_mirror_skips(&self) -> Vec<crate::MirrorSkip> {
+        Vec::new()
+    }
 }
 
 /// Checks that `key` is a compile key (64 lowercase or uppercase hex digits).

@@ -22,6 +22,7 @@ pub use api::{
 pub(crate) use api::{check_key, digest_hex};
 pub use error::{Error, Result};
 pub use fs::{FsStore, STALE_AFTER};
+pub use oci::mirror::MirrorSkip;
 pub use oci::source::SourceRef;
 pub use oci::{ARTIFACT_TYPE, BUILD_MANIFEST_MEDIA_TYPE, ENGINE_MEDIA_TYPE, OciStore, source};
 
@@ -38,6 +39,12 @@ pub struct RegistryArgs {
     /// Registry password.
     #[arg(long, env = "KILN_REGISTRY_PASSWORD", hide_env_values = true)]
     pub registry_password: Option<String>,
+    /// Mirrors of the registry, tried in order before it for pulls, as containerd's hosts.toml
+    /// names them: a JSON list of `{"host": "https://HOST[:PORT]", "capabilities": ["pull",
+    /// "resolve"]}` (capabilities default to both). No credentials are sent to a mirror, and
+    /// what it serves is verified like the registry's.
+    #[arg(long, env = "KILN_REGISTRY_MIRRORS")]
+    pub registry_mirrors: Option<String>,
 }
 
 impl RegistryArgs {
@@ -47,6 +54,10 @@ impl RegistryArgs {
             insecure: self.registry_insecure,
             username: self.registry_username.clone().filter(|u| !u.is_empty()),
             password: self.registry_password.clone().filter(|p| !p.is_empty()),
+            mirrors: self
+                .registry_mirrors
+                .clone()
+                .filter(|m| !m.trim().is_empty()),
             ..RegistryOptions::default()
         }
     }

@@ -648,3 +648,123 @@ async fn cosign_verifies_the_attestation_kiln_publishes_and_refuses_a_changed_on
         "{said}"
     );
 }
+
+/// Pulls through registry mirrors as containerd's hosts.toml orders them. A mirror that is down
+/// and one that serves other bytes for the digest are passed over, each with its reason, and the
+/// next serves; behind them a real pull-through cache (Debian's docker-registry in proxy mode)
+/// serves every pull while the origin serves the artifact to the cache alone: the origin bytes
+/// for N = 1, 10 and 100 pulls are printed beside N times the artifact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pulls_go_through_mirrors_in_order_and_fall_back_past_bad_ones() {
+    let Some(origin) = Registry::start_logged() else {
+        return;
+    };
+    let Some(cache) = Registry::start_proxy(origin.addr) else {
+        return;
+    };
+    let Some(liar) = Registry::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (path, manifest) = common::artifact(tmp.path(), "a", 4 << 20, 9);
+    let entry = open(&origin.url("kiln/m"), &insecure())
+        .unwrap()
+        .put(&path, &manifest, false)
+        .await
+        .unwrap();
+    // The liar holds the same entry, its layer's bytes flipped in its storage.
+    open(&liar.url("kiln/m"), &insecure())
+        .unwrap()
+        .put(&path, &manifest, false)
+        .await
+        .unwrap();
+    let blob = liar.blob_path(&manifest.artifact_digest);
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[1000] ^= 1;
+    std::fs::write(&blob, bytes).unwrap();
+    let down = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let node = |mirrors: &[std::net::SocketAddr]| {
+        let list: Vec<String> = mirrors
+            .iter()
+            .map(|m| format!(r#"{{"host": "http://{m}", "capabilities": ["pull"]}}"#))
+            .collect();
+        let options = RegistryOptions {
+            mirrors: Some(format!("[{}]", list.join(","))),
+            ..insecure()
+        };
+        open(&origin.url("kiln/m"), &options).unwrap()
+    };
+    let r = kiln_store::ArtifactRef {
+        compile_key: manifest.compile_key.clone(),
+        manifest_digest: entry.manifest_digest.clone(),
+        artifact_digest: manifest.artifact_digest.clone(),
+        size: Some(manifest.artifact_size),
+    };
+    let want = std::fs::read(&path).unwrap();
+    let pull = |store: std::sync::Arc<dyn kiln_store::Store>, n: usize| {
+        let (r, dest) = (r.clone(), tmp.path().join(format!("pulled-{n}")));
+        async move {
+            store.pull(&r, &dest).await.unwrap();
+            dest
+        }
+    };
+    // Through the cache alone: the origin's blob bytes against N pulls straight from it.
+    let through = node(&[cache.addr]);
+    let size = manifest.artifact_size;
+    let mut figures = Vec::new();
+    for n in 1..=100 {
+        let dest = pull(through.clone(), n).await;
+        assert_eq!(std::fs::metadata(&dest).unwrap().len(), size);
+        std::fs::remove_file(dest).unwrap();
+        if [1, 10, 100].contains(&n) {
+            figures.push((n, origin.blob_bytes_served()));
+        }
+    }
+    assert!(through.take_mirror_skips().is_empty());
+    for (n, (bytes, gets)) in &figures {
+        eprintln!(
+            "N = {n:>3}: origin served {bytes} blob bytes in {gets} GETs through the cache; {} without it ({:.3}x)",
+            *n as u64 * size,
+            *bytes as f64 / (*n as u64 * size) as f64
+        );
+    }
+    // distribution 2.8 fetches a cold blob twice (to stream it, and after that to store it),
+    // then never again.
+    let (last, _) = figures.last().unwrap().1;
+    assert!(
+        last <= 2 * size + (64 << 10),
+        "origin served {last} bytes for 100 pulls of {size}"
+    );
+    assert_eq!(
+        figures[1].1, figures[2].1,
+        "no origin blob bytes once the cache holds the blob"
+    );
+    // Past a mirror that is down and one serving other bytes, to the cache.
+    let guarded = node(&[down, liar.addr, cache.addr]);
+    for n in 0..3 {
+        let dest = pull(guarded.clone(), n).await;
+        assert!(
+            std::fs::read(&dest).unwrap() == want,
+            "pull {n} got other bytes"
+        );
+    }
+    let skips = guarded.take_mirror_skips();
+    let reasons: Vec<(&str, bool)> = skips
+        .iter()
+        .map(|s| {
+            (
+                s.reason,
+                s.mirror == down.to_string() || s.mirror == liar.addr.to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [("unavailable", true), ("hash_mismatch", true)].repeat(3),
+        "{skips:?}"
+    );
+    assert!(guarded.take_mirror_skips().is_empty(), "taken once");
+}

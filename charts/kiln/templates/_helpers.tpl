@@ -76,6 +76,10 @@ repository:tag. */}}
 {{- if not $path }}
 - name: KILN_REGISTRY_INSECURE
   value: {{ .Values.store.insecure | toString | quote }}
+{{- with .Values.store.mirrors }}
+- name: KILN_REGISTRY_MIRRORS
+  value: {{ toJson . | quote }}
+{{- end }}
 {{- with .Values.store.existingSecret }}
 - name: KILN_REGISTRY_USERNAME
   valueFrom:

@@ -121,13 +121,17 @@ pub async fn pull_verified(
     dest: &Path,
     metrics: &Metrics,
 ) -> Result<BuildManifest> {
-    async {
+    let pulled = async {
         trust.check(store, &Subject::from(r)).await?;
         store.pull(r, dest).await
     }
-    .await
-    .map_err(Error::from)
-    .inspect_err(|e| metrics.verify_failure(e.reason()))
+    .await;
+    for skip in store.take_mirror_skips() {
+        metrics.mirror_skipped(&skip);
+    }
+    pulled
+        .map_err(Error::from)
+        .inspect_err(|e| metrics.verify_failure(e.reason()))
 }
 
 /// Loads and warms the verified artifact at `artifact` (from [`pull_verified`]) in the

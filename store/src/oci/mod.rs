@@ -19,7 +19,10 @@ use crate::fs::check_manifest;
 use crate::staged::{Expected, oci_digest, stream_verified};
 use crate::{ArtifactRef, Entry, Error, RegistryOptions, Result, Store, check_key};
 
+pub mod mirror;
 pub mod source;
+
+use mirror::{Mirror, MirrorSkip};
 
 /// `artifactType` of every kiln manifest.
 pub const ARTIFACT_TYPE: &str = "application/vnd.kiln.artifact.v1";
@@ -48,6 +51,10 @@ pub struct OciStore {
     insecure: bool,
     user: Option<String>,
     max_artifact_bytes: u64,
+    /// Mirrors of this registry, tried in order before it (`mirror.rs`); none in a mirror.
+    mirrors: Vec<Mirror>,
+    /// Why mirrors were passed over since the last [`Store::take_mirror_skips`].
+    skips: std::sync::Mutex<Vec<MirrorSkip>>,
 }
 
 impl OciStore {
@@ -82,27 +89,39 @@ impl OciStore {
         // reqwest is built without a default crypto provider; kiln uses ring. Harmless when the
         // binary already installed it.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let config = ClientConfig {
-            protocol: if options.insecure {
-                ClientProtocol::Http
-            } else {
-                ClientProtocol::Https
-            },
-            connect_timeout: Some(std::time::Duration::from_secs(10)),
-            ..Default::default()
+        let mirrors = match options.mirrors.as_deref() {
+            Some(json) => {
+                mirror::parse(json).map_err(|m| invalid(&format!("KILN_REGISTRY_MIRRORS: {m}")))?
+            }
+            None => Vec::new(),
         };
-        let client = Client::try_from(config).map_err(|e| {
-            let message = format!("cannot build the HTTP client: {e}");
-            Error::unavailable_because(format!("oci://{registry}"), message, e)
-        })?;
+        let mirrors = mirrors
+            .into_iter()
+            .map(|endpoint| {
+                let store = Self {
+                    client: client(endpoint.http, &endpoint.host)?,
+                    auth: RegistryAuth::Anonymous,
+                    registry: endpoint.host.clone(),
+                    repository: repository.to_string(),
+                    insecure: endpoint.http,
+                    user: None,
+                    max_artifact_bytes: options.max_artifact_bytes,
+                    mirrors: Vec::new(),
+                    skips: Default::default(),
+                };
+                Ok(Mirror { endpoint, store })
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            client,
+            client: client(options.insecure, registry)?,
             auth,
             registry: registry.to_string(),
             repository: repository.to_string(),
             insecure: options.insecure,
             user: options.username.clone(),
             max_artifact_bytes: options.max_artifact_bytes,
+            mirrors,
+            skips: Default::default(),
         })
     }
 
@@ -174,6 +193,92 @@ impl OciStore {
                 },
                 e => e,
             })
+    }
+
+    /// The attestation of `key`'s entry, from this registry only.
+    async fn attestation_here(&self, key: &str, manifest_digest: &str) -> Result<Option<Vec<u8>>> {
+        check_key(&self.location(), key)?;
+        let reference = self.attestation_tag(manifest_digest)?;
+        let doing = format!("reading the attestation of {manifest_digest}");
+        let Some(bytes) = self.manifest_bytes(&reference, &doing).await? else {
+            return Ok(None);
+        };
+        let refuse = |message: String| Error::SignatureInvalid {
+            what: format!("attestation {reference}"),
+            message,
+        };
+        let image: OciImageManifest = serde_json::from_slice(&bytes)
+            .map_err(|e| refuse(format!("not an OCI image manifest: {e}")))?;
+        let [layer] = image.layers.as_slice() else {
+            return Err(refuse(format!("{} layers, expected 1", image.layers.len())));
+        };
+        if layer.media_type != ENVELOPE_MEDIA_TYPE
+            || u64::try_from(layer.size).map_or(true, |s| s > MAX_ENVELOPE_BYTES)
+        {
+            return Err(refuse(format!(
+                "layer {} of {} bytes; expected one {ENVELOPE_MEDIA_TYPE} of at most {MAX_ENVELOPE_BYTES}",
+                layer.media_type, layer.size
+            )));
+        }
+        let mut envelope = Vec::new();
+        self.client
+            .pull_blob(&reference, layer, &mut envelope)
+            .await
+            .map_err(|e| self.error(&doing, e))?;
+        if oci_digest(&envelope) != layer.digest {
+            return Err(Error::HashMismatch {
+                what: format!("attestation {reference}"),
+                message: format!(
+                    "the registry served bytes with digest {}",
+                    oci_digest(&envelope)
+                ),
+            });
+        }
+        Ok(Some(envelope))
+    }
+
+    /// The artifact of `r`, from this registry only.
+    async fn pull_here(&self, r: &ArtifactRef, dest: &Path) -> Result<BuildManifest> {
+        check_key(&self.location(), &r.compile_key)?;
+        let doing = format!("pulling manifest {}", r.manifest_digest);
+        let reference = self.by_digest(&r.manifest_digest);
+        let bytes = self
+            .manifest_bytes(&reference, &doing)
+            .await?
+            .ok_or_else(|| {
+                Error::unavailable(
+                    self.location(),
+                    format!("{doing}: the registry has no such manifest (garbage-collected or never pushed here); the operator will rebuild when the key is missing"),
+                )
+            })?;
+        if oci_digest(&bytes) != r.manifest_digest {
+            return Err(Error::HashMismatch {
+                what: format!("manifest {} from {}", r.manifest_digest, self.location()),
+                message: format!(
+                    "the registry served bytes with digest {}",
+                    oci_digest(&bytes)
+                ),
+            });
+        }
+        let (entry, layer) = self.entry(&bytes, &doing).await?;
+        check_manifest(
+            &self.location(),
+            r,
+            &entry.manifest,
+            self.max_artifact_bytes,
+        )?;
+        let m = entry.manifest;
+        let expected = Expected {
+            what: format!(
+                "artifact sha256:{} from {}",
+                m.artifact_digest,
+                self.location()
+            ),
+            digest: m.artifact_digest.clone(),
+            size: Some(m.artifact_size),
+        };
+        self.pull_layer(&reference, &layer, dest, expected).await?;
+        Ok(m)
     }
 
     /// Turns a client error into a store error that names the registry and says what to fix.
@@ -657,87 +762,20 @@ impl Store for OciStore {
     }
 
     async fn attestation(&self, key: &str, manifest_digest: &str) -> Result<Option<Vec<u8>>> {
-        check_key(&self.location(), key)?;
-        let reference = self.attestation_tag(manifest_digest)?;
-        let doing = format!("reading the attestation of {manifest_digest}");
-        let Some(bytes) = self.manifest_bytes(&reference, &doing).await? else {
-            return Ok(None);
-        };
-        let refuse = |message: String| Error::SignatureInvalid {
-            what: format!("attestation {reference}"),
-            message,
-        };
-        let image: OciImageManifest = serde_json::from_slice(&bytes)
-            .map_err(|e| refuse(format!("not an OCI image manifest: {e}")))?;
-        let [layer] = image.layers.as_slice() else {
-            return Err(refuse(format!("{} layers, expected 1", image.layers.len())));
-        };
-        if layer.media_type != ENVELOPE_MEDIA_TYPE
-            || u64::try_from(layer.size).map_or(true, |s| s > MAX_ENVELOPE_BYTES)
-        {
-            return Err(refuse(format!(
-                "layer {} of {} bytes; expected one {ENVELOPE_MEDIA_TYPE} of at most {MAX_ENVELOPE_BYTES}",
-                layer.media_type, layer.size
-            )));
-        }
-        let mut envelope = Vec::new();
-        self.client
-            .pull_blob(&reference, layer, &mut envelope)
-            .await
-            .map_err(|e| self.error(&doing, e))?;
-        if oci_digest(&envelope) != layer.digest {
-            return Err(Error::HashMismatch {
-                what: format!("attestation {reference}"),
-                message: format!(
-                    "the registry served bytes with digest {}",
-                    oci_digest(&envelope)
-                ),
-            });
-        }
-        Ok(Some(envelope))
+        self.attestation_mirrored(key, manifest_digest).await
     }
 
     async fn pull(&self, r: &ArtifactRef, dest: &Path) -> Result<BuildManifest> {
-        check_key(&self.location(), &r.compile_key)?;
-        let doing = format!("pulling manifest {}", r.manifest_digest);
-        let reference = self.by_digest(&r.manifest_digest);
-        let bytes = self
-            .manifest_bytes(&reference, &doing)
-            .await?
-            .ok_or_else(|| {
-                Error::unavailable(
-                    self.location(),
-                    format!("{doing}: the registry has no such manifest (garbage-collected or never pushed here); the operator will rebuild when the key is missing"),
-                )
-            })?;
-        if oci_digest(&bytes) != r.manifest_digest {
-            return Err(Error::HashMismatch {
-                what: format!("manifest {} from {}", r.manifest_digest, self.location()),
-                message: format!(
-                    "the registry served bytes with digest {}",
-                    oci_digest(&bytes)
-                ),
-            });
-        }
-        let (entry, layer) = self.entry(&bytes, &doing).await?;
-        check_manifest(
-            &self.location(),
-            r,
-            &entry.manifest,
-            self.max_artifact_bytes,
-        )?;
-        let m = entry.manifest;
-        let expected = Expected {
-            what: format!(
-                "artifact sha256:{} from {}",
-                m.artifact_digest,
-                self.location()
-            ),
-            digest: m.artifact_digest.clone(),
-            size: Some(m.artifact_size),
-        };
-        self.pull_layer(&reference, &layer, dest, expected).await?;
-        Ok(m)
+        self.pull_mirrored(r, dest).await
+    }
+
+    fn take_mirror_skips(&self) -> Vec<MirrorSkip> {
+        std::mem::take(
+            &mut *self
+                .skips
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 
     fn scratch(&self) -> Result<tempfile::TempDir> {
@@ -748,6 +786,23 @@ impl Store for OciStore {
     fn blob_cache(&self) -> Option<PathBuf> {
         None
     }
+}
+
+/// A registry client speaking plain HTTP or HTTPS to `registry`.
+fn client(http: bool, registry: &str) -> Result<Client> {
+    let config = ClientConfig {
+        protocol: if http {
+            ClientProtocol::Http
+        } else {
+            ClientProtocol::Https
+        },
+        connect_timeout: Some(std::time::Duration::from_secs(10)),
+        ..Default::default()
+    };
+    Client::try_from(config).map_err(|e| {
+        let message = format!("cannot build the HTTP client: {e}");
+        Error::unavailable_because(format!("oci://{registry}"), message, e)
+    })
 }
 
 /// Whether a stream error is the client's own end-of-blob digest check.

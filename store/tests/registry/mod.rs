@@ -32,7 +32,23 @@ impl Registry {
         Self::start_with(Some((user, password)))
     }
 
+    /// Starts a registry that writes its access log (to [`Registry::log`]).
+    pub fn start_logged() -> Option<Self> {
+        Self::start_configured(None, "", "  accesslog:\n    disabled: false\n")
+    }
+
+    /// Starts Debian's docker-registry as a pull-through cache of the registry at `origin`
+    /// (`proxy.remoteurl`), anonymous to it.
+    pub fn start_proxy(origin: SocketAddr) -> Option<Self> {
+        let proxy = format!("proxy:\n  remoteurl: http://{origin}\n");
+        Self::start_configured(None, &proxy, "  accesslog:\n    disabled: false\n")
+    }
+
     fn start_with(auth: Option<(&str, &str)>) -> Option<Self> {
+        Self::start_configured(auth, "", "  accesslog:\n    disabled: true\n")
+    }
+
+    fn start_configured(auth: Option<(&str, &str)>, extra: &str, access: &str) -> Option<Self> {
         if !available() {
             return None;
         }
@@ -41,7 +57,7 @@ impl Registry {
         let addr = listener.local_addr().unwrap();
         drop(listener);
         let mut config = format!(
-            "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n  secret: kiln-test-secret\n",
+            "version: 0.1\nlog:\n  level: warn\n{access}storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n  secret: kiln-test-secret\n{extra}",
             dir.path().join("data").display()
         );
         if let Some((user, password)) = auth {
@@ -96,6 +112,24 @@ impl Registry {
     /// The registry's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
+    }
+
+    /// Body bytes of every successful GET of a blob in the access log, and how many there were.
+    pub fn blob_bytes_served(&self) -> (u64, usize) {
+        let log = self.log();
+        let sizes: Vec<u64> = log
+            .lines()
+            .filter(|l| l.contains("\"GET /v2/") && l.contains("/blobs/sha256:"))
+            .filter_map(|l| {
+                // ... "GET /v2/... HTTP/1.1" 200 12345 "" "agent"
+                let after = l.split("HTTP/1.1\" ").nth(1)?;
+                let mut fields = after.split(' ');
+                let status = fields.next()?;
+                let size = fields.next()?.parse().ok()?;
+                matches!(status, "200" | "206").then_some(size)
+            })
+            .collect();
+        (sizes.iter().sum(), sizes.len())
     }
 
     /// The store URL for repository `repo`.
