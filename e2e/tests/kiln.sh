@@ -112,6 +112,15 @@ jq -e --arg k "$KEY" --arg d "$DIGEST" '.payloadType == "application/vnd.in-toto
   and (.payload | @base64d | fromjson | .predicate.buildDefinition.externalParameters.compileKey == $k
   and any(.subject[]; .digest.sha256 == $d))' <<<"$envelope" >/dev/null || die "attestation: $envelope"
 echo "   attestation ${MDIGEST/:/-}.att: in-toto statement for ${KEY:0:12}…, one signature"
+# The tool platform teams check attestations with, on the entry the compile Job pushed: the real
+# cosign (scripts/ensure/cosign.sh), given the chart's public key.
+kubectl -n "$NS" get secret kiln-signing -o jsonpath='{.data.signing\.pub}' | base64 -d >"$WORK/signing.pub"
+cosign=$("$REPO/scripts/ensure/cosign.sh") || die "cosign could not be built (scripts/ensure/cosign.sh)"
+HOME=$WORK "$cosign" verify-attestation --key "$WORK/signing.pub" --type slsaprovenance1 \
+  --insecure-ignore-tlog=true --allow-http-registry "$REGISTRY_ADDR/$REPOSITORY@$MDIGEST" \
+  >"$WORK/cosign.out" 2>"$WORK/cosign.err" || die "cosign verify-attestation refused the entry: $(cat "$WORK/cosign.err")"
+grep -q "The cosign claims were validated" "$WORK/cosign.err" || die "cosign said: $(cat "$WORK/cosign.err")"
+echo "   cosign verify-attestation --type slsaprovenance1: verified with the chart's signing.pub"
 
 echo "== the agent's token writes only its own node's objects (ValidatingAdmissionPolicy)"
 # The agent above already wrote its KilnNode and its pods' gates under the policy. A token bound to
