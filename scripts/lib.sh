@@ -62,3 +62,31 @@ pinned_venv() {
     die "pip install $* failed (PyPI is needed once)"
   "$venv/bin/python" -c "$check" || die "the installed packages do not import"
 }
+
+# kiln_once DIR INSTALLED PATH: prints PATH and exits when INSTALLED (a command asking the right
+# question of the tool in DIR) succeeds; otherwise takes DIR's lock, held until the script exits,
+# and asks again, so that of several runs at once one builds and the others wait and reuse.
+kiln_once() {
+  local dir=$1 installed=$2 path=$3
+  if "$installed"; then
+    echo "$path"
+    exit 0
+  fi
+  mkdir -p "$(dirname "$dir")"
+  exec 9>"$dir.lock"
+  flock 9
+  if "$installed"; then
+    echo "$path"
+    exit 0
+  fi
+}
+
+# kiln_need_go MIN WHAT: dies unless the go on PATH is MIN or newer (WHAT needs it).
+kiln_need_go() {
+  command -v go >/dev/null || die "go is missing (Go $1 or newer builds $2; https://go.dev/dl)"
+  local have
+  have=$(go env GOVERSION)
+  have=${have#go}
+  [[ $(printf '%s\n%s\n' "$1" "$have" | sort -V | head -1) == "$1" ]] ||
+    die "go $have is older than $1, which $2 needs"
+}

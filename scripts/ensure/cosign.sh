@@ -48,23 +48,10 @@ installed() {
   [[ -x $dir/bin/cosign && $("$dir/bin/cosign" version 2>/dev/null | awk '$1 == "GitVersion:" {print $2}') == "v$VERSION" ]]
 }
 
-if installed; then
-  echo "$dir/bin/cosign"
-  exit 0
-fi
-mkdir -p "$cache"
-exec 9>"$dir.lock"
-flock 9
-# Another run may have built it while this one waited for the lock.
-if installed; then
-  echo "$dir/bin/cosign"
-  exit 0
-fi
-command -v go >/dev/null || die "go is missing (Go $GO_MIN or newer builds cosign $VERSION)"
+kiln_once "$dir" installed "$dir/bin/cosign"
+kiln_need_go "$GO_MIN" "cosign $VERSION"
 have=$(go env GOVERSION)
 have=${have#go}
-[[ $(printf '%s\n%s\n' "$GO_MIN" "$have" | sort -V | head -1) == "$GO_MIN" ]] ||
-  die "go $have is older than $GO_MIN, which cosign $VERSION needs"
 tmp=$(mktemp -d "$cache/.cosign-XXXXXX")
 trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
 

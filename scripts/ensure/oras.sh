@@ -43,23 +43,10 @@ installed() {
   [[ -x $dir/bin/oras && $("$dir/bin/oras" version 2>/dev/null | awk '$1 == "Version:" {print $2}') == "$VERSION" ]]
 }
 
-if installed; then
-  echo "$dir/bin/oras"
-  exit 0
-fi
-mkdir -p "$cache"
-exec 9>"$dir.lock"
-flock 9
-# Another run may have built it while this one waited for the lock.
-if installed; then
-  echo "$dir/bin/oras"
-  exit 0
-fi
-command -v go >/dev/null || die "go is missing (Go $GO_MIN or newer; https://go.dev/dl)"
+kiln_once "$dir" installed "$dir/bin/oras"
+kiln_need_go "$GO_MIN" "oras $VERSION"
 have=$(go env GOVERSION)
 have=${have#go}
-[[ $(printf '%s\n%s\n' "$GO_MIN" "$have" | sort -V | head -1) == "$GO_MIN" ]] ||
-  die "go $have is older than $GO_MIN, which oras $VERSION needs"
 
 tmp=$(mktemp -d "$cache/.oras-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
