@@ -5,7 +5,8 @@
 # the pod network, with no hostPath store. Then, straight from the registry's HTTP API: the
 # manifest tagged with the compile key has the digest the target's status records as
 # manifestDigest, kiln's media types, and one layer whose digest is the artifact digest in status
-# and whose bytes hash to it.
+# and whose bytes hash to it. The model's source is itself an OCI artifact: a CNCF ModelPack the
+# real oras CLI pushed to that registry, named by digest (`oci://…@sha256:…#model.onnx`).
 source "$(dirname "$0")/lib.sh"
 # Set-up shared with the operator tests (agent image, sources, CRDs, RBAC, kubeconfig); this
 # test starts its own operator, on the registry store instead of the hostPath one.
@@ -21,8 +22,26 @@ KUBECONFIG=$WORK/kubeconfig "$OPERATOR" --store "$STORE" --registry-insecure \
 OP_PIDS+=($!)
 wait_for "operator /readyz" 60 curl -fsS http://127.0.0.1:18091/readyz
 
-echo "== the compile Job pushes to $STORE; the target records revision 1 with the manifest digest"
-kubectl -n "$NS" apply -f "$REPO/examples/squeezenet/kiln.yaml" >/dev/null
+echo "== the model as a CNCF ModelPack pushed by oras to the registry; the source names it by digest"
+oras=$("$REPO/scripts/ensure/oras.sh") || die "oras could not be built (scripts/ensure/oras.sh)"
+pack=$WORK/modelpack
+mkdir -p "$pack"
+cp "$REPO/examples/squeezenet/model.onnx" "$pack/"
+echo '{"descriptor":{"name":"squeezenet"},"config":{"format":"onnx"},"modelfs":{"type":"layers","diffIds":[]}}' >"$pack/config.json"
+echo '{"model.onnx":{"org.cncf.model.filepath":"model.onnx"}}' >"$pack/annotations.json"
+PACK_REF=$REGISTRY_ADDR/models-$NS/squeezenet
+(cd "$pack" && "$oras" push --plain-http --artifact-type application/vnd.cncf.model.manifest.v1+json \
+  --config config.json:application/vnd.cncf.model.config.v1+json --annotation-file annotations.json \
+  "$PACK_REF:v1" model.onnx:application/vnd.cncf.model.weight.v1.raw >"$WORK/oras.log" 2>&1) ||
+  die "oras push: $(cat "$WORK/oras.log")"
+PACK=$("$oras" resolve --plain-http "$PACK_REF:v1") || die "oras resolve $PACK_REF:v1"
+SOURCE="oci://$PACK_REF@$PACK#model.onnx"
+echo "   $SOURCE"
+
+echo "== the compile Job pulls it from the registry and pushes to $STORE; the target records revision 1 with the manifest digest"
+sed "s|uri: file://model.onnx|uri: $SOURCE|" "$REPO/examples/squeezenet/kiln.yaml" | kubectl -n "$NS" apply -f - >/dev/null
+[[ $(kubectl -n "$NS" get modelartifact squeezenet -o jsonpath='{.spec.source.uri}') == "$SOURCE" ]] ||
+  die "the ModelArtifact does not name the oci:// source"
 compiled() {
   local s
   s=$(kubectl -n "$NS" get compiledtarget squeezenet-cpu -o jsonpath='{.status.conditions[?(@.type=="Stalled")].status}')
