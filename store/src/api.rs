@@ -42,6 +42,17 @@ impl Default for RegistryOptions {
     }
 }
 
+/// Why a mirror was passed over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MirrorSkip {
+    /// The mirror's `HOST[:PORT]`.
+    pub mirror: String,
+    /// `unavailable`, `not_found`, `hash_mismatch` or `invalid`: a bounded metric label.
+    pub reason: &'static str,
+    /// What it did.
+    pub message: String,
+}
+
 /// Everything needed to pull one class's artifact by digest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ArtifactRef {
@@ -130,7 +141,7 @@ pub trait Store: Send + Sync {
     fn blob_cache(&self) -> Option<PathBuf>;
     /// Why registry mirrors were passed over since the last call (and forgets them); none for a
     /// store without mirrors.
-    fn take_mirror_skips(&self) -> Vec<crate::MirrorSkip> {
+    fn take_mirror_skips(&self) -> Vec<MirrorSkip> {
         Vec::new()
     }
 }

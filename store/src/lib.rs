@@ -17,12 +17,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use api::{
-    ArtifactRef, DEFAULT_MAX_ARTIFACT_BYTES, Entry, RegistryOptions, Store, check_manifest_digests,
+    ArtifactRef, DEFAULT_MAX_ARTIFACT_BYTES, Entry, MirrorSkip, RegistryOptions, Store,
+    check_manifest_digests,
 };
 pub(crate) use api::{check_key, digest_hex};
 pub use error::{Error, Result};
 pub use fs::{FsStore, STALE_AFTER};
-pub use oci::mirror::MirrorSkip;
 pub use oci::source::SourceRef;
 pub use oci::{ARTIFACT_TYPE, BUILD_MANIFEST_MEDIA_TYPE, ENGINE_MEDIA_TYPE, OciStore, source};
 

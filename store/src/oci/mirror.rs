@@ -5,16 +5,12 @@
 //! holds its own for the origin) and is trusted with nothing: every manifest and blob it serves
 //! is verified as the origin's would be, and one that fails (unreachable, missing, wrong bytes)
 //! is passed over for the next, its reason kept for the agent's metrics
-//! ([`crate::Store::take_mirror_skips`]). Parsing is pure; the pulls touch the mirrors, the
-//! registry and `dest`.
+//! ([`crate::Store::take_mirror_skips`]). Pure: the configuration and the reasons; the pulls
+//! through mirrors are `OciStore`'s (`mod.rs`).
 
-use std::path::Path;
-
-use kiln_crds::BuildManifest;
 use serde::Deserialize;
 
-use super::OciStore;
-use crate::{ArtifactRef, Error, Result};
+use crate::Error;
 
 /// One mirror endpoint, as configured.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,23 +23,6 @@ pub struct Endpoint {
     pub pull: bool,
     /// May serve tags.
     pub resolve: bool,
-}
-
-/// A mirror in use: its endpoint and a registry client of its own.
-pub struct Mirror {
-    pub(super) endpoint: Endpoint,
-    pub(super) store: OciStore,
-}
-
-/// Why a mirror was passed over.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MirrorSkip {
-    /// The mirror's `HOST[:PORT]`.
-    pub mirror: String,
-    /// `unavailable`, `not_found`, `hash_mismatch` or `invalid`: a bounded metric label.
-    pub reason: &'static str,
-    /// What it did.
-    pub message: String,
 }
 
 #[derive(Deserialize)]
@@ -103,61 +82,11 @@ fn endpoint(c: Configured) -> std::result::Result<Endpoint, String> {
 }
 
 /// The metric label of an error a mirror gave.
-fn reason(err: &Error) -> &'static str {
+pub(super) fn reason(err: &Error) -> &'static str {
     match err {
         Error::HashMismatch { .. } | Error::Refused { .. } => "hash_mismatch",
         Error::Unavailable { .. } => "unavailable",
         _ => "invalid",
-    }
-}
-
-impl OciStore {
-    fn skip(&self, mirror: &Mirror, reason: &'static str, message: String) {
-        tracing::warn!(mirror = %mirror.endpoint.host, reason, %message, "registry mirror passed over; trying the next");
-        self.skips
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(MirrorSkip {
-                mirror: mirror.endpoint.host.clone(),
-                reason,
-                message,
-            });
-    }
-
-    /// The artifact of `r` from the first pull mirror that serves it verified, else the origin.
-    pub(super) async fn pull_mirrored(
-        &self,
-        r: &ArtifactRef,
-        dest: &Path,
-    ) -> Result<BuildManifest> {
-        for m in self.mirrors.iter().filter(|m| m.endpoint.pull) {
-            match m.store.pull_here(r, dest).await {
-                Ok(manifest) => return Ok(manifest),
-                Err(e) => self.skip(m, reason(&e), e.to_string()),
-            }
-        }
-        self.pull_here(r, dest).await
-    }
-
-    /// The attestation from the first resolve mirror that has it, else the origin. It is only
-    /// bytes here; the caller verifies its signature.
-    pub(super) async fn attestation_mirrored(
-        &self,
-        key: &str,
-        manifest_digest: &str,
-    ) -> Result<Option<Vec<u8>>> {
-        for m in self.mirrors.iter().filter(|m| m.endpoint.resolve) {
-            match m.store.attestation_here(key, manifest_digest).await {
-                Ok(Some(envelope)) => return Ok(Some(envelope)),
-                Ok(None) => self.skip(
-                    m,
-                    "not_found",
-                    format!("no attestation of {manifest_digest}"),
-                ),
-                Err(e) => self.skip(m, reason(&e), e.to_string()),
-            }
-        }
-        self.attestation_here(key, manifest_digest).await
     }
 }
 

@@ -22,7 +22,8 @@ use crate::{ArtifactRef, Entry, Error, RegistryOptions, Result, Store, check_key
 pub mod mirror;
 pub mod source;
 
-use mirror::{Mirror, MirrorSkip};
+use crate::MirrorSkip;
+use mirror::Endpoint;
 
 /// `artifactType` of every kiln manifest.
 pub const ARTIFACT_TYPE: &str = "application/vnd.kiln.artifact.v1";
@@ -785,6 +786,63 @@ impl Store for OciStore {
 
     fn blob_cache(&self) -> Option<PathBuf> {
         None
+    }
+}
+
+/// A mirror in use: its endpoint and a registry client of its own.
+pub struct Mirror {
+    pub(super) endpoint: Endpoint,
+    pub(super) store: OciStore,
+}
+
+/// Pulls through the mirrors (`mirror.rs`): each tried in order, the registry last.
+impl OciStore {
+    fn skip(&self, mirror: &Mirror, reason: &'static str, message: String) {
+        tracing::warn!(mirror = %mirror.endpoint.host, reason, %message, "registry mirror passed over; trying the next");
+        self.skips
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(MirrorSkip {
+                mirror: mirror.endpoint.host.clone(),
+                reason,
+                message,
+            });
+    }
+
+    /// The artifact of `r` from the first pull mirror that serves it verified, else the origin.
+    pub(super) async fn pull_mirrored(
+        &self,
+        r: &ArtifactRef,
+        dest: &Path,
+    ) -> Result<BuildManifest> {
+        for m in self.mirrors.iter().filter(|m| m.endpoint.pull) {
+            match m.store.pull_here(r, dest).await {
+                Ok(manifest) => return Ok(manifest),
+                Err(e) => self.skip(m, mirror::reason(&e), e.to_string()),
+            }
+        }
+        self.pull_here(r, dest).await
+    }
+
+    /// The attestation from the first resolve mirror that has it, else the origin. It is only
+    /// bytes here; the caller verifies its signature.
+    pub(super) async fn attestation_mirrored(
+        &self,
+        key: &str,
+        manifest_digest: &str,
+    ) -> Result<Option<Vec<u8>>> {
+        for m in self.mirrors.iter().filter(|m| m.endpoint.resolve) {
+            match m.store.attestation_here(key, manifest_digest).await {
+                Ok(Some(envelope)) => return Ok(Some(envelope)),
+                Ok(None) => self.skip(
+                    m,
+                    "not_found",
+                    format!("no attestation of {manifest_digest}"),
+                ),
+                Err(e) => self.skip(m, mirror::reason(&e), e.to_string()),
+            }
+        }
+        self.attestation_here(key, manifest_digest).await
     }
 }
 
