@@ -92,6 +92,8 @@ python3 scripts/check/test-groups.py
 python3 scripts/check/chart-readme.py --check  # charts/kiln/README.md's values table: values.yaml's comments
 # The e2e checks' own helpers, on canned watch streams (the empty one must fail).
 bash e2e/tests/observe-lib.sh --self-test
+# The benchmark harness's statistics and verdict rules, on fake sides (scripts/bench/harness.py).
+python3 scripts/bench/harness.py --self-test >/dev/null
 
 # The system packages of the build (cmake, g++, libclang-dev for llama.cpp) and of the tests
 # (docker-registry, htpasswd, promtool, ...; the cluster's too when it runs): one list,
