@@ -1,16 +1,38 @@
 #!/usr/bin/env bash
-# kiln's llama.cpp engine on the real GGUF models (scripts/ensure/llm-models.sh) side by side
-# with llama.cpp's own llama-bench (scripts/ensure/llama-tools.sh) in one run, at batch 1 and
-# the same thread count: per model its file size, kiln's load time, time to first token (the
-# prompt's forward pass), prompt and decode tokens/s and peak resident memory, then
-# llama-bench's prompt (pp) and decode (tg) tokens/s for the same prompt length and
-# continuation, and kiln's rate as a ratio of llama-bench's (the goal is >= 0.95). Both
-# collapse when threads outnumber free cores, so the machine's load is printed before and
-# after: run it on a quiet machine (flock -x /tmp/kiln-quiet.lock where machines are shared).
+# kiln's llama.cpp engine on the real GGUF models (scripts/ensure/llm-models.sh) against
+# llama.cpp's own llama-bench (scripts/ensure/llama-tools.sh), at batch 1 and the same thread
+# count, through the shared harness (scripts/bench/harness.py): per model, kiln and llama-bench
+# run interleaved (kiln, llama-bench, kiln, ...) for ROUNDS rounds after one discarded warmup
+# pair, and for prompt (pp) and decode (tg) tokens/s it prints each side's median and min-max,
+# kiln's ratio of the medians with the range of the per-round ratios, and a verdict against the
+# goal (0.95x) only where that range allows one ("inconclusive (spread a-b)" otherwise). Then
+# the model's file size and, from kiln's last round, its load time, time to first token (the
+# prompt's forward pass) and peak resident memory; at the end the README rows.
+#
+# Both sides collapse when threads outnumber free cores: the harness reads the load at the
+# start and refuses (exit 3) when the 1-minute load is above the cores less THREADS, unless
+# KILN_BENCH_FORCE_NOISY=1, which marks every line NOISY. Run it on a quiet machine
+# (flock -x /tmp/kiln-quiet.lock where machines are shared).
 #
 #   scripts/bench/llm.sh [KILN_AGENT]     # default target/release/kiln-agent
 #   KILN_BENCH_THREADS=2 KILN_BENCH_GENERATE=64 scripts/bench/llm.sh
+#   KILN_BENCH_THREADS=1 KILN_BENCH_PIN=1 KILN_BENCH_ROUNDS=7 scripts/bench/llm.sh
+#
+# Environment:
+#   KILN_BENCH_THREADS      threads, the same on both sides (default: nproc)
+#   KILN_BENCH_GENERATE     tokens decoded per run (32)
+#   KILN_BENCH_ITERATIONS   kiln's warmup iterations per round; its figures are their median (5)
+#   KILN_BENCH_ROUNDS       interleaved rounds per model (5; 1 gives figures but no verdict)
+#   KILN_BENCH_WARMUP       1: a first pair, discarded, which also compiles kiln's store (1)
+#   KILN_BENCH_REPETITIONS  llama-bench's -r per round; its figures are their mean (3)
+#   KILN_BENCH_GOAL         the ratio a verdict is judged against (0.95)
+#   KILN_BENCH_PIN          a CPU list both sides run under (taskset -c; default: not pinned)
+#   KILN_BENCH_FORCE_NOISY  1: run although the machine is busy, every line marked NOISY
+#   KILN_BENCH_OUT          a directory kept for MODEL.json (the harness's record) and rows.md
+#                           (default: a temporary one, removed at the end)
 set -euo pipefail
+# The load before anything here runs: preparing the fixtures and earlier models raises it.
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # shellcheck source=SCRIPTDIR/../lib.sh
 . "$(dirname "$(readlink -f "$0")")/../lib.sh"
@@ -19,20 +41,57 @@ AGENT=${1:-$REPO/target/release/kiln-agent}
 THREADS=${KILN_BENCH_THREADS:-$(nproc)}
 GENERATE=${KILN_BENCH_GENERATE:-32}
 ITERATIONS=${KILN_BENCH_ITERATIONS:-5}
+ROUNDS=${KILN_BENCH_ROUNDS:-5}
+REPETITIONS=${KILN_BENCH_REPETITIONS:-3}
+GOAL=${KILN_BENCH_GOAL:-0.95}
+HARNESS=$REPO/scripts/bench/harness.py
 # About 60 tokens of prose for either tokenizer.
 PROMPT="A kiln is a thermally insulated chamber, a type of oven, that produces temperatures \
 sufficient to complete some process, such as hardening, drying, or chemical changes. Kilns \
 have been used for millennia to turn objects made from clay into pottery, tiles and bricks."
 
+# The machine's state, which the load gate and every comparison share.
+GATE=(--threads "$THREADS" --load-before "$LOAD_BEFORE")
+[[ -z ${KILN_BENCH_PIN:-} ]] || GATE+=(--pin "$KILN_BENCH_PIN")
+[[ ${KILN_BENCH_FORCE_NOISY:-0} != 1 ]] || GATE+=(--force-noisy)
+# What every comparison passes the harness, besides its sides and figures.
+COMMON=("${GATE[@]}" --bound llama-bench --goal "$GOAL" --rounds "$ROUNDS")
+[[ ${KILN_BENCH_WARMUP:-1} != 1 ]] || COMMON+=(--warmup)
+
 [[ -x $AGENT ]] || die "no kiln-agent at $AGENT (cargo build --release -p kiln-agent)"
+# Refuse a busy machine before the slow preparation (exit 3, the reason on stderr).
+python3 "$HARNESS" --check-load "${GATE[@]}"
 models=$(bash "$REPO/scripts/ensure/llm-models.sh")
 bench=$(bash "$REPO/scripts/ensure/llama-tools.sh" llama-bench)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+out=${KILN_BENCH_OUT:-$work}
+mkdir -p "$out"
+: >"$out/rows.md"
 
-echo "machine: $(nproc) cores, threads $THREADS, load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-20s %8s %7s %7s | %9s %9s %6s | %9s %9s %6s | %8s\n' model "size MB" "load s" "TTFT s" \
-  "kiln pp/s" "bench pp/s" ratio "kiln tg/s" "bench tg/s" ratio "RSS MB"
+# argv_json ARG...: the arguments as a JSON array, how the harness takes a command safely.
+argv_json() { python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"; }
+
+# kiln_round AGENT DIR: kiln's side of one round, run by the harness (exported below):
+# `kiln-agent local` on DIR/kiln.yaml (the first run compiles into DIR/store, later ones hit
+# it); its JSON outcome on stdout and in DIR/outcome.json; status 1, saying why, when not ready.
+kiln_round() {
+  local agent=$1 d=$2
+  "$agent" local --output json --store "$d/store" "$d/kiln.yaml" 2>"$d/agent.log" | tail -1 >"$d/outcome.json" || true
+  python3 - "$d/outcome.json" <<'PY' || { tail -5 "$d/agent.log" >&2; return 1; }
+import json, sys
+try:
+    o = json.load(open(sys.argv[1]))
+except ValueError:
+    sys.exit("kiln-agent local gave no outcome")
+if not o.get("ready"):
+    sys.exit("not ready: %s %s" % (o.get("reason"), o.get("message")))
+PY
+  cat "$d/outcome.json"
+}
+export -f kiln_round
+
+echo "kiln-agent: $AGENT; llama-bench: $bench; $ROUNDS rounds a model, goal ${GOAL}x"
 for model in "$models"/*.gguf; do
   name=$(basename "$model" .gguf)
   object=${name//_/-} # a DNS-1123 name for the objects
@@ -74,27 +133,26 @@ spec:
     fixtureVersion: v1
     outputs: [{name: logits, atol: 1.0e-3, rtol: 1.0e-3}, {name: tokens, atol: 0, rtol: 0}]
 YAML
-  # Not ready exits 1 with the reason in the outcome, which the table's script reports.
-  "$AGENT" local --output json --store "$d/store" "$d/kiln.yaml" 2>"$d/agent.log" | tail -1 >"$d/outcome.json" || true
-  [[ -s $d/outcome.json ]] ||
-    { tail -5 "$d/agent.log" >&2; die "kiln-agent local gave no outcome on $name"; }
-  "$bench" -m "$model" -t "$THREADS" -p "$n" -n "$GENERATE" -r 3 -o json 2>/dev/null >"$d/bench.json"
-  python3 - "$d/outcome.json" "$d/bench.json" "$name" "$(stat -Lc %s "$model")" <<'PY'
+  echo
+  # kiln's prefill rate is its prompt over the median prefill time; llama-bench's records are
+  # one for the prompt (n_gen 0) and one for the decode (n_prompt 0).
+  python3 "$HARNESS" --name "$name" "${COMMON[@]}" --json "$out/$name.json" --markdown="$out/rows.md" \
+    --a "$(argv_json bash -c 'kiln_round "$@"' kiln_round "$AGENT" "$d")" \
+    --b "$(argv_json "$bench" -m "$model" -t '{threads}' -p "$n" -n "$GENERATE" -r "$REPETITIONS" -o json)" \
+    --figure 'pp tok/s:higher' --a-get json:generation.promptTokens/generation.prefillSeconds \
+    --b-get 'json:[n_gen=0].avg_ts' \
+    --figure 'tg tok/s:higher' --a-get json:generation.decodeTokensPerSecond \
+    --b-get 'json:[n_prompt=0].avg_ts'
+  python3 - "$d/outcome.json" "$(stat -Lc %s "$model")" <<'PY'
 import json, sys
 o = json.load(open(sys.argv[1]))
-if not o.get("ready"):
-    sys.exit("bench-llm: %s not ready: %s %s" % (sys.argv[3], o.get("reason"), o.get("message")))
-g = o["generation"]
-kiln_pp = g["promptTokens"] / g["prefillSeconds"]
-kiln_tg = g["decodeTokensPerSecond"]
-bench = json.load(open(sys.argv[2]))
-pp = next(r["avg_ts"] for r in bench if r["n_prompt"] > 0 and r["n_gen"] == 0)
-tg = next(r["avg_ts"] for r in bench if r["n_gen"] > 0 and r["n_prompt"] == 0)
-rss = (o.get("peakMemoryBytes") or 0) / 1e6
-print("%-20s %8.1f %7.3f %7.4f | %9.1f %9.1f %6.2f | %9.1f %9.1f %6.2f | %8.0f" % (
-    sys.argv[3], int(sys.argv[4]) / 1e6, o["loadSeconds"], g["prefillSeconds"],
-    kiln_pp, pp, kiln_pp / pp, kiln_tg, tg, kiln_tg / tg, rss))
+print("  %.1f MB; kiln's last round: load %.3f s, TTFT %.4f s, peak RSS %.0f MB" % (
+    int(sys.argv[2]) / 1e6, o["loadSeconds"], o["generation"]["prefillSeconds"],
+    (o.get("peakMemoryBytes") or 0) / 1e6))
 PY
 done
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "(pp: a prompt of the fixture's token count in one batch; tg: $GENERATE tokens at batch 1; kiln's figures are the median over its $ITERATIONS warmup iterations; llama-bench's the mean of 3)"
+echo
+echo "(pp: a prompt of the fixture's token count in one batch; tg: $GENERATE tokens at batch 1; per round kiln's figures are the median over its $ITERATIONS warmup iterations, llama-bench's the mean of $REPETITIONS)"
+echo "| model and figure | kiln median (min–max) | llama-bench median (min–max) | ratio (range) | rounds | load before→after | verdict |"
+echo "|---|---|---|---|---|---|---|"
+cat "$out/rows.md"
