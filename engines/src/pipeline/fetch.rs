@@ -143,19 +143,18 @@ impl SourceRegistryArgs {
 impl SourceRegistry {
     /// A compile Job's: its store's registry (`oci://HOST[:PORT]/REPOSITORY`) with the store's
     /// options; a filesystem store names none.
+    /// Its mirrors are left out: a source is pulled from its registry (`OciStore::pull_file`
+    /// reads no mirror), so none is built for it.
     pub fn of_store(url: &str, options: &kiln_store::RegistryOptions) -> Self {
-        let host = url
-            .trim()
-            .strip_prefix("oci://")
-            .and_then(|rest| rest.split_once('/'))
-            .map(|(host, _)| host.to_string());
-        Self {
-            options: if host.is_some() {
-                options.clone()
-            } else {
-                kiln_store::RegistryOptions::default()
+        match kiln_store::registry_of(url) {
+            Some(host) => Self {
+                host: Some(host.to_string()),
+                options: kiln_store::RegistryOptions {
+                    mirrors: None,
+                    ..options.clone()
+                },
             },
-            host,
+            None => Self::default(),
         }
     }
 

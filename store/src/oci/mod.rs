@@ -65,16 +65,7 @@ impl OciStore {
             url: url.into(),
             message: message.into(),
         };
-        let rest = url
-            .strip_prefix("oci://")
-            .ok_or_else(|| invalid("expected oci://HOST[:PORT]/REPOSITORY"))?;
-        let (registry, repository) = rest
-            .split_once('/')
-            .ok_or_else(|| invalid("no repository; expected oci://HOST[:PORT]/REPOSITORY"))?;
-        let repository = repository.trim_end_matches('/');
-        if registry.is_empty() || repository.is_empty() {
-            return Err(invalid("expected oci://HOST[:PORT]/REPOSITORY"));
-        }
+        let (registry, repository) = split_url(url).map_err(invalid)?;
         // Validate the name the way the registry will.
         Reference::try_from(format!("{registry}/{repository}:probe"))
             .map_err(|e| invalid(&format!("not a valid repository: {e}")))?;
@@ -844,6 +835,26 @@ impl OciStore {
         }
         self.attestation_here(key, manifest_digest).await
     }
+}
+
+/// `(HOST[:PORT], REPOSITORY)` of `oci://HOST[:PORT]/REPOSITORY`, or what is wrong with it.
+fn split_url(url: &str) -> std::result::Result<(&str, &str), &'static str> {
+    let rest = url
+        .strip_prefix("oci://")
+        .ok_or("expected oci://HOST[:PORT]/REPOSITORY")?;
+    let (registry, repository) = rest
+        .split_once('/')
+        .ok_or("no repository; expected oci://HOST[:PORT]/REPOSITORY")?;
+    let repository = repository.trim_end_matches('/');
+    if registry.is_empty() || repository.is_empty() {
+        return Err("expected oci://HOST[:PORT]/REPOSITORY");
+    }
+    Ok((registry, repository))
+}
+
+/// `HOST[:PORT]` of an `oci://HOST[:PORT]/REPOSITORY` store URL; `None` for any other store.
+pub fn registry_of(url: &str) -> Option<&str> {
+    split_url(url.trim()).ok().map(|(registry, _)| registry)
 }
 
 /// A registry client speaking plain HTTP or HTTPS to `registry`.
