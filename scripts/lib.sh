@@ -14,6 +14,8 @@
 #                         $CARGO_TARGET_DIR when set)
 #   sha256_of FILE        prints FILE's sha256, hex
 #   free_port             prints a free TCP port on 127.0.0.1
+#   argv_json ARG...      prints the ARGs as a JSON array: how scripts/bench/harness.py takes a
+#                         command safely
 #   pinned_venv VENV PYTHON CHECK REQUIREMENT...
 #                         makes VENV a virtual environment of PYTHON holding the pinned
 #                         REQUIREMENTs, unless its python already runs CHECK (Python asserting the
@@ -44,6 +46,8 @@ release_or_debug() {
 }
 
 sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+argv_json() { python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"; }
 
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'

@@ -1,67 +1,67 @@
 #!/usr/bin/env bash
-# Benchmark (not a test): tract against ONNX Runtime on the same models and machine, through
-# `kiln-agent local` (the same path as a compile Job plus a node): compile time, load time, the
-# first (cold) fixture run and the steady p50/p99 of the warmup, the first run after Ready as a
-# multiple of that p50 (ready_1st), peak memory of load and warmup,
-# printed side by side with the ONNX Runtime / tract ratio. Each backend compiles into a fresh
-# store (no cache hit), then warms ITERATIONS times.
+# Benchmark (not a test): tract against ONNX Runtime on the same model and machine, through
+# `kiln-agent local` (the path of a compile Job plus a node), through the shared harness
+# (scripts/bench/harness.py): tract and ONNX Runtime run interleaved (tract, ONNX Runtime,
+# tract, ...) for ROUNDS rounds after one discarded warmup pair, each round compiling into a
+# fresh store (no cache hit) and warming ITERATIONS times. Per figure, each side's median and
+# min-max, tract's ratio of the medians with the range of the per-round ratios (>1: tract is
+# better), and a verdict against 1.00x only where that range allows one: compile time, load
+# time, the steady p50 and p99 of the warmup, the first run after Ready as a multiple of that
+# p50, and peak memory of load and warmup. Then the README rows.
 #
 # Model: the example SqueezeNet (batch 1), the one real model both backends compile here (the
-# tests' MLP is ONNX IR version 14, which ONNX Runtime 1.31 refuses: it reads up to 13). ROUNDS
-# repeats the pair to show the spread.
+# tests' MLP is ONNX IR version 14, which ONNX Runtime 1.31 refuses: it reads up to 13).
+# ONNX Runtime's run uses every core, so the load gate counts every core as busy: on a machine
+# whose 1-minute load is above 0 it refuses (exit 3) unless KILN_BENCH_FORCE_NOISY=1, which
+# marks every line NOISY.
 #
-#   scripts/bench/backends.sh [ITERATIONS] [ROUNDS]   # defaults 200 3
+#   scripts/bench/backends.sh [ITERATIONS] [ROUNDS]   # defaults 200 5
 #
 # Uses target/release/kiln-agent when built (cargo build --release -p kiln-agent; under
 # $CARGO_TARGET_DIR when set), else debug; the ONNX Runtime library from
-# scripts/ensure-onnxruntime.sh.
+# scripts/ensure-onnxruntime.sh. KILN_BENCH_OUT keeps the harness's record (squeezenet.json)
+# and rows.md in that directory.
 set -euo pipefail
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 ITER=${1:-200}
-ROUNDS=${2:-3}
+ROUNDS=${2:-5}
 # shellcheck source=SCRIPTDIR/../lib.sh
 . "$(dirname "$(readlink -f "$0")")/../lib.sh"
 AGENT=$(release_or_debug kiln-agent)
+HARNESS=$REPO/scripts/bench/harness.py
+ROUND=$REPO/scripts/bench/local-round.sh
+GATE=(--uses-cores "$(nproc)" --load-before "$LOAD_BEFORE")
+[[ ${KILN_BENCH_FORCE_NOISY:-0} != 1 ]] || GATE+=(--force-noisy)
+python3 "$HARNESS" --check-load "${GATE[@]}"
 ORT_DYLIB_PATH=$("$REPO/scripts/ensure-onnxruntime.sh")
 export ORT_DYLIB_PATH
 WORK=$(mktemp -d /tmp/kiln-bench-backends.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
+OUT=${KILN_BENCH_OUT:-$WORK}
+mkdir -p "$OUT"
+: >"$OUT/rows.md"
 
-# squeezenet DIR: the example SqueezeNet in DIR.
-squeezenet() {
-  mkdir -p "$1"
-  cp "$REPO/examples/squeezenet/"{model.onnx,fixture-v1.safetensors,kiln.yaml} "$1/"
-}
-
-# run DIR BACKEND: one local run of DIR/kiln.yaml with the backend and ITER iterations; prints
-# the JSON outcome.
-run() {
-  local dir=$1 backend=$2
-  sed -e "s/kind: tract/kind: $backend/" -e "s/iterations: [0-9]*/iterations: $ITER/" "$dir/kiln.yaml" >"$dir/$backend.yaml"
-  "$AGENT" local --output json --store "$dir/store-$backend" "$dir/$backend.yaml" 2>/dev/null | tail -1
-}
-
-echo "kiln-agent: $AGENT ($(basename "$(dirname "$AGENT")")); ONNX Runtime: $ORT_DYLIB_PATH; $(nproc) CPUs; $ITER warmup iterations"
-printf '%-11s %-12s %10s %9s %9s %9s %9s %9s %9s %8s\n' model backend compile_ms load_ms first_ms p50_ms p99_ms ready_1st peak_MB nodes
-for ((round = 1; round <= ROUNDS; round++)); do
-  model=squeezenet
-  rm -rf "${WORK:?}/$model"
-  "$model" "$WORK/$model"
-  declare -A R=()
-  for backend in tract onnxruntime; do
-    out=$(run "$WORK/$model" "$backend")
-    jq -e .ready <<<"$out" >/dev/null || { echo "$model on $backend not ready: $(jq -r .message <<<"$out")" >&2; exit 1; }
-    R[$backend]=$out
-    jq -r --arg m "$model" --arg b "$backend" '[$m, $b,
-      (.compileSeconds * 1000), (.loadSeconds * 1000), (.firstSeconds * 1000), (.p50Seconds * 1000), (.p99Seconds * 1000),
-      (.firstRequestSeconds / .p50Seconds),
-      ((.peakMemoryBytes // 0) / 1048576), (.placement.nodes | to_entries | map("\(.key):\(.value)") | join(","))] |
-      "\(.[0]) \(.[1]) \(.[2]) \(.[3]) \(.[4]) \(.[5]) \(.[6]) \(.[7]) \(.[8]) \(.[9])"' <<<"$out" |
-      while read -r m b c l f p50 p99 after peak nodes; do
-        printf '%-11s %-12s %10.1f %9.2f %9.3f %9.3f %9.3f %8.2fx %9.1f %8s\n' "$m" "$b" "$c" "$l" "$f" "$p50" "$p99" "$after" "$peak" "$nodes"
-      done
-  done
-  jq -rn --argjson t "${R[tract]}" --argjson o "${R[onnxruntime]}" '
-    def r(k): if ($t[k] // 0) > 0 then ($o[k] / $t[k] * 100 | round / 100 | tostring) + "x" else "-" end;
-    "\("") onnxruntime/tract compile \(r("compileSeconds")), load \(r("loadSeconds")), first \(r("firstSeconds")), p50 \(r("p50Seconds")), p99 \(r("p99Seconds"))"' |
-    sed "s/^/$model /"
+d=$WORK/squeezenet
+mkdir -p "$d"
+cp "$REPO/examples/squeezenet/"{model.onnx,fixture-v1.safetensors,kiln.yaml} "$d/"
+for backend in tract onnxruntime; do
+  sed -e "s/kind: tract/kind: $backend/" -e "s/iterations: [0-9]*/iterations: $ITER/" "$d/kiln.yaml" >"$d/$backend.yaml"
 done
+# side BACKEND: the harness's command for BACKEND's side, compiling afresh each round.
+side() { argv_json "$ROUND" --fresh "$AGENT" "$d/store-$1" "$d/$1.yaml"; }
+
+echo "kiln-agent: $AGENT ($(basename "$(dirname "$AGENT")")); ONNX Runtime: $ORT_DYLIB_PATH; $ITER warmup iterations"
+python3 "$HARNESS" --name squeezenet --a-label tract --bound onnxruntime --goal 1.0 \
+  --rounds "$ROUNDS" --warmup "${GATE[@]}" --json "$OUT/squeezenet.json" --markdown="$OUT/rows.md" \
+  --a "$(side tract)" --b "$(side onnxruntime)" \
+  --figure 'compile s:lower' --a-get json:compileSeconds --b-get json:compileSeconds \
+  --figure 'load s:lower' --a-get json:loadSeconds --b-get json:loadSeconds \
+  --figure 'p50 s:lower' --a-get json:p50Seconds --b-get json:p50Seconds \
+  --figure 'p99 s:lower' --a-get json:p99Seconds --b-get json:p99Seconds \
+  --figure 'first after Ready / p50:lower' --a-get json:firstRequestSeconds/p50Seconds \
+  --b-get json:firstRequestSeconds/p50Seconds \
+  --figure 'peak memory bytes:lower' --a-get json:peakMemoryBytes --b-get json:peakMemoryBytes
+echo
+echo "| figure | tract median (min–max) | onnxruntime median (min–max) | ratio (range) | rounds | load before→after | verdict |"
+echo "|---|---|---|---|---|---|---|"
+cat "$OUT/rows.md"

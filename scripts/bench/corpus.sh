@@ -1,25 +1,41 @@
 #!/usr/bin/env bash
 # Benchmark (not a test): every model of the corpus (scripts/ensure/models.sh,
 # node-agent/tests/data/corpus/README.md) on every candidate backend, through `kiln-agent local`
-# (the same path as a compile Job plus a node): compile time, load time, the first (cold) fixture
-# run, the steady p50/p99 of the warmup, and each backend's p50 as a multiple of the fastest
-# ready candidate's for that model (1.00x is the fastest). A backend that is not ready prints its
-# reason instead. Each (model, backend) compiles into a fresh store (no cache hit), then warms
-# ITERATIONS times; the fixture is made once per model by ONNX Runtime from the script's inputs.
+# (the path of a compile Job plus a node). The fixture is made once per model by ONNX Runtime
+# from the script's inputs; every run compiles into a fresh store (no cache hit) and warms
+# ITERATIONS times.
+#
+# Per model, one run of each backend first (tract, onnxruntime), which says whether it is
+# ready (a backend that is not prints its reason: a row of the table, not the end of the
+# benchmark). Where both are, tract and ONNX Runtime then run interleaved through the shared
+# harness (scripts/bench/harness.py) for ROUNDS rounds: compile time and the warmup's p50 and
+# p99, each side's median and min-max, tract's ratio of the medians with the range of the
+# per-round ratios (>1: tract is better) and a verdict against 1.00x only where that range
+# allows one. Then `auto` runs once and says which engine it chose, beside what the harness
+# measured: its pick agrees when it chose the side the verdict favours, and either pick is
+# fine when the verdict is inconclusive. ONNX Runtime's run uses every core, so the load gate
+# counts every core as busy: it refuses (exit 3) a machine whose 1-minute load is above 0
+# unless KILN_BENCH_FORCE_NOISY=1, which marks every line NOISY.
 #
 #   scripts/bench/corpus.sh [ITERATIONS] [MODEL...]   # defaults 50, every model
 #
-# Uses target/release/kiln-agent when built (cargo build --release -p kiln-agent; under
-# $CARGO_TARGET_DIR when set), else debug; the ONNX Runtime library from
+# Environment: KILN_BENCH_ROUNDS (3), KILN_BENCH_FORCE_NOISY, KILN_BENCH_OUT (a directory kept
+# for MODEL.json, the harness's record, and rows.md). Uses target/release/kiln-agent when built
+# (under $CARGO_TARGET_DIR when set), else debug; the ONNX Runtime library from
 # scripts/ensure-onnxruntime.sh.
 set -euo pipefail
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 ITER=${1:-50}
 shift || true
 # shellcheck source=SCRIPTDIR/../lib.sh
 . "$(dirname "$(readlink -f "$0")")/../lib.sh"
 AGENT=$(release_or_debug kiln-agent)
-# The candidates, as in node-agent/tests/corpus.rs's BACKENDS.
-BACKENDS=(tract onnxruntime auto)
+ROUNDS=${KILN_BENCH_ROUNDS:-3}
+HARNESS=$REPO/scripts/bench/harness.py
+ROUND=$REPO/scripts/bench/local-round.sh
+GATE=(--uses-cores "$(nproc)" --load-before "$LOAD_BEFORE")
+[[ ${KILN_BENCH_FORCE_NOISY:-0} != 1 ]] || GATE+=(--force-noisy)
+python3 "$HARNESS" --check-load "${GATE[@]}"
 MODELS=("$@")
 if ((${#MODELS[@]} == 0)); then
   MODELS=(pplcnet-orient ppocr-det ppocr-rec picodet-layout minilm-l6 magika silero-vad)
@@ -29,49 +45,69 @@ export ORT_DYLIB_PATH
 CORPUS=$("$REPO/scripts/ensure/models.sh")
 WORK=$(mktemp -d /tmp/kiln-bench-corpus.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
+OUT=${KILN_BENCH_OUT:-$WORK}
+mkdir -p "$OUT"
+: >"$OUT/rows.md"
 
-# prepare MODEL: WORK/MODEL with the model, its ONNX Runtime fixture and the spec's template.
+# prepare MODEL: WORK/MODEL with the model, its ONNX Runtime fixture and a spec per backend.
 prepare() {
-  local m=$1 d=$WORK/$1
+  local m=$1 d=$WORK/$1 digest backend
   mkdir -p "$d"
   cp "$CORPUS/$m.onnx" "$d/"
   "$AGENT" fixtures --reference onnxruntime --fixture-version v1 --model "$d/$m.onnx" \
     --inputs "$CORPUS/$m-inputs.safetensors" --out "$d/$m-fixture-v1.safetensors" >"$d/fixtures.log" 2>&1 ||
     { cat "$d/fixtures.log" >&2; exit 1; }
-  local digest
   digest=$(sha256_of "$d/$m-fixture-v1.safetensors")
-  sed -e "s/@FIXTURE_SHA256@/$digest/" "$REPO/node-agent/tests/data/corpus/$m.yaml" >"$d/template.yaml"
+  for backend in tract onnxruntime auto; do
+    sed -e "s/@FIXTURE_SHA256@/$digest/" -e "s/kind: tract/kind: $backend/" \
+      -e "s/iterations: [0-9]*/iterations: $ITER/" "$REPO/node-agent/tests/data/corpus/$m.yaml" >"$d/$backend.yaml"
+  done
 }
 
-# run MODEL BACKEND: one local run with ITER iterations; prints the JSON outcome (a backend that
-# is not ready exits 1, which is a row of the table here, not the end of the benchmark).
-run() {
-  local d=$WORK/$1 backend=$2
-  sed -e "s/kind: tract/kind: $backend/" -e "s/iterations: [0-9]*/iterations: $ITER/" "$d/template.yaml" >"$d/$backend.yaml"
-  { "$AGENT" local --output json --store "$d/store-$backend" "$d/$backend.yaml" 2>/dev/null || true; } | tail -1
+# once MODEL BACKEND: one fresh run; its outcome in WORK/MODEL/BACKEND.json, a line out; status 1
+# when it is not ready.
+once() {
+  local d=$WORK/$1
+  if "$ROUND" --fresh --keep "$d/$2.json" "$AGENT" "$d/store-$2" "$d/$2.yaml" >/dev/null 2>"$d/$2.err"; then
+    jq -r --arg b "$2" '"  \($b): ready\(if $b == "auto" then " on \(.engine)" else "" end), one run: compile \(.compileSeconds * 1000 | round) ms, p50 \(.p50Seconds * 1e6 | round / 1000) ms, parity \(.parityMaxAbsError)"' "$d/$2.json"
+  else
+    echo "  $2: NOT READY: $(head -1 "$d/$2.err" | cut -c1-200)"
+    return 1
+  fi
 }
 
-# num WIDTH DECIMALS VALUE: VALUE right-aligned with DECIMALS places, or "-" when it is "-".
-num() { if [[ $3 == - ]]; then printf "%$1s" -; else printf "%$1.$2f" "$3"; fi; }
+# auto_agrees MODEL: auto's pick beside the harness's p50 verdict for MODEL.
+auto_agrees() {
+  local d=$WORK/$1 engine kind
+  engine=$(jq -r .engine "$d/auto.json")
+  kind=$(jq -r '.figures[] | select(.name == "p50 s") | .verdict_kind' "$OUT/$1.json")
+  case $kind/$engine in
+    met/tract* | below/onnxruntime*) echo "  auto chose $engine: the side the p50 verdict favours" ;;
+    inconclusive/* | no-verdict/*) echo "  auto chose $engine: the p50 verdict is $kind, either pick is fine" ;;
+    *) echo "  auto chose $engine, AGAINST the p50 verdict ($kind for tract); its own measurement differed" ;;
+  esac
+}
 
-echo "kiln-agent: $AGENT ($(basename "$(dirname "$AGENT")")); ONNX Runtime: $ORT_DYLIB_PATH; $(nproc) CPUs; $ITER warmup iterations"
-printf '%-15s %-12s %10s %9s %9s %9s %9s %8s  %s\n' model backend compile_ms load_ms first_ms p50_ms p99_ms vs_best outcome
+echo "kiln-agent: $AGENT ($(basename "$(dirname "$AGENT")")); ONNX Runtime: $ORT_DYLIB_PATH; $ITER warmup iterations; $ROUNDS rounds"
 for m in "${MODELS[@]}"; do
+  echo "== $m"
   prepare "$m"
-  outs=()
-  for backend in "${BACKENDS[@]}"; do
-    outs+=("$(run "$m" "$backend")")
-  done
-  best=$(printf '%s\n' "${outs[@]}" | jq -s '[.[] | select(.ready) | .p50Seconds] | min // 0')
-  for i in "${!BACKENDS[@]}"; do
-    jq -r --arg m "$m" --arg b "${BACKENDS[$i]}" --argjson best "$best" '
-      def ms(k): if (.[k] // 0) > 0 then .[k] * 1000 else "-" end;
-      [$m, $b, ms("compileSeconds"), ms("loadSeconds"), ms("firstSeconds"), ms("p50Seconds"), ms("p99Seconds"),
-       (if .ready and $best > 0 then .p50Seconds / $best else "-" end),
-       (if .ready then "ready\(if $b == "auto" then " on \(.engine)" else "" end), parity \(.parityMaxAbsError)" else "\(.reason): …\(.message | .[-100:])" end)] | @tsv' <<<"${outs[$i]}" |
-      while IFS=$'\t' read -r mm b c l f p50 p99 vs outcome; do
-        printf '%-15s %-12s %s %s %s %s %s %s  %s\n' "$mm" "$b" "$(num 10 1 "$c")" "$(num 9 2 "$l")" \
-          "$(num 9 3 "$f")" "$(num 9 3 "$p50")" "$(num 9 3 "$p99")" "$(num 7 2 "$vs")$([[ $vs == - ]] && echo " " || echo x)" "$outcome"
-      done
-  done
+  ready=1
+  for backend in tract onnxruntime; do once "$m" "$backend" || ready=0; done
+  if ((ready)); then
+    python3 "$HARNESS" --name "$m" --a-label tract --bound onnxruntime --goal 1.0 --rounds "$ROUNDS" \
+      "${GATE[@]}" --json "$OUT/$m.json" --markdown="$OUT/rows.md" \
+      --a "$(argv_json "$ROUND" --fresh "$AGENT" "$WORK/$m/store-tract" "$WORK/$m/tract.yaml")" \
+      --b "$(argv_json "$ROUND" --fresh "$AGENT" "$WORK/$m/store-onnxruntime" "$WORK/$m/onnxruntime.yaml")" \
+      --figure 'compile s:lower' --a-get json:compileSeconds --b-get json:compileSeconds \
+      --figure 'p50 s:lower' --a-get json:p50Seconds --b-get json:p50Seconds \
+      --figure 'p99 s:lower' --a-get json:p99Seconds --b-get json:p99Seconds | sed 's/^/  /'
+  else
+    echo "| $m | one backend is not ready: no comparison (above) | | | | | |" >>"$OUT/rows.md"
+  fi
+  if once "$m" auto && ((ready)); then auto_agrees "$m"; fi
 done
+echo
+echo "| model and figure | tract median (min–max) | onnxruntime median (min–max) | ratio (range) | rounds | load before→after | verdict |"
+echo "|---|---|---|---|---|---|---|"
+cat "$OUT/rows.md"

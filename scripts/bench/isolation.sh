@@ -3,24 +3,39 @@
 # costs and what it bounds, both ways in the same run.
 #
 # 1. Prepare time on real models (scripts/ensure/models.sh) with backend onnxruntime: after one
-#    compile into the store, ROUNDS alternating `kiln-agent local` runs (store hit: verified pull,
-#    load, warmup with ITERATIONS fixture runs) with the engine in a child (the product) and in
-#    process (--engine-in-process, the old path): median wall time of the whole run, median load
-#    time, the engine's peak resident memory above its process's baseline, and child/in-process.
+#    compile into the store, `kiln-agent local` runs (store hit: verified pull, load, warmup with
+#    ITERATIONS fixture runs) with the engine in a child (the product) and in process
+#    (--engine-in-process, the old path), interleaved through the shared harness
+#    (scripts/bench/harness.py) for ROUNDS rounds after a discarded warmup pair: per figure each
+#    side's median and min-max, the ratio of the medians with the range of the per-round ratios
+#    (>1: the child is better) and a verdict against GOAL (KILN_BENCH_GOAL, 0.9: the child costs
+#    at most about a ninth more) only where that range allows one. Figures: the wall time of the
+#    whole run, the load time, and the engine's peak resident memory above its process's
+#    baseline. ONNX Runtime's run uses every core, so the load gate counts every core as busy:
+#    it refuses (exit 3) a machine whose 1-minute load is above 0 unless
+#    KILN_BENCH_FORCE_NOISY=1, which marks every line NOISY.
 # 2. The 212-byte model (tests/data/huge.onnx) with its constant at 4 GiB, which ONNX Runtime
 #    allocates itself: peak resident set of kiln-agent and its children (getrusage
-#    RUSAGE_CHILDREN) with --memory-limit 2Gi, in process and in the child.
+#    RUSAGE_CHILDREN of a fresh Python per run) with --memory-limit 2Gi, in process and in the
+#    child, once each: what the child bounds, not a speed.
 #
 #   scripts/bench/isolation.sh [ROUNDS] [ITERATIONS] [MODEL...]  # defaults 5, 20, three models
 #
-# Uses target/release/kiln-agent when built, else debug; needs jq and python3.
+# Uses target/release/kiln-agent when built, else debug; needs jq and python3. KILN_BENCH_OUT
+# keeps the harness's records (MODEL.json) and rows.md in that directory.
 set -euo pipefail
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 ROUNDS=${1:-5}
 ITER=${2:-20}
 shift 2 || shift $# || true
 # shellcheck source=SCRIPTDIR/../lib.sh
 . "$(dirname "$(readlink -f "$0")")/../lib.sh"
 AGENT=$(release_or_debug kiln-agent)
+HARNESS=$REPO/scripts/bench/harness.py
+ROUND=$REPO/scripts/bench/local-round.sh
+GATE=(--uses-cores "$(nproc)" --load-before "$LOAD_BEFORE")
+[[ ${KILN_BENCH_FORCE_NOISY:-0} != 1 ]] || GATE+=(--force-noisy)
+python3 "$HARNESS" --check-load "${GATE[@]}"
 MODELS=("$@")
 if ((${#MODELS[@]} == 0)); then
   MODELS=(pplcnet-orient ppocr-det minilm-l6)
@@ -30,6 +45,9 @@ export ORT_DYLIB_PATH
 CORPUS=$("$REPO/scripts/ensure/models.sh")
 WORK=$(mktemp -d /tmp/kiln-bench-isolation.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
+OUT=${KILN_BENCH_OUT:-$WORK}
+mkdir -p "$OUT"
+: >"$OUT/rows.md"
 
 # timed ARGS...: runs kiln-agent; prints "wall_seconds maxrss_bytes" then its last stdout line.
 timed() {
@@ -44,11 +62,7 @@ print((p.stdout.strip().splitlines() or ["{}"])[-1])
 PY
 }
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
-
-echo "kiln-agent: $AGENT ($(basename "$(dirname "$AGENT")")); $(nproc) CPUs; $ROUNDS rounds, $ITER warmup iterations"
-printf '%-15s %-10s %9s %9s %10s %8s\n' model mode wall_ms load_ms peak_mb ready
-declare -A WALL
+echo "kiln-agent: $AGENT ($(basename "$(dirname "$AGENT")")); $ROUNDS rounds, $ITER warmup iterations"
 for m in "${MODELS[@]}"; do
   d=$WORK/$m
   mkdir -p "$d"
@@ -60,26 +74,18 @@ for m in "${MODELS[@]}"; do
   sed -e "s/@FIXTURE_SHA256@/$digest/" -e "s/kind: tract/kind: onnxruntime/" \
     -e "s/iterations: [0-9]*/iterations: $ITER/" "$REPO/node-agent/tests/data/corpus/$m.yaml" >"$d/kiln.yaml"
   "$AGENT" local --output json --store "$d/store" "$d/kiln.yaml" >/dev/null 2>&1 || true
-  for mode in child in-process; do : >"$d/$mode.tsv"; done
-  for ((r = 0; r < ROUNDS; r++)); do
-    for mode in child in-process; do
-      flag=()
-      [[ $mode == in-process ]] && flag=(--engine-in-process)
-      out=$(timed "${flag[@]}" local --output json --store "$d/store" "$d/kiln.yaml")
-      wall=$(head -1 <<<"$out" | cut -d' ' -f1)
-      tail -1 <<<"$out" | jq -r --arg w "$wall" '[$w, (.loadSeconds // 0), (.peakMemoryBytes // 0), .ready] | @tsv' >>"$d/$mode.tsv"
-    done
-  done
-  for mode in child in-process; do
-    w=$(cut -f1 "$d/$mode.tsv" | median)
-    l=$(cut -f2 "$d/$mode.tsv" | median)
-    p=$(cut -f3 "$d/$mode.tsv" | median)
-    ready=$(cut -f4 "$d/$mode.tsv" | sort -u | tr '\n' ' ')
-    WALL[$m/$mode]=$w
-    printf '%-15s %-10s %9.1f %9.2f %10.1f %8s\n' "$m" "$mode" "$(bc -l <<<"$w*1000")" "$(bc -l <<<"$l*1000")" "$(bc -l <<<"$p/1000000")" "$ready"
-  done
-  printf '%-15s %-10s %9.2fx\n' "$m" ratio "$(bc -l <<<"${WALL[$m/child]}/${WALL[$m/in-process]}")"
+  python3 "$HARNESS" --name "$m" --a-label child --bound in-process --goal "${KILN_BENCH_GOAL:-0.9}" \
+    --rounds "$ROUNDS" --warmup "${GATE[@]}" --json "$OUT/$m.json" --markdown="$OUT/rows.md" \
+    --a "$(argv_json "$ROUND" "$AGENT" "$d/store" "$d/kiln.yaml")" \
+    --b "$(argv_json "$ROUND" "$AGENT" "$d/store" "$d/kiln.yaml" --engine-in-process)" \
+    --figure 'wall s:lower' --a-get wall --b-get wall \
+    --figure 'load s:lower' --a-get json:loadSeconds --b-get json:loadSeconds \
+    --figure 'engine peak memory bytes:lower' --a-get json:peakMemoryBytes --b-get json:peakMemoryBytes
 done
+echo
+echo "| model and figure | child median (min–max) | in-process median (min–max) | ratio (range) | rounds | load before→after | verdict |"
+echo "|---|---|---|---|---|---|---|"
+cat "$OUT/rows.md"
 
 echo
 echo "212-byte model, constant of 4 GiB, --memory-limit 2Gi (peak RSS of kiln-agent and its children):"

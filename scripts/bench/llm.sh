@@ -69,28 +69,6 @@ out=${KILN_BENCH_OUT:-$work}
 mkdir -p "$out"
 : >"$out/rows.md"
 
-# argv_json ARG...: the arguments as a JSON array, how the harness takes a command safely.
-argv_json() { python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"; }
-
-# kiln_round AGENT DIR: kiln's side of one round, run by the harness (exported below):
-# `kiln-agent local` on DIR/kiln.yaml (the first run compiles into DIR/store, later ones hit
-# it); its JSON outcome on stdout and in DIR/outcome.json; status 1, saying why, when not ready.
-kiln_round() {
-  local agent=$1 d=$2
-  "$agent" local --output json --store "$d/store" "$d/kiln.yaml" 2>"$d/agent.log" | tail -1 >"$d/outcome.json" || true
-  python3 - "$d/outcome.json" <<'PY' || { tail -5 "$d/agent.log" >&2; return 1; }
-import json, sys
-try:
-    o = json.load(open(sys.argv[1]))
-except ValueError:
-    sys.exit("kiln-agent local gave no outcome")
-if not o.get("ready"):
-    sys.exit("not ready: %s %s" % (o.get("reason"), o.get("message")))
-PY
-  cat "$d/outcome.json"
-}
-export -f kiln_round
-
 echo "kiln-agent: $AGENT; llama-bench: $bench; $ROUNDS rounds a model, goal ${GOAL}x"
 for model in "$models"/*.gguf; do
   name=$(basename "$model" .gguf)
@@ -137,7 +115,7 @@ YAML
   # kiln's prefill rate is its prompt over the median prefill time; llama-bench's records are
   # one for the prompt (n_gen 0) and one for the decode (n_prompt 0).
   python3 "$HARNESS" --name "$name" "${COMMON[@]}" --json "$out/$name.json" --markdown="$out/rows.md" \
-    --a "$(argv_json bash -c 'kiln_round "$@"' kiln_round "$AGENT" "$d")" \
+    --a "$(argv_json "$REPO/scripts/bench/local-round.sh" --keep "$d/outcome.json" "$AGENT" "$d/store" "$d/kiln.yaml")" \
     --b "$(argv_json "$bench" -m "$model" -t '{threads}' -p "$n" -n "$GENERATE" -r "$REPETITIONS" -o json)" \
     --figure 'pp tok/s:higher' --a-get json:generation.promptTokens/generation.prefillSeconds \
     --b-get 'json:[n_gen=0].avg_ts' \

@@ -2,13 +2,17 @@
 # Benchmark (not a test): kiln-agent serve on a model directory laid out as a csi.kiln.dev volume
 # holds it, against the engine it serves and, under load, against KServe. Two modes.
 #
-# Latency (the default). For each model: `kiln-agent local` compiles and warms it (its steady
-# p50 is the engine's own, in process: the bound); the stored artifact, its manifest and fixture
-# become the volume; `kiln-agent serve` loads it; a real v2 client (tritonclient[http], binary
-# tensor extension, one connection) sends the fixture's first sample WARM times as the agent's
-# check would, then measures the first request after that and the p50 of REQUESTS more. Prints
-# both ratios: first request after warming over the p50 through the server (goal ≤ 1.2x), and
-# the p50 through the server over the engine's own p50 (what HTTP, JSON header and the copy cost).
+# Latency (the default). For each model: `kiln-agent local` compiles and warms it; the stored
+# artifact, its manifest and fixture become the volume; `kiln-agent serve` loads it. Then the
+# shared harness (scripts/bench/harness.py) runs, interleaved for KILN_BENCH_ROUNDS rounds (5)
+# after a discarded warmup pair, a real v2 client (tritonclient[http], binary tensor extension,
+# a new connection each round) that sends the fixture's first sample 20 times as the agent's
+# check would, then measures the first request after that and the p50 of REQUESTS more; and the
+# engine's own run in `kiln-agent local` (a store hit, in process: the bound). It prints each
+# side's median and min-max, the ratio with the range of the per-round ratios and a verdict for
+# the p50 through the server against the engine's (goal: within 1.05x, the harness's 0.95x of
+# the bound) and for the first request after warming over that p50 (each side's own); then the
+# first request's goal, <= 1.2x through the server, judged on every round.
 #
 # Load (--load). The same volume served by `kiln-agent serve`, and the same .onnx source served
 # by KServe's ModelServer on ONNX Runtime with its defaults (scripts/bench/serve_load.py kserve;
@@ -37,9 +41,12 @@
 # measurement window, 3000), STABILITY (its stability percentage, 100: the rounds measure the
 # spread), and the serve flags INSTANCES, MAX_QUEUE (64, the largest level, so that throughput
 # is measured rather than shed; empty: the server's default) and REQUEST_TIMEOUT_MS, each
-# passed only when the binary's `serve --help` lists it. Run it on a quiet machine: the
-# servers and the client share the cores.
+# passed only when the binary's `serve --help` lists it; KILN_BENCH_ROUNDS for the latency
+# mode; KILN_BENCH_OUT keeps the harness's records and rows.md. The servers and the client
+# share every core, so the load gate counts them all busy: it refuses (exit 3) a machine whose
+# 1-minute load is above 0 unless KILN_BENCH_FORCE_NOISY=1, which marks every line NOISY.
 set -euo pipefail
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 # shellcheck source=SCRIPTDIR/../lib.sh
 . "$(dirname "$(readlink -f "$0")")/../lib.sh"
 LOAD=0
@@ -54,9 +61,18 @@ ORT_DYLIB_PATH=$("$REPO/scripts/ensure-onnxruntime.sh")
 export ORT_DYLIB_PATH
 PY=$("$REPO/scripts/ensure/v2-client.sh")
 HELPER=$REPO/scripts/bench/serve_load.py
+HARNESS=$REPO/scripts/bench/harness.py
+ROUND=$REPO/scripts/bench/local-round.sh
+# The servers, the client and ONNX Runtime share every core: the load gate counts them all busy.
+GATE=(--uses-cores "$(nproc)" --load-before "$LOAD_BEFORE")
+[[ ${KILN_BENCH_FORCE_NOISY:-0} != 1 ]] || GATE+=(--force-noisy)
+python3 "$HARNESS" --check-load "${GATE[@]}"
 WORK=$(mktemp -d /tmp/kiln-bench-serve.XXXXXX)
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"' EXIT
+OUT=${KILN_BENCH_OUT:-$WORK}
+mkdir -p "$OUT"
+: >"$OUT/rows.md"
 
 # spec MODEL DIR: DIR/kiln.yaml (the example's tract; the corpus on onnxruntime, 20 warmup
 # iterations) and its sources; sets FIXTURE and SOURCE (the .onnx).
@@ -120,25 +136,43 @@ start_kiln() {
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 latency_mode() {
-  echo "kiln-agent: $AGENT; $(nproc) CPUs; $REQUESTS requests; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-  printf '%-12s %-16s %9s %9s %9s %12s %12s\n' model engine engine_p50 serve_p50 first_ms first/p50 serve/engine
-  local m d port out engine_p50 serve_p50 first
+  local rounds=${KILN_BENCH_ROUNDS:-5} m d port
+  echo "kiln-agent: $AGENT; $REQUESTS requests a round; $rounds rounds a model"
   for m in "${MODELS[@]}"; do
     d=$WORK/$m
     volume "$m" "$d" || continue
     port=$(free_port)
     start_kiln "$d" "$port"
-    # The same client as the e2e test: the golden outputs checked first, then timed.
-    out=$("$PY" "$REPO/e2e/testdata/v2_check.py" "127.0.0.1:$port" m "$FIXTURE" 1e-4 1e-3 20 "$REQUESTS") ||
-      { tail -5 "$d/serve.log" >&2; echo "$m: client failed" >&2; stop "$KILN_PID"; continue; }
+    # Side A, the same client as the e2e test: the golden outputs checked first, then timed; side
+    # B, the engine's own run in `local` (a store hit, 20 warmup iterations).
+    python3 "$HARNESS" --name "$m" --a-label serve --bound engine --goal 0.95 --rounds "$rounds" --warmup \
+      "${GATE[@]}" --json "$OUT/$m.json" --markdown="$OUT/rows.md" \
+      --a "$(argv_json "$PY" "$REPO/e2e/testdata/v2_check.py" "127.0.0.1:$port" m "$FIXTURE" 1e-4 1e-3 20 "$REQUESTS")" \
+      --b "$(argv_json "$ROUND" "$AGENT" "$d/store" "$d/kiln.yaml")" \
+      --figure 'p50 s:lower' --a-get json:p50 --b-get json:p50Seconds \
+      --figure 'first after warming / p50:lower' --a-get json:first/p50 --b-get json:firstRequestSeconds/p50Seconds ||
+      { tail -5 "$d/serve.log" >&2; echo "$m: a round failed (above)" >&2; }
     stop "$KILN_PID"
-    engine_p50=$(jq -r '.p50Seconds * 1000' "$d/local.json")
-    serve_p50=$(jq -r '.p50 * 1000' <<<"$out")
-    first=$(jq -r '.first * 1000' <<<"$out")
-    printf '%-12s %-16s %9.2f %9.2f %9.2f %11.2fx %11.2fx\n' "$m" "$(jq -r .engine "$d/local.json")" \
-      "$engine_p50" "$serve_p50" "$first" "$(echo "$first / $serve_p50" | bc -l)" "$(echo "$serve_p50 / $engine_p50" | bc -l)"
+    [[ -s $OUT/$m.json ]] && first_goal "$OUT/$m.json"
   done
-  echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo
+  echo "| model and figure | serve median (min–max) | engine median (min–max) | ratio (range) | rounds | load before→after | verdict |"
+  echo "|---|---|---|---|---|---|---|"
+  cat "$OUT/rows.md"
+}
+
+# first_goal RECORD: the first request after warming over the p50 through the server against its
+# goal (1.2x), from the harness's record: met when every round is within it, missed when none is.
+first_goal() {
+  python3 - "$1" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+v = next(f for f in r["figures"] if f["name"].startswith("first"))["a"]
+lo, hi = v["min"], v["max"]
+verdict = "met" if hi <= 1.2 else "missed" if lo > 1.2 else "inconclusive"
+print(f"  {r['name']}: first request after warming / p50 through the server: median {v['median']:.2f}x "
+      f"(min-max {lo:.2f}-{hi:.2f}) over {len(v['values'])} rounds; goal <= 1.2x: {verdict}")
+PY
 }
 
 # load_mode: every model, every level, REPEATS rounds of kiln then KServe; then the table.

@@ -224,12 +224,26 @@ def table(path, cores):
             if name == "kiln":
                 bound = bound_of(servers["kiln"][0], level, cores)
                 extra = f" {bound:8.1f} {ratio(s['tput'], bound):>10} {ratio(s['tput'], kserve and kserve['tput']):>11}"
+                extra += "  " + paired(servers)
             print(f"{model:<12} {level:>4} {name:<7} {num(s['tput'], 1):>8} {s['range']:>15} "
                   f"{num(s['p50'], 2):>8} {num(s['p99'], 2):>8} {s['failed']:>6} {s['shed']:>5} "
                   f"{s['hwm']:8.0f} {s['rss']:8.0f}{extra}")
     for r in rows:
         if r["status"] != "ok":
             print(f"  {r['model']} c={r['level']} {r['server']} round {r['round']}: {r['status']}")
+
+
+def paired(servers):
+    """kiln's throughput over KServe's round by round: the range, and the harness's verdict (1.00x)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import harness  # the shared rules (scripts/bench/harness.py); only the table needs them
+    kserve = {r["round"]: float(r["tput"]) for r in servers.get("kserve", []) if r["status"] == "ok"}
+    pairs = [float(r["tput"]) / kserve[r["round"]] for r in servers.get("kiln", [])
+             if r["status"] == "ok" and kserve.get(r["round"])]
+    if not pairs:
+        return "paired: no round measured both"
+    _, text = harness.verdict(pairs, 1.0, "kiln", "kserve")
+    return f"paired {harness.ratio_range(min(pairs), max(pairs))} ({len(pairs)} rounds): {text}"
 
 
 def summary(rs):
