@@ -12,7 +12,7 @@
 # Model: the example SqueezeNet (batch 1), the one real model both backends compile here (the
 # tests' MLP is ONNX IR version 14, which ONNX Runtime 1.31 refuses: it reads up to 13).
 # ONNX Runtime's run uses every core, so the load gate counts every core as busy: on a machine
-# whose 1-minute load is above 0 it refuses (exit 3) unless KILN_BENCH_FORCE_NOISY=1, which
+# whose 1-minute load is above 0.25 it refuses (exit 3) unless KILN_BENCH_FORCE_NOISY=1, which
 # marks every line NOISY.
 #
 #   scripts/bench/backends.sh [ITERATIONS] [ROUNDS]   # defaults 200 5

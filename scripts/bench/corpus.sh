@@ -14,7 +14,7 @@
 # allows one. Then `auto` runs once and says which engine it chose, beside what the harness
 # measured: its pick agrees when it chose the side the verdict favours, and either pick is
 # fine when the verdict is inconclusive. ONNX Runtime's run uses every core, so the load gate
-# counts every core as busy: it refuses (exit 3) a machine whose 1-minute load is above 0
+# counts every core as busy: it refuses (exit 3) a machine whose 1-minute load is above 0.25
 # unless KILN_BENCH_FORCE_NOISY=1, which marks every line NOISY.
 #
 #   scripts/bench/corpus.sh [ITERATIONS] [MODEL...]   # defaults 50, every model

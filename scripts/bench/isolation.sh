@@ -12,7 +12,7 @@
 #    at most about a ninth more) only where that range allows one. Figures: the wall time of the
 #    whole run, the load time, and the engine's peak resident memory above its process's
 #    baseline. ONNX Runtime's run uses every core, so the load gate counts every core as busy:
-#    it refuses (exit 3) a machine whose 1-minute load is above 0 unless
+#    it refuses (exit 3) a machine whose 1-minute load is above 0.25 unless
 #    KILN_BENCH_FORCE_NOISY=1, which marks every line NOISY.
 # 2. The 212-byte model (tests/data/huge.onnx) with its constant at 4 GiB, which ONNX Runtime
 #    allocates itself: peak resident set of kiln-agent and its children (getrusage

@@ -44,7 +44,7 @@
 # passed only when the binary's `serve --help` lists it; KILN_BENCH_ROUNDS for the latency
 # mode; KILN_BENCH_OUT keeps the harness's records and rows.md. The servers and the client
 # share every core, so the load gate counts them all busy: it refuses (exit 3) a machine whose
-# 1-minute load is above 0 unless KILN_BENCH_FORCE_NOISY=1, which marks every line NOISY.
+# 1-minute load is above 0.25 unless KILN_BENCH_FORCE_NOISY=1, which marks every line NOISY.
 set -euo pipefail
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 # shellcheck source=SCRIPTDIR/../lib.sh
