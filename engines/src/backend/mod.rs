@@ -17,6 +17,7 @@ pub mod auto;
 pub mod cpu_fallback;
 pub mod exec;
 pub mod guard;
+pub mod iree;
 pub mod llamacpp;
 pub mod onnxruntime;
 pub mod select;
