@@ -2,8 +2,10 @@
 //! `scripts/ensure/iree.sh`), read by kiln's check that runs before any IREE load
 //! (`kiln_engines::backend::iree::target`): the class's CPU level is the target the module
 //! records, a module for a CPU feature this machine lacks is refused with that feature named
-//! (IREE's runtime would load it and die of SIGILL), and the same source compiled for the same
-//! class gives the same bytes while another level gives other code.
+//! (IREE's runtime would load it and die of SIGILL), the same source compiled for the same
+//! class gives the same bytes while another level gives other code, and the operators the
+//! compiler cannot lower are read out of its errors by name
+//! (`kiln_engines::backend::iree::terms`).
 
 mod common;
 
@@ -14,6 +16,7 @@ use common::signing::ensured;
 use kiln_engines::backend::iree::target::{
     RecordedTarget, host_has, missing_features, recorded_targets, target_cpu,
 };
+use kiln_engines::backend::iree::terms::unsupported_operators;
 
 /// Half-precision arithmetic: for a CPU with AVX512-FP16 the compiler emits its instructions.
 const F16: &str = r#"module @m {
@@ -116,4 +119,58 @@ fn the_class_level_is_the_target_and_the_same_class_gives_the_same_bytes() {
         "x86-64-v3" => assert!(runs(&t3) && !runs(&t4)),
         _ => assert!(!runs(&t3) && !runs(&t4)),
     }
+}
+
+/// An ONNX graph of a supported operator (Relu) and two the compiler cannot lower (DFT, then
+/// LpPool), made by the venv's `onnx`, imported by `iree-import-onnx` and compiled: the compiler
+/// stops at the first it cannot lower, and the refusal names that one.
+#[test]
+fn the_operators_the_compiler_refuses_are_named() {
+    let Some(bin) = ensured("iree") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let make = r#"
+import onnx
+from onnx import helper, TensorProto as T
+x = helper.make_tensor_value_info("x", T.FLOAT, [1, 8, 1])
+y = helper.make_tensor_value_info("y", T.FLOAT, [1, 1, 3, 3])
+nodes = [
+    helper.make_node("Relu", ["x"], ["r"]),
+    helper.make_node("DFT", ["r"], ["f"]),
+    helper.make_node("Reshape", ["f", "shape"], ["g"]),
+    helper.make_node("LpPool", ["g"], ["y"], kernel_shape=[2, 2]),
+]
+shape = helper.make_tensor("shape", T.INT64, [4], [1, 1, 4, 4])
+graph = helper.make_graph(nodes, "main", [x], [y], [shape])
+onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "model.onnx")
+"#;
+    let run = |program: &str, args: &[&str]| {
+        Command::new(bin.join(program))
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .expect("run")
+    };
+    let made = run("python", &["-c", make]);
+    assert!(made.status.success(), "{made:?}");
+    let imported = run("iree-import-onnx", &["model.onnx", "-o", "model.mlir"]);
+    assert!(imported.status.success(), "{imported:?}");
+    let compiled = run(
+        "iree-compile",
+        &[
+            "--iree-hal-target-device=local",
+            "--iree-hal-local-target-device-backends=llvm-cpu",
+            "--iree-llvmcpu-target-cpu=x86-64-v3",
+            "model.mlir",
+            "-o",
+            "model.vmfb",
+        ],
+    );
+    assert!(
+        !compiled.status.success(),
+        "DFT and LpPool compiled: {compiled:?}"
+    );
+    let stderr = String::from_utf8_lossy(&compiled.stderr);
+    assert_eq!(unsupported_operators(&stderr), ["DFT"], "{stderr}");
 }
