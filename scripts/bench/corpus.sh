@@ -71,7 +71,7 @@ once() {
   if "$ROUND" --fresh --keep "$d/$2.json" "$AGENT" "$d/store-$2" "$d/$2.yaml" >/dev/null 2>"$d/$2.err"; then
     jq -r --arg b "$2" '"  \($b): ready\(if $b == "auto" then " on \(.engine)" else "" end), one run: compile \(.compileSeconds * 1000 | round) ms, p50 \(.p50Seconds * 1e6 | round / 1000) ms, parity \(.parityMaxAbsError)"' "$d/$2.json"
   else
-    echo "  $2: NOT READY: $(head -1 "$d/$2.err" | cut -c1-200)"
+    echo "  $2: $(head -1 "$d/$2.err" | cut -c1-200)"
     return 1
   fi
 }

@@ -13,7 +13,7 @@ fresh=0 keep=
 while [[ ${1:-} == --* ]]; do
   case $1 in
     --fresh) fresh=1; shift ;;
-    --keep) keep=$2; shift 2 ;;
+    --keep) keep=${2:?--keep needs a FILE}; shift 2 ;;
     *) echo "local-round.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
