@@ -33,7 +33,14 @@ const F16: &str = r#"module @m {
 fn compile(bin: &Path, source: &str, cpu: &str) -> Vec<u8> {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("model.mlir"), source).expect("write");
-    let out = Command::new(bin.join("iree-compile"))
+    let out = iree_compile(bin, dir.path(), cpu);
+    assert!(out.status.success(), "iree-compile for {cpu}: {out:?}");
+    std::fs::read(dir.path().join("model.vmfb")).expect("read module")
+}
+
+/// `iree-compile` of `dir`/model.mlir into `dir`/model.vmfb for the CPU `cpu`, as it ended.
+fn iree_compile(bin: &Path, dir: &Path, cpu: &str) -> std::process::Output {
+    Command::new(bin.join("iree-compile"))
         .args([
             "--iree-hal-target-device=local",
             "--iree-hal-local-target-device-backends=llvm-cpu",
@@ -42,11 +49,9 @@ fn compile(bin: &Path, source: &str, cpu: &str) -> Vec<u8> {
             "-o",
             "model.vmfb",
         ])
-        .current_dir(dir.path())
+        .current_dir(dir)
         .output()
-        .expect("run iree-compile");
-    assert!(out.status.success(), "iree-compile for {cpu}: {out:?}");
-    std::fs::read(dir.path().join("model.vmfb")).expect("read module")
+        .expect("run iree-compile")
 }
 
 fn only_target(module: &[u8]) -> RecordedTarget {
@@ -156,17 +161,7 @@ onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
     assert!(made.status.success(), "{made:?}");
     let imported = run("iree-import-onnx", &["model.onnx", "-o", "model.mlir"]);
     assert!(imported.status.success(), "{imported:?}");
-    let compiled = run(
-        "iree-compile",
-        &[
-            "--iree-hal-target-device=local",
-            "--iree-hal-local-target-device-backends=llvm-cpu",
-            "--iree-llvmcpu-target-cpu=x86-64-v3",
-            "model.mlir",
-            "-o",
-            "model.vmfb",
-        ],
-    );
+    let compiled = iree_compile(&bin, dir.path(), "x86-64-v3");
     assert!(
         !compiled.status.success(),
         "DFT and LpPool compiled: {compiled:?}"
