@@ -101,8 +101,8 @@ volume() {
   mkdir -p "$d/volume"
   spec "$m" "$d"
   sed -i -e 's/iterations: [0-9]*/iterations: 20/' "$d/kiln.yaml"
-  "$AGENT" local --output json --store "$d/store" "$d/kiln.yaml" 2>"$d/local.log" | tail -1 >"$d/local.json" ||
-    { tail -5 "$d/local.log" >&2; echo "$m: local run failed: $(cat "$d/local.json")" >&2; return 1; }
+  "$ROUND" --keep "$d/local.json" "$AGENT" "$d/store" "$d/kiln.yaml" >/dev/null ||
+    { echo "$m: local run failed (above)" >&2; return 1; }
   local key
   key=$(jq -r .compileKey "$d/local.json")
   cp "$d/store/artifacts/$key/"{artifact,manifest.json} "$d/volume/"
