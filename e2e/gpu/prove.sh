@@ -11,7 +11,7 @@
 #                                gpu-carry/parts/* in /tmp/kiln-gpu/parts for the later calls
 #   e2e/gpu/prove.sh run [--libs DIR] [OUT]
 #                                there, from the repository root, in the call after the last
-#                                part (about 4 minutes on an H100): unpacks (e2e/gpu/unpack.sh;
+#                                part: unpacks (e2e/gpu/unpack.sh;
 #                                CUDA and cuDNN from the machine's Python environments, or from DIR,
 #                                e.g. the GPU agent image's /usr/lib/onnxruntime unpacked, whose
 #                                ONNX Runtime then runs too) and records into OUT (default $OUT or
@@ -33,6 +33,10 @@
 #                                driver one major newer than this one: each row with the reason,
 #                                load / first / p50 / p99 ms, parity, placement, host peak memory
 #                                and device memory (nvidia-smi, the peak over the run)
+#                                Time: on an H200 (2026-11-30) the rows at the default 200 warmup
+#                                iterations took over 8 minutes (BERT on tract alone ~1); with
+#                                KILN_GPU_WARMUP=20 every variant row was done in 3.5 minutes.
+#                                A session's device time is 15 minutes: use 20 there.
 #   e2e/gpu/prove.sh anchor [OUT]  there, in its own call (torch.compile takes minutes): the same
 #                                ResNet-50 / BERT-base in PyTorch (e2e/gpu/torch_anchor.py: eager,
 #                                torch.compile default and reduce-overhead) into OUT/anchor.json
@@ -200,6 +204,8 @@ models() {
   for m in "$ROOT"/examples/*/kiln.yaml; do
     [[ ${2:-} != exported ]] || break
     name=$(basename "$(dirname "$m")")
+    # The variant rows are ONNX's; a GGUF example has its own call (`llama`).
+    compgen -G "$(dirname "$m")/*.onnx" >/dev/null || continue
     mkdir -p "$out/m/$name"
     cp "$(dirname "$m")"/*.onnx "$(dirname "$m")"/*.safetensors "$out/m/$name/"
     awk '/^---/{exit} {print}' "$m" >"$out/m/$name/ma.yaml"
@@ -256,6 +262,11 @@ run() {
     name=$(basename "$(dirname "$m")")
     if "$AGENT" local "$m" --store "$out/store-examples" --output json >"$out/local-$name.json" 2>"$out/local-$name.log"; then
       jq -c '{ready, class, loadSeconds, p50Seconds, p99Seconds, peakMemoryBytes, placement: .placement.nodes}' <(tail -1 "$out/local-$name.json")
+    elif jq -e '.reason == "IncompatibleRuntime" and (.message | test("llama.cpp has no CUDA backend"))' \
+      <(tail -1 "$out/local-$name.json") >/dev/null; then
+      # This agent's llama.cpp is the CPU build: refusing the GPU class is the right answer; the
+      # GPU agent's build runs it in the `llama` call.
+      echo "refused as it must be (CPU build of llama.cpp on a GPU class): local $name: IncompatibleRuntime"
     else
       echo "FAIL: local $name: $(tail -1 "$out/local-$name.json")"; fail=1
     fi
