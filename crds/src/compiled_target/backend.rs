@@ -18,7 +18,7 @@ use crate::labels::ClassFacts;
 #[x_kube(validation = Rule::new("self.kind == 'exec' || (!has(self.image) && !has(self.command))").message("backend.image and backend.command are for kind exec; drop them or set kind: exec"))]
 #[x_kube(validation = Rule::new("!has(self.image) || self.image.matches('^[^@]+@sha256:[0-9a-f]{64}$')").message("pin backend.image by digest (name@sha256:<64 hex>): the compile key must name the exact compiler"))]
 #[x_kube(validation = Rule::new("!has(self.optimizationLevel) || self.kind in ['onnxruntime', 'auto']").message("backend.optimizationLevel is for kind onnxruntime or auto; drop it or set kind: onnxruntime"))]
-#[x_kube(validation = Rule::new("!has(self.executionProvider) || self.executionProvider == 'cpu' || self.kind == 'onnxruntime' || (self.kind == 'llamacpp' && self.executionProvider == 'cuda')").message("backend.executionProvider cuda needs kind onnxruntime or llamacpp, tensorrt kind onnxruntime; tract and exec run on the CPU"))]
+#[x_kube(validation = Rule::new("!has(self.executionProvider) || self.executionProvider == 'cpu' || self.kind == 'onnxruntime' || (self.kind in ['llamacpp', 'iree'] && self.executionProvider == 'cuda')").message("backend.executionProvider cuda needs kind onnxruntime, llamacpp or iree, tensorrt kind onnxruntime; tract and exec run on the CPU"))]
 #[x_kube(validation = Rule::new("self.kind != 'auto' || (!has(self.executionProvider) && !has(self.version))").message("kind auto chooses the engine and its provider per class by measurement; drop backend.executionProvider and backend.version, or name one kind"))]
 #[x_kube(validation = Rule::new("!has(self.cuda) || self.kind in ['onnxruntime', 'auto']").message("backend.cuda configures ONNX Runtime's CUDA provider; it is for kind onnxruntime or auto"))]
 #[x_kube(validation = Rule::new("!has(self.cuda) || !has(self.cuda.cudaGraphs) || self.cuda.cudaGraphs != true || (has(self.cpuFallback) && self.cpuFallback.policy in ['Forbidden', 'Strict'])").message("backend.cuda.cudaGraphs replays one captured CUDA graph, which ONNX Runtime builds only when no compute node runs on the CPU: set backend.cpuFallback.policy Forbidden (shape nodes may stay on the CPU) or Strict"))]
@@ -26,8 +26,9 @@ use crate::labels::ClassFacts;
 pub struct Backend {
     /// `tract` (built in), `onnxruntime`, `auto` (every engine the class can run is built,
     /// checked and measured on the class's hardware, and the fastest that passes is kept),
-    /// `llamacpp` (GGUF language models on llama.cpp, built in), `tensorrt`, or `exec` (any
-    /// compiler image).
+    /// `llamacpp` (GGUF language models on llama.cpp, built in), `iree` (ONNX compiled to
+    /// machine code for each class's CPU level by IREE, runtime built in), `tensorrt`, or `exec`
+    /// (any compiler image).
     pub kind: BackendKind,
     /// Backend version to require; empty takes the agent's built-in version. For `exec` this is
     /// the version of the runtime that loads the result (tract).
@@ -51,7 +52,8 @@ pub struct Backend {
     pub flags: BTreeMap<String, String>,
     /// Where the engine runs: `cpu`, or for kind `onnxruntime` the `cuda` or `tensorrt`
     /// execution provider. Unset: `cuda` on classes with an NVIDIA GPU for kind `onnxruntime`,
-    /// `cpu` otherwise. Part of the compile key.
+    /// `cpu` otherwise. Kind `iree` with `cuda` compiles for the class's compute capability
+    /// (refused where IREE has no code generator for it, e.g. 9.0). Part of the compile key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub execution_provider: Option<ExecutionProvider>,
     /// Kind `onnxruntime`: the graph optimisation applied at compile and saved as the artifact:
@@ -338,6 +340,9 @@ pub enum BackendKind {
     Tensorrt,
     /// Any compiler image driven through kiln-agent.
     Exec,
+    /// IREE: the ONNX source compiled through MLIR to machine code for each class's CPU (its
+    /// x86-64 level), run by IREE's runtime built into kiln-agent.
+    Iree,
 }
 
 impl BackendKind {
@@ -350,6 +355,7 @@ impl BackendKind {
             Self::Llamacpp => "llamacpp",
             Self::Tensorrt => "tensorrt",
             Self::Exec => "exec",
+            Self::Iree => "iree",
         }
     }
 

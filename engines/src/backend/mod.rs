@@ -21,6 +21,7 @@ pub mod iree;
 pub mod llamacpp;
 pub mod onnxruntime;
 pub mod select;
+mod subprocess;
 pub mod tensor;
 pub mod tract;
 mod tract_nnef;
@@ -117,6 +118,7 @@ pub fn for_artifact(
         "tract" => BackendKind::Tract,
         "onnxruntime" => BackendKind::Onnxruntime,
         "llamacpp" => BackendKind::Llamacpp,
+        "iree" => BackendKind::Iree,
         other => {
             return Err(Error::IncompatibleRuntime(format!(
                 "artifact built by backend {other:?}, which kiln-agent cannot load"
@@ -150,6 +152,7 @@ pub fn for_target_with(
         BackendKind::Tract => Box::new(tract::Tract),
         BackendKind::Onnxruntime => Box::new(onnxruntime::OnnxRuntime::for_spec(spec)?),
         BackendKind::Llamacpp => Box::new(llamacpp::Llamacpp::for_spec(spec)),
+        BackendKind::Iree => Box::new(iree::Iree),
         BackendKind::Exec => Box::new(exec::Exec {
             command: spec.command.clone(),
             handoff: handoff.map(std::path::Path::to_path_buf),
@@ -161,7 +164,7 @@ pub fn for_target_with(
         }
         other => {
             return Err(Error::InvalidSpec(format!(
-                "backend {} is not built into kiln-agent; use backend.kind: tract, onnxruntime or llamacpp, or kind: exec with a compiler image that writes ONNX",
+                "backend {} is not built into kiln-agent; use backend.kind: tract, onnxruntime, llamacpp or iree, or kind: exec with a compiler image that writes ONNX",
                 other.as_str()
             )));
         }
@@ -183,6 +186,7 @@ pub fn runtimes() -> BTreeMap<String, String> {
     let mut runtimes = BTreeMap::from([
         (tract::Tract.name().to_string(), tract::Tract.version()),
         ("llamacpp".to_string(), llamacpp::VERSION.to_string()),
+        ("iree".to_string(), iree::compile::VERSION.to_string()),
     ]);
     // ONNX Runtime when a library is configured and loads (a broken one is reported when a
     // target asks for it).

@@ -1,9 +1,209 @@
-//! IREE, kiln's next engine (issue 50, in progress): a model lowered through MLIR to machine code
-//! for one node class, by IREE's compiler (PyPI `iree-base-compiler`, `scripts/ensure/iree.sh`)
-//! with the class's CPU level as its target CPU, and run by IREE's runtime. What exists so far:
-//! the check that must come before any load, because IREE's runtime has none ([`target`] reads
-//! the targets a compiled module records and says which CPU features this machine lacks), and
-//! [`terms`], which reads the operators the compiler refused out of its errors.
+//! IREE, kiln's compiler engine: an ONNX model lowered through MLIR to machine code for one node
+//! class by IREE's compiler ([`compile`]: the pinned PyPI wheel, run as a child process, with the
+//! class's x86-64 level as its target CPU, never `host`), and run by IREE's runtime built into
+//! kiln-agent ([`engine`]). Before a module is loaded, the targets it records are checked against
+//! this CPU ([`target`]): IREE's runtime does not check, and a module with an instruction the
+//! CPU lacks dies of SIGILL. [`terms`] reads the operators the compiler refused out of its errors.
+//! The reference and the graph's interface are tract's reading of the same source.
 
+mod artifact;
+pub mod compile;
+mod engine;
 pub mod target;
 pub mod terms;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use kiln_crds::compiled_target::{ExecutionProvider, Precision};
+
+use super::tract::Tract;
+use super::{Backend, CompileRequest, Compiled, Engine, GraphInterface, InputInfo, Shapes};
+use artifact::{ArtifactConfig, CONFIG, MODULE, ProfileEntry};
+use kiln_node_core::error::{Error, Result};
+use target::{ClassTarget, NoTarget};
+
+const MEDIA_TYPE: &str = "application/vnd.kiln.iree.vmfb.v1.tar";
+
+/// The IREE backend.
+pub struct Iree;
+
+impl Backend for Iree {
+    fn name(&self) -> &'static str {
+        "iree"
+    }
+
+    fn version(&self) -> String {
+        compile::VERSION.to_string()
+    }
+
+    /// The version and the fixed flags (the target CPU is the class's, already in the key).
+    fn identity(&self) -> String {
+        format!("{} {}", compile::VERSION, compile::flags("CLASS").join(" "))
+    }
+
+    fn media_type(&self) -> &'static str {
+        MEDIA_TYPE
+    }
+
+    fn compile(&self, req: &CompileRequest<'_>) -> Result<Compiled> {
+        check_request(req)?;
+        let cpu = cpu_for(req)?;
+        let tools = compile::Tools::find()?;
+        let flags = compile::flags(cpu);
+        let built = compile::build(&tools, req.model, &flags, req.timeout)?;
+        let config = config_for(req.model, req.profiles, cpu, flags, built.function)?;
+        write_artifact(req.out, &config, &built.module)?;
+        Ok(Compiled {
+            outputs: config.outputs.clone(),
+            log: built.log,
+            machine_bound: None,
+            resolved: BTreeMap::from([
+                ("compilerVersion".into(), config.compiler_version.clone()),
+                ("targetCpu".into(), cpu.to_string()),
+                ("compilerFlags".into(), config.compiler_flags.join(" ")),
+                ("moduleBytes".into(), built.module.len().to_string()),
+            ]),
+        })
+    }
+
+    fn load(&self, artifact: &Path) -> Result<Box<dyn Engine>> {
+        let load_failed = |m: String| Error::LoadFailed(format!("{}: {m}", artifact.display()));
+        let (config, module) = artifact::read_artifact(artifact).map_err(load_failed)?;
+        if config.compiler_version != compile::VERSION {
+            return Err(Error::IncompatibleRuntime(format!(
+                "module compiled by IREE {}, this agent's runtime is IREE {}",
+                config.compiler_version,
+                compile::VERSION
+            )));
+        }
+        check_module_fits(&module)?;
+        Ok(Box::new(engine::IreeEngine::start(module, config)?))
+    }
+
+    fn reference(&self, model: &Path, shapes: &Shapes) -> Result<Box<dyn Engine>> {
+        Tract.reference(model, shapes)
+    }
+
+    fn inputs(&self, model: &Path) -> Result<Vec<InputInfo>> {
+        Tract.inputs(model)
+    }
+
+    fn interface(&self, model: &Path) -> Result<GraphInterface> {
+        Tract.interface(model)
+    }
+}
+
+/// What the IREE backend refuses to build: another precision, flags, a GPU provider this
+/// runtime cannot run.
+fn check_request(req: &CompileRequest<'_>) -> Result<()> {
+    if req.precision != Precision::Fp32 {
+        return Err(Error::InvalidSpec(format!(
+            "the iree backend compiles precision fp32 only, not {}; set precision: fp32",
+            req.precision.as_str()
+        )));
+    }
+    if let Some(flag) = req.flags.keys().next() {
+        return Err(Error::InvalidSpec(format!(
+            "the iree backend takes no flags (its target is the class's); remove backend.flags.{flag}"
+        )));
+    }
+    Ok(())
+}
+
+/// The target CPU for the request's class: its level, or the x86-64 baseline where the class
+/// does not key on it. A GPU class with a compute capability IREE has code for still fails:
+/// this runtime is built without IREE's CUDA driver.
+fn cpu_for(req: &CompileRequest<'_>) -> Result<&'static str> {
+    let class = req
+        .memory_budget
+        .as_ref()
+        .map(|m| m.class.clone())
+        .unwrap_or_default();
+    let gpu = !matches!(req.provider, ExecutionProvider::Cpu);
+    match target::class_target(&class, gpu) {
+        Ok(ClassTarget::Cpu(cpu)) => Ok(cpu),
+        Ok(ClassTarget::Cuda(arch)) => Err(Error::IncompatibleRuntime(format!(
+            "IREE compiles this class's {arch}, but kiln-agent's IREE runtime is built without its CUDA driver; set backend.executionProvider: cpu"
+        ))),
+        Err(NoTarget::Hardware(m)) => Err(Error::IncompatibleHardware(m)),
+        Err(NoTarget::Unstated(m)) => Err(Error::InvalidSpec(m)),
+    }
+}
+
+/// How the module is called, from the source graph (tract's reading: inputs in order with their
+/// types, outputs in order) and the target's profiles.
+fn config_for(
+    model: &Path,
+    profiles: &BTreeMap<String, Shapes>,
+    cpu: &str,
+    flags: Vec<String>,
+    function: String,
+) -> Result<ArtifactConfig> {
+    let inputs = Tract
+        .inputs(model)?
+        .into_iter()
+        .map(|i| (i.name, i.dtype))
+        .collect();
+    let outputs = Tract
+        .interface(model)?
+        .outputs
+        .into_iter()
+        .map(|o| o.name)
+        .collect();
+    Ok(ArtifactConfig {
+        compiler_version: compile::VERSION.to_string(),
+        target_cpu: cpu.to_string(),
+        compiler_flags: flags,
+        function,
+        inputs,
+        outputs,
+        profiles: profiles
+            .iter()
+            .map(|(name, shapes)| ProfileEntry {
+                name: name.clone(),
+                inputs: shapes.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            })
+            .collect(),
+    })
+}
+
+fn write_artifact(out: &Path, config: &ArtifactConfig, module: &[u8]) -> Result<()> {
+    let json = serde_json::to_vec_pretty(config)
+        .map_err(|e| Error::CompileFailed(format!("{CONFIG}: {e}")))?;
+    let mut tar = tar::Builder::new(Vec::new());
+    super::archive::append(&mut tar, CONFIG, &json)?;
+    super::archive::append(&mut tar, MODULE, module)?;
+    let bytes = tar
+        .into_inner()
+        .map_err(|e| Error::CompileFailed(format!("archiving the module: {e}")))?;
+    std::fs::write(out, bytes).map_err(|e| Error::store(out, e))
+}
+
+/// `IncompatibleHardware` when the module asks for CPU features this machine lacks, or records
+/// no target kiln can read (fail closed); a GPU module is refused likewise.
+fn check_module_fits(module: &[u8]) -> Result<()> {
+    let targets = target::recorded_targets(module);
+    if targets.is_empty() {
+        return Err(Error::IncompatibleHardware(
+            "the module records no executable target kiln can read, so nothing says this CPU can run it".into(),
+        ));
+    }
+    for t in &targets {
+        if t.backend != "llvm-cpu" {
+            return Err(Error::IncompatibleRuntime(format!(
+                "the module holds {} code ({}), which kiln-agent's IREE runtime does not run",
+                t.backend, t.cpu
+            )));
+        }
+        let missing = target::missing_features(t, target::host_has);
+        if !missing.is_empty() {
+            return Err(Error::IncompatibleHardware(format!(
+                "the module was compiled for CPU {:?} and uses {}, which this CPU lacks",
+                t.cpu,
+                missing.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}

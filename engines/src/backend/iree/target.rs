@@ -103,13 +103,75 @@ pub fn missing_features(
 /// itself, never `host`, so every node of the class gets the same code and the same bytes.
 pub fn target_cpu(cpu_level: &str) -> Result<&'static str, String> {
     match cpu_level {
+        "x86-64" => Ok("x86-64"),
         "x86-64-v2" => Ok("x86-64-v2"),
         "x86-64-v3" => Ok("x86-64-v3"),
         "x86-64-v4" => Ok("x86-64-v4"),
         other => Err(format!(
-            "IREE compiles CPU classes of x86-64 levels v2 to v4; this class's CPU level is {other:?}"
+            "IREE compiles CPU classes of x86-64 levels 1 to 4 (x86-64, x86-64-v2 to -v4); this class's CPU level is {other:?}"
         )),
     }
+}
+
+/// The CUDA architectures IREE 3.13's code generator has a target for (`iree-compile
+/// --iree-cuda-target=sm_90` fails "missing GPU target" for Hopper and `sm_100` for Blackwell
+/// datacenter parts).
+pub const CUDA_ARCHES: &[&str] = &[
+    "sm_60", "sm_61", "sm_70", "sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_120", "sm_121",
+];
+
+/// What a class's module is compiled for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClassTarget {
+    /// x86-64 code for this `--iree-llvmcpu-target-cpu`.
+    Cpu(&'static str),
+    /// CUDA code for this architecture (`sm_80`).
+    Cuda(String),
+}
+
+/// Why a class gets no IREE code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NoTarget {
+    /// The hardware has no IREE code generator (`IncompatibleHardware`).
+    Hardware(String),
+    /// The class does not say what its hardware is (`InvalidSpec`).
+    Unstated(String),
+}
+
+/// The target a class's facts name: for a GPU class (`gpu`) its compute capability, for a CPU
+/// class its x86-64 level (`x86-64`, the baseline every x86-64 node runs, when the class does not
+/// key on the level). Never the build machine's own CPU.
+pub fn class_target(
+    class: &std::collections::BTreeMap<String, String>,
+    gpu: bool,
+) -> Result<ClassTarget, NoTarget> {
+    use kiln_crds::labels::{ARCH, CPU_LEVEL, GPU_COMPUTE_MAJOR, GPU_COMPUTE_MINOR};
+    if gpu {
+        let (Some(major), Some(minor)) =
+            (class.get(GPU_COMPUTE_MAJOR), class.get(GPU_COMPUTE_MINOR))
+        else {
+            return Err(NoTarget::Unstated(format!(
+                "a GPU class for IREE must key on {GPU_COMPUTE_MAJOR} and {GPU_COMPUTE_MINOR}: add them to the target's classKeys"
+            )));
+        };
+        let arch = format!("sm_{major}{minor}");
+        if !CUDA_ARCHES.contains(&arch.as_str()) {
+            return Err(NoTarget::Hardware(format!(
+                "IREE 3.13 generates no code for compute capability {major}.{minor} ({arch}); it targets {}; use backend.kind onnxruntime for this class",
+                CUDA_ARCHES.join(", ")
+            )));
+        }
+        return Ok(ClassTarget::Cuda(arch));
+    }
+    if let Some(arch) = class.get(ARCH).filter(|a| *a != "amd64") {
+        return Err(NoTarget::Hardware(format!(
+            "kiln compiles IREE code for amd64 CPU classes; this class's {ARCH} is {arch:?}"
+        )));
+    }
+    let level = class.get(CPU_LEVEL).map_or("x86-64", String::as_str);
+    target_cpu(level)
+        .map(ClassTarget::Cpu)
+        .map_err(NoTarget::Hardware)
 }
 
 /// Whether this CPU has the LLVM feature `name`: `None` for a name kiln does not know.
@@ -253,6 +315,7 @@ mod tests {
     fn the_class_level_names_the_target_cpu_never_host() {
         assert_eq!(target_cpu("x86-64-v4"), Ok("x86-64-v4"));
         assert_eq!(target_cpu("x86-64-v3"), Ok("x86-64-v3"));
+        assert_eq!(target_cpu("x86-64"), Ok("x86-64"));
         let err = target_cpu("baseline").expect_err("baseline has no IREE CPU");
         assert!(err.contains("\"baseline\""), "{err}");
         assert!(target_cpu("host").is_err());
@@ -271,5 +334,45 @@ mod tests {
             Some(std::arch::is_x86_feature_detected!("avx2"))
         );
         assert_eq!(host_has("not-a-feature"), None);
+    }
+
+    fn class(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_class_gets_its_own_level_or_the_baseline_never_host() {
+        use kiln_crds::labels::{ARCH, CPU_LEVEL};
+        let v3 = class(&[(ARCH, "amd64"), (CPU_LEVEL, "x86-64-v3")]);
+        assert_eq!(class_target(&v3, false), Ok(ClassTarget::Cpu("x86-64-v3")));
+        // No level among the class's keys: nodes of it may be any x86-64, so the baseline.
+        let any = class(&[(ARCH, "amd64")]);
+        assert_eq!(class_target(&any, false), Ok(ClassTarget::Cpu("x86-64")));
+        let arm = class(&[(ARCH, "arm64"), (CPU_LEVEL, "baseline")]);
+        assert!(
+            matches!(class_target(&arm, false), Err(NoTarget::Hardware(m)) if m.contains("arm64"))
+        );
+    }
+
+    #[test]
+    fn a_gpu_class_gets_its_compute_capability_where_iree_has_one() {
+        use kiln_crds::labels::{GPU_COMPUTE_MAJOR, GPU_COMPUTE_MINOR};
+        let a100 = class(&[(GPU_COMPUTE_MAJOR, "8"), (GPU_COMPUTE_MINOR, "0")]);
+        assert_eq!(
+            class_target(&a100, true),
+            Ok(ClassTarget::Cuda("sm_80".into()))
+        );
+        let h200 = class(&[(GPU_COMPUTE_MAJOR, "9"), (GPU_COMPUTE_MINOR, "0")]);
+        match class_target(&h200, true) {
+            Err(NoTarget::Hardware(m)) => assert!(m.contains("9.0 (sm_90)"), "{m}"),
+            other => panic!("sm_90 must be refused: {other:?}"),
+        }
+        assert!(matches!(
+            class_target(&class(&[]), true),
+            Err(NoTarget::Unstated(_))
+        ));
     }
 }

@@ -48,6 +48,7 @@ pub fn passes_env(name: &str) -> bool {
         "RUST_LOG",
         "RUST_BACKTRACE",
         "ORT_DYLIB_PATH",
+        "KILN_IREE_BIN",
         "LD_LIBRARY_PATH",
         "CUDA_VISIBLE_DEVICES",
         "CUDA_DEVICE_ORDER",
@@ -111,6 +112,7 @@ mod tests {
         }
         for name in [
             "ORT_DYLIB_PATH",
+            "KILN_IREE_BIN",
             "LD_LIBRARY_PATH",
             "CUDA_VISIBLE_DEVICES",
             "NVIDIA_VISIBLE_DEVICES",

@@ -1,0 +1,60 @@
+//! The artifact an IREE compile writes: a tar of the compiled module (`module.vmfb`) and what
+//! kiln needs to call it (`kiln-iree.json`: the compiler and target it was made with, the
+//! function, the inputs in call order with their types, the outputs in return order), read back
+//! by name, never extracted.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::archive::entries;
+
+pub(super) const CONFIG: &str = "kiln-iree.json";
+pub(super) const MODULE: &str = "module.vmfb";
+
+/// How an artifact was made and how its function is called, stored in it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct ArtifactConfig {
+    /// `iree-compile --version`'s version.
+    pub(super) compiler_version: String,
+    /// What the module was compiled for (`x86-64-v3`).
+    pub(super) target_cpu: String,
+    /// Every flag `iree-compile` got.
+    pub(super) compiler_flags: Vec<String>,
+    /// The exported function (`main` is called as `module.main`).
+    pub(super) function: String,
+    /// Inputs in call order, with their element types.
+    pub(super) inputs: Vec<(String, safetensors::Dtype)>,
+    /// Outputs in return order.
+    pub(super) outputs: Vec<String>,
+    /// The profiles the target declared (the module takes any shape they bind).
+    pub(super) profiles: Vec<ProfileEntry>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(super) struct ProfileEntry {
+    pub(super) name: String,
+    pub(super) inputs: Vec<(String, Vec<usize>)>,
+}
+
+/// The configuration and the module of an artifact.
+pub(super) fn read_artifact(
+    artifact: &Path,
+) -> std::result::Result<(ArtifactConfig, Vec<u8>), String> {
+    let mut files = entries(artifact)?;
+    if let Some(other) = files.keys().find(|k| *k != CONFIG && *k != MODULE) {
+        return Err(format!(
+            "unexpected entry {other:?}: not a kiln iree artifact"
+        ));
+    }
+    let config = files
+        .remove(CONFIG)
+        .ok_or_else(|| format!("no {CONFIG}: not a kiln iree artifact"))?;
+    let config: ArtifactConfig =
+        serde_json::from_slice(&config).map_err(|e| format!("{CONFIG}: {e}"))?;
+    let module = files
+        .remove(MODULE)
+        .ok_or_else(|| format!("no {MODULE}: not a kiln iree artifact"))?;
+    Ok((config, module))
+}

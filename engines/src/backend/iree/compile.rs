@@ -1,0 +1,218 @@
+//! IREE's compiler, run as a child process ([`subprocess`]): `iree-import-onnx` turns the
+//! verified ONNX source into MLIR, `iree-compile` lowers that to a module of machine code for one
+//! target CPU. Both come from the pinned PyPI wheel (`iree-base-compiler`), found in
+//! `$KILN_IREE_BIN` (what `scripts/ensure/iree.sh` prints; the compile Job image sets it) or on
+//! `PATH`, and are refused unless `iree-compile --version` names the pinned version.
+//!
+//! The same source and target give the same bytes on any machine: the compiler embeds the
+//! input's path as written, so both tools run in a fresh directory on fixed relative names.
+//! May touch: a scratch directory of its own and the processes it starts.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::backend::subprocess;
+use kiln_node_core::error::{Error, Result};
+
+/// The IREE release kiln's compiler and runtime are (eerie-sys vendors the same commit).
+pub const VERSION: &str = "3.13.0";
+
+/// ONNX operator set the importer upgrades older models to (it only upgrades): IREE's ONNX
+/// lowering covers opsets 17 and up, and older models (SqueezeNet's 9) fail without it.
+const OPSET: &str = "17";
+
+/// How long `iree-compile --version` may take.
+const VERSION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the compiler's tools are.
+pub(super) struct Tools {
+    import: PathBuf,
+    compile: PathBuf,
+}
+
+impl Tools {
+    /// The tools in `$KILN_IREE_BIN`, else on `PATH`, checked to be the pinned version.
+    pub(super) fn find() -> Result<Self> {
+        let find = |name: &str| -> Option<PathBuf> {
+            let dirs = std::env::var_os("KILN_IREE_BIN")
+                .map(|d| vec![PathBuf::from(d)])
+                .unwrap_or_else(|| {
+                    std::env::var_os("PATH")
+                        .map(|p| std::env::split_paths(&p).collect())
+                        .unwrap_or_default()
+                });
+            dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
+        };
+        let (Some(import), Some(compile)) = (find("iree-import-onnx"), find("iree-compile")) else {
+            return Err(Error::IncompatibleRuntime(format!(
+                "IREE's compiler {VERSION} (iree-import-onnx, iree-compile) is not here: it runs in the compile Job's image; for local mode set KILN_IREE_BIN to what scripts/ensure/iree.sh prints"
+            )));
+        };
+        let tools = Self { import, compile };
+        tools.check_version()?;
+        Ok(tools)
+    }
+
+    fn check_version(&self) -> Result<()> {
+        let mut cmd = subprocess::command(&self.compile);
+        cmd.arg("--version");
+        let ran = subprocess::run(&mut cmd, Some(VERSION_TIMEOUT)).map_err(|e| {
+            Error::IncompatibleRuntime(format!("cannot start {}: {e}", self.compile.display()))
+        })?;
+        subprocess::check_exit(
+            "iree-compile --version",
+            ran.status,
+            Some(VERSION_TIMEOUT),
+            &ran.log,
+        )?;
+        let said = ran.log.join(" ");
+        if said.contains(&format!("IREE compiler version {VERSION}")) {
+            Ok(())
+        } else {
+            Err(Error::IncompatibleRuntime(format!(
+                "{} is not IREE's compiler {VERSION}: it says {said:?}",
+                self.compile.display()
+            )))
+        }
+    }
+}
+
+/// The flags `iree-compile` gets for `cpu`: local execution of x86-64 code for that CPU.
+pub fn flags(cpu: &str) -> Vec<String> {
+    vec![
+        "--iree-hal-target-device=local".into(),
+        "--iree-hal-local-target-device-backends=llvm-cpu".into(),
+        format!("--iree-llvmcpu-target-cpu={cpu}"),
+    ]
+}
+
+/// What a compile made.
+pub(super) struct Built {
+    pub(super) module: Vec<u8>,
+    pub(super) function: String,
+    pub(super) log: Vec<String>,
+}
+
+/// Imports `model` and compiles it with `flags`, each within `timeout`.
+pub(super) fn build(
+    tools: &Tools,
+    model: &Path,
+    flags: &[String],
+    timeout: Option<Duration>,
+) -> Result<Built> {
+    let work = tempfile::Builder::new()
+        .prefix("kiln-iree-")
+        .tempdir()
+        .map_err(|e| Error::store(std::env::temp_dir(), e))?;
+    // A link, not a copy, where it can be: the source may be gigabytes. External data is read
+    // from the source's own (verified) directory.
+    let onnx = work.path().join("model.onnx");
+    std::fs::hard_link(model, &onnx)
+        .or_else(|_| std::fs::copy(model, &onnx).map(|_| ()))
+        .map_err(|e| Error::store(&onnx, e))?;
+    let data_dir = model.parent().unwrap_or(Path::new("."));
+    let mut import = subprocess::command(&tools.import);
+    import
+        .current_dir(work.path())
+        .args([
+            "model.onnx",
+            "-o",
+            "model.mlir",
+            "--opset-version",
+            OPSET,
+            "--data-dir",
+        ])
+        .arg(data_dir);
+    let mut log = step(&mut import, "iree-import-onnx", timeout)?;
+    let function = function_name(&work.path().join("model.mlir"))?;
+    let mut compile = subprocess::command(&tools.compile);
+    compile
+        .current_dir(work.path())
+        .args(flags)
+        .args(["model.mlir", "-o", "model.vmfb"]);
+    log.extend(step(&mut compile, "iree-compile", timeout)?);
+    let path = work.path().join("model.vmfb");
+    let module = std::fs::read(&path).map_err(|e| Error::store(&path, e))?;
+    Ok(Built {
+        module,
+        function,
+        log,
+    })
+}
+
+/// Runs one tool to its end; `UnsupportedOperator` naming what it refused, else `CompileFailed`
+/// (or `Timeout`) with its last output.
+fn step(
+    cmd: &mut std::process::Command,
+    what: &str,
+    timeout: Option<Duration>,
+) -> Result<Vec<String>> {
+    tracing::info!(tool = what, "running IREE's compiler");
+    let ran = subprocess::run(cmd, timeout)
+        .map_err(|e| Error::IncompatibleRuntime(format!("cannot start {what}: {e}")))?;
+    let failed = matches!(&ran.status, Ok(Some(s)) if !s.success());
+    if failed {
+        let operators = super::terms::unsupported_operators(&ran.log.join("\n"));
+        if !operators.is_empty() {
+            return Err(Error::UnsupportedOperator {
+                backend: "iree".into(),
+                operators,
+            });
+        }
+    }
+    subprocess::check_exit(what, ran.status, timeout, &ran.log)?;
+    Ok(ran.log)
+}
+
+/// The function the importer exported, from the first `func.func @name(` of its MLIR (the ONNX
+/// graph's name, quoted when it is not a plain identifier), read from the file's head: the
+/// weights follow the functions.
+fn function_name(mlir: &Path) -> Result<String> {
+    use std::io::Read;
+    let mut head = Vec::new();
+    std::fs::File::open(mlir)
+        .and_then(|f| f.take(1 << 20).read_to_end(&mut head))
+        .map_err(|e| Error::store(mlir, e))?;
+    let text = String::from_utf8_lossy(&head);
+    parse_function(&text).ok_or_else(|| {
+        Error::CompileFailed(
+            "iree-import-onnx wrote no function (func.func @…) into its MLIR".into(),
+        )
+    })
+}
+
+/// The name after the first `func.func @` of `text`: a bare identifier or a `"quoted"` one.
+fn parse_function(text: &str) -> Option<String> {
+    let rest = &text[text.find("func.func @")? + "func.func @".len()..];
+    let name = if let Some(quoted) = rest.strip_prefix('"') {
+        &quoted[..quoted.find('"')?]
+    } else {
+        &rest[..rest.find(|c: char| !(c.is_alphanumeric() || "_$.-".contains(c)))?]
+    };
+    (!name.is_empty()).then(|| name.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_exported_function_bare_or_quoted() {
+        let bare = "module {\n  func.func @main_graph(%arg0: !torch.vtensor<[1,3],f32>) -> ...";
+        assert_eq!(parse_function(bare).as_deref(), Some("main_graph"));
+        let quoted = "module {\n  func.func @\"torch-jit export\"(%arg0: ...";
+        assert_eq!(parse_function(quoted).as_deref(), Some("torch-jit export"));
+        assert_eq!(parse_function("module {}"), None);
+        assert_eq!(parse_function("func.func @\"unterminated"), None);
+    }
+
+    #[test]
+    fn the_flags_name_the_target_cpu_never_host() {
+        let f = flags("x86-64-v3");
+        assert!(
+            f.contains(&"--iree-llvmcpu-target-cpu=x86-64-v3".to_string()),
+            "{f:?}"
+        );
+        assert!(!f.iter().any(|f| f.contains("host")), "{f:?}");
+    }
+}
