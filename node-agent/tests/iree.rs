@@ -1,22 +1,27 @@
-//! IREE modules compiled by the real compiler (PyPI `iree-base-compiler` 3.13.0,
-//! `scripts/ensure/iree.sh`), read by kiln's check that runs before any IREE load
-//! (`kiln_engines::backend::iree::target`): the class's CPU level is the target the module
-//! records, a module for a CPU feature this machine lacks is refused with that feature named
-//! (IREE's runtime would load it and die of SIGILL), the same source compiled for the same
-//! class gives the same bytes while another level gives other code, and the operators the
-//! compiler cannot lower are read out of its errors by name
-//! (`kiln_engines::backend::iree::terms`).
+//! The IREE backend with the real compiler (PyPI `iree-base-compiler` 3.13.0,
+//! `scripts/ensure/iree.sh`) and IREE's runtime built into kiln-agent: a model compiled for a
+//! class runs like its source (tract's reading) on several threads; the class's CPU level is the
+//! target the module records, the same class gives the same artifact bytes and another level
+//! other code; a module for a CPU feature this machine lacks is refused before load with that
+//! feature named (IREE's runtime would load it and die of SIGILL); the operators the compiler
+//! cannot lower are named in an `UnsupportedOperator` refusal.
 
 mod common;
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::signing::ensured;
+use kiln_crds::compiled_target::{ExecutionProvider, Precision};
+use kiln_crds::labels::{ARCH, CPU_LEVEL};
+use kiln_engines::backend::iree::Iree;
 use kiln_engines::backend::iree::target::{
     RecordedTarget, host_has, missing_features, recorded_targets, target_cpu,
 };
 use kiln_engines::backend::iree::terms::unsupported_operators;
+use kiln_engines::backend::tensor::HostTensor;
+use kiln_engines::backend::{Backend, CompileRequest, Compiled, MemoryFit, Shapes};
 
 /// Half-precision arithmetic: for a CPU with AVX512-FP16 the compiler emits its instructions.
 const F16: &str = r#"module @m {
@@ -159,6 +164,7 @@ onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
     };
     let made = run("python", &["-c", make]);
     assert!(made.status.success(), "{made:?}");
+    // The compiler itself, as a compile Job's step would see it…
     let imported = run("iree-import-onnx", &["model.onnx", "-o", "model.mlir"]);
     assert!(imported.status.success(), "{imported:?}");
     let compiled = iree_compile(&bin, dir.path(), "x86-64-v3");
@@ -168,4 +174,234 @@ onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
     );
     let stderr = String::from_utf8_lossy(&compiled.stderr);
     assert_eq!(unsupported_operators(&stderr), ["DFT"], "{stderr}");
+    // …and the backend's compile: the refusal classified, with the operator named.
+    let model = dir.path().join("model.onnx");
+    let shapes = profiles(&[("x", &[1, 8, 1])]);
+    let err =
+        compile_with_backend(&bin, &model, &shapes, "x86-64-v3", dir.path()).expect_err("refused");
+    assert_eq!(
+        err.reason(),
+        kiln_crds::FailureReason::UnsupportedOperator,
+        "{err}"
+    );
+    assert!(err.to_string().contains("DFT"), "{err}");
+}
+
+/// One profile `batch1` binding each named input to its shape.
+fn profiles(inputs: &[(&str, &[usize])]) -> BTreeMap<String, Shapes> {
+    let shapes = inputs
+        .iter()
+        .map(|(n, s)| (n.to_string(), s.to_vec()))
+        .collect();
+    BTreeMap::from([("batch1".to_string(), shapes)])
+}
+
+/// The IREE backend's compile of `model` for a class of x86-64 level `level`, into
+/// `dir`/`level`.tar.
+fn compile_with_backend(
+    bin: &Path,
+    model: &Path,
+    profiles: &BTreeMap<String, Shapes>,
+    level: &str,
+    dir: &Path,
+) -> kiln_node_core::error::Result<(PathBuf, Compiled)> {
+    let out = dir.join(format!("{level}.tar"));
+    let class = BTreeMap::from([
+        (ARCH.to_string(), "amd64".to_string()),
+        (CPU_LEVEL.to_string(), level.to_string()),
+    ]);
+    let compiled = Iree {
+        compiler: Some(bin.to_path_buf()),
+    }
+    .compile(&CompileRequest {
+        model,
+        profiles,
+        precision: Precision::Fp32,
+        provider: ExecutionProvider::Cpu,
+        flags: &BTreeMap::new(),
+        out: &out,
+        timeout: Some(std::time::Duration::from_secs(600)),
+        memory_budget: Some(MemoryFit {
+            budget: None,
+            class,
+        }),
+        chat_template: None,
+    })?;
+    Ok((out, compiled))
+}
+
+fn example_model() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/squeezenet/model.onnx")
+}
+
+/// A deterministic input of `shape` whose values vary (so a wrong kernel shows).
+fn input(shape: &[usize]) -> HostTensor {
+    let n: usize = shape.iter().product();
+    let values: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 1013) as f32 / 1013.0)
+        .collect();
+    HostTensor {
+        dtype: safetensors::Dtype::F32,
+        shape: shape.to_vec(),
+        data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+/// A small convolutional classifier with seeded random weights (Conv, Relu, Gemm, Softmax: its
+/// outputs differ from each other, so a wrong kernel shows), made by the venv's `onnx`.
+const CLASSIFIER: &str = r#"
+import numpy as np, onnx
+from onnx import helper, numpy_helper, TensorProto as T
+r = np.random.default_rng(7)
+w = numpy_helper.from_array(r.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+g = numpy_helper.from_array((r.standard_normal((8 * 14 * 14, 10)) / 40).astype(np.float32), "g")
+nodes = [
+    helper.make_node("Conv", ["x", "w"], ["c"]),
+    helper.make_node("Relu", ["c"], ["r"]),
+    helper.make_node("Flatten", ["r"], ["f"]),
+    helper.make_node("Gemm", ["f", "g"], ["l"]),
+    helper.make_node("Softmax", ["l"], ["y"], axis=1),
+]
+graph = helper.make_graph(nodes, "classifier",
+    [helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+    [helper.make_tensor_value_info("y", T.FLOAT, [1, 10])], [w, g])
+onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "classifier.onnx")
+"#;
+
+/// The classifier compiled by the backend for an x86-64-v3 class, loaded and run by IREE's
+/// runtime inside this process, agrees with tract's run of the source; the artifact records the
+/// class's level as its target.
+#[test]
+fn the_backend_compiles_for_the_class_and_runs_it_like_the_source() {
+    let Some(bin) = ensured("iree") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    common::signing::ran(dir.path(), &bin.join("python"), &["-c", CLASSIFIER]);
+    let model = dir.path().join("classifier.onnx");
+    let shape = [1, 3, 16, 16];
+    let shapes = profiles(&[("x", &shape)]);
+    let (artifact, compiled) =
+        compile_with_backend(&bin, &model, &shapes, "x86-64-v3", dir.path()).expect("compiled");
+    assert_eq!(compiled.outputs, ["y"]);
+    assert_eq!(compiled.resolved["targetCpu"], "x86-64-v3");
+    assert!(
+        compiled.resolved["compilerFlags"].contains("--iree-llvmcpu-target-cpu=x86-64-v3"),
+        "{:?}",
+        compiled.resolved
+    );
+    let iree = Iree::default();
+    let engine = iree
+        .load(&artifact)
+        .expect("loads on this x86-64-v3-or-better CPU");
+    assert_eq!(engine.profiles()[0].1["x"], shape);
+    let inputs = BTreeMap::from([("x".to_string(), input(&shape))]);
+    let got = engine.run(&inputs).expect("runs")["y"]
+        .to_f64()
+        .expect("f64");
+    let reference = iree.reference(&model, &shapes["batch1"]).expect("tract");
+    let want = reference.run(&inputs).expect("tract runs")["y"]
+        .to_f64()
+        .expect("f64");
+    assert_eq!(got.len(), 10);
+    let spread = want.iter().copied().fold(f64::MIN, f64::max)
+        - want.iter().copied().fold(f64::MAX, f64::min);
+    assert!(
+        spread > 0.01,
+        "a reference that tells outputs apart: {want:?}"
+    );
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        worst < 1e-5,
+        "IREE and tract differ by {worst}: {got:?} {want:?}"
+    );
+    // A second engine on the same artifact, and runs from several threads at once: one answer.
+    let again = iree.load(&artifact).expect("loads twice");
+    std::thread::scope(|s| {
+        for e in [&engine, &again] {
+            s.spawn(|| {
+                let y = e.run(&inputs).expect("runs")["y"].to_f64().expect("f64");
+                assert_eq!(y, got);
+            });
+        }
+    });
+}
+
+/// The same class twice gives the same artifact bytes (nothing of the build machine or the
+/// scratch directory leaks in); another level gives another module.
+#[test]
+fn the_same_class_compiles_to_the_same_artifact_bytes() {
+    let Some(bin) = ensured("iree") else {
+        return;
+    };
+    let shapes = profiles(&[("data_0", &[1, 3, 224, 224])]);
+    let build = |level: &str| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (artifact, _) =
+            compile_with_backend(&bin, &example_model(), &shapes, level, dir.path())
+                .expect("compiled");
+        std::fs::read(artifact).expect("read")
+    };
+    let v3 = build("x86-64-v3");
+    assert_eq!(v3, build("x86-64-v3"), "two compiles of one class");
+    assert_ne!(v3, build("x86-64-v4"), "v3 and v4 get other code");
+}
+
+/// An artifact whose module was compiled for a CPU feature this machine lacks is refused by the
+/// backend's load, naming it, before IREE's runtime sees it (which would die of SIGILL).
+#[test]
+fn the_backend_refuses_an_artifact_for_a_cpu_this_machine_is_not() {
+    let Some(bin) = ensured("iree") else {
+        return;
+    };
+    if std::arch::is_x86_feature_detected!("avx512fp16") {
+        kiln_endpoints::test_support::skip("this CPU has AVX512-FP16: no feature to lack");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shapes = profiles(&[("data_0", &[1, 3, 224, 224])]);
+    let (artifact, _) =
+        compile_with_backend(&bin, &example_model(), &shapes, "x86-64-v3", dir.path())
+            .expect("compiled");
+    // The same artifact with its module swapped for one compiled for Sapphire Rapids.
+    let entries = {
+        let mut a = tar::Archive::new(std::fs::File::open(&artifact).expect("open"));
+        let mut files = Vec::new();
+        for e in a.entries().expect("entries") {
+            let mut e = e.expect("entry");
+            let name = e.path().expect("path").to_string_lossy().into_owned();
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut bytes).expect("read");
+            files.push((name, bytes));
+        }
+        files
+    };
+    let foreign = compile(&bin, F16, "sapphirerapids");
+    let mut tar = tar::Builder::new(Vec::new());
+    for (name, bytes) in entries {
+        let bytes = if name == "module.vmfb" {
+            foreign.clone()
+        } else {
+            bytes
+        };
+        let mut h = tar::Header::new_gnu();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        tar.append_data(&mut h, name, bytes.as_slice())
+            .expect("append");
+    }
+    let swapped = dir.path().join("swapped.tar");
+    std::fs::write(&swapped, tar.into_inner().expect("tar")).expect("write");
+    let err = Iree::default().load(&swapped).err().expect("refused");
+    assert_eq!(
+        err.reason(),
+        kiln_crds::FailureReason::IncompatibleHardware,
+        "{err}"
+    );
+    assert!(err.to_string().contains("avx512fp16"), "{err}");
 }

@@ -122,7 +122,7 @@ impl Exec {
         let model = private_copy(req.model, work)?;
         let mut cmd = compiler_command(program, args, req, work, &model, onnx);
         tracing::info!(command = ?self.command, "running the compiler");
-        let ran = subprocess::run(&mut cmd, req.timeout).map_err(|e| {
+        let ran = subprocess::run(&mut cmd, req.timeout, subprocess::Orphans::Kill).map_err(|e| {
             Error::CompileFailed(format!(
                 "cannot start backend.command {program:?}: {e}; it must be an executable in backend.image (PATH is {:?})",
                 std::env::var("PATH").unwrap_or_default()

@@ -152,7 +152,7 @@ pub fn for_target_with(
         BackendKind::Tract => Box::new(tract::Tract),
         BackendKind::Onnxruntime => Box::new(onnxruntime::OnnxRuntime::for_spec(spec)?),
         BackendKind::Llamacpp => Box::new(llamacpp::Llamacpp::for_spec(spec)),
-        BackendKind::Iree => Box::new(iree::Iree),
+        BackendKind::Iree => Box::new(iree::Iree::default()),
         BackendKind::Exec => Box::new(exec::Exec {
             command: spec.command.clone(),
             handoff: handoff.map(std::path::Path::to_path_buf),

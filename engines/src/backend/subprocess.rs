@@ -1,8 +1,9 @@
 //! A compiler run as a child process, as every compile that calls a foreign tool runs it (`exec`'s
 //! `backend.command`, IREE's importer and compiler): only an allow-list of kiln-agent's
 //! environment ([`PASSED`]: paths, locale, GPU selection), so no credential reaches it; its own
-//! process group, killed with whatever it started when it exits or passes its deadline (and
-//! every process it detached with `setsid`, reparented to kiln-agent, a child subreaper); its
+//! process group, killed with whatever it started when it exits or passes its deadline (and, for
+//! a foreign compiler, every process it detached with `setsid`, reparented to kiln-agent, a child
+//! subreaper: [`Orphans`]); its
 //! output logged line by line, control characters neutralised, the last lines kept for the build
 //! manifest and failure messages.
 //! May touch: the processes it starts; nothing on disk.
@@ -48,8 +49,7 @@ const PASSED: &[&str] = &[
 const PASSED_PREFIXES: &[&str] = &["LC_", "CUDA_", "NVIDIA_"];
 
 /// A command for `program` with the allow-listed environment only, no stdin, output piped, in
-/// a process group of its own; this process becomes a child subreaper, so what leaves the group
-/// (setsid) is reparented here and killed after it.
+/// a process group of its own.
 pub(crate) fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut cmd = Command::new(program);
     cmd.env_clear()
@@ -58,10 +58,19 @@ pub(crate) fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cmd.process_group(0);
-    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
-        tracing::warn!(error = %e, "cannot become a child subreaper; a compiler's setsid children may outlive it");
-    }
     cmd
+}
+
+/// What happens, after a tool ends, to processes it detached from its group (`setsid`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Orphans {
+    /// This process becomes a child subreaper, and every child it gained during the run is
+    /// killed and reaped: for a foreign compiler, in a process that runs nothing else at once
+    /// (the engine's child, the compile Job's container).
+    Kill,
+    /// Only the group is killed: for a known tool, in a process where other threads may start
+    /// children of their own.
+    Leave,
 }
 
 /// How a tool run ended: its exit (`Ok(None)`: still running at the deadline, then killed) and
@@ -72,21 +81,36 @@ pub(crate) struct Ran {
 }
 
 /// Starts `cmd` (made by [`command`]) and watches it to the end or `timeout`; `Err` only when it
-/// cannot be started. Children this process had before (another engine's worker) are left alone.
-pub(crate) fn run(cmd: &mut Command, timeout: Option<Duration>) -> std::io::Result<Ran> {
-    let before = children_of(rustix::process::getpid().as_raw_nonzero().get());
+/// cannot be started. With [`Orphans::Kill`], children this process had before (another
+/// engine's worker) are left alone.
+pub(crate) fn run(
+    cmd: &mut Command,
+    timeout: Option<Duration>,
+    orphans: Orphans,
+) -> std::io::Result<Ran> {
+    let before = match orphans {
+        Orphans::Kill => {
+            if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+                tracing::warn!(error = %e, "cannot become a child subreaper; a compiler's setsid children may outlive it");
+            }
+            Some(children_of(
+                rustix::process::getpid().as_raw_nonzero().get(),
+            ))
+        }
+        Orphans::Leave => None,
+    };
     let mut child = cmd.spawn()?;
-    let (status, log) = watch(&mut child, timeout, &before);
+    let (status, log) = watch(&mut child, timeout, before.as_deref());
     Ok(Ran { status, log })
 }
 
 /// Reads the compiler's output while waiting for it (up to `timeout`), then kills its
-/// process group and the orphans it left (processes not in `before`); returns how it ended
+/// process group and, given `before`, the orphans it left (processes not in it); returns how it ended
 /// (`None`: still running at the deadline) and its last [`LOG_LINES`] output lines.
 fn watch(
     child: &mut std::process::Child,
     timeout: Option<Duration>,
-    before: &[i32],
+    before: Option<&[i32]>,
 ) -> (
     std::io::Result<Option<std::process::ExitStatus>>,
     Vec<String>,
@@ -111,7 +135,9 @@ fn watch(
         {
             let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
         }
-        kill_orphans(before);
+        if let Some(before) = before {
+            kill_orphans(before);
+        }
         status
     });
     (

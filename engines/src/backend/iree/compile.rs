@@ -31,10 +31,13 @@ pub(super) struct Tools {
 }
 
 impl Tools {
-    /// The tools in `$KILN_IREE_BIN`, else on `PATH`, checked to be the pinned version.
-    pub(super) fn find() -> Result<Self> {
+    /// The tools in `dir`, else in `$KILN_IREE_BIN`, else on `PATH`, checked to be the pinned
+    /// version.
+    pub(super) fn find(dir: Option<&Path>) -> Result<Self> {
         let find = |name: &str| -> Option<PathBuf> {
-            let dirs = std::env::var_os("KILN_IREE_BIN")
+            let dirs = dir
+                .map(|d| d.as_os_str().to_owned())
+                .or_else(|| std::env::var_os("KILN_IREE_BIN"))
                 .map(|d| vec![PathBuf::from(d)])
                 .unwrap_or_else(|| {
                     std::env::var_os("PATH")
@@ -56,9 +59,10 @@ impl Tools {
     fn check_version(&self) -> Result<()> {
         let mut cmd = subprocess::command(&self.compile);
         cmd.arg("--version");
-        let ran = subprocess::run(&mut cmd, Some(VERSION_TIMEOUT)).map_err(|e| {
-            Error::IncompatibleRuntime(format!("cannot start {}: {e}", self.compile.display()))
-        })?;
+        let ran = subprocess::run(&mut cmd, Some(VERSION_TIMEOUT), subprocess::Orphans::Leave)
+            .map_err(|e| {
+                Error::IncompatibleRuntime(format!("cannot start {}: {e}", self.compile.display()))
+            })?;
         subprocess::check_exit(
             "iree-compile --version",
             ran.status,
@@ -148,7 +152,7 @@ fn step(
     timeout: Option<Duration>,
 ) -> Result<Vec<String>> {
     tracing::info!(tool = what, "running IREE's compiler");
-    let ran = subprocess::run(cmd, timeout)
+    let ran = subprocess::run(cmd, timeout, subprocess::Orphans::Leave)
         .map_err(|e| Error::IncompatibleRuntime(format!("cannot start {what}: {e}")))?;
     let failed = matches!(&ran.status, Ok(Some(s)) if !s.success());
     if failed {

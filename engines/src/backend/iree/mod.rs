@@ -26,7 +26,11 @@ use target::{ClassTarget, NoTarget};
 const MEDIA_TYPE: &str = "application/vnd.kiln.iree.vmfb.v1.tar";
 
 /// The IREE backend.
-pub struct Iree;
+#[derive(Default)]
+pub struct Iree {
+    /// Where IREE's compiler tools are; `None`: `$KILN_IREE_BIN`, else `PATH`.
+    pub compiler: Option<std::path::PathBuf>,
+}
 
 impl Backend for Iree {
     fn name(&self) -> &'static str {
@@ -49,7 +53,7 @@ impl Backend for Iree {
     fn compile(&self, req: &CompileRequest<'_>) -> Result<Compiled> {
         check_request(req)?;
         let cpu = cpu_for(req)?;
-        let tools = compile::Tools::find()?;
+        let tools = compile::Tools::find(self.compiler.as_deref())?;
         let flags = compile::flags(cpu);
         let built = compile::build(&tools, req.model, &flags, req.timeout)?;
         let config = config_for(req.model, req.profiles, cpu, flags, built.function)?;
