@@ -193,8 +193,8 @@ impl Backend {
 
     /// Kind `auto`: the engines a class's compile builds and measures, in the order that
     /// breaks ties (the first passing one is kept unless a later one is clearly faster): tract,
-    /// then ONNX Runtime on the CPU, then, on a class with an NVIDIA GPU, ONNX Runtime's CUDA
-    /// provider. Each carries the target's ONNX Runtime settings; empty for other kinds.
+    /// then ONNX Runtime on the CPU, then IREE on an amd64 class, then, on a class with an
+    /// NVIDIA GPU, ONNX Runtime's CUDA provider. Each carries the target's ONNX Runtime settings; empty for other kinds.
     pub fn candidates(&self, class: &ClassFacts) -> Vec<Backend> {
         if self.kind != BackendKind::Auto {
             return Vec::new();
@@ -207,6 +207,11 @@ impl Backend {
             ..Backend::of(BackendKind::Onnxruntime)
         };
         let mut candidates = vec![Backend::of(BackendKind::Tract), ort(ExecutionProvider::Cpu)];
+        // IREE compiles x86-64 code for the class's level (on any amd64 class, the CPU of a GPU
+        // node too).
+        if class.get(crate::labels::ARCH).is_none_or(|a| a == "amd64") {
+            candidates.push(Backend::of(BackendKind::Iree));
+        }
         if Backend::of(BackendKind::Onnxruntime).provider_for(class) == ExecutionProvider::Cuda {
             candidates.push(ort(ExecutionProvider::Cuda));
         }

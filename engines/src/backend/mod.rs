@@ -90,10 +90,21 @@ pub fn builder_for(
 ) -> Result<Builder> {
     if spec.kind == BackendKind::Auto {
         return Ok(Builder::Auto(auto::Auto::for_class(
-            spec, class, for_target,
+            spec,
+            class,
+            candidate_here,
         )));
     }
     for_target_with(spec, handoff).map(Builder::One)
+}
+
+/// An `auto` candidate's backend on this worker: [`for_target`]'s, but IREE only where its
+/// compiler is (the agent image loads IREE modules; compiling them takes the compiler's image).
+fn candidate_here(spec: &kiln_crds::compiled_target::Backend) -> Result<Box<dyn Backend>> {
+    if spec.kind == BackendKind::Iree {
+        iree::compile::Tools::find(None)?;
+    }
+    for_target(spec)
 }
 
 /// The backend a target asks for, refusing a version other than the one this binary carries.

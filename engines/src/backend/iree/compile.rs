@@ -17,6 +17,10 @@ use kiln_node_core::error::{Error, Result};
 /// The IREE release kiln's compiler and runtime are (eerie-sys vendors the same commit).
 pub const VERSION: &str = "3.13.0";
 
+/// The revision of the flags [`flags`] gives, part of the backend's identity and so of the compile
+/// key: bump it with any change to them (a unit test holds them to it).
+pub const FLAGS_REVISION: &str = "llvm-cpu.1";
+
 /// ONNX operator set the importer upgrades older models to (it only upgrades): IREE's ONNX
 /// lowering covers opsets 17 and up, and older models (SqueezeNet's 9) fail without it.
 const OPSET: &str = "17";
@@ -25,7 +29,7 @@ const OPSET: &str = "17";
 const VERSION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where the compiler's tools are.
-pub(super) struct Tools {
+pub struct Tools {
     import: PathBuf,
     compile: PathBuf,
 }
@@ -33,7 +37,7 @@ pub(super) struct Tools {
 impl Tools {
     /// The tools in `dir`, else in `$KILN_IREE_BIN`, else on `PATH`, checked to be the pinned
     /// version.
-    pub(super) fn find(dir: Option<&Path>) -> Result<Self> {
+    pub fn find(dir: Option<&Path>) -> Result<Self> {
         let find = |name: &str| -> Option<PathBuf> {
             let dirs = dir
                 .map(|d| d.as_os_str().to_owned())
@@ -208,6 +212,18 @@ mod tests {
         assert_eq!(parse_function(quoted).as_deref(), Some("torch-jit export"));
         assert_eq!(parse_function("module {}"), None);
         assert_eq!(parse_function("func.func @\"unterminated"), None);
+    }
+
+    #[test]
+    fn the_flags_are_the_revision_the_compile_key_names() {
+        // Changing the flags changes every module: bump FLAGS_REVISION with them, and this line.
+        assert_eq!(
+            (FLAGS_REVISION, flags("CPU").join(" ").as_str()),
+            (
+                "llvm-cpu.1",
+                "--iree-hal-target-device=local --iree-hal-local-target-device-backends=llvm-cpu --iree-llvmcpu-target-cpu=CPU"
+            )
+        );
     }
 
     #[test]

@@ -41,9 +41,10 @@ impl Backend for Iree {
         compile::VERSION.to_string()
     }
 
-    /// The version and the fixed flags (the target CPU is the class's, already in the key).
+    /// The version and the revision of the flags (the target CPU is the class's, already in
+    /// the key): `3.13.0+llvm-cpu.1`.
     fn identity(&self) -> String {
-        format!("{} {}", compile::VERSION, compile::flags("CLASS").join(" "))
+        format!("{}+{}", compile::VERSION, compile::FLAGS_REVISION)
     }
 
     fn media_type(&self) -> &'static str {
