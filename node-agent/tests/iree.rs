@@ -405,3 +405,68 @@ fn the_backend_refuses_an_artifact_for_a_cpu_this_machine_is_not() {
     );
     assert!(err.to_string().contains("avx512fp16"), "{err}");
 }
+
+/// `kiln-agent local` on the IREE example, as a node of x86-64-v3 would run it (`--cpu-level`):
+/// Ready through the engine's own process, the class and the build manifest that level's, the
+/// compiler's version and flags recorded; a level above this CPU's is refused before anything.
+#[test]
+fn local_runs_the_example_as_a_node_of_a_lower_level_would() {
+    let Some(bin) = ensured("iree") else {
+        return;
+    };
+    let store = tempfile::tempdir().expect("tempdir");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/squeezenet/iree.yaml");
+    let local = |level: &str| {
+        let out = Command::new(common::AGENT)
+            .args(["local", "--output", "json", "--cpu-level", level, "--store"])
+            .arg(store.path())
+            .arg(&example)
+            .env("KILN_IREE_BIN", &bin)
+            .output()
+            .expect("run kiln-agent");
+        let last = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_string();
+        serde_json::from_str::<serde_json::Value>(&last).expect("json outcome")
+    };
+    let run = local("x86-64-v3");
+    assert_eq!(run["ready"], true, "{run}");
+    assert_eq!(run["engine"], "iree", "{run}");
+    assert!(
+        run["class"]
+            .as_str()
+            .is_some_and(|c| c.contains("x86-64-v3")),
+        "{run}"
+    );
+    let key = run["compileKey"].as_str().expect("key");
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            store
+                .path()
+                .join("artifacts")
+                .join(key)
+                .join("manifest.json"),
+        )
+        .expect("manifest"),
+    )
+    .expect("manifest json");
+    let options = &manifest["backendOptions"];
+    assert_eq!(options["targetCpu"], "x86-64-v3", "{manifest}");
+    assert_eq!(options["compilerVersion"], "3.13.0", "{manifest}");
+    assert!(
+        options["compilerFlags"]
+            .as_str()
+            .is_some_and(|f| f.contains("--iree-llvmcpu-target-cpu=x86-64-v3")),
+        "{manifest}"
+    );
+    let above = local("x86-64-v5");
+    assert_eq!(above["reason"], "InvalidSpec", "{above}");
+    assert!(
+        above["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("--cpu-level")),
+        "{above}"
+    );
+}

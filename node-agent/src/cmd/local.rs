@@ -21,7 +21,7 @@ use kiln_engines::pipeline::build::{
 use kiln_engines::pipeline::fetch::{FetchLimits, Fetcher, SourceRegistryArgs};
 use kiln_engines::pipeline::ready::{load_warm, pull_verified};
 use kiln_engines::pipeline::spec::Spec;
-use kiln_node_core::error::Result;
+use kiln_node_core::error::{Error, Result};
 use kiln_store::TrustArgs;
 
 /// The outcome of a local run; with `--output json` this is the last line on stdout.
@@ -76,6 +76,42 @@ pub struct Outcome {
     pub candidates: Vec<kiln_crds::engine::EngineCandidate>,
 }
 
+/// How `local` treats this machine.
+pub struct Machine {
+    /// How long loading, and then warming, may each take.
+    pub warm_deadline: std::time::Duration,
+    /// `--cpu-level`: the x86-64 level the class is taken to have, at most this CPU's.
+    pub cpu_level: Option<String>,
+}
+
+impl Machine {
+    /// This machine's facts as the class it stands for: the probed ones, with the CPU level
+    /// lowered to `--cpu-level` (a node of that level would get that class's artifact; this
+    /// CPU runs it as it runs everything a lower level runs). A level above the probed one is
+    /// refused: this CPU cannot stand for it.
+    fn as_class(
+        &self,
+        mut host: kiln_crds::kiln_node::HardwareFacts,
+    ) -> Result<kiln_crds::kiln_node::HardwareFacts> {
+        use kiln_engines::host::compat::cpu_level_rank;
+        let Some(level) = &self.cpu_level else {
+            return Ok(host);
+        };
+        let known = ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"];
+        if !known.contains(&level.as_str())
+            || cpu_level_rank(level) > cpu_level_rank(&host.cpu_level)
+        {
+            return Err(Error::InvalidSpec(format!(
+                "--cpu-level {level:?}: this CPU is {}; give it or a lower x86-64 level ({})",
+                host.cpu_level,
+                known.join(", ")
+            )));
+        }
+        host.cpu_level.clone_from(level);
+        Ok(host)
+    }
+}
+
 /// Runs the pipeline for the YAML at `file` with the store at `store_dir`.
 pub async fn run(
     file: &Path,
@@ -84,7 +120,7 @@ pub async fn run(
     fetch: (&FetchLimits, &SourceRegistryArgs),
     trust: &TrustArgs,
     sources: &SourceTrustArgs,
-    warm_deadline: std::time::Duration,
+    machine: &Machine,
 ) -> Outcome {
     let mut outcome = Outcome::default();
     match pipeline(
@@ -93,7 +129,7 @@ pub async fn run(
         metrics,
         fetch,
         (trust, sources),
-        warm_deadline,
+        machine,
         &mut outcome,
     )
     .await
@@ -117,7 +153,7 @@ async fn pipeline(
     metrics: &Metrics,
     (fetch, registry): (&FetchLimits, &SourceRegistryArgs),
     (trust, sources): (&TrustArgs, &SourceTrustArgs),
-    warm_deadline: std::time::Duration,
+    machine: &Machine,
     outcome: &mut Outcome,
 ) -> Result<()> {
     // With no key given, the store signs itself with a key of its own (created on first use),
@@ -132,7 +168,7 @@ async fn pipeline(
     };
     let spec = Spec::load(file)?;
     let t = &spec.target.spec;
-    let host = probe::probe(backend::runtimes());
+    let host = machine.as_class(probe::probe(backend::runtimes()))?;
     let labels = probe::labels(&host);
     let class = class_facts(t.class_label_keys.iter().map(String::as_str), &labels);
     let id = class_id(&class);
@@ -184,7 +220,7 @@ async fn pipeline(
             &spec.target,
             &labels,
             kiln_engines::pipeline::ready::gpu_memory(&host),
-            warm_deadline.saturating_mul(2),
+            machine.warm_deadline.saturating_mul(2),
             metrics,
         )
     })
@@ -286,6 +322,11 @@ pub struct Args {
     /// killed past both together), as `run`'s flag of the same name.
     #[arg(long, env = "KILN_WARMUP_DEADLINE_SECONDS", default_value_t = 600)]
     warmup_deadline_seconds: u64,
+    /// Run as a node of this x86-64 level would (`x86-64`, `x86-64-v2` … `-v4`, at most this
+    /// CPU's): the class, and so the compile key and the code an `iree` target gets, are that
+    /// level's.
+    #[arg(long, env = "KILN_LOCAL_CPU_LEVEL")]
+    cpu_level: Option<String>,
 }
 
 /// What stdout gets.
@@ -323,7 +364,10 @@ pub fn main(args: Args) -> ExitCode {
         (&args.fetch, &args.source_registry),
         &args.trust,
         &args.sources,
-        std::time::Duration::from_secs(args.warmup_deadline_seconds.max(1)),
+        &Machine {
+            warm_deadline: std::time::Duration::from_secs(args.warmup_deadline_seconds.max(1)),
+            cpu_level: args.cpu_level,
+        },
     ));
     if let Some(path) = args.metrics_file
         && let Err(e) = std::fs::write(&path, kiln_endpoints::exposition::encode(&registry, None).0)
