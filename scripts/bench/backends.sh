@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Benchmark (not a test): tract against ONNX Runtime on the same model and machine, through
-# `kiln-agent local` (the path of a compile Job plus a node), through the shared harness
-# (scripts/bench/harness.py): tract and ONNX Runtime run interleaved (tract, ONNX Runtime,
-# tract, ...) for ROUNDS rounds after one discarded warmup pair, each round compiling into a
+# Benchmark (not a test): tract, then IREE, against ONNX Runtime on the same model and machine,
+# through `kiln-agent local` (the path of a compile Job plus a node), through the shared harness
+# (scripts/bench/harness.py): the side and ONNX Runtime run interleaved (side, ONNX Runtime,
+# side, ...) for ROUNDS rounds after one discarded warmup pair, each round compiling into a
 # fresh store (no cache hit) and warming ITERATIONS times. Per figure, each side's median and
-# min-max, tract's ratio of the medians with the range of the per-round ratios (>1: tract is
+# min-max, the side's ratio of the medians with the range of the per-round ratios (>1: the side is
 # better), and a verdict against 1.00x only where that range allows one: compile time, load
 # time, the steady p50 and p99 of the warmup, the first run after Ready as a multiple of that
 # p50, and peak memory of load and warmup. Then the README rows.
@@ -19,8 +19,8 @@
 #
 # Uses target/release/kiln-agent when built (cargo build --release -p kiln-agent; under
 # $CARGO_TARGET_DIR when set), else debug; the ONNX Runtime library from
-# scripts/ensure-onnxruntime.sh. KILN_BENCH_OUT keeps the harness's record (squeezenet.json)
-# and rows.md in that directory.
+# scripts/ensure-onnxruntime.sh, IREE's compiler from scripts/ensure/iree.sh. KILN_BENCH_OUT
+# keeps the harness's records (squeezenet-SIDE.json) and rows.md in that directory.
 set -euo pipefail
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 ITER=${1:-200}
@@ -34,7 +34,8 @@ GATE=(--uses-cores "$(nproc)" --load-before "$LOAD_BEFORE")
 [[ ${KILN_BENCH_FORCE_NOISY:-0} != 1 ]] || GATE+=(--force-noisy)
 python3 "$HARNESS" --check-load "${GATE[@]}"
 ORT_DYLIB_PATH=$("$REPO/scripts/ensure-onnxruntime.sh")
-export ORT_DYLIB_PATH
+KILN_IREE_BIN=$("$REPO/scripts/ensure/iree.sh")
+export ORT_DYLIB_PATH KILN_IREE_BIN
 WORK=$(mktemp -d /tmp/kiln-bench-backends.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 OUT=${KILN_BENCH_OUT:-$WORK}
@@ -44,24 +45,27 @@ mkdir -p "$OUT"
 d=$WORK/squeezenet
 mkdir -p "$d"
 cp "$REPO/examples/squeezenet/"{model.onnx,fixture-v1.safetensors,kiln.yaml} "$d/"
-for backend in tract onnxruntime; do
+for backend in tract onnxruntime iree; do
   sed -e "s/kind: tract/kind: $backend/" -e "s/iterations: [0-9]*/iterations: $ITER/" "$d/kiln.yaml" >"$d/$backend.yaml"
 done
 # side BACKEND: the harness's command for BACKEND's side, compiling afresh each round.
 side() { argv_json "$ROUND" --fresh "$AGENT" "$d/store-$1" "$d/$1.yaml"; }
 
 echo "kiln-agent: $AGENT ($(basename "$(dirname "$AGENT")")); ONNX Runtime: $ORT_DYLIB_PATH; $ITER warmup iterations"
-python3 "$HARNESS" --name squeezenet --a-label tract --bound onnxruntime --goal 1.0 \
-  --rounds "$ROUNDS" --warmup "${GATE[@]}" --json "$OUT/squeezenet.json" --markdown="$OUT/rows.md" \
-  --a "$(side tract)" --b "$(side onnxruntime)" \
-  --figure 'compile s:lower' --a-get json:compileSeconds --b-get json:compileSeconds \
-  --figure 'load s:lower' --a-get json:loadSeconds --b-get json:loadSeconds \
-  --figure 'p50 s:lower' --a-get json:p50Seconds --b-get json:p50Seconds \
-  --figure 'p99 s:lower' --a-get json:p99Seconds --b-get json:p99Seconds \
-  --figure 'first after Ready / p50:lower' --a-get json:firstRequestSeconds/p50Seconds \
-  --b-get json:firstRequestSeconds/p50Seconds \
-  --figure 'peak memory bytes:lower' --a-get json:peakMemoryBytes --b-get json:peakMemoryBytes
+for a in tract iree; do
+  echo "== $a against onnxruntime"
+  python3 "$HARNESS" --name "squeezenet ($a)" --a-label "$a" --bound onnxruntime --goal 1.0 \
+    --rounds "$ROUNDS" --warmup "${GATE[@]}" --json "$OUT/squeezenet-$a.json" --markdown="$OUT/rows.md" \
+    --a "$(side "$a")" --b "$(side onnxruntime)" \
+    --figure 'compile s:lower' --a-get json:compileSeconds --b-get json:compileSeconds \
+    --figure 'load s:lower' --a-get json:loadSeconds --b-get json:loadSeconds \
+    --figure 'p50 s:lower' --a-get json:p50Seconds --b-get json:p50Seconds \
+    --figure 'p99 s:lower' --a-get json:p99Seconds --b-get json:p99Seconds \
+    --figure 'first after Ready / p50:lower' --a-get json:firstRequestSeconds/p50Seconds \
+    --b-get json:firstRequestSeconds/p50Seconds \
+    --figure 'peak memory bytes:lower' --a-get json:peakMemoryBytes --b-get json:peakMemoryBytes
+done
 echo
-echo "| figure | tract median (min–max) | onnxruntime median (min–max) | ratio (range) | rounds | load before→after | verdict |"
+echo "| model (side) and figure | side median (min–max) | onnxruntime median (min–max) | ratio (range) | rounds | load before→after | verdict |"
 echo "|---|---|---|---|---|---|---|"
 cat "$OUT/rows.md"

@@ -5,13 +5,14 @@
 # from the script's inputs; every run compiles into a fresh store (no cache hit) and warms
 # ITERATIONS times.
 #
-# Per model, one run of each backend first (tract, onnxruntime), which says whether it is
-# ready (a backend that is not prints its reason: a row of the table, not the end of the
-# benchmark). Where both are, tract and ONNX Runtime then run interleaved through the shared
-# harness (scripts/bench/harness.py) for ROUNDS rounds: compile time and the warmup's p50 and
-# p99, each side's median and min-max, tract's ratio of the medians with the range of the
-# per-round ratios (>1: tract is better) and a verdict against 1.00x only where that range
-# allows one. Then `auto` runs once and says which engine it chose, beside what the harness
+# Per model, one run of each backend first (tract, onnxruntime, iree), which says whether it is
+# ready and how large its artifact is (a backend that is not prints its reason: a row of the
+# table, not the end of the benchmark). Where ONNX Runtime and another are, the two then run
+# interleaved through the shared harness (scripts/bench/harness.py) for ROUNDS rounds, tract
+# against ONNX Runtime and IREE against ONNX Runtime: compile time and the warmup's p50 and
+# p99, each side's median and min-max, the side's ratio of the medians with the range of the
+# per-round ratios (>1: it is better than ONNX Runtime) and a verdict against 1.00x only where
+# that range allows one. Then `auto` runs once and says which engine it chose, beside what the harness
 # measured: its pick agrees when it chose the side the verdict favours, and either pick is
 # fine when the verdict is inconclusive. ONNX Runtime's run uses every core, so the load gate
 # counts every core as busy: it refuses (exit 3) a machine whose 1-minute load is above 0.25
@@ -22,7 +23,7 @@
 # Environment: KILN_BENCH_ROUNDS (3), KILN_BENCH_FORCE_NOISY, KILN_BENCH_OUT (a directory kept
 # for MODEL.json, the harness's record, and rows.md). Uses target/release/kiln-agent when built
 # (under $CARGO_TARGET_DIR when set), else debug; the ONNX Runtime library from
-# scripts/ensure-onnxruntime.sh.
+# scripts/ensure-onnxruntime.sh; IREE's compiler from scripts/ensure/iree.sh.
 set -euo pipefail
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 ITER=${1:-50}
@@ -33,6 +34,8 @@ AGENT=$(release_or_debug kiln-agent)
 ROUNDS=${KILN_BENCH_ROUNDS:-3}
 HARNESS=$REPO/scripts/bench/harness.py
 ROUND=$REPO/scripts/bench/local-round.sh
+# shellcheck source=SCRIPTDIR/corpus-prepare.sh
+. "$REPO/scripts/bench/corpus-prepare.sh"
 GATE=(--uses-cores "$(nproc)" --load-before "$LOAD_BEFORE")
 [[ ${KILN_BENCH_FORCE_NOISY:-0} != 1 ]] || GATE+=(--force-noisy)
 python3 "$HARNESS" --check-load "${GATE[@]}"
@@ -42,6 +45,8 @@ if ((${#MODELS[@]} == 0)); then
 fi
 ORT_DYLIB_PATH=$("$REPO/scripts/ensure-onnxruntime.sh")
 export ORT_DYLIB_PATH
+KILN_IREE_BIN=$("$REPO/scripts/ensure/iree.sh")
+export KILN_IREE_BIN
 CORPUS=$("$REPO/scripts/ensure/models.sh")
 WORK=$(mktemp -d /tmp/kiln-bench-corpus.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
@@ -49,27 +54,13 @@ OUT=${KILN_BENCH_OUT:-$WORK}
 mkdir -p "$OUT"
 : >"$OUT/rows.md"
 
-# prepare MODEL: WORK/MODEL with the model, its ONNX Runtime fixture and a spec per backend.
-prepare() {
-  local m=$1 d=$WORK/$1 digest backend
-  mkdir -p "$d"
-  cp "$CORPUS/$m.onnx" "$d/"
-  "$AGENT" fixtures --reference onnxruntime --fixture-version v1 --model "$d/$m.onnx" \
-    --inputs "$CORPUS/$m-inputs.safetensors" --out "$d/$m-fixture-v1.safetensors" >"$d/fixtures.log" 2>&1 ||
-    { cat "$d/fixtures.log" >&2; exit 1; }
-  digest=$(sha256_of "$d/$m-fixture-v1.safetensors")
-  for backend in tract onnxruntime auto; do
-    sed -e "s/@FIXTURE_SHA256@/$digest/" -e "s/kind: tract/kind: $backend/" \
-      -e "s/iterations: [0-9]*/iterations: $ITER/" "$REPO/node-agent/tests/data/corpus/$m.yaml" >"$d/$backend.yaml"
-  done
-}
-
 # once MODEL BACKEND: one fresh run; its outcome in WORK/MODEL/BACKEND.json, a line out; status 1
 # when it is not ready.
 once() {
-  local d=$WORK/$1
+  local d=$WORK/$1 size
   if "$ROUND" --fresh --keep "$d/$2.json" "$AGENT" "$d/store-$2" "$d/$2.yaml" >/dev/null 2>"$d/$2.err"; then
-    jq -r --arg b "$2" '"  \($b): ready\(if $b == "auto" then " on \(.engine)" else "" end), one run: compile \(.compileSeconds * 1000 | round) ms, p50 \(.p50Seconds * 1e6 | round / 1000) ms, parity \(.parityMaxAbsError)"' "$d/$2.json"
+    size=$(stat -c %s "$d/store-$2/artifacts/$(jq -r .compileKey "$d/$2.json")/artifact")
+    jq -r --arg b "$2" --argjson size "$size" '"  \($b): ready\(if $b == "auto" then " on \(.engine)" else "" end), one run: compile \(.compileSeconds * 1000 | round) ms, p50 \(.p50Seconds * 1e6 | round / 1000) ms, parity \(.parityMaxAbsError), artifact \($size / 1e5 | round / 10) MB"' "$d/$2.json"
   else
     echo "  $2: $(head -1 "$d/$2.err" | cut -c1-200)"
     return 1
@@ -80,8 +71,9 @@ once() {
 auto_agrees() {
   local d=$WORK/$1 engine kind
   engine=$(jq -r .engine "$d/auto.json")
-  kind=$(jq -r '.figures[] | select(.name == "p50 s") | .verdict_kind' "$OUT/$1.json")
+  kind=$(jq -r '.figures[] | select(.name == "p50 s") | .verdict_kind' "$OUT/$1-tract.json")
   case $kind/$engine in
+    */iree) echo "  auto chose iree: see the iree rows" ;;
     met/tract* | below/onnxruntime*) echo "  auto chose $engine: the side the p50 verdict favours" ;;
     inconclusive/* | no-verdict/*) echo "  auto chose $engine: the p50 verdict is $kind, either pick is fine" ;;
     *) echo "  auto chose $engine, AGAINST the p50 verdict ($kind for tract); its own measurement differed" ;;
@@ -89,25 +81,34 @@ auto_agrees() {
 }
 
 echo "kiln-agent: $AGENT ($(basename "$(dirname "$AGENT")")); ONNX Runtime: $ORT_DYLIB_PATH; $ITER warmup iterations; $ROUNDS rounds"
+# compare MODEL SIDE: SIDE (tract or iree) against ONNX Runtime through the harness.
+compare() {
+  local m=$1 side=$2
+  python3 "$HARNESS" --name "$m ($side)" --a-label "$side" --bound onnxruntime --goal 1.0 --rounds "$ROUNDS" \
+    "${GATE[@]}" --json "$OUT/$m-$side.json" --markdown="$OUT/rows.md" \
+    --a "$(argv_json "$ROUND" --fresh "$AGENT" "$WORK/$m/store-$side" "$WORK/$m/$side.yaml")" \
+    --b "$(argv_json "$ROUND" --fresh "$AGENT" "$WORK/$m/store-onnxruntime" "$WORK/$m/onnxruntime.yaml")" \
+    --figure 'compile s:lower' --a-get json:compileSeconds --b-get json:compileSeconds \
+    --figure 'p50 s:lower' --a-get json:p50Seconds --b-get json:p50Seconds \
+    --figure 'p99 s:lower' --a-get json:p99Seconds --b-get json:p99Seconds | sed 's/^/  /'
+}
+
 for m in "${MODELS[@]}"; do
   echo "== $m"
-  prepare "$m"
-  ready=1
-  for backend in tract onnxruntime; do once "$m" "$backend" || ready=0; done
-  if ((ready)); then
-    python3 "$HARNESS" --name "$m" --a-label tract --bound onnxruntime --goal 1.0 --rounds "$ROUNDS" \
-      "${GATE[@]}" --json "$OUT/$m.json" --markdown="$OUT/rows.md" \
-      --a "$(argv_json "$ROUND" --fresh "$AGENT" "$WORK/$m/store-tract" "$WORK/$m/tract.yaml")" \
-      --b "$(argv_json "$ROUND" --fresh "$AGENT" "$WORK/$m/store-onnxruntime" "$WORK/$m/onnxruntime.yaml")" \
-      --figure 'compile s:lower' --a-get json:compileSeconds --b-get json:compileSeconds \
-      --figure 'p50 s:lower' --a-get json:p50Seconds --b-get json:p50Seconds \
-      --figure 'p99 s:lower' --a-get json:p99Seconds --b-get json:p99Seconds | sed 's/^/  /'
-  else
-    echo "| $m | one backend is not ready: no comparison (above) | | | | | |" >>"$OUT/rows.md"
-  fi
-  if once "$m" auto && ((ready)); then auto_agrees "$m"; fi
+  prepare "$m" tract onnxruntime iree auto
+  declare -A ready=()
+  for backend in tract onnxruntime iree; do once "$m" "$backend" && ready[$backend]=1; done
+  for side in tract iree; do
+    if [[ -n ${ready[onnxruntime]:-} && -n ${ready[$side]:-} ]]; then
+      compare "$m" "$side"
+    else
+      echo "| $m ($side) | $side or onnxruntime is not ready: no comparison (above) | | | | | |" >>"$OUT/rows.md"
+    fi
+  done
+  if once "$m" auto && [[ -n ${ready[tract]:-} && -n ${ready[onnxruntime]:-} ]]; then auto_agrees "$m"; fi
+  unset ready
 done
 echo
-echo "| model and figure | tract median (min–max) | onnxruntime median (min–max) | ratio (range) | rounds | load before→after | verdict |"
+echo "| model (side) and figure | side median (min–max) | onnxruntime median (min–max) | ratio (range) | rounds | load before→after | verdict |"
 echo "|---|---|---|---|---|---|---|"
 cat "$OUT/rows.md"
