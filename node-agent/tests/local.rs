@@ -1049,7 +1049,7 @@ cp "$KILN_MODEL" "$KILN_ARTIFACT""#;
         "KILN_PROFILES",
         "KILN_FLAGS",
     ];
-    // The allow-list (backend/exec.rs), and what the shell sets itself.
+    // The allow-list (backend/subprocess.rs), and what the shell sets itself.
     let allowed = [
         "PATH",
         "HOME",

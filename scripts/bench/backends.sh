@@ -30,6 +30,8 @@ ROUNDS=${2:-5}
 AGENT=$(release_or_debug kiln-agent)
 HARNESS=$REPO/scripts/bench/harness.py
 ROUND=$REPO/scripts/bench/local-round.sh
+# shellcheck source=SCRIPTDIR/prepare.sh
+. "$REPO/scripts/bench/prepare.sh"
 GATE=(--uses-cores "$(nproc)" --load-before "$LOAD_BEFORE")
 [[ ${KILN_BENCH_FORCE_NOISY:-0} != 1 ]] || GATE+=(--force-noisy)
 python3 "$HARNESS" --check-load "${GATE[@]}"
@@ -43,11 +45,7 @@ mkdir -p "$OUT"
 : >"$OUT/rows.md"
 
 d=$WORK/squeezenet
-mkdir -p "$d"
-cp "$REPO/examples/squeezenet/"{model.onnx,fixture-v1.safetensors,kiln.yaml} "$d/"
-for backend in tract onnxruntime iree; do
-  sed -e "s/kind: tract/kind: $backend/" -e "s/iterations: [0-9]*/iterations: $ITER/" "$d/kiln.yaml" >"$d/$backend.yaml"
-done
+prepare_example tract onnxruntime iree
 # side BACKEND: the harness's command for BACKEND's side, compiling afresh each round.
 side() { argv_json "$ROUND" --fresh "$AGENT" "$d/store-$1" "$d/$1.yaml"; }
 

@@ -34,8 +34,8 @@ AGENT=$(release_or_debug kiln-agent)
 ROUNDS=${KILN_BENCH_ROUNDS:-3}
 HARNESS=$REPO/scripts/bench/harness.py
 ROUND=$REPO/scripts/bench/local-round.sh
-# shellcheck source=SCRIPTDIR/corpus-prepare.sh
-. "$REPO/scripts/bench/corpus-prepare.sh"
+# shellcheck source=SCRIPTDIR/prepare.sh
+. "$REPO/scripts/bench/prepare.sh"
 GATE=(--uses-cores "$(nproc)" --load-before "$LOAD_BEFORE")
 [[ ${KILN_BENCH_FORCE_NOISY:-0} != 1 ]] || GATE+=(--force-noisy)
 python3 "$HARNESS" --check-load "${GATE[@]}"

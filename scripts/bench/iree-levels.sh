@@ -27,8 +27,8 @@ MODELS=("$@")
 AGENT=$(release_or_debug kiln-agent)
 HARNESS=$REPO/scripts/bench/harness.py
 ROUND=$REPO/scripts/bench/local-round.sh
-# shellcheck source=SCRIPTDIR/corpus-prepare.sh
-. "$REPO/scripts/bench/corpus-prepare.sh"
+# shellcheck source=SCRIPTDIR/prepare.sh
+. "$REPO/scripts/bench/prepare.sh"
 grep -qw avx512f /proc/cpuinfo || { echo "iree-levels: this CPU is not x86-64-v4; nothing to compare" >&2; exit 3; }
 GATE=(--uses-cores "$(nproc)" --load-before "$LOAD_BEFORE")
 [[ ${KILN_BENCH_FORCE_NOISY:-0} != 1 ]] || GATE+=(--force-noisy)
@@ -43,13 +43,7 @@ OUT=${KILN_BENCH_OUT:-$WORK}
 mkdir -p "$OUT"
 : >"$OUT/rows.md"
 
-# The example, as the corpus models are laid out: WORK/squeezenet/{iree,onnxruntime}.yaml.
-d=$WORK/squeezenet
-mkdir -p "$d"
-cp "$REPO/examples/squeezenet/"{model.onnx,fixture-v1.safetensors,kiln.yaml} "$d/"
-for backend in iree onnxruntime; do
-  sed -e "s/kind: tract/kind: $backend/" -e "s/iterations: [0-9]*/iterations: $ITER/" "$d/kiln.yaml" >"$d/$backend.yaml"
-done
+prepare_example iree onnxruntime
 for m in "${MODELS[@]}"; do prepare "$m" iree onnxruntime; done
 
 # side MODEL BACKEND [LEVEL]: the harness's command for one side, as a node of LEVEL would run it.

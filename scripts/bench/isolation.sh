@@ -33,6 +33,8 @@ shift 2 || shift $# || true
 AGENT=$(release_or_debug kiln-agent)
 HARNESS=$REPO/scripts/bench/harness.py
 ROUND=$REPO/scripts/bench/local-round.sh
+# shellcheck source=SCRIPTDIR/prepare.sh
+. "$REPO/scripts/bench/prepare.sh"
 GATE=(--uses-cores "$(nproc)" --load-before "$LOAD_BEFORE")
 [[ ${KILN_BENCH_FORCE_NOISY:-0} != 1 ]] || GATE+=(--force-noisy)
 python3 "$HARNESS" --check-load "${GATE[@]}"
@@ -65,14 +67,8 @@ PY
 echo "kiln-agent: $AGENT ($(basename "$(dirname "$AGENT")")); $ROUNDS rounds, $ITER warmup iterations"
 for m in "${MODELS[@]}"; do
   d=$WORK/$m
-  mkdir -p "$d"
-  cp "$CORPUS/$m.onnx" "$d/"
-  "$AGENT" fixtures --reference onnxruntime --fixture-version v1 --model "$d/$m.onnx" \
-    --inputs "$CORPUS/$m-inputs.safetensors" --out "$d/$m-fixture-v1.safetensors" >"$d/fixtures.log" 2>&1 ||
-    { cat "$d/fixtures.log" >&2; exit 1; }
-  digest=$(sha256_of "$d/$m-fixture-v1.safetensors")
-  sed -e "s/@FIXTURE_SHA256@/$digest/" -e "s/kind: tract/kind: onnxruntime/" \
-    -e "s/iterations: [0-9]*/iterations: $ITER/" "$REPO/node-agent/tests/data/corpus/$m.yaml" >"$d/kiln.yaml"
+  prepare "$m" onnxruntime
+  mv "$d/onnxruntime.yaml" "$d/kiln.yaml"
   "$AGENT" local --output json --store "$d/store" "$d/kiln.yaml" >/dev/null 2>&1 || true
   python3 "$HARNESS" --name "$m" --a-label child --bound in-process --goal "${KILN_BENCH_GOAL:-0.9}" \
     --rounds "$ROUNDS" --warmup "${GATE[@]}" --json "$OUT/$m.json" --markdown="$OUT/rows.md" \

@@ -43,3 +43,25 @@ pub fn entries(artifact: &Path) -> std::result::Result<BTreeMap<String, Vec<u8>>
     }
     Ok(files)
 }
+
+/// The two entries of a built-in backend's artifact, `config` (its JSON) and `payload`, read by
+/// name; any other entry, or one missing, is an error naming the `kind` of artifact expected.
+pub fn config_and_payload(
+    artifact: &Path,
+    config: &str,
+    payload: &str,
+    kind: &str,
+) -> std::result::Result<(Vec<u8>, Vec<u8>), String> {
+    let mut files = entries(artifact)?;
+    if let Some(other) = files.keys().find(|k| *k != config && *k != payload) {
+        return Err(format!(
+            "unexpected entry {other:?}: not a kiln {kind} artifact"
+        ));
+    }
+    let mut take = |name: &str| {
+        files
+            .remove(name)
+            .ok_or_else(|| format!("no {name}: not a kiln {kind} artifact"))
+    };
+    Ok((take(config)?, take(payload)?))
+}

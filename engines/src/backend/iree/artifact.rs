@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::archive::entries;
+use crate::backend::archive::config_and_payload;
 
 pub(super) const CONFIG: &str = "kiln-iree.json";
 pub(super) const MODULE: &str = "module.vmfb";
@@ -42,19 +42,8 @@ pub(super) struct ProfileEntry {
 pub(super) fn read_artifact(
     artifact: &Path,
 ) -> std::result::Result<(ArtifactConfig, Vec<u8>), String> {
-    let mut files = entries(artifact)?;
-    if let Some(other) = files.keys().find(|k| *k != CONFIG && *k != MODULE) {
-        return Err(format!(
-            "unexpected entry {other:?}: not a kiln iree artifact"
-        ));
-    }
-    let config = files
-        .remove(CONFIG)
-        .ok_or_else(|| format!("no {CONFIG}: not a kiln iree artifact"))?;
+    let (config, module) = config_and_payload(artifact, CONFIG, MODULE, "iree")?;
     let config: ArtifactConfig =
         serde_json::from_slice(&config).map_err(|e| format!("{CONFIG}: {e}"))?;
-    let module = files
-        .remove(MODULE)
-        .ok_or_else(|| format!("no {MODULE}: not a kiln iree artifact"))?;
     Ok((config, module))
 }

@@ -8,7 +8,7 @@ use kiln_crds::compiled_target::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::backend::archive::entries;
+use crate::backend::archive::config_and_payload;
 
 pub(super) const CONFIG: &str = "kiln-onnxruntime.json";
 pub(super) const MODEL: &str = "model.onnx";
@@ -43,19 +43,8 @@ pub(super) struct ProfileEntry {
 pub(super) fn read_artifact(
     artifact: &Path,
 ) -> std::result::Result<(ArtifactConfig, Vec<u8>), String> {
-    let mut files = entries(artifact)?;
-    if let Some(other) = files.keys().find(|k| *k != CONFIG && *k != MODEL) {
-        return Err(format!(
-            "unexpected entry {other:?}: not a kiln onnxruntime artifact"
-        ));
-    }
-    let config = files
-        .remove(CONFIG)
-        .ok_or_else(|| format!("no {CONFIG}: not a kiln onnxruntime artifact"))?;
+    let (config, graph) = config_and_payload(artifact, CONFIG, MODEL, "onnxruntime")?;
     let config: ArtifactConfig =
         serde_json::from_slice(&config).map_err(|e| format!("{CONFIG}: {e}"))?;
-    let graph = files
-        .remove(MODEL)
-        .ok_or_else(|| format!("no {MODEL}: not a kiln onnxruntime artifact"))?;
     Ok((config, graph))
 }
