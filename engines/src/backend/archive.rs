@@ -44,14 +44,25 @@ pub fn entries(artifact: &Path) -> std::result::Result<BTreeMap<String, Vec<u8>>
     Ok(files)
 }
 
-/// The two entries of a built-in backend's artifact, `config` (its JSON) and `payload`, read by
-/// name; any other entry, or one missing, is an error naming the `kind` of artifact expected.
-pub fn config_and_payload(
+/// One compiled profile as an artifact's configuration records it: its name and each input's
+/// shape.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
+pub struct ProfileEntry {
+    /// The profile's name.
+    pub name: String,
+    /// Input name and concrete shape.
+    pub inputs: Vec<(String, Vec<usize>)>,
+}
+
+/// The two entries of a built-in backend's artifact, `config` (JSON, parsed as `T`) and
+/// `payload`, read by name; any other entry, or one missing, is an error naming the `kind` of
+/// artifact expected.
+pub fn config_and_payload<T: serde::de::DeserializeOwned>(
     artifact: &Path,
     config: &str,
     payload: &str,
     kind: &str,
-) -> std::result::Result<(Vec<u8>, Vec<u8>), String> {
+) -> std::result::Result<(T, Vec<u8>), String> {
     let mut files = entries(artifact)?;
     if let Some(other) = files.keys().find(|k| *k != config && *k != payload) {
         return Err(format!(
@@ -63,5 +74,7 @@ pub fn config_and_payload(
             .remove(name)
             .ok_or_else(|| format!("no {name}: not a kiln {kind} artifact"))
     };
-    Ok((take(config)?, take(payload)?))
+    let (json, payload) = (take(config)?, take(payload)?);
+    let parsed = serde_json::from_slice(&json).map_err(|e| format!("{config}: {e}"))?;
+    Ok((parsed, payload))
 }

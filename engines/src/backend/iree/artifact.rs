@@ -32,18 +32,11 @@ pub(super) struct ArtifactConfig {
     pub(super) profiles: Vec<ProfileEntry>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub(super) struct ProfileEntry {
-    pub(super) name: String,
-    pub(super) inputs: Vec<(String, Vec<usize>)>,
-}
+pub(super) use crate::backend::archive::ProfileEntry;
 
 /// The configuration and the module of an artifact.
 pub(super) fn read_artifact(
     artifact: &Path,
 ) -> std::result::Result<(ArtifactConfig, Vec<u8>), String> {
-    let (config, module) = config_and_payload(artifact, CONFIG, MODULE, "iree")?;
-    let config: ArtifactConfig =
-        serde_json::from_slice(&config).map_err(|e| format!("{CONFIG}: {e}"))?;
-    Ok((config, module))
+    config_and_payload(artifact, CONFIG, MODULE, "iree")
 }

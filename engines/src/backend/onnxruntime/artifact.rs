@@ -33,18 +33,11 @@ pub(super) struct ArtifactConfig {
     pub(super) outputs: Vec<String>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub(super) struct ProfileEntry {
-    pub(super) name: String,
-    pub(super) inputs: Vec<(String, Vec<usize>)>,
-}
+pub(super) use crate::backend::archive::ProfileEntry;
 
 /// The configuration and the graph of an artifact, read by name (never extracted).
 pub(super) fn read_artifact(
     artifact: &Path,
 ) -> std::result::Result<(ArtifactConfig, Vec<u8>), String> {
-    let (config, graph) = config_and_payload(artifact, CONFIG, MODEL, "onnxruntime")?;
-    let config: ArtifactConfig =
-        serde_json::from_slice(&config).map_err(|e| format!("{CONFIG}: {e}"))?;
-    Ok((config, graph))
+    config_and_payload(artifact, CONFIG, MODEL, "onnxruntime")
 }
