@@ -195,6 +195,40 @@ fn the_warmer_passes_the_served_model_and_refuses_another() {
     assert_eq!(err.reason(), "ServingUnreachable", "{err:?}");
 }
 
+/// An IREE artifact (the MLP compiled for this machine's class by IREE's compiler) served by
+/// `kiln-agent serve` on IREE's runtime: Ready, and the serving check's fixture answers through
+/// the v2 endpoint within tolerance, as for the other engines.
+#[test]
+fn an_iree_artifact_is_served_and_answers_like_its_fixture() {
+    let Some(iree) = common::signing::ensured("iree") else {
+        return;
+    };
+    let mut case = Case::mlp(4);
+    case.backend_kind = "iree";
+    let run = case.run_with_env(&[("KILN_IREE_BIN", &iree)]);
+    assert!(run.success, "local run failed: {}", run.stderr);
+    assert_eq!(run.outcome["engine"], "iree", "{}", run.outcome);
+    let key = run.outcome["compileKey"].as_str().expect("key");
+    let stored = case.store().join("artifacts").join(key);
+    let dir = volume(
+        &stored,
+        &case.path("fixture.safetensors"),
+        &case.path("model"),
+    );
+    let mut server = spawn(&dir, &[]);
+    ready(&mut server);
+    let figures = warm(server.port, "mlp", &case.fixture()).expect("warm");
+    assert_eq!(figures.requests, 5);
+    assert!(figures.parity_max_abs_error <= 1e-4, "{figures:?}");
+    let (status, meta) =
+        get(&format!("http://127.0.0.1:{}/v2/models/mlp", server.port)).expect("model metadata");
+    assert_eq!(status, 200, "{meta}");
+    assert!(
+        meta.contains("iree"),
+        "the metadata names the engine: {meta}"
+    );
+}
+
 /// Writes the seal the node plugin would into `dir`'s kiln.json: the artifact's inode, size and
 /// modification time now.
 fn seal(dir: &Path) {
