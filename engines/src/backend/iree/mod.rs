@@ -117,8 +117,9 @@ fn check_request(req: &CompileRequest<'_>) -> Result<()> {
 }
 
 /// The target CPU for the request's class: its level, or the x86-64 baseline where the class
-/// does not key on it. A GPU class with a compute capability IREE has code for still fails:
-/// this runtime is built without IREE's CUDA driver.
+/// does not key on it. The class's facts come with the memory fit (absent only where no class's
+/// artifact is built: then the baseline). A GPU class with a compute capability IREE has code
+/// for still fails: this runtime is built without IREE's CUDA driver.
 fn cpu_for(req: &CompileRequest<'_>) -> Result<&'static str> {
     let class = req
         .memory_budget
