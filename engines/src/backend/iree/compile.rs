@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::backend::subprocess;
+use crate::backend::{Shapes, subprocess};
 use kiln_node_core::error::{Error, Result};
 
 /// The IREE release kiln's compiler and runtime are (eerie-sys vendors the same commit).
@@ -28,10 +28,29 @@ const OPSET: &str = "17";
 /// How long `iree-compile --version` may take.
 const VERSION_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Python that fixes an ONNX model's input dims to a profile's shape (argv: source, output,
+/// `{"input": [dims]}`), with the `onnx` package beside the importer; external data stays where
+/// it is (the importer reads it from the source's directory).
+const FIX_SHAPES: &str = r#"
+import json, sys, onnx
+src, dst, shapes = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+m = onnx.load(src, load_external_data=False)
+for i in m.graph.input:
+    if i.name not in shapes:
+        continue
+    dims, want = i.type.tensor_type.shape.dim, shapes[i.name]
+    if len(dims) != len(want):
+        sys.exit(f"input {i.name} has {len(dims)} dims, the profile binds {len(want)}")
+    for d, v in zip(dims, want):
+        d.dim_value = v
+onnx.save(m, dst)
+"#;
+
 /// Where the compiler's tools are.
 pub struct Tools {
     import: PathBuf,
     compile: PathBuf,
+    python: PathBuf,
 }
 
 impl Tools {
@@ -50,12 +69,20 @@ impl Tools {
                 });
             dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
         };
-        let (Some(import), Some(compile)) = (find("iree-import-onnx"), find("iree-compile")) else {
+        let (Some(import), Some(compile), Some(python)) = (
+            find("iree-import-onnx"),
+            find("iree-compile"),
+            find("python3"),
+        ) else {
             return Err(Error::IncompatibleRuntime(format!(
-                "IREE's compiler {VERSION} (iree-import-onnx, iree-compile) is not here: it runs in the compile Job's image; for local mode set KILN_IREE_BIN to what scripts/ensure/iree.sh prints"
+                "IREE's compiler {VERSION} (iree-import-onnx, iree-compile, and the python3 with onnx beside them) is not here: it runs in the compile Job's image; for local mode set KILN_IREE_BIN to what scripts/ensure/iree.sh prints"
             )));
         };
-        let tools = Self { import, compile };
+        let tools = Self {
+            import,
+            compile,
+            python,
+        };
         tools.check_version()?;
         Ok(tools)
     }
@@ -101,10 +128,13 @@ pub(super) struct Built {
     pub(super) log: Vec<String>,
 }
 
-/// Imports `model` and compiles it with `flags`, each within `timeout`.
+/// Imports `model` (its inputs fixed to `shapes` when given: code for one shape is IREE's fast
+/// case, a symbolic dim costs it several times) and compiles it with `flags`, each step within
+/// `timeout`.
 pub(super) fn build(
     tools: &Tools,
     model: &Path,
+    shapes: Option<&Shapes>,
     flags: &[String],
     timeout: Option<Duration>,
 ) -> Result<Built> {
@@ -112,12 +142,26 @@ pub(super) fn build(
         .prefix("kiln-iree-")
         .tempdir()
         .map_err(|e| Error::store(std::env::temp_dir(), e))?;
-    // A link, not a copy, where it can be: the source may be gigabytes. External data is read
-    // from the source's own (verified) directory.
     let onnx = work.path().join("model.onnx");
-    std::fs::hard_link(model, &onnx)
-        .or_else(|_| std::fs::copy(model, &onnx).map(|_| ()))
-        .map_err(|e| Error::store(&onnx, e))?;
+    let mut log = match shapes {
+        Some(shapes) => {
+            let json = serde_json::to_string(shapes).unwrap_or_default();
+            let mut fix = subprocess::command(&tools.python);
+            fix.current_dir(work.path())
+                .args(["-c", FIX_SHAPES])
+                .arg(model)
+                .args(["model.onnx", &json]);
+            step(&mut fix, "fixing the profile's shapes", timeout)?
+        }
+        // A link, not a copy, where it can be: the source may be gigabytes.
+        None => {
+            std::fs::hard_link(model, &onnx)
+                .or_else(|_| std::fs::copy(model, &onnx).map(|_| ()))
+                .map_err(|e| Error::store(&onnx, e))?;
+            Vec::new()
+        }
+    };
+    // External data is read from the source's own (verified) directory.
     let data_dir = model.parent().unwrap_or(Path::new("."));
     let mut import = subprocess::command(&tools.import);
     import
@@ -131,7 +175,7 @@ pub(super) fn build(
             "--data-dir",
         ])
         .arg(data_dir);
-    let mut log = step(&mut import, "iree-import-onnx", timeout)?;
+    log.extend(step(&mut import, "iree-import-onnx", timeout)?);
     let function = function_name(&work.path().join("model.mlir"))?;
     let mut compile = subprocess::command(&tools.compile);
     compile

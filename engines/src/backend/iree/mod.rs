@@ -56,7 +56,12 @@ impl Backend for Iree {
         let cpu = cpu_for(req)?;
         let tools = compile::Tools::find(self.compiler.as_deref())?;
         let flags = compile::flags(cpu);
-        let built = compile::build(&tools, req.model, &flags, req.timeout)?;
+        // One profile: code for its shapes. Several: one module for all, with symbolic dims.
+        let fixed = match req.profiles.values().collect::<Vec<_>>()[..] {
+            [one] => Some(one),
+            _ => None,
+        };
+        let built = compile::build(&tools, req.model, fixed, &flags, req.timeout)?;
         let config = config_for(req.model, req.profiles, cpu, flags, built.function)?;
         write_artifact(req.out, &config, &built.module)?;
         Ok(Compiled {
