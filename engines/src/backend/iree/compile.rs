@@ -69,11 +69,15 @@ impl Tools {
                 });
             dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
         };
-        let (Some(import), Some(compile), Some(python)) = (
-            find("iree-import-onnx"),
-            find("iree-compile"),
-            find("python3"),
-        ) else {
+        // The python that runs the importer (its venv's, beside it) has the importer's onnx.
+        let beside = |tool: &Option<PathBuf>| {
+            let python = tool.as_ref()?.parent()?.join("python3");
+            python.is_file().then_some(python)
+        };
+        let import = find("iree-import-onnx");
+        let python = beside(&import).or_else(|| find("python3"));
+        let (Some(import), Some(compile), Some(python)) = (import, find("iree-compile"), python)
+        else {
             return Err(Error::IncompatibleRuntime(format!(
                 "IREE's compiler {VERSION} (iree-import-onnx, iree-compile, and the python3 with onnx beside them) is not here: it runs in the compile Job's image; for local mode set KILN_IREE_BIN to what scripts/ensure/iree.sh prints"
             )));
