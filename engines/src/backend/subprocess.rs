@@ -57,6 +57,8 @@ pub(crate) fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    // Its own process group: on a deadline, and after it exits, whatever it started goes too (a
+    // straggler holding its output open would otherwise hang the log readers).
     cmd.process_group(0);
     cmd
 }

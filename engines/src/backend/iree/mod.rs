@@ -151,17 +151,23 @@ fn config_for(
     flags: Vec<String>,
     function: String,
 ) -> Result<ArtifactConfig> {
-    let inputs = Tract
-        .inputs(model)?
+    // One reading of the source (it may be gigabytes): the inputs in order with their types,
+    // the outputs in order.
+    let graph = Tract.interface(model)?;
+    let inputs = graph
+        .inputs
         .into_iter()
-        .map(|i| (i.name, i.dtype))
-        .collect();
-    let outputs = Tract
-        .interface(model)?
-        .outputs
-        .into_iter()
-        .map(|o| o.name)
-        .collect();
+        .map(|i| {
+            let dtype = i.dtype.ok_or_else(|| {
+                Error::CompileFailed(format!(
+                    "the model states no element type for input {:?}",
+                    i.name
+                ))
+            })?;
+            Ok((i.name, dtype))
+        })
+        .collect::<Result<_>>()?;
+    let outputs = graph.outputs.into_iter().map(|o| o.name).collect();
     Ok(ArtifactConfig {
         compiler_version: compile::VERSION.to_string(),
         target_cpu: cpu.to_string(),
