@@ -960,12 +960,12 @@ fn batched_requests_get_exactly_the_answers_they_get_alone() {
     ready(&mut server);
     let base = format!("http://127.0.0.1:{}", server.port);
     let url = format!("{base}/v2/models/mlp/infer");
-    // One engine, a batch of four a run: four admitted at once, and by default twice that wait.
+    // One engine, a batch of four a run: four admitted at once, and by default as many wait.
     let (_, meta) = get(&format!("{base}/v2/models/mlp")).expect("metadata");
     let meta: serde_json::Value = serde_json::from_str(&meta).expect("json");
     assert_eq!(
         meta["parameters"],
-        serde_json::json!({"instances": 1, "workers": 1, "admitted": 4, "maxQueue": 8}),
+        serde_json::json!({"instances": 1, "workers": 1, "admitted": 4, "maxQueue": 4}),
         "{meta}"
     );
     let sample = fixture.samples().remove(0);

@@ -121,6 +121,13 @@ impl Gate {
         })
     }
 
+    /// Whether a request arriving now would be shed for a full line: every worker busy and
+    /// `max_queue` waiting. A snapshot, for refusing before the body is buffered; [`Gate::admit`]
+    /// decides.
+    pub fn full(&self) -> bool {
+        self.permits.available_permits() == 0 && self.waiting() >= self.max_queue()
+    }
+
     /// From now on nothing new is admitted.
     pub fn drain(&self) {
         self.draining.store(true, Ordering::SeqCst);
@@ -163,8 +170,10 @@ mod tests {
     async fn past_the_queue_a_request_is_shed_and_a_freed_worker_takes_the_first_in_line() {
         let gate = Arc::new(Gate::new());
         gate.open(1, 2);
+        assert!(!gate.full(), "a free worker");
         let running = gate.admit(None).await.unwrap();
         assert_eq!(gate.running(), 1);
+        assert!(!gate.full(), "places in line");
         let (g1, g2) = (gate.clone(), gate.clone());
         let first = tokio::spawn(async move { g1.admit(None).await.map(|a| a.waited) });
         tokio::task::yield_now().await;
@@ -172,6 +181,7 @@ mod tests {
         while gate.waiting() < 2 {
             tokio::task::yield_now().await;
         }
+        assert!(gate.full());
         assert_eq!(gate.admit(None).await.err(), Some(Shed::Full));
         assert_eq!(gate.waiting(), 2, "a shed request takes no place");
         drop(running);

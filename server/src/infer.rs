@@ -34,6 +34,10 @@ pub async fn infer(req: Request<Incoming>, s: Arc<Served>, state: &Arc<State>) -
         state.metrics.failed(&labels, reason);
         error(status, message)
     };
+    let req = match shed_early(req, state, &labels).await {
+        Ok(req) => req,
+        Err(reply) => return reply,
+    };
     let header_ms = req
         .headers()
         .get(TIMEOUT_HEADER)
@@ -121,6 +125,32 @@ pub async fn infer(req: Request<Incoming>, s: Arc<Served>, state: &Arc<State>) -
         state.metrics.failed(&labels, "backend");
     }
     reply
+}
+
+/// A request the gate would shed now, refused before its body is buffered or parsed: under a
+/// retry storm the refusals would otherwise take the cores from the runs. Its body is still read
+/// to the end (and dropped frame by frame), so that the connection stays usable and the 503 is
+/// not lost to a reset.
+async fn shed_early(
+    req: Request<Incoming>,
+    state: &State,
+    labels: &ModelLabels,
+) -> Result<Request<Incoming>, Reply> {
+    let why = if state.gate.draining() {
+        Shed::Draining
+    } else if state.gate.full() {
+        Shed::Full
+    } else {
+        return Ok(req);
+    };
+    discard(req.into_body(), state.limits.max_body).await;
+    Err(shed(why, state, labels))
+}
+
+/// Reads a body to its end within `max_body`, keeping none of it.
+async fn discard(body: Incoming, max_body: usize) {
+    let mut body = Limited::new(body, max_body);
+    while let Some(Ok(_)) = body.frame().await {}
 }
 
 /// The body (JSON, or the binary extension's header and tail) read within `max_body`, and the

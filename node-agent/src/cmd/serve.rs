@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(long, env = "KILN_INSTANCES", value_parser = clap::value_parser!(u16).range(1..))]
     instances: Option<u16>,
     /// Requests that may wait for a worker; past that a request gets 503 with Retry-After
-    /// (default: twice the requests that run at once, so none waits more than about two runs).
+    /// (default: as many as run at once, so none waits more than about one run).
     #[arg(long, env = "KILN_MAX_QUEUE")]
     max_queue: Option<usize>,
     /// A request's deadline when it names none (Envoy's x-envoy-expected-rq-timeout-ms, or
