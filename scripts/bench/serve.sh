@@ -30,6 +30,11 @@
 # KServe. perf_analyzer reads Triton's GET /v2/models/NAME/config before any load: when kiln does
 # not answer it, both servers are loaded through the same relay that does
 # (serve_load.py config-shim), and the output says so.
+# Then shedding (perf_analyzer cannot measure it: it stops at the first refusal): kiln again with
+# its own queue, loaded by Vegeta (scripts/ensure/vegeta.sh) one client at a time, at twice the
+# engine's bound with at most SHED_LEVEL in flight (the goal: p99 <= 4x the one client's p50),
+# and by SHED_LEVEL clients retrying at once (a retry storm); every answer checked (see
+# shedding() and serve_shed.py).
 #
 #   scripts/bench/serve.sh [REQUESTS] [MODEL...]     # defaults 200; squeezenet (the example) and
 #                                                    # the corpus's ppocr-det and minilm-l6
@@ -39,7 +44,7 @@
 # Environment: KILN_AGENT (the binary; default target/release/kiln-agent when built, else
 # debug); for --load: REPEATS (3), LEVELS ("1 4 16 64"), WINDOW_MS (perf_analyzer's
 # measurement window, 3000), STABILITY (its stability percentage, 100: the rounds measure the
-# spread), and the serve flags INSTANCES, MAX_QUEUE (64, the largest level, so that throughput
+# spread), SHED_LEVEL (64; empty: no shedding rows), and the serve flags INSTANCES, MAX_QUEUE (64, the largest level, so that throughput
 # is measured rather than shed; empty: the server's default) and REQUEST_TIMEOUT_MS, each
 # passed only when the binary's `serve --help` lists it; KILN_BENCH_ROUNDS for the latency
 # mode; KILN_BENCH_OUT keeps the harness's records and rows.md. The servers and the client
@@ -61,6 +66,7 @@ ORT_DYLIB_PATH=$("$REPO/scripts/ensure-onnxruntime.sh")
 export ORT_DYLIB_PATH
 PY=$("$REPO/scripts/ensure/v2-client.sh")
 HELPER=$REPO/scripts/bench/serve_load.py
+SHED=$REPO/scripts/bench/serve_shed.py
 HARNESS=$REPO/scripts/bench/harness.py
 ROUND=$REPO/scripts/bench/local-round.sh
 # The servers, the client and ONNX Runtime share every core: the load gate counts them all busy.
@@ -178,10 +184,12 @@ PY
 # load_mode: every model, every level, REPEATS rounds of kiln then KServe; then the table.
 load_mode() {
   REPEATS=${REPEATS:-3} WINDOW_MS=${WINDOW_MS:-3000} STABILITY=${STABILITY:-100} MAX_QUEUE=${MAX_QUEUE-64}
-  read -ra LEVELS <<<"${LEVELS:-1 4 16 64}"
+  read -ra LEVELS <<<"${LEVELS-1 4 16 64}"
+  SHED_LEVEL=${SHED_LEVEL-64}
   PA=$("$REPO/scripts/ensure/perf-analyzer.sh")
+  [[ -z $SHED_LEVEL ]] || VEGETA=$("$REPO/scripts/ensure/vegeta.sh")
   KSERVE=$("$REPO/scripts/ensure/kserve.sh")
-  echo "kiln-agent: $AGENT; perf_analyzer: $PA; KServe: $KSERVE"
+  echo "kiln-agent: $AGENT; perf_analyzer: $PA; KServe: $KSERVE; Vegeta: ${VEGETA:-not used}"
   echo "$(nproc) CPUs; governor: $(governor); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "levels ${LEVELS[*]}; $REPEATS rounds; ${WINDOW_MS} ms windows, stability ${STABILITY}%"
   FLAGS=()
@@ -192,9 +200,10 @@ load_mode() {
     load_model "$m" || echo "$m: skipped" >&2
   done
   echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-  [[ -s $WORK/rows.tsv ]] || die "nothing was measured"
+  [[ -s $WORK/rows.tsv || -s $WORK/shed.tsv ]] || die "nothing was measured"
   echo
-  python3 "$HELPER" table "$WORK/rows.tsv" "$(nproc)"
+  [[ ! -s $WORK/rows.tsv ]] || python3 "$HELPER" table "$WORK/rows.tsv" "$(nproc)"
+  [[ ! -s $WORK/shed.tsv ]] || { echo; python3 "$SHED" table "$WORK/shed.tsv"; }
 }
 
 # serve_flags: FLAGS, the load flags this binary's `serve` lists, valued from the environment.
@@ -238,6 +247,68 @@ load_model() {
     done
   done
   stop_servers
+  [[ -z $SHED_LEVEL ]] || shedding "$m" "$d"
+}
+
+# shedding MODEL DIR: kiln again with its own queue (the server's default; only INSTANCES
+# passed), checked, then REPEATS rounds of three Vegeta runs of WINDOW_MS each, interleaved:
+#   idle      one client, closed loop: the p50 the others are judged against;
+#   overload  requests arriving at twice the engine's bound (open loop: arrivals do not wait for
+#             answers), at most SHED_LEVEL (64) in flight: the goal, p99 <= 4x idle's p50;
+#   storm     SHED_LEVEL clients in a closed loop that retry at once, ignoring Retry-After: the
+#             worst a client can do; on this machine the client shares the server's cores, and its
+#             CPU is printed.
+# Every answer is judged by serve_shed.py (each 200 checked against the golden outputs). Rows in
+# $WORK/shed.tsv.
+shedding() {
+  local m=$1 d=$2 port r run flags=() rate
+  [[ -z ${INSTANCES:-} ]] || flags=(--instances "$INSTANCES")
+  port=$(free_port)
+  start_kiln "$d" "$port" "${flags[@]}"
+  PID[kiln]=$KILN_PID PORT[kiln]=$port
+  check kiln || { stop_servers; return 1; }
+  rate=$(python3 -c "import sys; p = float(sys.argv[1]); print(round(2 * ($(bound_cores) / p)))" "$ENGINE_P50")
+  echo "   shedding: kiln-agent serve ${flags[*]:-with its defaults} ($(curl -fsS "http://127.0.0.1:$port/v2/models/m" |
+    jq -c '.parameters | {instances, workers, admitted, maxQueue}')); Vegeta: idle (c=1), overload ($rate/s, twice the bound, at most $SHED_LEVEL in flight), storm (c=$SHED_LEVEL, no back-off)"
+  python3 "$SHED" target "$FIXTURE" "http://127.0.0.1:$port/v2/models/m/infer" "$d/target.json"
+  for r in $(seq "$REPEATS"); do
+    for run in idle overload storm; do
+      case $run in
+        idle) attack "$m" "$d" "$r" $run 0 1 ;;
+        overload) attack "$m" "$d" "$r" $run "$rate" "$SHED_LEVEL" ;;
+        storm) attack "$m" "$d" "$r" $run 0 "$SHED_LEVEL" ;;
+      esac
+    done
+  done
+  stop_servers
+}
+
+# attack MODEL DIR ROUND RUN RATE CLIENTS: one Vegeta run (RATE 0: a closed loop of CLIENTS), its
+# answers judged; a row in $WORK/shed.tsv, a line out.
+attack() {
+  local m=$1 d=$2 r=$3 run=$4 rate=$5 c=$6 out=$2/shed-$4-$3 idle summary hwm rss vpid t0 t1
+  idle=$(settle)
+  "$VEGETA" attack -format=json -targets="$d/target.json" -rate="$rate" -workers="$c" -max-workers="$c" \
+    -duration="${WINDOW_MS}ms" -timeout=60s >"$out.bin" 2>"$out.log" &
+  vpid=$!
+  # The client's CPU: its ticks from the start to just before the window ends.
+  t0=$(awk '{print $14 + $15}' "/proc/$vpid/stat" 2>/dev/null || echo 0)
+  sleep "$(bc -l <<<"$WINDOW_MS / 1000 * 0.9")"
+  t1=$(awk '{print $14 + $15}' "/proc/$vpid/stat" 2>/dev/null || echo "$t0")
+  wait "$vpid" || true
+  "$VEGETA" encode --to json <"$out.bin" >"$out.jsonl"
+  summary=$(python3 "$SHED" judge "$out.jsonl" "$FIXTURE" "$(bc -l <<<"$WINDOW_MS / 1000")")
+  summary=$(jq -c --argjson cpu "$(bc -l <<<"($t1 - $t0) / $(getconf CLK_TCK) / ($WINDOW_MS / 1000 * 0.9)")" \
+    --arg rate "$rate" --arg c "$c" '. + {client_cores: $cpu, rate: ($rate | tonumber), clients: ($c | tonumber)}' <<<"$summary")
+  rm -f "$out.bin" "$out.jsonl"
+  read -r hwm rss < <(awk '/^VmHWM/ {h = $2} /^VmRSS/ {r = $2} END {print h + 0, r + 0}' "/proc/${PID[kiln]}/status" 2>/dev/null || echo 0 0)
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$m" "$r" "$run" "$summary" "$hwm" "$rss" >>"$WORK/shed.tsv"
+  echo "   $run round $r: $(jq -c '{answered, shed, wrong, other, p50_ms: (.p50_s * 1e5 | round / 100), p99_ms: (.p99_s * 1e5 | round / 100), client_cores: (.client_cores * 100 | round / 100)}' <<<"$summary")  RSS $((rss / 1024)) MiB (peak $((hwm / 1024)))  load $(cut -d' ' -f1 /proc/loadavg)  idle-wait $idle s"
+}
+
+# bound_cores: the runs the engine makes at once at the overload: the cores for tract, else one.
+bound_cores() {
+  if [[ $ENGINE == tract* ]]; then nproc; else echo 1; fi
 }
 
 bound_rule() {
