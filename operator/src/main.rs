@@ -311,6 +311,7 @@ fn job_settings(cli: &Cli) -> JobSettings {
                 url: cli.store.trim().to_string(),
                 insecure: cli.registry.registry_insecure,
                 secret: secret(&cli.registry_secret),
+                mirrors: cli.registry.options().mirrors,
             },
         },
         sources_host_path: cli.sources_host_path.clone(),

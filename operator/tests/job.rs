@@ -99,6 +99,7 @@ fn oci_store_passes_url_insecure_and_secret_credentials_without_host_mounts() {
             url: "oci://10.201.0.2:5000/kiln".into(),
             insecure: true,
             secret: Some("kiln-registry".into()),
+            mirrors: Some(MIRRORS.into()),
         }),
     );
     let env = env_of(&job);
@@ -109,6 +110,11 @@ fn oci_store_passes_url_insecure_and_secret_credentials_without_host_mounts() {
     assert_eq!(
         value(&env, "KILN_REGISTRY_INSECURE").as_deref(),
         Some("true")
+    );
+    assert_eq!(
+        value(&env, "KILN_REGISTRY_MIRRORS").as_deref(),
+        Some(MIRRORS),
+        "the Job pulls through the mirrors the agents use"
     );
     for (var, key) in [
         ("KILN_REGISTRY_USERNAME", "username"),
@@ -137,6 +143,7 @@ fn oci_store_passes_url_insecure_and_secret_credentials_without_host_mounts() {
             url: "oci://r.example/kiln".into(),
             insecure: false,
             secret: None,
+            mirrors: None,
         }),
     );
     let env = env_of(&without_secret);
@@ -145,7 +152,10 @@ fn oci_store_passes_url_insecure_and_secret_credentials_without_host_mounts() {
         Some("false")
     );
     assert!(env.iter().all(|e| e.name != "KILN_REGISTRY_USERNAME"));
+    assert!(env.iter().all(|e| e.name != "KILN_REGISTRY_MIRRORS"));
 }
+
+const MIRRORS: &str = r#"[{"host":"http://registry-cache:5000","capabilities":["pull"]}]"#;
 
 #[test]
 fn built_in_backend_runs_the_agent_image_with_no_init_container() {
@@ -261,6 +271,7 @@ fn foreign_compiler_image_gets_the_agent_injected_by_an_init_container() {
             url: "oci://r/kiln".into(),
             insecure: false,
             secret: Some("creds".into()),
+            mirrors: None,
         }),
     );
     let pod = job.spec.unwrap().template.spec.unwrap();

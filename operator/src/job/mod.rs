@@ -68,6 +68,9 @@ pub enum JobStore {
         insecure: bool,
         /// Secret in the Job's namespace with keys `username` and `password` (both optional).
         secret: Option<String>,
+        /// The registry's mirrors (`KILN_REGISTRY_MIRRORS`, as the operator was given and
+        /// validated them), so that the Job's pulls go through them as the agents' do.
+        mirrors: Option<String>,
     },
 }
 
@@ -226,10 +229,14 @@ impl Wiring {
                 url,
                 insecure,
                 secret,
+                mirrors,
             } => {
                 self.env.push(env("KILN_STORE", url));
                 self.env
                     .push(env("KILN_REGISTRY_INSECURE", &insecure.to_string()));
+                if let Some(mirrors) = mirrors {
+                    self.env.push(env("KILN_REGISTRY_MIRRORS", mirrors));
+                }
                 if let Some(secret) = secret {
                     for (var, key) in [
                         ("KILN_REGISTRY_USERNAME", "username"),
