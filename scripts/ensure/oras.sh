@@ -35,7 +35,6 @@ MODULE=oras.land/oras
 GO_MIN=1.26.7
 # go.sum's hash of oras.land/oras v1.3.6 (sum.golang.org's, via proxy.golang.org/sumdb).
 MODULE_SUM=h1:Lhsfr2tQLjsu/+CJZp6vYatwKT+62fbIUTlp4lUrfOA=
-PROXY=${KILN_GOPROXY:-https://proxy.golang.org}
 
 cache=$(kiln_cache_dir)
 dir=$cache/oras-$VERSION
@@ -45,29 +44,6 @@ installed() {
 
 kiln_once "$dir" installed "$dir/bin/oras"
 kiln_need_go "$GO_MIN" "oras $VERSION"
-have=$(go env GOVERSION)
-have=${have#go}
-
-tmp=$(mktemp -d "$cache/.oras-XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-# The module cache is kept for the next build; -modcacherw lets `rm -rf` clear it. GOENV and GOWORK
-# off: no go.env or workspace of this machine's changes what is fetched or built.
-export GOPATH=$cache/go GOMODCACHE=$cache/go/pkg/mod GOCACHE=$tmp/gocache GOBIN=$tmp/bin \
-  GOPROXY=$PROXY GOENV=off GOWORK=off GOTOOLCHAIN=local GOFLAGS="-modcacherw -buildvcs=false" \
-  CGO_ENABLED=0
-echo "$TOOL: building oras $VERSION with go $have from $PROXY (once; about a minute)" >&2
-# The module's go.sum hash, as `go mod download` (checked against the checksum database) has it.
-sum=$(cd "$tmp" && go mod download -json "$MODULE@v$VERSION" 2>"$tmp/download.log" |
-  python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("Sum") or d.get("Error"))') || true
-[[ $sum == "$MODULE_SUM" ]] ||
-  die "go mod download $MODULE@v$VERSION from $PROXY: ${sum:-failed: $(tail -3 "$tmp/download.log")} (wanted $MODULE_SUM)"
-(cd "$tmp" && nice -n 10 go install -trimpath -ldflags "-s -w" "$MODULE/cmd/oras@v$VERSION") >&2 ||
-  die "go install $MODULE/cmd/oras@v$VERSION failed (the Go module proxy is needed once)"
-[[ -x $tmp/bin/oras ]] || die "go install made no $tmp/bin/oras"
-mkdir -p "$tmp/new/bin"
-mv "$tmp/bin/oras" "$tmp/new/bin/oras"
-echo "$MODULE/cmd/oras@v$VERSION $MODULE_SUM go$have sha256:$(sha256_of "$tmp/new/bin/oras")" >"$tmp/new/SOURCES"
-rm -rf "$dir"
-mv -T "$tmp/new" "$dir"
+kiln_go_install "$dir" oras "$MODULE" "$VERSION" "$MODULE_SUM" "$MODULE/cmd/oras"
 installed || die "$dir/bin/oras does not say Version: $VERSION: $("$dir/bin/oras" version 2>&1 | tail -3)"
 echo "$dir/bin/oras"

@@ -34,7 +34,6 @@ MODULE=github.com/tsenart/vegeta/v12
 GO_MIN=1.22
 # go.sum's hash of github.com/tsenart/vegeta/v12 v12.13.0 (sum.golang.org's, via the proxy).
 MODULE_SUM=h1:J/UiNS3f69MkL0tsRLVUUV8uXXQZxdRUchtS+GYiSFc=
-PROXY=${KILN_GOPROXY:-https://proxy.golang.org}
 
 cache=$(kiln_cache_dir)
 dir=$cache/vegeta-$VERSION
@@ -44,29 +43,6 @@ installed() {
 
 kiln_once "$dir" installed "$dir/bin/vegeta"
 kiln_need_go "$GO_MIN" "vegeta $VERSION"
-have=$(go env GOVERSION)
-have=${have#go}
-
-tmp=$(mktemp -d "$cache/.vegeta-XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-# The module cache is kept for the next build; -modcacherw lets `rm -rf` clear it. GOENV and GOWORK
-# off: no go.env or workspace of this machine's changes what is fetched or built.
-export GOPATH=$cache/go GOMODCACHE=$cache/go/pkg/mod GOCACHE=$tmp/gocache GOBIN=$tmp/bin \
-  GOPROXY=$PROXY GOENV=off GOWORK=off GOTOOLCHAIN=local GOFLAGS="-modcacherw -buildvcs=false" \
-  CGO_ENABLED=0
-echo "$TOOL: building vegeta $VERSION with go $have from $PROXY (once; about a minute)" >&2
-# The module's go.sum hash, as `go mod download` (checked against the checksum database) has it.
-sum=$(cd "$tmp" && go mod download -json "$MODULE@v$VERSION" 2>"$tmp/download.log" |
-  python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("Sum") or d.get("Error"))') || true
-[[ $sum == "$MODULE_SUM" ]] ||
-  die "go mod download $MODULE@v$VERSION from $PROXY: ${sum:-failed: $(tail -3 "$tmp/download.log")} (wanted $MODULE_SUM)"
-(cd "$tmp" && nice -n 10 go install -trimpath -ldflags "-s -w -X main.Version=$VERSION" "$MODULE@v$VERSION") >&2 ||
-  die "go install $MODULE@v$VERSION failed (the Go module proxy is needed once)"
-[[ -x $tmp/bin/vegeta ]] || die "go install made no $tmp/bin/vegeta"
-mkdir -p "$tmp/new/bin"
-mv "$tmp/bin/vegeta" "$tmp/new/bin/vegeta"
-echo "$MODULE@v$VERSION $MODULE_SUM go$have sha256:$(sha256_of "$tmp/new/bin/vegeta")" >"$tmp/new/SOURCES"
-rm -rf "$dir"
-mv -T "$tmp/new" "$dir"
+kiln_go_install "$dir" vegeta "$MODULE" "$VERSION" "$MODULE_SUM" "$MODULE" "-X main.Version=$VERSION"
 installed || die "$dir/bin/vegeta does not say Version: $VERSION: $("$dir/bin/vegeta" -version 2>&1 | tail -3)"
 echo "$dir/bin/vegeta"
