@@ -40,8 +40,16 @@ kiln_cache_dir() {
   fi
 }
 
+# release_or_debug BIN: BIN built with the release profile, else the debug one, in
+# $CARGO_TARGET_DIR; when that is unset, in the directory scripts/test.sh builds in
+# (scripts/cargo-target-dir.sh) if it holds BIN, else $REPO/target. Without that middle step a
+# benchmark run from a shell without CARGO_TARGET_DIR measured a stale debug build in target/.
 release_or_debug() {
-  local target=${CARGO_TARGET_DIR:-$REPO/target}
+  local target=${CARGO_TARGET_DIR:-}
+  if [[ -z $target ]]; then
+    target=$("$REPO/scripts/cargo-target-dir.sh")
+    [[ -x $target/release/$1 || -x $target/debug/$1 ]] || target=$REPO/target
+  fi
   if [[ -x $target/release/$1 ]]; then echo "$target/release/$1"; else echo "$target/debug/$1"; fi
 }
 
