@@ -41,15 +41,17 @@
 #   scripts/bench/serve.sh --load [MODEL...]         # about 5 minutes a model with the defaults
 #   REPEATS=1 LEVELS="1 4" WINDOW_MS=1000 scripts/bench/serve.sh --load squeezenet   # a quick try
 #
-# Environment: KILN_AGENT (the binary; default target/release/kiln-agent when built, else
-# debug); for --load: REPEATS (3), LEVELS ("1 4 16 64"), WINDOW_MS (perf_analyzer's
-# measurement window, 3000), STABILITY (its stability percentage, 100: the rounds measure the
-# spread), SHED_LEVEL (64; empty: no shedding rows), and the serve flags INSTANCES, MAX_QUEUE (64, the largest level, so that throughput
-# is measured rather than shed; empty: the server's default) and REQUEST_TIMEOUT_MS, each
-# passed only when the binary's `serve --help` lists it; KILN_BENCH_ROUNDS for the latency
-# mode; KILN_BENCH_OUT keeps the harness's records and rows.md. The servers and the client
-# share every core, so the load gate counts them all busy: it refuses (exit 3) a machine whose
-# 1-minute load is above 0.25 unless KILN_BENCH_FORCE_NOISY=1, which marks every line NOISY.
+# Environment: KILN_AGENT (the binary; default the release build when there is one, else the
+# debug one, where scripts/test.sh builds: release_or_debug in scripts/lib.sh); for --load:
+# REPEATS (3), LEVELS ("1 4 16 64"), WINDOW_MS (perf_analyzer's measurement window, 3000),
+# STABILITY (its stability percentage, 100: the rounds measure the spread), SHED_LEVEL (64;
+# empty: no shedding rows), and the serve flags INSTANCES, MAX_QUEUE (64, the largest level, so
+# that throughput is measured rather than shed; empty: the server's default) and
+# REQUEST_TIMEOUT_MS, each passed only when the binary's `serve --help` lists it;
+# KILN_BENCH_ROUNDS for the latency mode; KILN_BENCH_OUT keeps the harness's records and rows.md.
+# The servers and the client share every core, so the load gate counts them all busy: it
+# refuses (exit 3) a machine whose 1-minute load is above 0.25 unless KILN_BENCH_FORCE_NOISY=1,
+# which marks every line NOISY.
 set -euo pipefail
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 # shellcheck source=SCRIPTDIR/../lib.sh
@@ -301,9 +303,14 @@ attack() {
   summary=$(jq -c --argjson cpu "$(bc -l <<<"($t1 - $t0) / $(getconf CLK_TCK) / ($WINDOW_MS / 1000 * 0.9)")" \
     --arg rate "$rate" --arg c "$c" '. + {client_cores: $cpu, rate: ($rate | tonumber), clients: ($c | tonumber)}' <<<"$summary")
   rm -f "$out.bin" "$out.jsonl"
-  read -r hwm rss < <(awk '/^VmHWM/ {h = $2} /^VmRSS/ {r = $2} END {print h + 0, r + 0}' "/proc/${PID[kiln]}/status" 2>/dev/null || echo 0 0)
+  read -r hwm rss < <(memory_of "${PID[kiln]}")
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$m" "$r" "$run" "$summary" "$hwm" "$rss" >>"$WORK/shed.tsv"
   echo "   $run round $r: $(jq -c '{answered, shed, wrong, other, p50_ms: (.p50_s * 1e5 | round / 100), p99_ms: (.p99_s * 1e5 | round / 100), client_cores: (.client_cores * 100 | round / 100)}' <<<"$summary")  RSS $((rss / 1024)) MiB (peak $((hwm / 1024)))  load $(cut -d' ' -f1 /proc/loadavg)  idle-wait $idle s"
+}
+
+# memory_of PID: the process's peak and current RSS in KiB ("0 0" once it is gone).
+memory_of() {
+  awk '/^VmHWM/ {h = $2} /^VmRSS/ {r = $2} END {print h + 0, r + 0}' "/proc/$1/status" 2>/dev/null || echo 0 0
 }
 
 # bound_cores: the runs the engine makes at once at the overload: the cores for tract, else one.
@@ -375,7 +382,7 @@ measure() {
     read -r tput p50 p99 < <(awk -F, 'NR == 1 {for (i = 1; i <= NF; i++) h[$i] = i}
       NR == 2 {print $h["Inferences/Second"], $h["p50 latency"], $h["p99 latency"]}' "$out.csv")
   fi
-  read -r hwm rss < <(awk '/^VmHWM/ {h = $2} /^VmRSS/ {r = $2} END {print h + 0, r + 0}' "/proc/${PID[$s]}/status" 2>/dev/null || echo 0 0)
+  read -r hwm rss < <(memory_of "${PID[$s]}")
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$m" "$s" "$c" "$r" "$status" "$tput" "$p50" "$p99" \
     "$shed" "$hwm" "$rss" "$ENGINE" "$ENGINE_P50" >>"$WORK/rows.tsv"
   printf '   c=%-3s round %s %-6s %8.1f infer/s  p50 %7.2f ms  p99 %7.2f ms  shed %-4s RSS %4d MiB (peak %d)  load %s  idle-wait %s s%s\n' \
