@@ -108,6 +108,9 @@ background llama-server scripts/ensure/llama-tools.sh llama-server
 # Go module proxy, cached (cosign's first build takes about 9 minutes on 2 busy cores).
 background oras scripts/ensure/oras.sh
 background cosign scripts/ensure/cosign.sh
+# Distribution 3, the pull-through cache of the mirror tests (store/tests/oci.rs, e2e
+# registry-mirror): built from the Go module proxy, cached (about 85 s once).
+background distribution scripts/ensure/distribution.sh
 if ((E2E)); then
   background kubernetes e2e/cluster build
   background kserve scripts/ensure/kserve.sh
@@ -145,6 +148,7 @@ phase "cargo test"
 await llama-server
 await oras
 await cosign
+await distribution
 cargo test --workspace --locked
 # The engine-isolation crash cases, with the hook (ignored, saying so, in the run above).
 cargo test -p kiln-agent --locked --features fault-injection --test isolation

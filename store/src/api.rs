@@ -144,6 +144,15 @@ pub trait Store: Send + Sync {
     fn take_mirror_skips(&self) -> Vec<MirrorSkip> {
         Vec::new()
     }
+    /// Fills the registry's mirrors with the entry of `r` right after it is published: each pull
+    /// mirror serves the artifact once, verified, its bytes dropped, and each resolve mirror the
+    /// attestation. A pull-through cache then fetches every blob from the registry once, now,
+    /// instead of once for each node that asks while it is still cold (no cache makes a second
+    /// client wait for a blob in flight). Returns why a mirror could not be filled (its nodes
+    /// fill it as they pull); none for a store without mirrors.
+    async fn preheat(&self, _r: &ArtifactRef) -> Vec<MirrorSkip> {
+        Vec::new()
+    }
 }
 
 /// Checks that `key` is a compile key (64 lowercase or uppercase hex digits).

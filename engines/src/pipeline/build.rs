@@ -361,6 +361,9 @@ pub async fn compile_or_reuse(
     let (mut manifest, alternates) = result?;
     publish_alternates(&mut manifest, alternates, store, publish).await;
     let entry = publish_entry(&out, &manifest, replace, store, publish).await?;
+    for skip in store.preheat(&entry.artifact_ref()).await {
+        tracing::warn!(mirror = %skip.mirror, reason = skip.reason, message = %skip.message, "registry mirror not preheated; its nodes fill it as they pull");
+    }
     Ok(Built {
         entry,
         reused: false,

@@ -231,6 +231,17 @@ impl OciStore {
 
     /// The artifact of `r`, from this registry only.
     async fn pull_here(&self, r: &ArtifactRef, dest: &Path) -> Result<BuildManifest> {
+        let (reference, layer, expected, m) = self.resolve_here(r).await?;
+        self.pull_layer(&reference, &layer, dest, expected).await?;
+        Ok(m)
+    }
+
+    /// The verified manifest of `r` from this registry only: the reference it is pulled by, its
+    /// layer, what that layer must be, and the build manifest.
+    async fn resolve_here(
+        &self,
+        r: &ArtifactRef,
+    ) -> Result<(Reference, OciDescriptor, Expected, BuildManifest)> {
         check_key(&self.location(), &r.compile_key)?;
         let doing = format!("pulling manifest {}", r.manifest_digest);
         let reference = self.by_digest(&r.manifest_digest);
@@ -269,8 +280,43 @@ impl OciStore {
             digest: m.artifact_digest.clone(),
             size: Some(m.artifact_size),
         };
-        self.pull_layer(&reference, &layer, dest, expected).await?;
-        Ok(m)
+        Ok((reference, layer, expected, m))
+    }
+
+    /// Reads the artifact of `r` from this registry to its end, hashing it, and writes nothing:
+    /// what makes a pull-through cache fetch and keep it ([`Store::preheat`]) without a second
+    /// copy of a many-gigabyte artifact on the publisher's disk.
+    async fn read_through_here(&self, r: &ArtifactRef) -> Result<()> {
+        use sha2::Digest as _;
+        let (reference, layer, expected, _) = self.resolve_here(r).await?;
+        let doing = format!("reading blob {}", layer.digest);
+        let mut stream = self
+            .client
+            .pull_blob_stream(&reference, &layer)
+            .await
+            .map_err(|e| self.error(&doing, e))?;
+        let (mut hash, mut size) = (sha2::Sha256::new(), 0u64);
+        // The client's own digest check ends the stream; ours is the verdict (as in pull_layer).
+        while let Some(chunk) = stream.next().await {
+            let chunk = match chunk {
+                Err(e) if is_digest_error(&e) => break,
+                chunk => chunk
+                    .map_err(|e| Error::unavailable(self.location(), format!("{doing}: {e}")))?,
+            };
+            hash.update(&chunk);
+            size += chunk.len() as u64;
+            if expected.size.is_some_and(|want| size > want) {
+                break;
+            }
+        }
+        let got = hex::encode(hash.finalize());
+        if got != expected.digest || Some(size) != expected.size {
+            return Err(Error::HashMismatch {
+                what: expected.what,
+                message: format!("the registry served {size} bytes with sha256 {got}"),
+            });
+        }
+        Ok(())
     }
 
     /// Turns a client error into a store error that names the registry and says what to fix.
@@ -761,6 +807,10 @@ impl Store for OciStore {
         self.pull_mirrored(r, dest).await
     }
 
+    async fn preheat(&self, r: &ArtifactRef) -> Vec<MirrorSkip> {
+        self.preheat_mirrors(r).await
+    }
+
     fn take_mirror_skips(&self) -> Vec<MirrorSkip> {
         std::mem::take(
             &mut *self
@@ -788,7 +838,7 @@ pub struct Mirror {
 
 /// Pulls through the mirrors (`mirror.rs`): each tried in order, the registry last.
 impl OciStore {
-    fn skip(&self, mirror: &Mirror, reason: &'static str, message: String) {
+    pub(super) fn skip(&self, mirror: &Mirror, reason: &'static str, message: String) {
         tracing::warn!(mirror = %mirror.endpoint.host, reason, %message, "registry mirror passed over; trying the next");
         self.skips
             .lock()
@@ -813,6 +863,37 @@ impl OciStore {
             }
         }
         self.pull_here(r, dest).await
+    }
+
+    /// [`Store::preheat`]: the artifact read through every pull mirror once (verified like any
+    /// pull, written nowhere), the attestation asked of every resolve mirror.
+    async fn preheat_mirrors(&self, r: &ArtifactRef) -> Vec<MirrorSkip> {
+        let mut failed = Vec::new();
+        let mut fail = |m: &Mirror, e: &Error| {
+            failed.push(MirrorSkip {
+                mirror: m.endpoint.host.clone(),
+                reason: mirror::reason(e),
+                message: e.to_string(),
+            });
+        };
+        for m in self.mirrors.iter().filter(|m| m.endpoint.pull) {
+            match m.store.read_through_here(r).await {
+                Ok(_) => {
+                    tracing::info!(mirror = %m.endpoint.host, manifest = %r.manifest_digest, "registry mirror preheated")
+                }
+                Err(e) => fail(m, &e),
+            }
+        }
+        for m in self.mirrors.iter().filter(|m| m.endpoint.resolve) {
+            if let Err(e) = m
+                .store
+                .attestation_here(&r.compile_key, &r.manifest_digest)
+                .await
+            {
+                fail(m, &e);
+            }
+        }
+        failed
     }
 
     /// The attestation from the first resolve mirror that has it, else the origin. It is only

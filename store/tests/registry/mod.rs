@@ -1,6 +1,7 @@
-//! A real distribution registry (Debian's `docker-registry`) for tests: `docker-registry serve`
-//! with a temp config on 127.0.0.1:<free port>, filesystem storage in a temp dir (so a test can
-//! flip a byte in a stored blob), optionally behind htpasswd basic auth. Killed on drop.
+//! A real distribution registry for tests (Debian's `docker-registry`; Distribution 3 for the
+//! pull-through cache): `registry serve` with a temp config on 127.0.0.1:<free port>, filesystem
+//! storage in a temp dir (so a test can flip a byte in a stored blob), optionally behind
+//! htpasswd basic auth. Killed on drop.
 
 #![allow(dead_code)]
 
@@ -37,11 +38,14 @@ impl Registry {
         Self::start_configured(None, "", "  accesslog:\n    disabled: false\n")
     }
 
-    /// Starts Debian's docker-registry as a pull-through cache of the registry at `origin`
-    /// (`proxy.remoteurl`), anonymous to it.
+    /// Starts the CNCF Distribution registry 3 (scripts/ensure/distribution.sh: built from the
+    /// Go module proxy, cached) as a pull-through cache of the registry at `origin`
+    /// (`proxy.remoteurl`), anonymous to it; `None` after saying why it could not be built (a
+    /// failure under `CI=true`). 3, not Debian's 2.8: 2.8 fetches a cold blob twice.
     pub fn start_proxy(origin: SocketAddr) -> Option<Self> {
+        let binary = distribution()?;
         let proxy = format!("proxy:\n  remoteurl: http://{origin}\n");
-        Self::start_configured(None, &proxy, "  accesslog:\n    disabled: false\n")
+        Self::start_binary(&binary, None, &proxy, "  accesslog:\n    disabled: false\n")
     }
 
     fn start_with(auth: Option<(&str, &str)>) -> Option<Self> {
@@ -52,6 +56,15 @@ impl Registry {
         if !available() {
             return None;
         }
+        Self::start_binary(Path::new(BINARY), auth, extra, access)
+    }
+
+    fn start_binary(
+        binary: &Path,
+        auth: Option<(&str, &str)>,
+        extra: &str,
+        access: &str,
+    ) -> Option<Self> {
         let dir = tempfile::tempdir().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
@@ -78,14 +91,14 @@ impl Registry {
         let config_path = dir.path().join("config.yml");
         std::fs::write(&config_path, config).unwrap();
         let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();
-        let child = Command::new(BINARY)
+        let child = Command::new(binary)
             .arg("serve")
             .arg(&config_path)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
-            .expect("start docker-registry");
+            .expect("start the registry");
         let mut registry = Self { child, addr, dir };
         registry.wait_ready();
         Some(registry)
@@ -95,7 +108,7 @@ impl Registry {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("docker-registry exited ({status}): {}", self.log());
+                panic!("the registry exited ({status}): {}", self.log());
             }
             if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
                 return;
@@ -103,7 +116,7 @@ impl Registry {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!(
-            "docker-registry did not listen on {}: {}",
+            "the registry did not listen on {}: {}",
             self.addr,
             self.log()
         );
@@ -130,6 +143,25 @@ impl Registry {
             })
             .collect();
         (sizes.iter().sum(), sizes.len())
+    }
+
+    /// How many times the access log shows each blob (`sha256:<hex>`) served whole or in part.
+    pub fn blob_gets(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut gets = std::collections::BTreeMap::new();
+        for l in self.log().lines().filter(|l| l.contains("\"GET /v2/")) {
+            let Some((_, rest)) = l.split_once("/blobs/") else {
+                continue;
+            };
+            let digest: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
+            let served = l
+                .split("HTTP/1.1\" ")
+                .nth(1)
+                .is_some_and(|a| a.starts_with("200 ") || a.starts_with("206 "));
+            if served {
+                *gets.entry(digest).or_insert(0) += 1;
+            }
+        }
+        gets
     }
 
     /// The store URL for repository `repo`.
@@ -162,6 +194,23 @@ impl Registry {
 impl Drop for Registry {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// The Distribution 3 registry binary (scripts/ensure/distribution.sh), or `None` after saying
+/// why (a failure under `CI=true`).
+fn distribution() -> Option<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure/distribution.sh");
+    match Command::new(&script).output() {
+        Ok(o) if o.status.success() => Some(String::from_utf8_lossy(&o.stdout).trim().into()),
+        other => {
+            let why = format!(
+                "no Distribution 3 registry (scripts/ensure/distribution.sh needs the Go module proxy once): {other:?}"
+            );
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+            eprintln!("SKIPPED: {why}");
+            None
+        }
     }
 }
 
