@@ -50,6 +50,17 @@ refused "at '/agent/cacheHostPath'" --set agent.cacheHostPath=var/cache
 # A values file is held to the same schema as --set: a misspelt nested key there too.
 printf 'operator:\n  leaderElection:\n    leasename: other\n' >"$WORK/misspelt.yaml"
 refused "at '/operator/leaderElection': additional properties 'leasename' not allowed" -f "$WORK/misspelt.yaml"
+refused "at '/store/mirrors/0/host': 'cache:5000' does not match" --set-json 'store.mirrors=[{"host": "cache:5000"}]'
+refused "invalid propertyName 'r/kiln'" --set-json 'store.mirrors={"r/kiln": [{"host": "https://c"}]}'
+# Mirrors, as a list (the store registry's) or keyed by registry, reach the operator and agents
+# as the JSON kiln-agent and kiln-operator parse (store/src/oci/mirror.rs).
+for mirrors in '[{"host":"http://cache:5000","capabilities":["pull"]}]' \
+  '{"10.0.0.1:5000":[{"host":"http://cache:5000"}],"_default":[{"host":"https://hub-cache"}]}'; do
+  env=$(t --set store.url=oci://10.0.0.1:5000/kiln --set-json "store.mirrors=$mirrors" |
+    grep -A1 -- '- name: KILN_REGISTRY_MIRRORS' | sed -n 's/^ *value: //p' | sort -u)
+  [[ $(jq -cS . <<<"$(jq -r . <<<"$env")") == "$(jq -cS . <<<"$mirrors")" ]] ||
+    fail "store.mirrors $mirrors rendered as $env"
+done
 t --set store.url=/var/lib/kiln/store --set sources.hostPath=/srv/models >"$WORK/fs.yaml"
 t --set store.url=oci://10.0.0.1:5000/kiln --set store.insecure=true --set store.existingSecret=regcred \
   --set agent.gpu.enabled=true --set agent.gpu.runtimeClassName=nvidia --set crds.keep=false \

@@ -1539,6 +1539,75 @@ fn oci_sources_pushed_by_oras_are_pulled_by_digest_and_verified() {
     );
 }
 
+/// `oci://` sources pulled through registry mirrors, as the store's artifacts are. Keyed by the
+/// source's registry (the object form of KILN_REGISTRY_MIRRORS), a real pull-through cache
+/// (Distribution 3) in front of a registry kiln was given nothing for (so HTTPS, which that
+/// plain-HTTP origin does not speak) serves the file, the origin serving it once, to the cache.
+/// As the store registry's list, a mirror holding other bytes is passed over and the next used.
+#[test]
+fn oci_sources_are_pulled_through_mirrors_and_a_lying_one_is_passed_over() {
+    let Some(oras) = ensured("oras") else { return };
+    let (Some(origin), Some(liar)) = (
+        registry::Registry::start_logged(),
+        registry::Registry::start(),
+    ) else {
+        return;
+    };
+    let Some(cache) = registry::Registry::start_proxy(origin.addr) else {
+        return;
+    };
+    let mut case = Case::mlp(4);
+    let at = |r: &registry::Registry| format!("{}/models/mlp:v1", r.addr);
+    let digest = oras_push(&oras, case.dir.path(), &at(&origin), &[], &["model.onnx"]);
+    // The liar holds the same manifest (oras push stamps the time into it, so it is copied).
+    let copied = Command::new(&oras)
+        .args([
+            "cp",
+            "--from-plain-http",
+            "--to-plain-http",
+            &at(&origin),
+            &at(&liar),
+        ])
+        .output()
+        .expect("oras cp");
+    assert!(copied.status.success(), "oras cp: {copied:?}");
+    let blob = liar.blob_path(&case.model_sha);
+    let mut bytes = std::fs::read(&blob).expect("stored blob");
+    bytes[100] ^= 1;
+    std::fs::write(&blob, bytes).expect("flip");
+    std::fs::remove_file(case.path("model.onnx")).expect("rm");
+    case.source_uri = format!("oci://{}/models/mlp@{digest}", origin.addr);
+    let mirror = |r: &registry::Registry| format!(r#"{{"host": "http://{}"}}"#, r.addr);
+
+    let keyed = format!(r#"{{"{}": [{}]}}"#, origin.addr, mirror(&cache));
+    let run = case.run_with_env(&[("KILN_REGISTRY_MIRRORS", Path::new(&keyed))]);
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    // The origin served the layer once for this pull (to the cache), once before to `oras cp`.
+    let layer = format!("sha256:{}", case.model_sha);
+    assert_eq!(origin.blob_gets().get(&layer), Some(&2), "{}", origin.log());
+
+    let mut again = Case::mlp(4);
+    again.source_uri = case.source_uri.clone();
+    let host = origin.addr.to_string();
+    let list = format!("[{}, {}]", mirror(&liar), mirror(&cache));
+    let run = again.run_with_env(&[
+        ("KILN_SOURCE_REGISTRY", Path::new(&host)),
+        ("KILN_REGISTRY_INSECURE", Path::new("true")),
+        ("KILN_REGISTRY_MIRRORS", Path::new(&list)),
+    ]);
+    assert!(run.success, "{}\n{}", run.message(), run.stderr);
+    assert!(
+        run.stderr.contains("registry mirror passed over") && run.stderr.contains("hash_mismatch"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(
+        origin.blob_gets().get(&layer),
+        Some(&2),
+        "served by the cache"
+    );
+}
+
 /// The real `cosign verify-blob-attestation --type slsaprovenance1` accepts the attestation a
 /// local compile writes beside its entry, for the artifact, and refuses it for another blob and
 /// once its statement is changed under the signature.

@@ -25,7 +25,8 @@ pub use error::{Error, Result};
 pub use fs::{FsStore, STALE_AFTER};
 pub use oci::source::SourceRef;
 pub use oci::{
-    ARTIFACT_TYPE, BUILD_MANIFEST_MEDIA_TYPE, ENGINE_MEDIA_TYPE, OciStore, registry_of, source,
+    ARTIFACT_TYPE, BUILD_MANIFEST_MEDIA_TYPE, ENGINE_MEDIA_TYPE, OciStore, mirror, registry_of,
+    source,
 };
 
 /// The registry flags both binaries take, each also read from its environment variable (the

@@ -142,28 +142,37 @@ impl SourceRegistryArgs {
 
 impl SourceRegistry {
     /// A compile Job's: its store's registry (`oci://HOST[:PORT]/REPOSITORY`) with the store's
-    /// options; a filesystem store names none.
-    /// Its mirrors are left out: a source is pulled from its registry (`OciStore::pull_file`
-    /// reads no mirror), so none is built for it.
+    /// options, its mirrors included (a source in it is pulled through them as an artifact
+    /// is); a filesystem store names none.
     pub fn of_store(url: &str, options: &kiln_store::RegistryOptions) -> Self {
         match kiln_store::registry_of(url) {
             Some(host) => Self {
                 host: Some(host.to_string()),
+                options: options.clone(),
+            },
+            None => Self {
+                host: None,
                 options: kiln_store::RegistryOptions {
-                    mirrors: None,
-                    ..options.clone()
+                    mirrors: options.mirrors.clone(),
+                    ..Default::default()
                 },
             },
-            None => Self::default(),
         }
     }
 
-    /// The options a pull from `registry` uses.
+    /// The options a pull from `registry` uses: the store registry's own, credentials and all;
+    /// any other gets no credentials and only the mirrors keyed by registry
+    /// (`kiln_store::mirror::parse`), never the store registry's list.
     fn options_for(&self, registry: &str) -> kiln_store::RegistryOptions {
         if self.host.as_deref() == Some(registry) {
-            self.options.clone()
-        } else {
-            kiln_store::RegistryOptions::default()
+            return self.options.clone();
+        }
+        let keyed = self.options.mirrors.as_deref();
+        kiln_store::RegistryOptions {
+            mirrors: keyed
+                .filter(|m| kiln_store::mirror::keyed_by_registry(m))
+                .map(str::to_string),
+            ..Default::default()
         }
     }
 }

@@ -32,15 +32,54 @@ struct Configured {
     capabilities: Option<Vec<String>>,
 }
 
-/// Parses the mirrors of `KILN_REGISTRY_MIRRORS`: a JSON list such as
-/// `[{"host": "http://cache.internal:5000", "capabilities": ["pull"]}]`.
-pub fn parse(json: &str) -> std::result::Result<Vec<Endpoint>, String> {
-    let configured: Vec<Configured> = serde_json::from_str(json).map_err(|e| {
-        format!(
-            "not a list of {{\"host\": \"https://HOST[:PORT]\", \"capabilities\": [\"pull\", \"resolve\"]}}: {e}"
-        )
-    })?;
-    configured.into_iter().map(endpoint).collect()
+/// The mirrors of `registry` in `KILN_REGISTRY_MIRRORS`, which is either a JSON list of
+/// endpoints, the mirrors of the store's registry, such as
+/// `[{"host": "http://cache.internal:5000", "capabilities": ["pull"]}]`; or an object of such
+/// lists keyed by the registry they mirror (`HOST[:PORT]`, as containerd's
+/// `certs.d/HOST[:PORT]/hosts.toml`), with `_default` for every registry not named, so that
+/// `oci://` model sources in other registries are pulled through mirrors too. The list form is
+/// only ever given for the store's registry (`engines/src/pipeline/fetch.rs` passes the object
+/// form alone to another registry); every list is checked, named or not.
+pub fn parse(json: &str, registry: &str) -> std::result::Result<Vec<Endpoint>, String> {
+    let list =
+        "a list of {\"host\": \"https://HOST[:PORT]\", \"capabilities\": [\"pull\", \"resolve\"]}";
+    let value: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("not JSON: {e}"))?;
+    let endpoints = |v: serde_json::Value, of: &str| {
+        let configured: Vec<Configured> =
+            serde_json::from_value(v).map_err(|e| format!("{of}not {list}: {e}"))?;
+        configured
+            .into_iter()
+            .map(endpoint)
+            .collect::<std::result::Result<Vec<_>, _>>()
+    };
+    match value {
+        serde_json::Value::Object(by_registry) => {
+            let mut mine = None;
+            let mut default = Vec::new();
+            for (name, v) in by_registry {
+                let parsed = endpoints(v, &format!("{name:?}: "))?;
+                if name == registry {
+                    mine = Some(parsed);
+                } else if name == "_default" {
+                    default = parsed;
+                } else if name.is_empty() || name.contains(['/', '@', '?', '#']) {
+                    return Err(format!(
+                        "{name:?}: key the mirrors by the registry they mirror, HOST[:PORT], or _default"
+                    ));
+                }
+            }
+            Ok(mine.unwrap_or(default))
+        }
+        v => endpoints(v, "")
+            .map_err(|e| format!("{e}; or an object of such lists keyed by registry HOST[:PORT]")),
+    }
+}
+
+/// Whether `json` is the object form of [`parse`] (mirrors keyed by registry), which applies to
+/// any registry, not only the store's.
+pub fn keyed_by_registry(json: &str) -> bool {
+    json.trim_start().starts_with('{')
 }
 
 fn endpoint(c: Configured) -> std::result::Result<Endpoint, String> {
@@ -96,8 +135,11 @@ mod tests {
 
     #[test]
     fn mirrors_are_read_as_containerd_names_them() {
-        let m = parse(r#"[{"host": "http://cache:5000/", "capabilities": ["pull"]}, {"host": "https://m.example"}]"#)
-            .expect("parsed");
+        let m = parse(
+            r#"[{"host": "http://cache:5000/", "capabilities": ["pull"]}, {"host": "https://m.example"}]"#,
+            "registry:5000",
+        )
+        .expect("parsed");
         assert_eq!(
             m,
             vec![
@@ -115,7 +157,25 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(parse("[]").expect("parsed"), vec![]);
+        assert_eq!(parse("[]", "registry:5000").expect("parsed"), vec![]);
+    }
+
+    #[test]
+    fn mirrors_keyed_by_registry_apply_to_that_registry_else_the_default() {
+        let json = r#"{"models.example": [{"host": "https://hub-cache"}],
+            "_default": [{"host": "http://cache:5000", "capabilities": ["pull"]}]}"#;
+        let hosts = |registry| -> Vec<String> {
+            parse(json, registry)
+                .expect("parsed")
+                .into_iter()
+                .map(|e| e.host)
+                .collect()
+        };
+        assert_eq!(hosts("models.example"), ["hub-cache"]);
+        assert_eq!(hosts("registry:5000"), ["cache:5000"]);
+        let no_default = r#"{"models.example": [{"host": "https://hub-cache"}]}"#;
+        assert_eq!(parse(no_default, "registry:5000").expect("parsed"), vec![]);
+        assert!(keyed_by_registry(json) && !keyed_by_registry("[]"));
     }
 
     #[test]
@@ -139,9 +199,13 @@ mod tests {
                 r#"[{"host": "https://cache", "skip_verify": true}]"#,
                 "unknown field",
             ),
-            (r#"{"host": "https://cache"}"#, "not a list"),
+            (r#"{"host": "https://cache"}"#, "\"host\": not a list"),
+            (r#""cache""#, "or an object of such lists"),
+            (r#"{"r": [{"host": "cache"}]}"#, "http:// or https://"),
+            (r#"{"r/kiln": []}"#, "HOST[:PORT], or _default"),
+            ("[", "not JSON"),
         ] {
-            let e = parse(json).expect_err("refused");
+            let e = parse(json, "r").expect_err("refused");
             assert!(e.contains(says), "{json}: {e}");
         }
     }

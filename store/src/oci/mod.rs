@@ -82,9 +82,8 @@ impl OciStore {
         // binary already installed it.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let mirrors = match options.mirrors.as_deref() {
-            Some(json) => {
-                mirror::parse(json).map_err(|m| invalid(&format!("KILN_REGISTRY_MIRRORS: {m}")))?
-            }
+            Some(json) => mirror::parse(json, registry)
+                .map_err(|m| invalid(&format!("KILN_REGISTRY_MIRRORS: {m}")))?,
             None => Vec::new(),
         };
         let mirrors = mirrors

@@ -161,10 +161,33 @@ pub fn pick_layer<'a>(
 }
 
 impl OciStore {
-    /// Pulls the file `source` names, verified against `expected`, into `dest`: the manifest by
-    /// its digest (checked), the layer [`pick_layer`] chooses, hashed while it streams. Without a
-    /// declared size the layer's is taken, refused past `max_bytes`. Returns the bytes written.
+    /// [`OciStore::pull_file_here`] from the first pull mirror that serves the file verified,
+    /// else from this registry; a mirror passed over is logged with its reason.
     pub async fn pull_file(
+        &self,
+        source: &SourceRef,
+        dest: &Path,
+        expected: Expected,
+        max_bytes: u64,
+    ) -> Result<u64> {
+        for m in self.mirrors.iter().filter(|m| m.endpoint.pull) {
+            match m
+                .store
+                .pull_file_here(source, dest, expected.clone(), max_bytes)
+                .await
+            {
+                Ok(written) => return Ok(written),
+                Err(e) => self.skip(m, super::mirror::reason(&e), e.to_string()),
+            }
+        }
+        self.pull_file_here(source, dest, expected, max_bytes).await
+    }
+
+    /// Pulls the file `source` names, verified against `expected`, into `dest`, from this
+    /// registry only: the manifest by its digest (checked), the layer [`pick_layer`] chooses,
+    /// hashed while it streams. Without a declared size the layer's is taken, refused past
+    /// `max_bytes`. Returns the bytes written.
+    async fn pull_file_here(
         &self,
         source: &SourceRef,
         dest: &Path,
