@@ -37,21 +37,22 @@ E2E=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 source "$E2E/lib/common.sh"
 ARTIFACTS=${KILN_E2E_ARTIFACTS:-/tmp/kiln-e2e-test}
 HARNESS_TESTS=(up-idempotent network-isolation node-ready pod-logs dynamic-image job daemonset-token service-clusterip crd registry helm)
-KILN_TESTS=(kiln-crds operator compile-exec operator-nodes agent store-oci chart-render chart kiln onnxruntime llamacpp gpu-image plugin rollback cache-full csi serving serving-llama serving-openai-py serving-kserve faults)
+KILN_TESTS=(kiln-crds operator compile-exec operator-nodes agent store-oci registry-mirror chart-render chart kiln onnxruntime llamacpp gpu-image plugin rollback cache-full csi serving serving-llama serving-openai-py serving-kserve faults)
 MULTINODE_TESTS=(nodes multinode)
 GROUPS_ALL=(harness kiln multinode)
 # Wall-clock limits in seconds: about 3x each test's time in a full CI=true run on the 2-core
 # machine (2026-11-29: faults 988 s with 2 trials a case, gpu-image 87, csi 94, serving-kserve 62
 # (99 when it builds its image), multinode 144, operator 58, rollback 53, kiln 46, cache-full 42
-# (run alone), ...), and never under 120 s, so that a test of seconds is not failed by a slow
-# image load. faults keeps the limit of its old two trials a case. A test not listed gets 600 s.
+# (run alone), ...; 2026-11-30: registry-mirror 136, run alone), and never under 120 s, so that a
+# test of seconds is not failed by a slow image load. faults keeps the limit of its old two
+# trials a case. A test not listed gets 600 s.
 # `up` may build Kubernetes (about 12 min on 2 cores, once; scripts/test.sh builds it beforehand).
 declare -A LIMITS=(
   [up]=4800 [up-2-nodes]=300 [product-bins]=1200
   [up-idempotent]=120 [network-isolation]=120 [node-ready]=120 [pod-logs]=120 [dynamic-image]=120
   [job]=120 [daemonset-token]=120 [service-clusterip]=120 [crd]=120 [registry]=120 [helm]=120
   [kiln-crds]=120 [operator]=300 [compile-exec]=120 [operator-nodes]=120 [agent]=120
-  [store-oci]=120 [chart-render]=120 [chart]=120 [kiln]=150 [onnxruntime]=150 [llamacpp]=120
+  [store-oci]=120 [registry-mirror]=420 [chart-render]=120 [chart]=120 [kiln]=150 [onnxruntime]=150 [llamacpp]=120
   [gpu-image]=270 [plugin]=120 [rollback]=180 [cache-full]=150 [csi]=300 [serving]=210 [serving-llama]=120
   [serving-openai-py]=400 [serving-kserve]=300 [faults]=3000 [nodes]=120 [multinode]=450
 )

@@ -115,3 +115,39 @@ no_writes_for() {
   for n in "$@"; do writes w "$n"; after+=("$w"); done
   [[ ${before[*]} == "${after[*]}" ]] || die "writes $what (replicas $*): ${before[*]} -> ${after[*]}"
 }
+
+# fake_nodes NAME...: Nodes of the real node's architecture in pool $NS (label kiln-e2e/pool),
+# tainted so that nothing is scheduled there; no kubelet runs them.
+fake_nodes() {
+  local n
+  for n in "$@"; do
+    cat <<YAML
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: $n
+  labels: {kubernetes.io/arch: amd64, kubernetes.io/os: linux, kiln-e2e/fake: "true", kiln-e2e/pool: $NS}
+spec:
+  taints: [{key: kiln-e2e/fake, value: "true", effect: NoSchedule}]
+YAML
+  done | kubectl apply -f - >/dev/null
+}
+
+# target NAME SELECTOR [EXTRA]: a CompiledTarget of SqueezeNet batch 1 on tract, one class per
+# architecture, on the nodes SELECTOR (`key: value`) matches.
+target() {
+  kubectl -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: kiln.dev/v1alpha1
+kind: CompiledTarget
+metadata: {name: $1}
+spec:
+  modelRef: {name: squeezenet}
+  backend: {kind: tract}
+  profiles: [{name: batch1, dims: {batch: 1}}]
+  warmup: {fixtureVersion: v1}
+  classLabelKeys: [kubernetes.io/arch]
+  nodeSelector: {matchLabels: {$2}}
+  ${3:-}
+YAML
+}

@@ -13,38 +13,11 @@ FAKES=("fake-a-$NS" "fake-b-$NS" "fake-c-$NS")
 # shellcheck disable=SC2034 # read by cleanup (operator-lib.sh)
 CLEANUP_NODES=("${FAKES[@]}")
 
-# Fake nodes of the real node's architecture; tainted so that nothing is scheduled there.
-for n in "${FAKES[@]}"; do
-  kubectl apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Node
-metadata:
-  name: $n
-  labels: {kubernetes.io/arch: amd64, kubernetes.io/os: linux, kiln-e2e/fake: "true", kiln-e2e/pool: $NS}
-spec:
-  taints: [{key: kiln-e2e/fake, value: "true", effect: NoSchedule}]
-YAML
-done
+fake_nodes "${FAKES[@]}"
 
 start_operator 1
 wait_for "operator /readyz" 60 curl -fsS http://127.0.0.1:18081/readyz
 
-# target NAME SELECTOR [EXTRA]: SqueezeNet batch 1, one class per architecture.
-target() {
-  kubectl -n "$NS" apply -f - >/dev/null <<YAML
-apiVersion: kiln.dev/v1alpha1
-kind: CompiledTarget
-metadata: {name: $1}
-spec:
-  modelRef: {name: squeezenet}
-  backend: {kind: tract}
-  profiles: [{name: batch1, dims: {batch: 1}}]
-  warmup: {fixtureVersion: v1}
-  classLabelKeys: [kubernetes.io/arch]
-  nodeSelector: {matchLabels: {$2}}
-  ${3:-}
-YAML
-}
 # The example's ModelArtifact (the part before its CompiledTarget).
 sed '/^---$/q' "$REPO/examples/squeezenet/kiln.yaml" | kubectl -n "$NS" apply -f - >/dev/null
 
