@@ -537,31 +537,15 @@ async fn a_lookup_between_publish_steps_sees_nothing_or_a_verified_entry() {
     common::publish::a_racing_reader_never_sees_an_unattested_entry(store, tmp.path()).await;
 }
 
-/// The real cosign (scripts/ensure/cosign.sh: built from the Go module proxy, cached), or
-/// `None` after saying why (a failure under `CI=true`).
-fn cosign() -> Option<std::path::PathBuf> {
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure/cosign.sh");
-    match std::process::Command::new(&script).output() {
-        Ok(o) if o.status.success() => Some(String::from_utf8_lossy(&o.stdout).trim().into()),
-        other => {
-            let why = format!(
-                "no cosign (scripts/ensure/cosign.sh needs the Go module proxy once): {other:?}"
-            );
-            assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
-            eprintln!("SKIPPED: {why}");
-            None
-        }
-    }
-}
-
 /// `cosign verify-attestation --key --type slsaprovenance1` on an entry as the publisher stores
 /// it: passes; after the envelope's statement is changed under its signature, fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cosign_verifies_the_attestation_kiln_publishes_and_refuses_a_changed_one() {
     use base64::Engine as _;
     use kiln_store::attest::{Signer, Trust};
-    let Some(cosign) = cosign() else { return };
+    let Some(cosign) = registry::ensured("cosign") else {
+        return;
+    };
     let Some(reg) = Registry::start() else { return };
     let store = open(&reg.url("kiln/cosign"), &insecure()).unwrap();
     let tmp = tempfile::tempdir().unwrap();

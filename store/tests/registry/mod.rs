@@ -43,7 +43,7 @@ impl Registry {
     /// (`proxy.remoteurl`), anonymous to it; `None` after saying why it could not be built (a
     /// failure under `CI=true`). 3, not Debian's 2.8: 2.8 fetches a cold blob twice.
     pub fn start_proxy(origin: SocketAddr) -> Option<Self> {
-        let binary = distribution()?;
+        let binary = ensured("distribution")?;
         let proxy = format!("proxy:\n  remoteurl: http://{origin}\n");
         Self::start_binary(&binary, None, &proxy, "  accesslog:\n    disabled: false\n")
     }
@@ -197,15 +197,15 @@ impl Drop for Registry {
     }
 }
 
-/// The Distribution 3 registry binary (scripts/ensure/distribution.sh), or `None` after saying
-/// why (a failure under `CI=true`).
-fn distribution() -> Option<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ensure/distribution.sh");
+/// The tool `scripts/ensure/TOOL.sh` builds (from the Go module proxy, cached), or `None` after
+/// saying why (a failure under `CI=true`).
+pub fn ensured(tool: &str) -> Option<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../scripts/ensure/{tool}.sh"));
     match Command::new(&script).output() {
         Ok(o) if o.status.success() => Some(String::from_utf8_lossy(&o.stdout).trim().into()),
         other => {
             let why = format!(
-                "no Distribution 3 registry (scripts/ensure/distribution.sh needs the Go module proxy once): {other:?}"
+                "no {tool} (scripts/ensure/{tool}.sh needs the Go module proxy once): {other:?}"
             );
             assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
             eprintln!("SKIPPED: {why}");
