@@ -37,7 +37,7 @@ E2E=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 source "$E2E/lib/common.sh"
 ARTIFACTS=${KILN_E2E_ARTIFACTS:-/tmp/kiln-e2e-test}
 HARNESS_TESTS=(up-idempotent network-isolation node-ready pod-logs dynamic-image job daemonset-token service-clusterip crd registry helm)
-KILN_TESTS=(kiln-crds operator compile-exec operator-nodes agent store-oci registry-mirror chart-render chart kiln onnxruntime llamacpp gpu-image plugin rollback cache-full csi serving serving-llama serving-openai-py serving-kserve faults)
+KILN_TESTS=(kiln-crds operator compile-exec operator-nodes agent store-oci registry-mirror chart-render chart kiln onnxruntime llamacpp gpu-image plugin rollback cache-full csi serving serving-iree serving-llama serving-openai-py serving-kserve faults)
 MULTINODE_TESTS=(nodes multinode)
 GROUPS_ALL=(harness kiln multinode)
 # Wall-clock limits in seconds: about 3x each test's time in a full CI=true run on the 2-core
@@ -53,7 +53,7 @@ declare -A LIMITS=(
   [job]=120 [daemonset-token]=120 [service-clusterip]=120 [crd]=120 [registry]=120 [helm]=120
   [kiln-crds]=120 [operator]=300 [compile-exec]=120 [operator-nodes]=120 [agent]=120
   [store-oci]=120 [registry-mirror]=420 [chart-render]=120 [chart]=120 [kiln]=150 [onnxruntime]=150 [llamacpp]=120
-  [gpu-image]=270 [plugin]=120 [rollback]=180 [cache-full]=150 [csi]=300 [serving]=210 [serving-llama]=120
+  [gpu-image]=270 [plugin]=120 [rollback]=180 [cache-full]=150 [csi]=300 [serving]=210 [serving-iree]=300 [serving-llama]=120
   [serving-openai-py]=400 [serving-kserve]=300 [faults]=3000 [nodes]=120 [multinode]=450
 )
 DEFAULT_LIMIT=600

@@ -12,6 +12,12 @@
 #   agent      kiln-agent (stripped), the ONNX Runtime library of scripts/ensure-onnxruntime.sh at
 #              /usr/lib/onnxruntime (ORT_DYLIB_PATH; ORT_DISABLE_TELEMETRY=1 keeps the library's
 #              telemetry off), CA certificates
+#   compiler   what compile Jobs run to compile backend.kind iree (chart compile.image): the agent
+#              image, and in layers of their own Debian's Python 3.11 with its standard library
+#              and IREE's compiler, the virtual environment of scripts/ensure/iree.sh at the path
+#              it has here (its scripts name their python by that path), KILN_IREE_BIN naming
+#              its bin, and /bin/sh (Debian's dash: iree-compile links each module by running
+#              its linker through system(3)). About 620 MB; nodes never run it
 #   agent-gpu  kiln-agent with the onnxruntime-gpu library, its CUDA provider and the CUDA 13 /
 #              cuDNN 9 libraries of scripts/ensure/onnxruntime-gpu.sh in a layer of their own at
 #              /usr/lib/onnxruntime (LD_LIBRARY_PATH), libcuda.so.1 left to the NVIDIA container
@@ -20,13 +26,13 @@
 #              the CUDA backend, and llama.cpp's libraries of DIR are in a layer at /usr/lib/llama
 #              (also on LD_LIBRARY_PATH); without, it is --agent-bin, whose llama.cpp runs on the
 #              CPU only (GGUF targets on GPU classes are refused as IncompatibleRuntime)
-# (default: operator,agent,csi,agent-gpu). Binaries: target/release/kiln-{operator,agent,csi}
+# (default: operator,agent,csi,agent-gpu; compiler only when named). Binaries: target/release/kiln-{operator,agent,csi}
 # unless given. Each image is written as OUTDIR/kiln-NAME.tar (an OCI archive named PREFIX/NAME:TAG;
 # default kiln/NAME:latest), or with --rootfs as the directory OUTDIR/kiln-NAME/ (one directory
 # per layer and config.json, see e2e/build-image). Prints one line per image on stdout:
 #   NAME<TAB>PATH<TAB>BACKENDS
 # where BACKENDS is what the chart's `backends` must say of it (onnxruntime=VERSION@sha256:HEX,
-# onnxruntimeGpu=...) or "-".
+# onnxruntimeGpu=..., and for the compiler onnxruntime=...,iree=VERSION: both) or "-".
 set -euo pipefail
 # shellcheck source=SCRIPTDIR/lib.sh
 . "$(dirname "$(readlink -f "$0")")/lib.sh"
@@ -64,9 +70,9 @@ for image in "${wanted[@]}"; do
   case $image in
     operator) [[ -x $operator_bin ]] || die "no kiln-operator at $operator_bin (cargo build --release -p kiln-operator, or --operator-bin)" ;;
     agent-gpu) [[ -z $cuda_agent ]] || cuda_agent_complete || exit 1 ;;&
-    agent | agent-gpu) [[ -x $agent_bin ]] || die "no kiln-agent at $agent_bin (cargo build --release -p kiln-agent, or --agent-bin)" ;;
+    agent | agent-gpu | compiler) [[ -x $agent_bin ]] || die "no kiln-agent at $agent_bin (cargo build --release -p kiln-agent, or --agent-bin)" ;;
     csi) [[ -x $csi_bin ]] || die "no kiln-csi at $csi_bin (cargo build --release -p kiln-csi, or --csi-bin)" ;;
-    *) echo "build-images: unknown image '$image' in --images; use operator, agent, csi, agent-gpu" >&2; exit 2 ;;
+    *) echo "build-images: unknown image '$image' in --images; use operator, agent, csi, agent-gpu, compiler" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out/bin"
@@ -94,6 +100,10 @@ build() {
 }
 
 ORT_DIR=/usr/lib/onnxruntime LLAMA_DIR=/usr/lib/llama
+# What the operator keys IREE on: the compiler's version and the revision of kiln's flags
+# (engines/src/backend/iree: VERSION+FLAGS_REVISION). e2e/tests/serving-iree.sh installs the
+# chart with it, so a compile Job whose worker says otherwise fails there.
+IREE_VERSION=3.13.0+llvm-cpu.1
 for image in "${wanted[@]}"; do
   case $image in
     operator)
@@ -107,6 +117,17 @@ for image in "${wanted[@]}"; do
       build agent "$agent_bin" --add "$lib:$ORT_DIR/$(basename "$lib")" \
         --env "ORT_DYLIB_PATH=$ORT_DIR/$(basename "$lib")" --env ORT_DISABLE_TELEMETRY=1
       printf 'agent\t%s\tonnxruntime=%s\n' "$BUILT" "$(identity "$lib")" ;;
+    compiler)
+      lib=$("$REPO/scripts/ensure-onnxruntime.sh")
+      venv=$(dirname "$("$REPO/scripts/ensure/iree.sh")")
+      python=$(readlink -f /usr/bin/python3)
+      build compiler "$agent_bin" --add "$lib:$ORT_DIR/$(basename "$lib")" \
+        --env "ORT_DYLIB_PATH=$ORT_DIR/$(basename "$lib")" --env ORT_DISABLE_TELEMETRY=1 \
+        --add "$python:$python" --symlink "usr/bin/python3:$(basename "$python")" \
+        --add "$(readlink -f /bin/sh):/bin/sh" \
+        --add-tree "/usr/lib/$(basename "$python")" --add-tree "$venv" \
+        --env "KILN_IREE_BIN=$venv/bin" --env PYTHONDONTWRITEBYTECODE=1
+      printf 'compiler\t%s\tonnxruntime=%s,iree=%s\n' "$BUILT" "$(identity "$lib")" "$IREE_VERSION" ;;
     agent-gpu)
       libs=$("$REPO/scripts/ensure/onnxruntime-gpu.sh")
       lib=$(echo "$libs"/libonnxruntime.so.1.*)

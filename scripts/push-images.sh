@@ -7,7 +7,8 @@
 #
 #   --images LIST         operator,agent,csi,agent-gpu (the default; csi is the privileged
 #                         CSI node plugin); the GPU agent image is 1.1 GB, leave it out where
-#                         no node has an NVIDIA GPU
+#                         no node has an NVIDIA GPU; add compiler (the compile Jobs' image with
+#                         IREE's compiler, 210 MB compressed) for backend.kind iree
 #   --tag TAG             the tag pushed beside the digest (default: `git describe --always
 #                         --dirty` of this work tree); the chart values pin the digest
 #   --values FILE         write the chart values (image repositories, tags and digests, and the
@@ -64,9 +65,9 @@ name_re='^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$' host_re='[.:]|^
 [[ $target =~ $name_re && ${target%%/*} =~ $host_re ]] ||
   die "'$target' is not REGISTRY[/PREFIX]: a registry host (registry.example.com, host:5000 or localhost) and lowercase path components, without https:// or a tag"
 IFS=, read -ra wanted <<<"$images"
-((${#wanted[@]})) || die "--images is empty: name operator, agent, csi and/or agent-gpu, comma-separated"
+((${#wanted[@]})) || die "--images is empty: name operator, agent, csi, agent-gpu and/or compiler, comma-separated"
 for name in "${wanted[@]}"; do
-  [[ $name =~ ^(operator|agent|csi|agent-gpu)$ ]] || die "--images '$images': name operator, agent, csi and/or agent-gpu, comma-separated"
+  [[ $name =~ ^(operator|agent|csi|agent-gpu|compiler)$ ]] || die "--images '$images': name operator, agent, csi, agent-gpu and/or compiler, comma-separated"
 done
 [[ -z $tag ]] && tag=$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo latest)
 [[ $tag =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$ ]] || die "tag '$tag' is not a valid OCI tag ([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})"
@@ -99,7 +100,7 @@ need=()
 for name in "${wanted[@]}"; do
   case $name in
     operator) [[ -n $operator_bin ]] || need+=(kiln-operator) ;;
-    agent | agent-gpu) [[ -n $agent_bin ]] || need+=(kiln-agent) ;;
+    agent | agent-gpu | compiler) [[ -n $agent_bin ]] || need+=(kiln-agent) ;;
     csi) [[ -n $csi_bin ]] || need+=(kiln-csi) ;;
   esac
 done
@@ -155,11 +156,23 @@ image_values() {
     fi
   fi
   if [[ -n ${digest[csi]:-} ]]; then echo "csi:"; image_values csi 2; fi
-  if [[ -n ${backends[agent]:-}${backends[agent-gpu]:-} ]]; then
-    echo "# The ONNX Runtime libraries these images carry, as the operator keys compiles on them."
+  if [[ -n ${digest[compiler]:-} ]]; then
+    echo "compile:"
+    echo "  # Compile Jobs run the compiler image (the agent image with IREE's compiler)."
+    image_values compiler 2
+  fi
+  # Each image's NAME=VALUE list, once per name: the compiler image's ONNX Runtime is the agent
+  # image's library.
+  declare -A carried=()
+  for name in agent agent-gpu compiler; do
+    IFS=, read -ra pairs <<<"${backends[$name]:--}"
+    for pair in "${pairs[@]}"; do [[ $pair == - ]] || carried[${pair%%=*}]=${pair#*=}; done
+  done
+  if ((${#carried[@]})); then
+    echo "# The runtimes these images carry, as the operator keys compiles on them."
     echo "backends:"
-    for name in agent agent-gpu; do
-      [[ ${backends[$name]:--} == - ]] || echo "  ${backends[$name]%%=*}: \"${backends[$name]#*=}\""
+    for key in onnxruntime onnxruntimeGpu iree; do
+      [[ -z ${carried[$key]:-} ]] || echo "  $key: \"${carried[$key]}\""
     done
   fi
 } >"$([[ $values == - ]] && echo /dev/stdout || echo "$values")"

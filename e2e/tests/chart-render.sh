@@ -115,6 +115,25 @@ t --set store.url=/s --set agent.gpu.enabled=true --set backends.onnxruntime="$i
 cmp -s <(t --set store.url=/s --set backends.onnxruntime="$ident") \
   <(t --set store.url=/s --set backends.onnxruntime="$ident" --set backends.onnxruntimeGpu="$gident") ||
   fail "backends.onnxruntimeGpu changes the render without agent.gpu"
+# The compile image (IREE's compiler): compile Jobs run it, with its own pull policy, and
+# backends.iree enters KILN_BACKEND_VERSIONS; the agent DaemonSet keeps the agent image.
+# backends.iree without the compile image, or not VERSION+FLAGS, is refused saying what to fix.
+refused "backends.iree needs compile.image" --set backends.iree=3.13.0+llvm-cpu.1
+refused "at '/backends/iree': '3.13' does not match" --set backends.iree=3.13
+refused "at '/compile/image/pullPolicy'" --set compile.image.pullPolicy=always
+t --set store.url=/s --set backends.onnxruntime="$ident" --set backends.iree=3.13.0+llvm-cpu.1 \
+  --set compile.image.repository=reg.example/k/compiler --set compile.image.tag=v2 \
+  --set compile.image.pullPolicy=Always --set agent.image.repository=reg.example/k/agent | python3 -c '
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(sys.stdin) if d]
+spec = lambda kind, name: [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name][0]["spec"]["template"]["spec"]["containers"][0]
+env = {e["name"]: e.get("value") for e in spec("Deployment", "kiln-operator")["env"]}
+want = [(env["KILN_AGENT_IMAGE"], "reg.example/k/compiler:v2"), (env["KILN_AGENT_IMAGE_PULL_POLICY"], "Always"),
+        (env["KILN_BACKEND_VERSIONS"], "tract=0.23.9,llamacpp=0.1.160,onnxruntime=" + sys.argv[1] + ",iree=3.13.0+llvm-cpu.1"),
+        (spec("DaemonSet", "kiln-agent")["image"], "reg.example/k/agent:0.1.0")]
+bad = [f"{got} != {exp}" for got, exp in want if got != exp]
+print(*bad, sep="\n", file=sys.stderr)
+sys.exit(1 if bad else 0)' "$ident" || fail "compile.image and backends.iree do not reach the operator as they should"
 # Images pinned by digest (the values scripts/push-images.sh writes): repository@digest in the
 # operator, both agent DaemonSets, the CSI plugin's and the compile Jobs' images the operator is
 # given; a malformed digest is refused with what to write.

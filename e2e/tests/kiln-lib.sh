@@ -28,7 +28,7 @@ kiln_images() {
 kiln_build_images() {
   local bins=()
   [[ ,$2, != *,operator,* ]] || bins+=(--operator-bin "$(bin kiln-operator)")
-  [[ ,$2, != *,agent* ]] || bins+=(--agent-bin "$(bin kiln-agent)")
+  [[ ,$2, != *,agent* && ,$2, != *,compiler,* ]] || bins+=(--agent-bin "$(bin kiln-agent)")
   [[ ,$2, != *,csi,* ]] || bins+=(--csi-bin "$(bin kiln-csi)")
   "$REPO/scripts/build-images.sh" --images "$2" --tag "$KILN_TAG" "${bins[@]}" "$1"
 }
