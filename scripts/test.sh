@@ -127,8 +127,10 @@ scripts/ensure/v2-client.sh >/dev/null
 # The OpenSSF model_signing CLI (PyPI, pinned by hash, cached) that signs the models
 # tests/local.rs verifies bundles of.
 scripts/ensure/model-signing.sh >/dev/null
-# IREE's compiler (PyPI, pinned, cached) whose modules tests/iree.rs checks before any load.
+# IREE's compiler (PyPI, pinned, cached) whose modules tests/iree.rs checks before any load, and
+# JAX (PyPI, pinned, cached), which exports examples/magika-stablehlo's model there.
 scripts/ensure/iree.sh >/dev/null
+scripts/ensure/jax.sh >/dev/null
 
 phase "generated gRPC code"
 # The CSI plugin's generated gRPC code is what the vendored protos generate.

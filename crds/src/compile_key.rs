@@ -44,6 +44,13 @@ pub struct CompileKeyInput {
     /// absent from the encoding when empty, so keys of targets that set none are unchanged).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub backend_options: BTreeMap<String, String>,
+    /// For a source that names no tensors (an MLIR function: `format: stablehlo` or `mlir`), its
+    /// format, which picks the compiler's input type, and the declared inputs and outputs bound
+    /// to the function in order, which the artifact calls it by (`in bytes i32 [1,2048]`);
+    /// empty, and absent from the encoding, for ONNX and GGUF, whose files name their tensors,
+    /// so their keys are unchanged.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub declared_interface: Vec<String>,
 }
 
 impl CompileKeyInput {
@@ -80,8 +87,40 @@ impl CompileKeyInput {
             class: class.clone(),
             flags: target.backend.flags.clone(),
             backend_options: keyed_options(target, class),
+            declared_interface: declared_interface(model),
         }
     }
+}
+
+/// [`CompileKeyInput::declared_interface`] of `model`.
+fn declared_interface(model: &crate::ModelArtifactSpec) -> Vec<String> {
+    use crate::model_artifact::ModelFormat;
+    if !matches!(model.format, ModelFormat::Stablehlo | ModelFormat::Mlir) {
+        return Vec::new();
+    }
+    let tensor = |side: &str, t: &crate::model_artifact::TensorSpec| {
+        let dims: Vec<String> = t
+            .dims
+            .iter()
+            .map(|d| match (&d.size, &d.symbol) {
+                (Some(size), _) => size.to_string(),
+                (None, Some(symbol)) => {
+                    format!("{symbol}:{}..{}", d.min.unwrap_or(0), d.max.unwrap_or(0))
+                }
+                (None, None) => "?".into(),
+            })
+            .collect();
+        format!(
+            "{side} {} {} [{}]",
+            t.name,
+            t.dtype.as_str(),
+            dims.join(",")
+        )
+    };
+    std::iter::once(format!("format {}", model.format.as_str()))
+        .chain(model.inputs.iter().map(|t| tensor("in", t)))
+        .chain(model.outputs.iter().map(|t| tensor("out", t)))
+        .collect()
 }
 
 /// The typed backend settings as keyed: [`crate::compiled_target::Backend::options`], and with
@@ -151,6 +190,7 @@ mod tests {
             ]),
             flags: BTreeMap::from([("opt".into(), "1".into())]),
             backend_options: BTreeMap::new(),
+            declared_interface: Vec::new(),
         }
     }
 
@@ -179,6 +219,39 @@ assetDigests: {pre: cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
         other.asset_digests = maps.asset_digests;
         assert_eq!(compile_key(&sample()), compile_key(&other));
         assert_eq!(compile_key(&sample()).len(), 64);
+    }
+
+    #[test]
+    fn mlir_keys_name_the_format_and_the_declaration_and_onnx_keys_do_not() {
+        let spec = |format: &str, output: &str| -> crate::ModelArtifactSpec {
+            serde_saphyr::from_str(&format!(
+                r#"
+source: {{uri: "file://m", sha256: "{}", size: 1}}
+format: {format}
+inputs: [{{name: bytes, dtype: i32, dims: [{{symbol: batch, min: 1, max: 8}}, {{size: 2048}}]}}]
+outputs: [{{name: {output}, dtype: f32, dims: [{{size: 1}}, {{size: 214}}]}}]
+fixtures: [{{version: v1, uri: "file://f", sha256: "{}"}}]
+"#,
+                "a".repeat(64),
+                "b".repeat(64)
+            ))
+            .expect("spec")
+        };
+        let onnx = declared_interface(&spec("onnx", "scores"));
+        assert!(onnx.is_empty(), "{onnx:?}");
+        let encoded = serde_json::to_string(&sample()).expect("encode");
+        assert!(!encoded.contains("declaredInterface"), "{encoded}");
+        let stablehlo = declared_interface(&spec("stablehlo", "scores"));
+        assert_eq!(
+            stablehlo,
+            vec![
+                "format stablehlo",
+                "in bytes i32 [batch:1..8,2048]",
+                "out scores f32 [1,214]"
+            ]
+        );
+        assert_ne!(stablehlo, declared_interface(&spec("mlir", "scores")));
+        assert_ne!(stablehlo, declared_interface(&spec("stablehlo", "probs")));
     }
 
     #[test]
@@ -266,6 +339,10 @@ assetDigests: {pre: cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
                     i.backend_options
                         .insert("executionProvider".into(), "cuda".into());
                 }),
+            ),
+            (
+                "declared interface",
+                Box::new(|i| i.declared_interface = vec!["format mlir".into()]),
             ),
             (
                 "optimisation level",

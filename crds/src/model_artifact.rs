@@ -105,11 +105,24 @@ pub enum ModelFormat {
     Safetensors,
     /// GGUF.
     Gguf,
+    /// StableHLO (`jax.export`, `torch_xla`, TensorFlow), MLIR text or bytecode (a portable
+    /// artifact too): compiled by IREE only.
+    Stablehlo,
+    /// MLIR in any input dialect IREE's compiler takes (torch, TOSA, linalg), text or
+    /// bytecode: compiled by IREE only.
+    Mlir,
 }
 
 impl ModelFormat {
     /// Every variant, in declaration order.
-    pub const ALL: [Self; 4] = [Self::Onnx, Self::TorchExport, Self::Safetensors, Self::Gguf];
+    pub const ALL: [Self; 6] = [
+        Self::Onnx,
+        Self::TorchExport,
+        Self::Safetensors,
+        Self::Gguf,
+        Self::Stablehlo,
+        Self::Mlir,
+    ];
 
     /// The name in specs, status, messages and metric labels (its serde name).
     pub fn as_str(self) -> &'static str {
@@ -118,6 +131,8 @@ impl ModelFormat {
             Self::TorchExport => "torch-export",
             Self::Safetensors => "safetensors",
             Self::Gguf => "gguf",
+            Self::Stablehlo => "stablehlo",
+            Self::Mlir => "mlir",
         }
     }
 }

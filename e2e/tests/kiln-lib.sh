@@ -137,6 +137,16 @@ ${4:+  rollout: $4}
 YAML
 }
 
+# build_manifest KEY: the build manifest the store at $REPOSITORY on the cluster's registry holds
+# under the compile key KEY (the config blob of the manifest tagged KEY); what failed otherwise.
+build_manifest() {
+  local manifest
+  manifest=$(curl -fsS -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/$1") ||
+    { echo "no manifest tagged $1"; return 1; }
+  curl -fsS "http://$REGISTRY_ADDR/v2/$REPOSITORY/blobs/$(jq -r '.config.digest' <<<"$manifest")" ||
+    { echo "no config blob for $1"; return 1; }
+}
+
 # event_count NAMESPACE REASON: how many Events of REASON the namespace saw, counting every
 # occurrence of an event series (the operator's recorder folds repeats of a reason into one
 # Event with series.count).

@@ -63,11 +63,7 @@ echo "   row: $(jq -c '{placement: .placement.nodes, peakMemoryBytes, p50Seconds
   die "row digest $(jq -r .artifactDigest <<<"$ROW") is not the class's"
 
 echo "== the registry's build manifest names the library and the placement"
-KEY=$(jq -r '.status.classes[0].compileKey' <<<"$ORT")
-manifest=$(curl -fsS -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/$KEY") ||
-  die "no manifest tagged $KEY"
-config=$(jq -r '.config.digest' <<<"$manifest")
-build=$(curl -fsS "http://$REGISTRY_ADDR/v2/$REPOSITORY/blobs/$config") || die "no config blob $config"
+build=$(build_manifest "$(jq -r '.status.classes[0].compileKey' <<<"$ORT")") || die "$build"
 jq -e --arg sha "${ORT_IDENTITY##*@sha256:}" '.backend == "onnxruntime" and .backendVersion == "1.31.1" and
   .runtimeDigest == $sha and .placement.nodes.cpu > 10 and .backendOptions.optimizationLevel == "extended"' <<<"$build" >/dev/null ||
   die "build manifest: $(jq -c '{backend, backendVersion, runtimeDigest, placement, backendOptions}' <<<"$build")"
@@ -132,10 +128,7 @@ engine=$(jq -r '.status.classes[0].engine' <<<"$AUTO")
 [[ $engine == tract || $engine == onnxruntime/cpu ]] || die "auto class row engine: $engine"
 jq -e --arg e "$engine" '.status.classes[0].engineReason | startswith($e + " kept: p50")' <<<"$AUTO" >/dev/null ||
   die "auto engineReason: $(jq -c '.status.classes[0].engineReason' <<<"$AUTO")"
-KEY=$(jq -r '.status.classes[0].compileKey' <<<"$AUTO")
-manifest=$(curl -fsS -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/$KEY") ||
-  die "no manifest tagged $KEY"
-build=$(curl -fsS "http://$REGISTRY_ADDR/v2/$REPOSITORY/blobs/$(jq -r '.config.digest' <<<"$manifest")") || die "no config blob"
+build=$(build_manifest "$(jq -r '.status.classes[0].compileKey' <<<"$AUTO")") || die "$build"
 jq -e --arg e "$engine" '.selection.engine == $e and ([.selection.candidates[] | select(.passed and .p50Seconds > 0) | .engine] ==
   ["tract", "onnxruntime/cpu"]) and (.backend == ($e | split("/") | .[0]))' <<<"$build" >/dev/null ||
   die "auto build manifest: $(jq -c '{backend, selection}' <<<"$build")"

@@ -58,14 +58,7 @@ jq -e '[.items[].spec.template.spec.containers[].image] | length > 0 and all(end
 AGENT_IMAGE=$(kubectl -n "$NS" get ds kiln-agent -o jsonpath='{.spec.template.spec.containers[0].image}')
 [[ $AGENT_IMAGE == *kiln/agent:e2e ]] || die "the agent DaemonSet runs $AGENT_IMAGE, not the agent image"
 CT=$(kubectl -n "$NS" get compiledtarget "$TARGET" -o json)
-# build_manifest KEY: the build manifest the store holds under the compile key KEY.
-build_manifest() {
-  local manifest
-  manifest=$(curl -fsS -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REGISTRY_ADDR/v2/$REPOSITORY/manifests/$1") ||
-    die "no manifest tagged $1"
-  curl -fsS "http://$REGISTRY_ADDR/v2/$REPOSITORY/blobs/$(jq -r '.config.digest' <<<"$manifest")" || die "no config blob for $1"
-}
-BUILD=$(build_manifest "$(jq -r '.status.classes[0].compileKey' <<<"$CT")")
+BUILD=$(build_manifest "$(jq -r '.status.classes[0].compileKey' <<<"$CT")") || die "$BUILD"
 jq -e '.backendOptions as $o | .backend == "iree" and $o.targetCpu == (.class["kiln.dev/cpu-level"] // "x86-64")
   and ($o.compilerFlags | contains("--iree-llvmcpu-target-cpu=" + $o.targetCpu))
   and ($o.compilerFlags | contains("host") | not) and .parityMaxAbsError <= 1e-5' <<<"$BUILD" >/dev/null ||
@@ -95,7 +88,7 @@ awk '/^kind: CompiledTarget/{p=1; print "apiVersion: kiln.dev/v1alpha1"} p' "$RE
 wait_for "squeezenet-auto Ready on $REAL" 300 bash -c "[[ \$(kubectl get kilnnode $REAL -o json | jq -r --arg ns $NS '.status.targets[]? | select(.namespace == \$ns and .name == \"squeezenet-auto\") | .phase') == Ready ]]"
 AUTO=$(kubectl -n "$NS" get compiledtarget squeezenet-auto -o json)
 engine=$(jq -r '.status.classes[0].engine' <<<"$AUTO")
-BUILD=$(build_manifest "$(jq -r '.status.classes[0].compileKey' <<<"$AUTO")")
+BUILD=$(build_manifest "$(jq -r '.status.classes[0].compileKey' <<<"$AUTO")") || die "$BUILD"
 jq -e --arg e "$engine" '.selection.engine == $e and ([.selection.candidates[] | select(.passed and .p50Seconds > 0) | .engine] | sort ==
   ["iree", "onnxruntime/cpu", "tract"]) and (.backend == ($e | split("/") | .[0]))' <<<"$BUILD" >/dev/null ||
   die "auto build manifest: $(jq -c '{backend, selection}' <<<"$BUILD")"

@@ -226,6 +226,7 @@ fn compile_with_backend(
             class,
         }),
         chat_template: None,
+        declared: None,
     })?;
     Ok((out, compiled))
 }
@@ -469,4 +470,163 @@ fn local_runs_the_example_as_a_node_of_a_lower_level_would() {
             .is_some_and(|m| m.contains("--cpu-level")),
         "{above}"
     );
+}
+
+/// The example of `examples/magika-stablehlo`, its model exported by JAX into `dir` beside its
+/// spec and fixture: the spec's text. Asserts the export gives the bytes the spec pins.
+fn magika_stablehlo(dir: &Path, jax: &Path, models: &Path) -> String {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/magika-stablehlo");
+    for file in ["kiln.yaml", "fixture-v1.safetensors"] {
+        std::fs::copy(example.join(file), dir.join(file)).expect("copy the example");
+    }
+    let export = Command::new(jax.join("python"))
+        .arg(example.join("make.py"))
+        .arg("--onnx")
+        .arg(models.join("magika.onnx"))
+        .arg("--out")
+        .arg(dir)
+        .arg("--text")
+        .output()
+        .expect("run make.py");
+    assert!(export.status.success(), "make.py: {export:?}");
+    let yaml = std::fs::read_to_string(dir.join("kiln.yaml")).expect("spec");
+    let (digest, _) = file_pin(&dir.join("model.mlirbc"));
+    assert!(
+        yaml.contains(&digest),
+        "the export is not the bytes kiln.yaml pins ({digest}): JAX, onnx or numpy changed"
+    );
+    yaml
+}
+
+/// sha256 and size of `path`.
+fn file_pin(path: &Path) -> (String, u64) {
+    let bytes = std::fs::read(path).expect("read");
+    (kiln_store::staged::sha256_bytes(&bytes), bytes.len() as u64)
+}
+
+/// `yaml` with its source `file://model.mlirbc` replaced by `file`, pinned, of `format`.
+fn with_source(yaml: &str, dir: &Path, file: &str, format: &str) -> String {
+    let (old_digest, old_size) = file_pin(&dir.join("model.mlirbc"));
+    let (digest, size) = file_pin(&dir.join(file));
+    yaml.replace("file://model.mlirbc", &format!("file://{file}"))
+        .replace(&old_digest, &digest)
+        .replace(&format!("size: {old_size}"), &format!("size: {size}"))
+        .replace("format: stablehlo", &format!("format: {format}"))
+}
+
+#[test]
+fn mlir_sources_compile_as_given_bound_to_the_declaration() {
+    let (Some(bin), Some(jax), Some(models)) = (ensured("iree"), ensured("jax"), ensured("models"))
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = magika_stablehlo(dir.path(), &jax, &models);
+    let local = |name: &str, spec: &str| {
+        let file = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&file, spec).expect("write spec");
+        common::run_local_env(
+            &file,
+            &dir.path().join(format!("store-{name}")),
+            &dir.path().join(format!("{name}.prom")),
+            &[("KILN_IREE_BIN", &bin)],
+        )
+    };
+    let ready = |name: &str, spec: &str, input_type: &str| {
+        let run = local(name, spec);
+        assert!(
+            run.success && run.outcome["ready"] == true,
+            "{name}: {} {}",
+            run.outcome,
+            run.stderr
+        );
+        assert_eq!(run.outcome["engine"], "iree", "{name}");
+        let parity = run.outcome["parityMaxAbsError"].as_f64().expect("parity");
+        assert!(parity <= 1e-5, "{name}: parity {parity}");
+        let key = run.outcome["compileKey"].as_str().expect("key");
+        let manifest: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(
+                dir.path()
+                    .join(format!("store-{name}/artifacts/{key}/manifest.json")),
+            )
+            .expect("manifest"),
+        )
+        .expect("manifest json");
+        let flags = manifest["backendOptions"]["compilerFlags"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            flags.contains(&format!("--iree-input-type={input_type}")),
+            "{name}: {manifest}"
+        );
+        (key.to_string(), parity)
+    };
+
+    // The example: JAX's portable artifact, its text form, and the MLIR IREE's ONNX importer
+    // writes for the same model (torch dialect, a dynamic batch), each against the ONNX model's
+    // golden outputs.
+    let (bytecode, _) = ready("bytecode", &yaml, "stablehlo");
+    let text = with_source(&yaml, dir.path(), "model.mlir", "stablehlo");
+    let (text_key, _) = ready("text", &text, "stablehlo");
+    let import = Command::new(bin.join("iree-import-onnx"))
+        .arg(models.join("magika.onnx"))
+        .args(["-o", "torch.mlir", "--opset-version", "17"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run iree-import-onnx");
+    assert!(import.status.success(), "iree-import-onnx: {import:?}");
+    let torch = with_source(&yaml, dir.path(), "torch.mlir", "mlir");
+    let (torch_key, _) = ready("torch", &torch, "auto");
+    assert!(
+        bytecode != text_key && text_key != torch_key,
+        "sources share a key"
+    );
+
+    // What contradicts the declaration or the format is refused before a compile, saying what
+    // to fix; another engine is refused the format.
+    local(
+        "torch-as-stablehlo",
+        &torch.replace("format: mlir", "format: stablehlo"),
+    )
+    .fails_with(
+        "InvalidSpec",
+        &["!torch.vtensor<[?,2048],si32>", "format: mlir"],
+    );
+    local("f32-input", &yaml.replacen("dtype: i32", "dtype: f32", 1)).fails_with(
+        "InvalidSpec",
+        &["spec.inputs[0] (bytes).dtype is F32", "tensor<1x2048xi32>"],
+    );
+    let two_outputs = yaml.replace(
+        "dims: [{size: 1}, {size: 214}]",
+        "dims: [{size: 1}, {size: 214}]\n    - {name: extra, dtype: f32, dims: [{size: 1}]}",
+    );
+    local("two-outputs", &two_outputs).fails_with(
+        "InvalidSpec",
+        &["spec.outputs declares 2 tensors", "@main has 1 results"],
+    );
+    let batch_4 = yaml
+        .replacen(
+            "dims: [{size: 1}, {size: 2048}]",
+            "dims: [{symbol: batch, min: 1, max: 8}, {size: 2048}]",
+            1,
+        )
+        .replace("dims: {}", "dims: {batch: 4}");
+    local("batch-4", &batch_4).fails_with(
+        "InvalidSpec",
+        &["profile batch1 binds bytes to [4, 2048]", "[1, 2048]"],
+    );
+    local("on-tract", &yaml.replace("kind: iree", "kind: tract"))
+        .fails_with("InvalidSpec", &["set backend.kind: iree"]);
+    // A module the compiler cannot compile (an op of a dialect it does not know): classified, in
+    // its words or as its crash, never a hang.
+    std::fs::write(
+        dir.path().join("unknown.mlir"),
+        "module {\n  func.func @main(%a: tensor<1x2048xi32>) -> tensor<1x214xf32> {\n    %0 = \"foo.bar\"(%a) : (tensor<1x2048xi32>) -> tensor<1x214xf32>\n    return %0 : tensor<1x214xf32>\n  }\n}\n",
+    )
+    .expect("write");
+    local(
+        "unknown-op",
+        &with_source(&yaml, dir.path(), "unknown.mlir", "mlir"),
+    )
+    .fails_with("CompileFailed", &["iree-compile refused the model"]);
 }

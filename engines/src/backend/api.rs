@@ -34,6 +34,10 @@ pub struct CompileRequest<'a> {
     /// The verified chat template given beside a GGUF source (its `chatTemplate` asset), which
     /// `llamacpp` carries in the artifact in place of the GGUF's own.
     pub chat_template: Option<&'a Path>,
+    /// The ModelArtifact's declaration, for a source that names no tensors (an MLIR function's
+    /// arguments and results are bound to its inputs and outputs in order); `None` where the
+    /// model file names them.
+    pub declared: Option<&'a kiln_crds::model_artifact::ModelArtifactSpec>,
 }
 
 /// The memory figures a compile for a class knows: what `llamacpp` quantisation `auto` fits

@@ -250,6 +250,7 @@ impl Backend for Exec {
                 timeout: None,
                 memory_budget: None,
                 chat_template: None,
+                declared: None,
             })
             .map_err(|e| match e {
                 Error::CompileFailed(m) => Error::CompileFailed(format!(

@@ -7,6 +7,21 @@ use tract_onnx::prelude::{DatumType, Tensor, f16};
 
 use kiln_node_core::error::{Error, Result};
 
+/// The fixture/engine dtype a declared dtype stands for.
+pub fn host_dtype(d: kiln_crds::model_artifact::DType) -> Dtype {
+    use kiln_crds::model_artifact::DType;
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F16 => Dtype::F16,
+        DType::Bf16 => Dtype::BF16,
+        DType::I64 => Dtype::I64,
+        DType::I32 => Dtype::I32,
+        DType::I8 => Dtype::I8,
+        DType::U8 => Dtype::U8,
+        DType::Bool => Dtype::BOOL,
+    }
+}
+
 /// A dense tensor in host memory.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostTensor {

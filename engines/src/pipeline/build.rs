@@ -131,19 +131,16 @@ pub async fn fetch_inputs(
 ) -> Result<Inputs> {
     let m = &spec.model.spec;
     // Every backend but llamacpp reads the source as ONNX (exec's compiler gets it as
-    // model.onnx, and its declared interface is checked against it), llamacpp as GGUF: bytes
-    // declared as anything else are not built as if they were either.
+    // model.onnx, and its declared interface is checked against it), llamacpp as GGUF, iree
+    // also as MLIR: bytes declared as anything else are not built as if they were either.
     kiln_crds::formats::accepts(spec.target.spec.backend.kind, m.format)
         .map_err(Error::InvalidSpec)?;
-    if !matches!(m.format, ModelFormat::Onnx | ModelFormat::Gguf) {
-        let format = serde_json::to_value(m.format)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
+    let Some(staged_name) = staged_name(m.format) else {
+        let format = m.format.as_str();
         return Err(Error::InvalidSpec(format!(
-            "spec.format is {format}, but kiln-agent builds ONNX and GGUF sources only; export the model to ONNX and declare format: onnx"
+            "spec.format is {format}, but kiln-agent builds ONNX, GGUF and MLIR (StableHLO) sources only; export the model to ONNX and declare format: onnx"
         )));
-    }
+    };
     let model = fetcher
         .fetch(&Wanted {
             what: "model source",
@@ -175,9 +172,9 @@ pub async fn fetch_inputs(
         sha256: fixture_digest,
         path: fixture_path,
     } = fetch_fixture(spec, fetcher).await?;
-    let staged = stage_model(fetcher.cache_dir(), &model, &assets)?;
+    let staged = stage_model(fetcher.cache_dir(), &model, staged_name, &assets)?;
     Ok(Inputs {
-        model: staged.path().join("model.onnx"),
+        model: staged.path().join(staged_name),
         _staged: Some(staged),
         assets,
         fixture,
@@ -186,11 +183,24 @@ pub async fn fetch_inputs(
     })
 }
 
-/// A private directory holding `model.onnx` and each asset under its declared name (hard links
-/// into the blob cache where possible, copies otherwise).
+/// The name a source of `format` is staged under, which the backends read it by: `model.onnx`
+/// for ONNX and GGUF (as before MLIR was taken), `model.mlir` and `model.stablehlo` for what
+/// IREE compiles (`backend::iree::source`); `None` for a format kiln does not build.
+fn staged_name(format: ModelFormat) -> Option<&'static str> {
+    match format {
+        ModelFormat::Onnx | ModelFormat::Gguf => Some("model.onnx"),
+        ModelFormat::Mlir => Some(crate::backend::iree::source::MLIR),
+        ModelFormat::Stablehlo => Some(crate::backend::iree::source::STABLEHLO),
+        ModelFormat::TorchExport | ModelFormat::Safetensors => None,
+    }
+}
+
+/// A private directory holding the model under `name` and each asset under its declared name
+/// (hard links into the blob cache where possible, copies otherwise).
 fn stage_model(
     cache: &Path,
     model: &Path,
+    name: &str,
     assets: &BTreeMap<String, PathBuf>,
 ) -> Result<tempfile::TempDir> {
     let dir = tempfile::Builder::new()
@@ -203,17 +213,17 @@ fn stage_model(
             .or_else(|_| std::fs::copy(from, &to).map(|_| ()))
             .map_err(|e| Error::store(&to, e))
     };
-    place(model, "model.onnx")?;
-    for (name, path) in assets {
-        let single = Path::new(name)
+    place(model, name)?;
+    for (asset, path) in assets {
+        let single = Path::new(asset)
             .components()
-            .eq([std::path::Component::Normal(name.as_ref())]);
-        if !single || name == "model.onnx" {
+            .eq([std::path::Component::Normal(asset.as_ref())]);
+        if !single || asset == name {
             return Err(Error::InvalidSpec(format!(
-                "spec.assets[{name}]: an asset name must be a plain file name other than model.onnx (the model's external data refers to assets by it)"
+                "spec.assets[{asset}]: an asset name must be a plain file name other than {name} (the model's external data refers to assets by it)"
             )));
         }
-        place(path, name)?;
+        place(path, asset)?;
     }
     Ok(dir)
 }

@@ -13,6 +13,7 @@ use kiln_crds::compiled_target::{BackendKind, ExecutionProvider};
 use kiln_crds::engine::EngineCandidate;
 use kiln_crds::kiln_node::HardwareFacts;
 use kiln_crds::manifest::MANIFEST_VERSION;
+use kiln_crds::model_artifact::ModelFormat;
 use kiln_crds::{BuildManifest, CompileKeyInput, compile_key};
 use kiln_store::staged::sha256_file;
 
@@ -86,6 +87,22 @@ pub struct Target<'a> {
     pub key: &'a str,
 }
 
+/// Checks the declared interface against the graph where the model file names its tensors
+/// (ONNX, GGUF). For a source that names none (an MLIR function) it returns the declaration,
+/// which the backend binds to the function in order.
+fn declared_for<'a>(
+    spec: &'a Spec,
+    backend: &dyn Backend,
+    model: &Path,
+) -> Result<Option<&'a kiln_crds::model_artifact::ModelArtifactSpec>> {
+    let m = &spec.model.spec;
+    if matches!(m.format, ModelFormat::Stablehlo | ModelFormat::Mlir) {
+        return Ok(Some(m));
+    }
+    crate::pipeline::interface::check_declared(m, &backend.interface(model)?)?;
+    Ok(None)
+}
+
 /// Compiles `spec` with one backend into `target.out`, checks parity on the fixture and the
 /// placement against the CPU-fallback policy, and returns the build manifest.
 pub fn compile(
@@ -104,10 +121,7 @@ pub fn compile(
     let t = &spec.target.spec;
     let profiles = spec.shapes()?;
     let out = out.to_path_buf();
-    crate::pipeline::interface::check_declared(
-        &spec.model.spec,
-        &backend.interface(&inputs.model)?,
-    )?;
+    let declared = declared_for(spec, backend, &inputs.model)?;
     tracing::info!(compile_key = %key, backend = backend.name(), profiles = profiles.len(), "compiling");
     let compiled = backend.compile(&CompileRequest {
         model: &inputs.model,
@@ -122,6 +136,7 @@ pub fn compile(
             class: class.clone(),
         }),
         chat_template: chat_template(spec, &inputs.model)?.as_deref(),
+        declared,
     })?;
     // Parity of the compiled engine against the fixture's golden outputs, before anything is stored.
     let engine = backend.load(&out)?;

@@ -5,25 +5,11 @@
 
 use std::collections::BTreeSet;
 
-use kiln_crds::model_artifact::{DType, ModelArtifactSpec, TensorSpec};
-use safetensors::Dtype;
+use kiln_crds::model_artifact::{ModelArtifactSpec, TensorSpec};
 
+pub use crate::backend::tensor::host_dtype;
 use crate::backend::{GraphInterface, TensorInfo};
 use kiln_node_core::error::{Error, Result};
-
-/// The fixture/engine dtype a declared dtype stands for.
-pub fn host_dtype(d: DType) -> Dtype {
-    match d {
-        DType::F32 => Dtype::F32,
-        DType::F16 => Dtype::F16,
-        DType::Bf16 => Dtype::BF16,
-        DType::I64 => Dtype::I64,
-        DType::I32 => Dtype::I32,
-        DType::I8 => Dtype::I8,
-        DType::U8 => Dtype::U8,
-        DType::Bool => Dtype::BOOL,
-    }
-}
 
 /// Checks `spec.inputs` against the graph's inputs, and `spec.outputs` (when not empty) against
 /// its outputs.
@@ -96,6 +82,7 @@ fn show(dims: &[Option<usize>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use safetensors::Dtype;
 
     fn spec(yaml: &str) -> ModelArtifactSpec {
         serde_saphyr::from_str(yaml).expect("spec yaml")

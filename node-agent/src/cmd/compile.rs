@@ -130,6 +130,7 @@ pub async fn hand_off(job: &Job, metrics: &Metrics) -> Result<()> {
                 timeout: p.spec.compile_timeout(),
                 memory_budget: None,
                 chat_template: None,
+                declared: None,
             },
             dir,
         )

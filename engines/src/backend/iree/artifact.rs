@@ -24,6 +24,10 @@ pub(super) struct ArtifactConfig {
     pub(super) compiler_flags: Vec<String>,
     /// The exported function (`main` is called as `module.main`).
     pub(super) function: String,
+    /// The compiled module's name where the source named its module (an MLIR source: `main` of
+    /// `@jit__lambda` is called as `jit__lambda.main`); absent: `module`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) module: Option<String>,
     /// Inputs in call order, with their element types.
     pub(super) inputs: Vec<(String, safetensors::Dtype)>,
     /// Outputs in return order.

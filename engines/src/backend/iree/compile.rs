@@ -46,6 +46,56 @@ for i in m.graph.input:
 onnx.save(m, dst)
 "#;
 
+/// Python that prints the public functions of an MLIR module (argv: the file, text or bytecode),
+/// one JSON object a line, `{"name", "visibility", "inputs", "results", "module"}` with the
+/// types as MLIR prints them and the module's own name (which IREE names the compiled module
+/// by), parsed by the compiler's own MLIR (`iree.compiler.ir`, every input dialect registered). A
+/// StableHLO portable artifact holds `vhlo.func_v1`, whose type is one attribute to split.
+const SIGNATURE: &str = r##"
+import json, re, sys
+from iree.compiler import ir
+def split(s):
+    out, depth, cur = [], 0, ""
+    for c in s:
+        if c in "<([": depth += 1
+        if c in ">)]": depth -= 1
+        if c == "," and depth == 0:
+            out.append(cur.strip()); cur = ""
+        else:
+            cur += c
+    return out + ([cur.strip()] if cur.strip() else [])
+def vhlo_string(a):
+    m = re.fullmatch(r'#vhlo\.string_v1<"(.*)">', str(a))
+    return m.group(1) if m else str(a)
+with ir.Context() as ctx:
+    ctx.allow_unregistered_dialects = True
+    with open(sys.argv[1], "rb") as f:
+        m = ir.Module.parse(f.read())
+    attrs = m.operation.attributes
+    module = ir.StringAttr(attrs["sym_name"]).value if "sym_name" in attrs else None
+    for op in m.body.operations:
+        name, a = op.operation.name, op.operation.attributes
+        if name == "func.func":
+            t = ir.FunctionType(ir.TypeAttr(a["function_type"]).value)
+            f = {"name": ir.StringAttr(a["sym_name"]).value,
+                 "visibility": ir.StringAttr(a["sym_visibility"]).value if "sym_visibility" in a else "public",
+                 "inputs": [str(x) for x in t.inputs], "results": [str(x) for x in t.results]}
+        elif name == "vhlo.func_v1":
+            m2 = re.fullmatch(r"#vhlo\.type_v1<!vhlo\.func_v1<\((.*)\) -> (.*)>>", str(a["function_type"]))
+            if not m2:
+                sys.exit("cannot read the type of a vhlo.func_v1: " + str(a["function_type"])[:200])
+            res = m2.group(2)
+            res = res[1:-1] if res.startswith("(") and res.endswith(")") else res
+            f = {"name": vhlo_string(a["sym_name"]),
+                 "visibility": vhlo_string(a["sym_visibility"]) if "sym_visibility" in a else "public",
+                 "inputs": split(m2.group(1)), "results": split(res)}
+        else:
+            continue
+        f["module"] = module
+        if f["visibility"] == "public":
+            print(json.dumps(f), flush=True)
+"##;
+
 /// Where the compiler's tools are.
 pub struct Tools {
     import: PathBuf,
@@ -142,10 +192,7 @@ pub(super) fn build(
     flags: &[String],
     timeout: Option<Duration>,
 ) -> Result<Built> {
-    let work = tempfile::Builder::new()
-        .prefix("kiln-iree-")
-        .tempdir()
-        .map_err(|e| Error::store(std::env::temp_dir(), e))?;
+    let work = scratch()?;
     let onnx = work.path().join("model.onnx");
     let mut log = match shapes {
         Some(shapes) => {
@@ -181,14 +228,78 @@ pub(super) fn build(
         .arg(data_dir);
     log.extend(step(&mut import, "iree-import-onnx", timeout)?);
     let function = function_name(&work.path().join("model.mlir"))?;
+    let (module, compiled) =
+        compile_module(tools, work.path(), Path::new("model.mlir"), flags, timeout)?;
+    log.extend(compiled);
+    Ok(Built {
+        module,
+        function,
+        log,
+    })
+}
+
+/// A private scratch directory for one compile's files, removed when dropped.
+fn scratch() -> Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix("kiln-iree-")
+        .tempdir()
+        .map_err(|e| Error::store(std::env::temp_dir(), e))
+}
+
+/// `iree-compile` of `mlir` (relative to `work`, or absolute) into `work`/model.vmfb with
+/// `flags`, within `timeout`: the module's bytes and the compiler's output.
+fn compile_module(
+    tools: &Tools,
+    work: &Path,
+    mlir: &Path,
+    flags: &[String],
+    timeout: Option<Duration>,
+) -> Result<(Vec<u8>, Vec<String>)> {
     let mut compile = subprocess::command(&tools.compile);
     compile
-        .current_dir(work.path())
+        .current_dir(work)
         .args(flags)
-        .args(["model.mlir", "-o", "model.vmfb"]);
-    log.extend(step(&mut compile, "iree-compile", timeout)?);
-    let path = work.path().join("model.vmfb");
+        .arg(mlir)
+        .args(["-o", "model.vmfb"]);
+    let log = step(&mut compile, "iree-compile", timeout)?;
+    let path = work.join("model.vmfb");
     let module = std::fs::read(&path).map_err(|e| Error::store(&path, e))?;
+    Ok((module, log))
+}
+
+/// The public functions of the MLIR module `model` (text or bytecode), read by the compiler's own
+/// parser within `timeout`: a file it cannot parse is `CompileFailed` with its words.
+pub(super) fn signature(
+    tools: &Tools,
+    model: &Path,
+    timeout: Option<Duration>,
+) -> Result<Vec<super::source::Func>> {
+    let mut read = subprocess::command(&tools.python);
+    read.args(["-c", SIGNATURE]).arg(model);
+    let log = step(&mut read, "reading the MLIR module's functions", timeout)?;
+    log.iter()
+        .filter(|l| l.starts_with("{\"name\""))
+        .map(|l| {
+            serde_json::from_str(l).map_err(|e| {
+                Error::CompileFailed(format!(
+                    "the MLIR module's public functions could not be read ({e}): {l}"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Compiles the MLIR source `model` as it is (no import: StableHLO or another input dialect)
+/// with `flags`, within `timeout`; its function is `function`.
+pub(super) fn build_mlir(
+    tools: &Tools,
+    model: &Path,
+    flags: &[String],
+    function: String,
+    timeout: Option<Duration>,
+) -> Result<Built> {
+    let work = scratch()?;
+    let (module, log) = compile_module(tools, work.path(), model, flags, timeout)?;
     Ok(Built {
         module,
         function,
@@ -214,6 +325,11 @@ fn step(
                 backend: "iree".into(),
                 operators,
             });
+        }
+        if let Some(said) = super::terms::refusal(&ran.log) {
+            return Err(Error::CompileFailed(format!(
+                "{what} refused the model: {said}"
+            )));
         }
     }
     subprocess::check_exit(what, ran.status, timeout, &ran.log)?;

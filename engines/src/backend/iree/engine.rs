@@ -74,7 +74,11 @@ fn serve(
         Err(e) => return drop(loaded.send(Err(failed(e)))),
     };
     drop(module);
-    let function = match program.function(&format!("module.{}", config.function)) {
+    let function = match program.function(&format!(
+        "{}.{}",
+        config.module.as_deref().unwrap_or("module"),
+        config.function
+    )) {
         Ok(f) => f,
         Err(e) => return drop(loaded.send(Err(failed(e)))),
     };

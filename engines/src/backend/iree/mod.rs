@@ -4,11 +4,14 @@
 //! kiln-agent ([`engine`]). Before a module is loaded, the targets it records are checked against
 //! this CPU ([`target`]): IREE's runtime does not check, and a module with an instruction the
 //! CPU lacks dies of SIGILL. [`terms`] reads the operators the compiler refused out of its errors.
-//! The reference and the graph's interface are tract's reading of the same source.
+//! The reference and the graph's interface are tract's reading of the same source. An MLIR source
+//! (StableHLO or another input dialect) is compiled as it is, its function bound to the declared
+//! inputs and outputs in order ([`source`]); it has no reference here.
 
 mod artifact;
 pub mod compile;
 mod engine;
+pub mod source;
 pub mod target;
 pub mod terms;
 
@@ -21,6 +24,7 @@ use super::tract::Tract;
 use super::{Backend, CompileRequest, Compiled, Engine, GraphInterface, InputInfo, Shapes};
 use artifact::{ArtifactConfig, CONFIG, MODULE, ProfileEntry};
 use kiln_node_core::error::{Error, Result};
+use source::Source;
 use target::{ClassTarget, NoTarget};
 
 const MEDIA_TYPE: &str = "application/vnd.kiln.iree.vmfb.v1.tar";
@@ -55,14 +59,10 @@ impl Backend for Iree {
         check_request(req)?;
         let cpu = cpu_for(req)?;
         let tools = compile::Tools::find(self.compiler.as_deref())?;
-        let flags = compile::flags(cpu);
-        // One profile: code for its shapes. Several: one module for all, with symbolic dims.
-        let fixed = match req.profiles.values().collect::<Vec<_>>()[..] {
-            [one] => Some(one),
-            _ => None,
+        let (built, config) = match Source::of(req.model).input_type() {
+            None => compile_onnx(&tools, req, cpu)?,
+            Some(input_type) => compile_mlir(&tools, req, cpu, input_type)?,
         };
-        let built = compile::build(&tools, req.model, fixed, &flags, req.timeout)?;
-        let config = config_for(req.model, req.profiles, cpu, flags, built.function)?;
         write_artifact(req.out, &config, &built.module)?;
         Ok(Compiled {
             outputs: config.outputs.clone(),
@@ -92,16 +92,89 @@ impl Backend for Iree {
     }
 
     fn reference(&self, model: &Path, shapes: &Shapes) -> Result<Box<dyn Engine>> {
+        onnx_only(model)?;
         Tract.reference(model, shapes)
     }
 
     fn inputs(&self, model: &Path) -> Result<Vec<InputInfo>> {
+        onnx_only(model)?;
         Tract.inputs(model)
     }
 
     fn interface(&self, model: &Path) -> Result<GraphInterface> {
+        onnx_only(model)?;
         Tract.interface(model)
     }
+}
+
+/// The reference and the interface are tract's reading of an ONNX source; an MLIR source has
+/// neither (its interface is the declaration, bound by [`source::bind`]).
+fn onnx_only(model: &Path) -> Result<()> {
+    match Source::of(model) {
+        Source::Onnx => Ok(()),
+        _ => Err(Error::InvalidSpec(
+            "kiln runs ONNX sources as the reference; for an MLIR source, make the fixture's golden outputs with the framework that exported it".into(),
+        )),
+    }
+}
+
+/// An ONNX source: imported (its inputs fixed to the one profile's shapes: code for one shape is
+/// IREE's fast case, a symbolic dim costs it several times; several profiles share one module
+/// with symbolic dims) and compiled; its interface is tract's reading of it.
+fn compile_onnx(
+    tools: &compile::Tools,
+    req: &CompileRequest<'_>,
+    cpu: &'static str,
+) -> Result<(compile::Built, ArtifactConfig)> {
+    let flags = compile::flags(cpu);
+    let fixed = match req.profiles.values().collect::<Vec<_>>()[..] {
+        [one] => Some(one),
+        _ => None,
+    };
+    let built = compile::build(tools, req.model, fixed, &flags, req.timeout)?;
+    // One reading of the source (it may be gigabytes): the inputs in order with their types,
+    // the outputs in order.
+    let graph = Tract.interface(req.model)?;
+    let inputs = graph
+        .inputs
+        .into_iter()
+        .map(|i| {
+            let dtype = i.dtype.ok_or_else(|| {
+                Error::CompileFailed(format!(
+                    "the model states no element type for input {:?}",
+                    i.name
+                ))
+            })?;
+            Ok((i.name, dtype))
+        })
+        .collect::<Result<_>>()?;
+    let outputs = graph.outputs.into_iter().map(|o| o.name).collect();
+    let config = config_for(req.profiles, cpu, flags, &built, None, inputs, outputs);
+    Ok((built, config))
+}
+
+/// An MLIR source (StableHLO, or another input dialect): its public function read by the
+/// compiler's parser, bound to the declared inputs and outputs in order, then compiled as it is.
+fn compile_mlir(
+    tools: &compile::Tools,
+    req: &CompileRequest<'_>,
+    cpu: &'static str,
+    input_type: &str,
+) -> Result<(compile::Built, ArtifactConfig)> {
+    let declared = req.declared.ok_or_else(|| {
+        Error::InvalidSpec("an MLIR source is compiled against its ModelArtifact's inputs and outputs, and none were given".into())
+    })?;
+    let funcs = compile::signature(tools, req.model, req.timeout)?;
+    let func = source::entry(&funcs).map_err(Error::InvalidSpec)?;
+    source::check_dialect(Source::of(req.model), func).map_err(Error::InvalidSpec)?;
+    let (inputs, outputs) = source::bind(&declared.inputs, &declared.outputs, func, req.profiles)
+        .map_err(Error::InvalidSpec)?;
+    let mut flags = compile::flags(cpu);
+    flags.push(format!("--iree-input-type={input_type}"));
+    let built = compile::build_mlir(tools, req.model, &flags, func.name.clone(), req.timeout)?;
+    let module = func.module.clone();
+    let config = config_for(req.profiles, cpu, flags, &built, module, inputs, outputs);
+    Ok((built, config))
 }
 
 /// What the IREE backend refuses to build: another precision, flags, a GPU provider this
@@ -142,37 +215,23 @@ fn cpu_for(req: &CompileRequest<'_>) -> Result<&'static str> {
     }
 }
 
-/// How the module is called, from the source graph (tract's reading: inputs in order with their
-/// types, outputs in order) and the target's profiles.
+/// How the module is called: its module and function, the inputs in call order with their types
+/// and the outputs in return order, and the target's profiles.
 fn config_for(
-    model: &Path,
     profiles: &BTreeMap<String, Shapes>,
     cpu: &str,
     flags: Vec<String>,
-    function: String,
-) -> Result<ArtifactConfig> {
-    // One reading of the source (it may be gigabytes): the inputs in order with their types,
-    // the outputs in order.
-    let graph = Tract.interface(model)?;
-    let inputs = graph
-        .inputs
-        .into_iter()
-        .map(|i| {
-            let dtype = i.dtype.ok_or_else(|| {
-                Error::CompileFailed(format!(
-                    "the model states no element type for input {:?}",
-                    i.name
-                ))
-            })?;
-            Ok((i.name, dtype))
-        })
-        .collect::<Result<_>>()?;
-    let outputs = graph.outputs.into_iter().map(|o| o.name).collect();
-    Ok(ArtifactConfig {
+    built: &compile::Built,
+    module: Option<String>,
+    inputs: Vec<(String, safetensors::Dtype)>,
+    outputs: Vec<String>,
+) -> ArtifactConfig {
+    ArtifactConfig {
         compiler_version: compile::VERSION.to_string(),
         target_cpu: cpu.to_string(),
         compiler_flags: flags,
-        function,
+        function: built.function.clone(),
+        module,
         inputs,
         outputs,
         profiles: profiles
@@ -182,7 +241,7 @@ fn config_for(
                 inputs: shapes.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             })
             .collect(),
-    })
+    }
 }
 
 fn write_artifact(out: &Path, config: &ArtifactConfig, module: &[u8]) -> Result<()> {

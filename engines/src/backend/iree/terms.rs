@@ -54,6 +54,24 @@ fn onnx_name(line: &str) -> Option<&str> {
     None
 }
 
+/// What a failed tool said, for a refusal that names no operator: its first `error:` lines (at
+/// most three, the compiler's source positions kept), or that it crashed (a compiler that dies on
+/// its input prints a backtrace and no error); `None` when it said neither.
+pub fn refusal(log: &[String]) -> Option<String> {
+    let errors: Vec<&str> = log
+        .iter()
+        .filter(|l| l.contains("error:"))
+        .take(3)
+        .map(String::as_str)
+        .collect();
+    if !errors.is_empty() {
+        return Some(errors.join(" | "));
+    }
+    log.iter()
+        .any(|l| l.contains("crash backtrace") || l.contains("Stack dump:"))
+        .then(|| "it crashed on the model (an operation it cannot compile, such as one of a dialect it does not know) and printed no error".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,5 +105,26 @@ model.mlir:12:10: error: failed to legalize operation 'torch.operator' that was 
         let crash = "Please report issues to https://github.com/iree-org/iree/issues and include the crash backtrace.\nStack dump:\n";
         assert!(unsupported_operators(crash).is_empty());
         assert!(unsupported_operators("error: failed to legalize operation '").is_empty());
+    }
+
+    #[test]
+    fn a_refusal_is_the_first_errors_or_a_crash() {
+        let log = |lines: &[&str]| lines.iter().map(|l| l.to_string()).collect::<Vec<_>>();
+        let said = refusal(&log(&[
+            "model.mlir:2:3: error: failed to legalize unresolved target materialization",
+            "  func.func @tf2onnx(...)",
+            "model.mlir:2:3: note: see current operation",
+        ]));
+        assert_eq!(
+            said.as_deref(),
+            Some("model.mlir:2:3: error: failed to legalize unresolved target materialization")
+        );
+        let crash = refusal(&log(&[
+            "Please report issues to https://github.com/iree-org/iree/issues and include the crash backtrace.",
+            " #0 0x00007f llvm::sys::PrintStackTrace",
+        ]))
+        .expect("a crash");
+        assert!(crash.contains("crashed"), "{crash}");
+        assert_eq!(refusal(&log(&["compiling", "done"])), None);
     }
 }
