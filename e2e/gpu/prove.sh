@@ -54,12 +54,12 @@
 #   e2e/gpu/prove.sh table [OUT] prints the table of what OUT holds (run, anchor and graphs end
 #                                with it), and the p50 ratios to torch.compile reduce-overhead
 #   e2e/gpu/prove.sh specs OUT   anywhere, no GPU: writes the documents `run` and `graphs` would
-#                                run, for a stand-in model (the first example's), into OUT/m/*;
+#                                run, for a stand-in model (the first ONNX example's), into OUT/m/*;
 #                                node-agent/tests/gpu_prove.rs checks them in CI
 #
 # What it verifies (each row of OUT/table.md; `run` fails only on the first three):
 #   * the probe finds the GPU, and agrees with nvidia-smi on the driver;
-#   * every examples/*/kiln.yaml is Ready as written;
+#   * every examples/*/kiln.yaml is Ready as written (but an MLIR source's: IREE only, CPU only);
 #   * tract, ONNX Runtime CPU / CUDA / auto at fp32 and tf32: Ready with parity at atol and rtol
 #     1e-3 on every warmup run, p50 at batch 1, placement, host and device memory;
 #   * CUDA with cpuFallback Forbidden on models with shape nodes on the CPU: Ready, the shape
@@ -197,6 +197,16 @@ backend() {
   esac
 }
 
+# first_onnx_example: the first examples/*/kiln.yaml whose directory holds its ONNX model (the
+# stand-in of `specs` and `refusals`; a StableHLO or GGUF example has none).
+first_onnx_example() {
+  local m
+  for m in "$ROOT"/examples/*/kiln.yaml; do
+    compgen -G "$(dirname "$m")/*.onnx" >/dev/null && { echo "$m"; return 0; }
+  done
+  return 1
+}
+
 # models OUT [exported]: OUT/m/NAME/{ma.yaml,prof.json,...} for each example (unless
 # `exported`) and the exported models.
 models() {
@@ -260,6 +270,12 @@ run() {
   local m name
   for m in "$ROOT"/examples/*/kiln.yaml; do
     name=$(basename "$(dirname "$m")")
+    if grep -qE '^  format: (stablehlo|mlir)$' "$m"; then
+      # An MLIR source is IREE's alone, and kiln-agent's IREE runtime has no CUDA driver: its
+      # example (whose model make.py writes) runs on the CPU in tests/iree.rs.
+      echo "skipped $name: an MLIR source, which only IREE compiles (no CUDA driver in its runtime here)"
+      continue
+    fi
     if "$AGENT" local "$m" --store "$out/store-examples" --output json >"$out/local-$name.json" 2>"$out/local-$name.log"; then
       jq -c '{ready, class, loadSeconds, p50Seconds, p99Seconds, peakMemoryBytes, placement: .placement.nodes}' <(tail -1 "$out/local-$name.json")
     elif jq -e '.reason == "IncompatibleRuntime" and (.message | test("llama.cpp has no CUDA backend"))' \
@@ -358,12 +374,12 @@ graphs() {
   anchor "$out"
 }
 
-# specs OUT: what `run` writes for each model, for a stand-in model (the first example's
+# specs OUT: what `run` writes for each model, for a stand-in model (the first ONNX example's
 # ModelArtifact, under the example's name and as resnet50 and bert), without a GPU or the
 # exports; node-agent/tests/gpu_prove.rs validates every document as the apiserver would.
 specs() {
   local out=${1:?specs OUT} m name
-  m=$(ls "$ROOT"/examples/*/kiln.yaml | head -1)
+  m=$(first_onnx_example) || { echo "no example holds an ONNX model" >&2; return 1; }
   for name in "$(basename "$(dirname "$m")")" resnet50 bert; do
     mkdir -p "$out/m/$name"
     awk '/^---/{exit} {print}' "$m" >"$out/m/$name/ma.yaml"
@@ -372,12 +388,12 @@ specs() {
   done
 }
 
-# refusals OUT: the first example's stored CUDA artifact (else its tract one), its build manifest
+# refusals OUT: the first ONNX example's stored CUDA artifact (else its tract one), its build manifest
 # rewritten as another GPU's (compute capability 10.0) and a newer driver's (this major + 1),
 # loaded again from that store: a node must refuse both before loading.
 refusals() {
   local out=$1 name v src manifest case
-  name=$(basename "$(dirname "$(ls "$ROOT"/examples/*/kiln.yaml | head -1)")")
+  name=$(basename "$(dirname "$(first_onnx_example)")")
   for v in ort-cuda tract; do
     src=$out/store/$name-$v-fp32
     manifest=$(ls "$src"/artifacts/*/manifest.json 2>/dev/null | head -1) && break
