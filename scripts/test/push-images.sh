@@ -95,7 +95,7 @@ for bad in "https://$target" "$target:v1" "Registry.example/kiln" "noregistry"; 
   grep -q 'is not REGISTRY\[/PREFIX\]' "$work/bad.err" || fail "'$bad': $(cat "$work/bad.err")"
 done
 run bad -- --images operator,gpu "$target" && fail "accepted --images operator,gpu"
-grep -q 'name operator, agent, csi and/or agent-gpu' "$work/bad.err" || fail "--images: $(cat "$work/bad.err")"
+grep -q 'name operator, agent, csi, agent-gpu and/or compiler' "$work/bad.err" || fail "--images: $(cat "$work/bad.err")"
 run bad -- --tag 'a b' "$target" && fail "accepted a tag with a space"
 grep -q 'not a valid OCI tag' "$work/bad.err" || fail "--tag: $(cat "$work/bad.err")"
 
