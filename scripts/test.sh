@@ -111,6 +111,10 @@ background cosign scripts/ensure/cosign.sh
 # Distribution 3, the pull-through cache of the mirror tests (store/tests/oci.rs, e2e
 # registry-mirror): built from the Go module proxy, cached (about 85 s once).
 background distribution scripts/ensure/distribution.sh
+# A private Sigstore's servers (Fulcio, TesseraCT, Rekor v2, the timestamp authority), that
+# scripts/test/sigstore-instance.py signs models keyless with for tests/local.rs: built from the
+# Go module proxy, cached.
+background sigstore scripts/ensure/sigstore.sh
 if ((E2E)); then
   background kubernetes e2e/cluster build
   background kserve scripts/ensure/kserve.sh
@@ -151,6 +155,7 @@ await llama-server
 await oras
 await cosign
 await distribution
+await sigstore
 cargo test --workspace --locked
 # The engine-isolation crash cases, with the hook (ignored, saying so, in the run above).
 cargo test -p kiln-agent --locked --features fault-injection --test isolation

@@ -7,6 +7,8 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
 use common::signing::{ensured, ran, signature_field, signing_material};
 use common::{AGENT, Case, HttpsServer, data, metric, run_local};
 use kiln_engines::pipeline::fixtures::FixtureFile;
@@ -1676,6 +1678,15 @@ fn cosign_verifies_a_local_store_entry_and_refuses_a_changed_one() {
     );
 }
 
+/// The case's store holds no artifact: nothing was compiled.
+fn nothing_built(case: &Case) {
+    let artifacts = case.store().join("artifacts");
+    assert!(
+        std::fs::read_dir(&artifacts).map_or(true, |mut d| d.next().is_none()),
+        "nothing compiled"
+    );
+}
+
 /// OpenSSF Model Signing bundles made by the real `model_signing` CLI (PyPI 1.1.1,
 /// `scripts/ensure/model-signing.sh`) over a model directory holding an ONNX model and its
 /// external data: key-based and certificate-based bundles verify and the model is Ready; a byte
@@ -1737,13 +1748,6 @@ fn model_signing_bundles_from_the_real_cli_are_verified_before_anything_is_built
         let env: Vec<(&str, &Path)> = env.iter().map(|(k, v)| (*k, v.as_path())).collect();
         case.run_with_env(&env)
     };
-    let nothing_built = |case: &Case| {
-        let artifacts = case.store().join("artifacts");
-        assert!(
-            std::fs::read_dir(&artifacts).map_or(true, |mut d| d.next().is_none()),
-            "nothing compiled"
-        );
-    };
     for (bundle, trust) in [("key.sig", "key.pub"), ("cert.sig", "root.pem")] {
         let case = signed(bundle);
         let ready = run(&case, trust);
@@ -1801,4 +1805,213 @@ fn model_signing_bundles_from_the_real_cli_are_verified_before_anything_is_built
         "SignatureInvalid",
         &["no trusted CA certificate is configured"],
     );
+}
+
+/// What `scripts/test/sigstore-instance.py` leaves beside the bundles it signed keyless with the
+/// real `model_signing sign sigstore` (each already checked by `model_signing verify sigstore`):
+/// the private Sigstore instance's trusted root and OIDC issuer.
+struct Keyless {
+    root: Value,
+    issuer: String,
+}
+
+/// Stands the instance up from the upstream servers `scripts/ensure/sigstore.sh` builds, signs
+/// `model` in `w` as each `(bundle, email)`, and takes it down; `None` after saying why the
+/// tools are missing (a failure under `CI=true`).
+fn keyless_signed(w: &Path, model: &str, signers: &[(&str, &str)]) -> Option<Keyless> {
+    let venv = ensured("model-signing")?;
+    let servers = ensured("sigstore")?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/test/sigstore-instance.py");
+    let mut args = vec![
+        script.display().to_string(),
+        "--dir".into(),
+        "instance".into(),
+        "--servers".into(),
+        servers.display().to_string(),
+        "--model-signing".into(),
+        venv.display().to_string(),
+    ];
+    for (bundle, email) in signers {
+        args.extend(["--sign".into(), format!("{model}={bundle}={email}")]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ran(w, &venv.join("python"), &args);
+    let read =
+        |f: &str| std::fs::read_to_string(w.join("instance").join(f)).expect("instance file");
+    Some(Keyless {
+        root: serde_json::from_str(&read("trusted_root.json")).expect("trusted root"),
+        issuer: read("issuer.txt"),
+    })
+}
+
+/// Sigstore keyless bundles made by the real `model_signing sign sigstore` against a private
+/// Sigstore instance (Fulcio, TesseraCT, Rekor v2 and the timestamp authority from their
+/// upstream releases), over a model directory holding an ONNX model and its external data:
+/// verified offline against the instance's trusted root and the identity the trust file names,
+/// and the model is Ready. Another identity, no Sigstore trust, and each part of a bundle
+/// tampered with (timestamp, log entry, inclusion proof, checkpoint, certificate, CT log, CA
+/// window, TSA) are refused naming what failed, and nothing is compiled.
+#[test]
+fn keyless_bundles_are_verified_offline_against_the_trusted_root_and_identity() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let w = work.path();
+    let base = external_data_case("ext.onnx", true);
+    std::fs::create_dir(w.join("ext-model")).expect("dir");
+    for f in ["model.onnx", "ext-weights.bin"] {
+        std::fs::copy(base.path(f), w.join("ext-model").join(f)).expect("copy");
+    }
+    let signers = [
+        ("keyless.sig", "publisher@example.com"),
+        ("stranger.sig", "stranger@example.com"),
+    ];
+    let Some(instance) = keyless_signed(w, "ext-model", &signers) else {
+        return;
+    };
+    let trust_file = |name: &str, root: &Value, subject: &str| {
+        let trust = serde_json::json!({
+            "trustedRoot": root,
+            "identities": [{"issuer": instance.issuer, "subject": subject}],
+        });
+        let path = w.join(name);
+        std::fs::write(&path, trust.to_string()).expect("trust");
+        path
+    };
+    let publisher = trust_file("publisher.json", &instance.root, "publisher@example.com");
+    let signed = |bundle: &str| {
+        let mut case = external_data_case("ext.onnx", true);
+        case.source_extra = signature_field(&w.join(bundle));
+        case
+    };
+    let run =
+        |case: &Case, trust: &Path| case.run_with_env(&[("KILN_SOURCE_TRUST_SIGSTORE", trust)]);
+    let ready = run(&signed("keyless.sig"), &publisher);
+    assert!(ready.success, "{}\n{}", ready.message(), ready.stderr);
+    assert!(
+        ready.stderr.contains("model source signature verified")
+            && ready.stderr.contains("sigstore publisher@example.com"),
+        "{}",
+        ready.stderr
+    );
+    let stranger = signed("stranger.sig");
+    run(&stranger, &publisher).fails_with(
+        "SignatureInvalid",
+        &[
+            "signed by stranger@example.com",
+            "not among the trusted identities",
+        ],
+    );
+    nothing_built(&stranger);
+    signing_material(w);
+    let keys_only = signed("keyless.sig");
+    keys_only
+        .run_with_env(&[("KILN_SOURCE_TRUST_KEY", &w.join("key.pub"))])
+        .fails_with("SignatureInvalid", &["no Sigstore trust is configured"]);
+    nothing_built(&keys_only);
+    tampered_keyless_bundles_are_refused(w, &publisher);
+}
+
+/// Each part of a real keyless bundle, or of its trusted root, changed: the verifier names it.
+fn tampered_keyless_bundles_are_refused(w: &Path, trust: &Path) {
+    use kiln_store::attest::model_signing::{SourceTrust, UnixTime, verify};
+    use kiln_store::attest::sigstore::KeylessTrust;
+    let bundle: Value =
+        serde_json::from_slice(&std::fs::read(w.join("keyless.sig")).expect("b")).expect("json");
+    let stranger: Value =
+        serde_json::from_slice(&std::fs::read(w.join("stranger.sig")).expect("b")).expect("json");
+    let trust: Value = serde_json::from_slice(&std::fs::read(trust).expect("trust")).expect("json");
+    let check = |bundle: &Value, trust: &Value| {
+        let keyless = KeylessTrust::from_json(trust.to_string().as_bytes()).expect("trust parses");
+        let trust = SourceTrust {
+            keyless: Some(keyless),
+            ..SourceTrust::default()
+        };
+        verify(bundle.to_string().as_bytes(), &trust, UnixTime::now()).map(|s| s.signer)
+    };
+    let signer = check(&bundle, &trust).expect("the real bundle verifies");
+    assert!(
+        signer.starts_with("sigstore publisher@example.com (issuer "),
+        "{signer}"
+    );
+    let entry = "/verificationMaterial/tlogEntries/0";
+    let cases: [(&str, &str, Value, &str); 6] = [
+        (
+            "/verificationMaterial/timestampVerificationData/rfc3161Timestamps",
+            "",
+            serde_json::json!([]),
+            "no timestamp from a trusted timestamp authority",
+        ),
+        (
+            entry,
+            "/canonicalizedBody",
+            stranger
+                .pointer(&format!("{entry}/canonicalizedBody"))
+                .cloned()
+                .expect("body"),
+            "records another signature",
+        ),
+        (
+            entry,
+            "/inclusionProof/rootHash",
+            serde_json::json!(B64.encode([7u8; 32])),
+            "inclusion proof",
+        ),
+        (
+            entry,
+            "/inclusionProof/checkpoint/envelope",
+            serde_json::json!(tamper_checkpoint(&bundle)),
+            "no signature of the trusted log",
+        ),
+        (
+            "/verificationMaterial",
+            "/certificate",
+            stranger["verificationMaterial"]["certificate"].clone(),
+            "not the signing certificate's",
+        ),
+        (
+            "/dsseEnvelope",
+            "/signatures/0/sig",
+            stranger["dsseEnvelope"]["signatures"][0]["sig"].clone(),
+            "not the signing certificate's",
+        ),
+    ];
+    for (at, field, value, needle) in cases {
+        let mut b = bundle.clone();
+        *b.pointer_mut(&format!("{at}{field}")).expect("field") = value;
+        let e = check(&b, &trust).expect_err(needle);
+        assert!(e.contains(needle), "{at}{field}: {e}");
+    }
+    let mut root = trust.clone();
+    root["trustedRoot"]["ctlogs"][0]["publicKey"] =
+        trust["trustedRoot"]["tlogs"][0]["publicKey"].clone();
+    let e = check(&bundle, &root).expect_err("another CT log key");
+    assert!(
+        e.contains("no SCT in the certificate is a trusted CT log's"),
+        "{e}"
+    );
+    let mut root = trust.clone();
+    root["trustedRoot"]["certificateAuthorities"][0]["validFor"]["start"] =
+        serde_json::json!("2099-01-01T00:00:00Z");
+    let e = check(&bundle, &root).expect_err("a CA not yet valid");
+    assert!(e.contains("no CA was valid then"), "{e}");
+    let mut root = trust.clone();
+    root["trustedRoot"]["timestampAuthorities"][0]["certChain"] =
+        trust["trustedRoot"]["certificateAuthorities"][0]["certChain"].clone();
+    let e = check(&bundle, &root).expect_err("another TSA");
+    assert!(
+        e.contains("no trusted timestamp authority signed the timestamp"),
+        "{e}"
+    );
+}
+
+/// The bundle's checkpoint with one byte of its signature changed.
+fn tamper_checkpoint(bundle: &Value) -> String {
+    let note = bundle["verificationMaterial"]["tlogEntries"][0]["inclusionProof"]["checkpoint"]["envelope"]
+        .as_str()
+        .expect("checkpoint");
+    let (text, line) = note.rsplit_once("\u{2014} ").expect("signature line");
+    let (name, sig) = line.trim_end().split_once(' ').expect("name and signature");
+    let mut raw = B64.decode(sig).expect("base64");
+    let last = raw.len() - 1;
+    raw[last] ^= 1;
+    format!("{text}\u{2014} {name} {}\n", B64.encode(raw))
 }

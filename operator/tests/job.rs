@@ -474,13 +474,19 @@ fn source_trust_keys_and_the_signature_policy_reach_only_the_publisher() {
     let secret = volume.secret.as_ref().unwrap();
     assert_eq!(secret.secret_name.as_deref(), Some("kiln-source-keys"));
     let items = secret.items.as_ref().unwrap();
-    assert_eq!(items.len(), 1);
-    assert_eq!(items[0].key, "cosign.pub");
+    let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+    assert_eq!(keys, ["cosign.pub", "sigstore.json"]);
+    // Either key may be missing: a Secret of keys, or of keyless trust only.
+    assert_eq!(secret.optional, Some(true));
     let publisher = &pod.containers[0];
     let env = publisher.env.as_ref().unwrap();
     assert_eq!(
         value(env, "KILN_SOURCE_TRUST_KEY").as_deref(),
         Some("/var/run/kiln/source-trust/cosign.pub")
+    );
+    assert_eq!(
+        value(env, "KILN_SOURCE_TRUST_SIGSTORE").as_deref(),
+        Some("/var/run/kiln/source-trust/sigstore.json")
     );
     assert_eq!(
         value(env, "KILN_REQUIRE_SOURCE_SIGNATURE").as_deref(),

@@ -15,6 +15,7 @@ use kiln_crds::kiln_node::HardwareFacts;
 use kiln_crds::model_artifact::ModelArtifactSpec;
 use kiln_crds::model_artifact::ModelFormat;
 use kiln_store::attest::model_signing::{self, SourceTrust};
+use kiln_store::attest::sigstore::KeylessTrust;
 use kiln_store::attest::{Trust, subject};
 use kiln_store::{Entry, Store};
 
@@ -29,7 +30,7 @@ pub(crate) use crate::pipeline::compile::key_with;
 pub use crate::pipeline::compile::{Inputs, Target, compile, compile_isolated};
 
 /// Who may sign model sources: `spec.source.signature`, as `cosign sign-blob --key` makes it or
-/// an OpenSSF Model Signing bundle (`model_signing sign key|certificate`).
+/// an OpenSSF Model Signing bundle (`model_signing sign key|certificate|sigstore`).
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct SourceTrustArgs {
     /// PEM file of the public keys (P-256, a cosign.pub; several for rotation) and CA
@@ -38,6 +39,12 @@ pub struct SourceTrustArgs {
     /// source with `spec.source.signature` is refused without one.
     #[arg(long, env = "KILN_SOURCE_TRUST_KEY")]
     pub source_trust_key: Option<PathBuf>,
+    /// JSON file of the Sigstore trust for keyless model signing bundles (`model_signing sign
+    /// sigstore`): `{"trustedRoot": <trusted_root.json>, "identities": [{"issuer": URL,
+    /// "subject": EMAIL or URI}]}`. Of this file and --source-trust-key, one that does not
+    /// exist counts as not configured when the other does (a trust Secret may hold either).
+    #[arg(long, env = "KILN_SOURCE_TRUST_SIGSTORE")]
+    pub source_trust_sigstore: Option<PathBuf>,
     /// Refuse a model source that has no `spec.source.signature`.
     #[arg(long, env = "KILN_REQUIRE_SOURCE_SIGNATURE")]
     pub require_source_signature: bool,
@@ -51,27 +58,45 @@ pub struct SourcePolicy {
 }
 
 impl SourceTrustArgs {
-    /// Reads the keys and CA certificates; a missing or malformed file is `SignatureInvalid`
-    /// naming it.
+    /// Reads the keys, CA certificates and Sigstore trust; a malformed file, or none of those
+    /// configured existing, is `SignatureInvalid` naming it.
     pub fn load(&self) -> Result<SourcePolicy> {
-        let trust = self
-            .source_trust_key
-            .as_deref()
-            .map(|path| {
-                std::fs::read(path)
-                    .map_err(|e| e.to_string())
-                    .and_then(|pem| SourceTrust::from_pem(&pem))
-                    .map_err(|message| Error::SignatureInvalid {
-                        what: format!("source trust file {}", path.display()),
-                        message,
-                        source: None,
-                    })
-            })
+        let pem = self.source_trust_key.as_deref();
+        let sigstore = self.source_trust_sigstore.as_deref();
+        let mut trust = read_trust_file(pem, sigstore)?
+            .map(|(p, b)| SourceTrust::from_pem(&b).map_err(|m| untrusted(p, m)))
             .transpose()?;
+        if let Some((p, b)) = read_trust_file(sigstore, pem)? {
+            let keyless = KeylessTrust::from_json(&b).map_err(|m| untrusted(p, m))?;
+            trust.get_or_insert_with(SourceTrust::default).keyless = Some(keyless);
+        }
         Ok(SourcePolicy {
             trust,
             required: self.require_source_signature,
         })
+    }
+}
+
+/// The bytes of trust file `path`, if one is named; one named but absent is an error only when
+/// `other` is absent too (a trust Secret may hold either file).
+fn read_trust_file<'a>(
+    path: Option<&'a Path>,
+    other: Option<&Path>,
+) -> Result<Option<(&'a Path, Vec<u8>)>> {
+    path.filter(|p| p.exists() || !other.is_some_and(Path::exists))
+        .map(|p| {
+            std::fs::read(p)
+                .map(|b| (p, b))
+                .map_err(|e| untrusted(p, e.to_string()))
+        })
+        .transpose()
+}
+
+fn untrusted(path: &Path, message: String) -> Error {
+    Error::SignatureInvalid {
+        what: format!("source trust file {}", path.display()),
+        message,
+        source: None,
     }
 }
 
@@ -101,7 +126,8 @@ impl SourcePolicy {
         let trust = self.trust.as_ref().ok_or_else(|| {
             refuse(
                 "spec.source.signature is set but no trusted source key is configured to check \
-                 it (--source-trust-key / KILN_SOURCE_TRUST_KEY)"
+                 it (--source-trust-key / KILN_SOURCE_TRUST_KEY, or --source-trust-sigstore for \
+                 keyless bundles)"
                     .into(),
             )
         })?;

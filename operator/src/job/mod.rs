@@ -49,6 +49,9 @@ pub const SIGNING_KEY: &str = "signing.key";
 pub const SOURCE_TRUST_MOUNT: &str = "/var/run/kiln/source-trust";
 /// The key of the source-trust Secret: what `cosign generate-key-pair` names the public key.
 pub const SOURCE_TRUST_KEY: &str = "cosign.pub";
+/// The key of the source-trust Secret that holds the Sigstore trust (trusted root and
+/// identities) for keyless model signing bundles.
+pub const SOURCE_TRUST_SIGSTORE: &str = "sigstore.json";
 /// Where an exec compiler hands its model to the publisher.
 pub const HANDOFF_MOUNT: &str = "/kiln/handoff";
 /// Name of an exec Job's compiler init container.
@@ -94,8 +97,9 @@ pub struct JobSettings {
     pub signing_secret: Option<String>,
     /// ServiceAccount of compile pods (no token is mounted either way).
     pub service_account: Option<String>,
-    /// Secret (key [`SOURCE_TRUST_KEY`], a cosign.pub) of the keys model sources may be signed
-    /// with; the publisher verifies `spec.source.signature` against it.
+    /// Secret (keys [`SOURCE_TRUST_KEY`], a cosign.pub of keys and CA certificates, and
+    /// [`SOURCE_TRUST_SIGSTORE`], either or both) of whom model sources may be signed by; the
+    /// publisher verifies `spec.source.signature` against it.
     pub source_trust_secret: Option<String>,
     /// The publisher refuses unsigned sources.
     pub require_source_signature: bool,
@@ -256,39 +260,45 @@ impl Wiring {
 
     /// The signing key, for the publisher only (a file readable by the pod's group).
     fn signing(&mut self, secret: &str) {
-        self.secret_file(
-            "signing",
-            SIGNING_MOUNT,
-            secret,
-            SIGNING_KEY,
+        self.secret_files(
+            ("signing", SIGNING_MOUNT, secret),
+            &[(SIGNING_KEY, "KILN_SIGNING_KEY")],
             0o440,
-            "KILN_SIGNING_KEY",
+            false,
         );
     }
 
+    /// Both keys, each optional (the kubelet skips a key the Secret lacks): the agent needs one
+    /// of them, and says which is missing when a signature needs it.
     fn source_trust(&mut self, secret: &str) {
-        self.secret_file(
-            "source-trust",
-            SOURCE_TRUST_MOUNT,
-            secret,
-            SOURCE_TRUST_KEY,
+        self.secret_files(
+            ("source-trust", SOURCE_TRUST_MOUNT, secret),
+            &[
+                (SOURCE_TRUST_KEY, "KILN_SOURCE_TRUST_KEY"),
+                (SOURCE_TRUST_SIGSTORE, "KILN_SOURCE_TRUST_SIGSTORE"),
+            ],
             0o444,
-            "KILN_SOURCE_TRUST_KEY",
+            true,
         );
     }
 
-    /// One key of `secret`, nothing else of it, at `mount/key` (read-only, `mode`), named to
-    /// the publisher by `variable`.
-    fn secret_file(
+    /// `keys` of `secret`, nothing else of it, each at `mount/key` (read-only, `mode`), named
+    /// to the publisher by its variable; `optional`: keys (and the Secret) may be missing.
+    fn secret_files(
         &mut self,
-        volume: &str,
-        mount: &str,
-        secret: &str,
-        key: &str,
+        (volume, mount, secret): (&str, &str, &str),
+        keys: &[(&str, &str)],
         mode: i32,
-        variable: &str,
+        optional: bool,
     ) {
-        self.env.push(env(variable, &format!("{mount}/{key}")));
+        for (key, variable) in keys {
+            self.env.push(env(variable, &format!("{mount}/{key}")));
+        }
+        let items = keys.iter().map(|(key, _)| KeyToPath {
+            key: (*key).into(),
+            path: (*key).into(),
+            mode: Some(mode),
+        });
         self.mount(
             volume,
             mount,
@@ -296,13 +306,9 @@ impl Wiring {
             Volume {
                 secret: Some(SecretVolumeSource {
                     secret_name: Some(secret.into()),
-                    items: Some(vec![KeyToPath {
-                        key: key.into(),
-                        path: key.into(),
-                        mode: Some(mode),
-                    }]),
+                    items: Some(items.collect()),
                     default_mode: Some(mode),
-                    ..Default::default()
+                    optional: optional.then_some(true),
                 }),
                 ..Default::default()
             },

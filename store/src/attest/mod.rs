@@ -18,6 +18,7 @@
 mod envelope;
 mod keys;
 pub mod model_signing;
+pub mod sigstore;
 mod statement;
 mod trust;
 

@@ -4,8 +4,8 @@
 //! directory by name and sha256. Verified offline: key-based bundles against the trusted ECDSA
 //! P-256 public keys, certificate-based ones by a chain from the signing certificate to a trusted
 //! CA certificate, valid now, the leaf for code signing (extended key usage `codeSigning`).
-//! Sigstore keyless bundles (a Fulcio certificate and a Rekor entry) are refused saying what to
-//! use instead: checking them needs Sigstore's trust root, which kiln does not carry. Pure: bytes,
+//! Sigstore keyless bundles (a Fulcio certificate, a Rekor v2 entry and an RFC 3161 timestamp)
+//! against a trusted root and the identities that may sign (`super::sigstore`). Pure: bytes,
 //! keys and the time in; the signed file list, or what is wrong, out.
 
 use std::collections::BTreeMap;
@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 
 use super::Verifier;
 use super::envelope::{PAYLOAD_TYPE, pae};
+use super::sigstore::{self, KeylessTrust};
 use super::statement::STATEMENT_TYPE;
 
 /// The Sigstore bundle version `model_signing` writes.
@@ -48,6 +49,8 @@ pub struct SourceTrust {
     pub keys: Option<Verifier>,
     /// Trusted CA certificates (certificate-based bundles).
     pub roots: Vec<CertificateDer<'static>>,
+    /// A Sigstore trusted root and identities (keyless bundles).
+    pub keyless: Option<KeylessTrust>,
 }
 
 impl SourceTrust {
@@ -63,7 +66,11 @@ impl SourceTrust {
         if keys.is_none() && roots.is_empty() {
             return Err("no PEM public key or CA certificate in it".into());
         }
-        Ok(Self { keys, roots })
+        Ok(Self {
+            keys,
+            roots,
+            keyless: None,
+        })
     }
 }
 
@@ -80,9 +87,23 @@ struct Bundle {
 struct Material {
     public_key: Option<serde_json::Value>,
     x509_certificate_chain: Option<Chain>,
-    certificate: Option<serde_json::Value>,
+    certificate: Option<RawCertificate>,
     #[serde(default)]
     tlog_entries: Vec<serde_json::Value>,
+    timestamp_verification_data: Option<TimestampData>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TimestampData {
+    #[serde(default)]
+    rfc3161_timestamps: Vec<SignedTimestamp>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SignedTimestamp {
+    signed_timestamp: String,
 }
 
 #[derive(Deserialize)]
@@ -156,6 +177,8 @@ struct Resource {
 enum Signing {
     Key,
     Certificates(Vec<CertificateDer<'static>>),
+    /// The Fulcio certificate, the Rekor entry and the RFC 3161 timestamps.
+    Keyless(CertificateDer<'static>, sigstore::Entry, Vec<Vec<u8>>),
 }
 
 /// Verifies a bundle against `trust` at `now`; returns what it signs.
@@ -194,6 +217,19 @@ pub fn verify(bundle: &[u8], trust: &SourceTrust, now: UnixTime) -> Result<Signe
     let signer = match material {
         Signing::Key => signed_by_key(trust, &signed, &sig)?,
         Signing::Certificates(chain) => signed_by_certificate(trust, &chain, &signed, &sig, now)?,
+        Signing::Keyless(leaf, entry, timestamps) => {
+            let keyless = trust.keyless.as_ref().ok_or(
+                "the bundle is signed keyless (Sigstore), and no Sigstore trust is configured (--source-trust-sigstore: a trusted root and the identities that may sign)",
+            )?;
+            let k = sigstore::Keyless {
+                leaf,
+                signature: &sig,
+                signed: &signed,
+                entry,
+                timestamps,
+            };
+            sigstore::verify(&k, keyless)?
+        }
     };
     let (model, files) = files(&payload)?;
     Ok(SignedFiles {
@@ -203,13 +239,13 @@ pub fn verify(bundle: &[u8], trust: &SourceTrust, now: UnixTime) -> Result<Signe
     })
 }
 
-/// Which way the bundle is signed; keyless is refused here.
+/// Which way the bundle is signed.
 fn material(m: Material) -> Result<Signing, String> {
-    if m.certificate.is_some() || !m.tlog_entries.is_empty() {
-        return Err(
-            "a Sigstore keyless bundle (Fulcio certificate, Rekor entry): kiln verifies key- and certificate-based model signatures offline; sign with `model_signing sign key` or `model_signing sign certificate`"
-                .into(),
-        );
+    if let Some(leaf) = m.certificate {
+        return keyless(leaf, m.tlog_entries, m.timestamp_verification_data);
+    }
+    if !m.tlog_entries.is_empty() {
+        return Err("the bundle has a transparency log entry but no Fulcio certificate: kiln checks logged signatures made keyless only".into());
     }
     match (m.public_key, m.x509_certificate_chain) {
         (Some(_), None) => Ok(Signing::Key),
@@ -227,6 +263,33 @@ fn material(m: Material) -> Result<Signing, String> {
         }
         _ => Err("the bundle must name either a public key or a certificate chain".into()),
     }
+}
+
+/// A keyless bundle's parts: one Rekor entry, its certificate, its timestamps.
+fn keyless(
+    leaf: RawCertificate,
+    entries: Vec<serde_json::Value>,
+    timestamps: Option<TimestampData>,
+) -> Result<Signing, String> {
+    let leaf = B64
+        .decode(leaf.raw_bytes.as_bytes())
+        .map_err(|e| format!("the certificate is not base64 ({e})"))?;
+    let [entry] = <[serde_json::Value; 1]>::try_from(entries).map_err(|e| {
+        format!(
+            "{} transparency log entries; a keyless bundle has exactly one",
+            e.len()
+        )
+    })?;
+    let entry: sigstore::Entry = serde_json::from_value(entry)
+        .map_err(|e| format!("the transparency log entry does not parse: {e}"))?;
+    let timestamps = timestamps
+        .map(|t| t.rfc3161_timestamps)
+        .unwrap_or_default()
+        .iter()
+        .map(|t| B64.decode(t.signed_timestamp.as_bytes()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("a signed timestamp is not base64 ({e})"))?;
+    Ok(Signing::Keyless(leaf.into(), entry, timestamps))
 }
 
 fn signed_by_key(trust: &SourceTrust, signed: &[u8], sig: &[u8]) -> Result<String, String> {
@@ -531,12 +594,20 @@ mod tests {
     }
 
     #[test]
-    fn keyless_and_foreign_bundles_are_refused_saying_what_to_use() {
+    fn keyless_without_its_trust_and_foreign_bundles_are_refused_saying_what_to_use() {
         let (b, trust) = bundle(&statement(&[("m", b"m")]));
         let mut v: serde_json::Value = serde_json::from_slice(&b).unwrap();
-        v["verificationMaterial"]["tlogEntries"] = json!([{"logIndex": "1"}]);
+        let entry = json!({"logIndex": "1", "logId": {"keyId": "AA=="},
+            "kindVersion": {"kind": "hashedrekord", "version": "0.0.2"}, "canonicalizedBody": ""});
+        v["verificationMaterial"]["tlogEntries"] = json!([entry]);
         let e = verify(&serde_json::to_vec(&v).unwrap(), &trust, UnixTime::now()).unwrap_err();
-        assert!(e.contains("keyless"), "{e}");
+        assert!(e.contains("no Fulcio certificate"), "{e}");
+        v["verificationMaterial"]["certificate"] = json!({"rawBytes": "MAA="});
+        let e = verify(&serde_json::to_vec(&v).unwrap(), &trust, UnixTime::now()).unwrap_err();
+        assert!(e.contains("no Sigstore trust is configured"), "{e}");
+        v["verificationMaterial"]["tlogEntries"] = json!([entry, entry]);
+        let e = verify(&serde_json::to_vec(&v).unwrap(), &trust, UnixTime::now()).unwrap_err();
+        assert!(e.contains("2 transparency log entries"), "{e}");
         v["mediaType"] = json!("application/vnd.dev.sigstore.bundle+json;version=0.1");
         let e = verify(&serde_json::to_vec(&v).unwrap(), &trust, UnixTime::now()).unwrap_err();
         assert!(e.contains("mediaType"), "{e}");
