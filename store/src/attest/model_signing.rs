@@ -178,7 +178,7 @@ enum Signing {
     Key,
     Certificates(Vec<CertificateDer<'static>>),
     /// The Fulcio certificate, the Rekor entry and the RFC 3161 timestamps.
-    Keyless(CertificateDer<'static>, sigstore::Entry, Vec<Vec<u8>>),
+    Keyless(CertificateDer<'static>, Box<sigstore::Entry>, Vec<Vec<u8>>),
 }
 
 /// Verifies a bundle against `trust` at `now`; returns what it signs.
@@ -225,7 +225,7 @@ pub fn verify(bundle: &[u8], trust: &SourceTrust, now: UnixTime) -> Result<Signe
                 leaf,
                 signature: &sig,
                 signed: &signed,
-                entry,
+                entry: *entry,
                 timestamps,
             };
             sigstore::verify(&k, keyless)?
@@ -289,7 +289,7 @@ fn keyless(
         .map(|t| B64.decode(t.signed_timestamp.as_bytes()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("a signed timestamp is not base64 ({e})"))?;
-    Ok(Signing::Keyless(leaf.into(), entry, timestamps))
+    Ok(Signing::Keyless(leaf.into(), Box::new(entry), timestamps))
 }
 
 fn signed_by_key(trust: &SourceTrust, signed: &[u8], sig: &[u8]) -> Result<String, String> {
