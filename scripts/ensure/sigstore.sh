@@ -60,7 +60,7 @@ trap 'rm -rf "$tmp"' EXIT
 export GOENV=off GOWORK=off GOTOOLCHAIN=local GOFLAGS="-modcacherw -buildvcs=false" \
   GOPROXY=$PROXY GOPATH=$cache/go GOMODCACHE=$cache/go/pkg/mod GOCACHE=$tmp/gocache CGO_ENABLED=0
 
-echo "$TOOL: building Fulcio, TesseraCT, Rekor v2 and the timestamp authority with go$have from $PROXY (once, about 20 minutes)" >&2
+echo "$TOOL: building Fulcio, TesseraCT, Rekor v2 and the timestamp authority with go$have from $PROXY (once, about 15 minutes on 2 busy cores)" >&2
 mkdir -p "$tmp/new/bin"
 for line in "${SERVERS[@]}"; do
   read -r name module version package pinned <<<"$line"
