@@ -66,22 +66,17 @@ pub fn verify(
         return Err("the timestamp token has not exactly one signer".into());
     };
     let signed_attrs = signed_attributes(signer, econtent.as_bytes())?;
-    authorities
-        .iter()
-        .filter(|a| a.window.contains(time))
-        .find(|a| signed_by(a, &signed_attrs, signer, time).is_ok())
-        .map(|_| time)
-        .ok_or_else(|| {
-            let why = authorities
-                .iter()
-                .map(|a| {
-                    signed_by(a, &signed_attrs, signer, time)
-                        .err()
-                        .unwrap_or_default()
-                })
-                .collect::<Vec<_>>();
-            format!("no trusted timestamp authority signed the timestamp at {time} ({why:?})")
-        })
+    let mut why = Vec::new();
+    for a in authorities {
+        match signed_by(a, &signed_attrs, signer, time) {
+            Ok(()) if a.window.contains(time) => return Ok(time),
+            Ok(()) => why.push(format!("signed by an authority not trusted at {time}")),
+            Err(e) => why.push(e),
+        }
+    }
+    Err(format!(
+        "no trusted timestamp authority signed the timestamp at {time} ({why:?})"
+    ))
 }
 
 /// The DER of `signer`'s signed attributes (what it signs), once they name the TSTInfo
